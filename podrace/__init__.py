@@ -1,0 +1,3 @@
+"""podrace: decoupled actor-learner reinforcement learning in JAX."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,271 @@
+"""Run configuration: frozen dataclasses, validated before any thread starts.
+
+This module must not import JAX: the CLI reads the config first and only then decides
+which XLA flags (e.g. forced CPU device count) to set before JAX is imported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run. The message is one line, meant for the user."""
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """Which environment, how many copies per actor thread, and backend settings."""
+
+    id: str = "CartPole-v1"
+    """Environment id (envpool id or any registered Gymnasium id)."""
+    backend: Literal["auto", "envpool", "gymnasium"] = "auto"
+    """`auto` uses envpool when it knows the id, Gymnasium otherwise."""
+    num_envs: int = 8
+    """Environments stepped together by one actor thread."""
+    max_episode_steps: int | None = None
+    """Override the env's own time limit (truncation); None keeps the env default."""
+    # Atari (envpool *-v5 ids); ignored by other envs.
+    frame_skip: int = 4
+    """Atari: emulator frames per agent step."""
+    frame_stack: int = 4
+    """Atari: stacked grey frames per observation."""
+    image_size: int = 84
+    """Atari: observation height and width (grey)."""
+    sticky_action_prob: float = 0.25
+    """Atari: probability of repeating the previous action (repeat_action_probability)."""
+    full_action_space: bool = False
+    """Atari: use all 18 actions instead of the game's minimal set."""
+    episodic_life: bool = True
+    """Atari: a lost life ends the learning episode (reported returns stay per game)."""
+    reward_clip: bool = True
+    """Atari: clip rewards to their sign for learning (reported returns stay raw)."""
+    noop_max: int = 30
+    """Atari: up to this many no-op actions after reset."""
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """Actor-critic network."""
+
+    torso: Literal["mlp", "nature_cnn", "impala_resnet"] = "mlp"
+    """Feature extractor shared by the policy and value heads."""
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    """MLP layer widths (also the widths of the dense layer after a CNN torso)."""
+    activation: Literal["tanh", "relu"] = "tanh"
+    """MLP activation."""
+    shared_torso: bool = False
+    """MLP only: one torso for policy and value (CNN torsos are always shared)."""
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """PPO hyperparameters (used when `algo` is `ppo`)."""
+
+    learning_rate: float = 2.5e-4
+    anneal_lr: bool = True
+    """Linearly decay the learning rate to zero over the run."""
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    num_epochs: int = 4
+    num_minibatches: int = 4
+    """Minibatches per epoch, per learner shard."""
+    clip_coef: float = 0.2
+    clip_value_loss: bool = True
+    vf_coef: float = 0.5
+    ent_coef: float = 0.01
+    max_grad_norm: float = 0.5
+    norm_adv: bool = True
+
+
+@dataclass(frozen=True)
+class ImpalaConfig:
+    """IMPALA / V-trace hyperparameters (used when `algo` is `impala`)."""
+
+    learning_rate: float = 6e-4
+    anneal_lr: bool = True
+    gamma: float = 0.99
+    vtrace_lambda: float = 1.0
+    rho_bar: float = 1.0
+    c_bar: float = 1.0
+    vf_coef: float = 0.5
+    ent_coef: float = 0.01
+    max_grad_norm: float = 40.0
+    rmsprop_decay: float = 0.99
+    rmsprop_eps: float = 0.01
+    num_minibatches: int = 1
+    """Minibatches per update, per learner shard (one pass over the data)."""
+
+
+@dataclass(frozen=True)
+class LayoutConfig:
+    """Where actors and learners run. Device ids index `jax.devices(platform)`."""
+
+    platform: Literal["cpu", "gpu", "tpu"] | None = None
+    """JAX platform; None uses JAX's default backend."""
+    actor_device_ids: tuple[int, ...] = (0,)
+    """Devices that run actor policies."""
+    actors_per_device: int = 2
+    """Actor threads per actor device, each with its own envs."""
+    learner_device_ids: tuple[int, ...] = (0,)
+    """Devices of the learner mesh (data-parallel over the env axis)."""
+    queue_size: int = 1
+    """Rollouts buffered per actor before the actor blocks (back-pressure)."""
+    max_policy_lag: int = 1
+    """Largest allowed (learner version - behaviour version) of a consumed rollout."""
+    synchronous: bool = False
+    """Actors wait for the newest params before every rollout (policy lag 0)."""
+    scan_unroll: int = 1
+    """Unroll factor of the learner's minibatch scan (large values help conv nets on CPU)."""
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """The evaluator thread: deterministic policy on its own envs and device."""
+
+    every_updates: int = 0
+    """Evaluate every N learner updates (0: only at the end)."""
+    episodes: int = 16
+    """Episodes per evaluation."""
+    num_envs: int = 8
+    device_id: int | None = None
+    """Device for evaluation inference; None uses the first actor device."""
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    run_dir: str = "runs"
+    """Parent folder of run directories."""
+    run_name: str | None = None
+    """Run directory name; default <preset>-<seed>-<timestamp>."""
+    interval_s: float = 2.0
+    """Seconds between metric lines (console and metrics.jsonl)."""
+    tensorboard: bool = False
+    """Also write TensorBoard event files into the run directory."""
+    console: Literal["progress", "lines", "none"] = "progress"
+    """Live progress bar, plain lines, or nothing on the console."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A training run."""
+
+    name: str = "custom"
+    """Preset name (used in the run directory name)."""
+    algo: Literal["ppo", "impala"] = "ppo"
+    seed: int = 1
+    total_steps: int = 500_000
+    """Environment steps to train for (all actors together)."""
+    rollout_length: int = 32
+    """Steps per rollout (T) of each actor thread."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    impala: ImpalaConfig = field(default_factory=ImpalaConfig)
+    layout: LayoutConfig = field(default_factory=LayoutConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    # Derived sizes -------------------------------------------------------------------
+    @property
+    def num_actors(self) -> int:
+        return len(self.layout.actor_device_ids) * self.layout.actors_per_device
+
+    @property
+    def steps_per_update(self) -> int:
+        """Env steps consumed by one learner update (one rollout from every actor)."""
+        return self.num_actors * self.env.num_envs * self.rollout_length
+
+    @property
+    def num_updates(self) -> int:
+        return max(1, self.total_steps // self.steps_per_update)
+
+    @property
+    def max_policy_lag(self) -> int:
+        return 0 if self.layout.synchronous else self.layout.max_policy_lag
+
+
+def replace(cfg, **changes):
+    """`dataclasses.replace` that also accepts dotted keys, e.g. `**{"env.num_envs": 4}`."""
+    nested: dict[str, dict] = {}
+    flat = {}
+    for key, value in changes.items():
+        head, _, rest = key.partition(".")
+        if rest:
+            nested.setdefault(head, {})[rest] = value
+        else:
+            flat[key] = value
+    for head, sub in nested.items():
+        flat[head] = replace(getattr(cfg, head), **sub)
+    return dataclasses.replace(cfg, **flat)
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Raise ConfigError for anything that cannot run; needs no devices and no JAX."""
+
+    def positive(name: str, value: float) -> None:
+        if value <= 0:
+            raise ConfigError(f"{name} must be positive, got {value}")
+
+    positive("total_steps", cfg.total_steps)
+    positive("rollout_length", cfg.rollout_length)
+    positive("env.num_envs", cfg.env.num_envs)
+    positive("layout.actors_per_device", cfg.layout.actors_per_device)
+    positive("layout.queue_size", cfg.layout.queue_size)
+    positive("layout.scan_unroll", cfg.layout.scan_unroll)
+    positive("eval.episodes", cfg.eval.episodes)
+    positive("eval.num_envs", cfg.eval.num_envs)
+    positive("log.interval_s", cfg.log.interval_s)
+    if cfg.eval.every_updates < 0:
+        raise ConfigError(f"eval.every_updates must be >= 0, got {cfg.eval.every_updates}")
+    if cfg.layout.max_policy_lag < 0:
+        raise ConfigError(f"layout.max_policy_lag must be >= 0, got {cfg.layout.max_policy_lag}")
+    if not cfg.env.id:
+        raise ConfigError("env.id must not be empty")
+    for name, ids in (
+        ("layout.actor_device_ids", cfg.layout.actor_device_ids),
+        ("layout.learner_device_ids", cfg.layout.learner_device_ids),
+    ):
+        if not ids:
+            raise ConfigError(f"{name} must name at least one device")
+        if any(i < 0 for i in ids):
+            raise ConfigError(f"{name} must be non-negative device ids, got {list(ids)}")
+        if len(set(ids)) != len(ids):
+            raise ConfigError(f"{name} has repeated device ids: {list(ids)}")
+    if cfg.eval.device_id is not None and cfg.eval.device_id < 0:
+        raise ConfigError(f"eval.device_id must be a non-negative device id, got {cfg.eval.device_id}")
+    num_learners = len(cfg.layout.learner_device_ids)
+    if cfg.env.num_envs % num_learners:
+        raise ConfigError(
+            f"env.num_envs ({cfg.env.num_envs}) must be divisible by the number of learner "
+            f"devices ({num_learners}): each actor's rollout is split evenly across them"
+        )
+    if cfg.total_steps < cfg.steps_per_update:
+        raise ConfigError(
+            f"total_steps ({cfg.total_steps}) is less than one update "
+            f"({cfg.num_actors} actors x {cfg.env.num_envs} envs x {cfg.rollout_length} steps "
+            f"= {cfg.steps_per_update})"
+        )
+    per_shard = cfg.num_actors * cfg.env.num_envs // num_learners * cfg.rollout_length
+    minibatches = cfg.ppo.num_minibatches if cfg.algo == "ppo" else cfg.impala.num_minibatches
+    positive(f"{cfg.algo}.num_minibatches", minibatches)
+    if cfg.algo == "ppo":
+        positive("ppo.num_epochs", cfg.ppo.num_epochs)
+        if per_shard % minibatches:
+            raise ConfigError(
+                f"ppo.num_minibatches ({minibatches}) must divide the samples per learner shard "
+                f"({per_shard} = rollout_length x envs per shard)"
+            )
+    elif (cfg.num_actors * cfg.env.num_envs // num_learners) % minibatches:
+        raise ConfigError(
+            f"impala.num_minibatches ({minibatches}) must divide the envs per learner shard "
+            f"({cfg.num_actors * cfg.env.num_envs // num_learners})"
+        )
+    for name in ("learning_rate",):
+        positive(f"{cfg.algo}.{name}", getattr(cfg.ppo if cfg.algo == "ppo" else cfg.impala, name))
+    if not 0 <= cfg.env.sticky_action_prob <= 1:
+        raise ConfigError(f"env.sticky_action_prob must be in [0, 1], got {cfg.env.sticky_action_prob}")
+    if not cfg.network.hidden_sizes or any(h <= 0 for h in cfg.network.hidden_sizes):
+        raise ConfigError(f"network.hidden_sizes must be positive widths, got {list(cfg.network.hidden_sizes)}")

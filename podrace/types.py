@@ -1,0 +1,87 @@
+"""Data that moves between components. Containers only, no logic.
+
+Autoreset convention (both env backends): *next-step*. When step t ends an episode
+(terminated or truncated), the observation returned is the final observation of that
+episode; the following step t+1 resets the env, ignores its action, and returns the first
+observation of the next episode with reward 0. Step t+1 is therefore not a real
+transition and is marked `valid = False`. The behaviour value the actor computed at step
+t+1 is V(final observation), which is exactly the bootstrap value a truncated step t needs,
+so truncation is bootstrapped with no extra forward pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+PyTree = Any
+
+
+class EnvSpec(NamedTuple):
+    """Shapes and dtypes of one environment (not batched)."""
+
+    obs_shape: tuple[int, ...]
+    obs_dtype: np.dtype
+    num_actions: int | None
+    """Discrete action count, or None for continuous actions."""
+    action_shape: tuple[int, ...]
+    """() for discrete actions, (A,) for continuous ones."""
+    action_low: np.ndarray | None = None
+    action_high: np.ndarray | None = None
+
+    @property
+    def discrete(self) -> bool:
+        return self.num_actions is not None
+
+
+class EnvStep(NamedTuple):
+    """One batched env step, host NumPy arrays with leading dim = num_envs."""
+
+    obs: np.ndarray
+    reward: np.ndarray
+    """float32 reward used for learning (clipped for Atari when configured)."""
+    terminated: np.ndarray
+    """bool: the episode reached a terminal state (no bootstrap)."""
+    truncated: np.ndarray
+    """bool: the episode was cut by a time limit (bootstrap from the final obs)."""
+    episode_done: np.ndarray
+    """bool: a whole reported episode ended here (for Atari with episodic life: game over)."""
+    episode_return: np.ndarray
+    """float64 raw (unclipped) return of the episode ending here; valid where episode_done."""
+    episode_length: np.ndarray
+    """int: length in agent steps of the episode ending here; valid where episode_done."""
+
+
+class Trajectory(NamedTuple):
+    """A rollout of T steps x B envs, time-major, as JAX arrays (a pytree)."""
+
+    obs: Any  # [T, B, *obs_shape]
+    actions: Any  # [T, B] int32 or [T, B, A] float32
+    logprobs: Any  # [T, B] behaviour log-probabilities of `actions`
+    values: Any  # [T, B] behaviour values V(obs)
+    rewards: Any  # [T, B] float32
+    terminated: Any  # [T, B] bool
+    truncated: Any  # [T, B] bool
+    valid: Any  # [T, B] bool, False on autoreset steps
+    last_obs: Any  # [B, *obs_shape] observation after the last step
+    last_value: Any  # [B] behaviour value of last_obs
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """A Trajectory stamped with where and from which policy it came."""
+
+    actor_id: int
+    seq: int
+    """Rollout number of this actor, from 0; rollout `seq` feeds learner update `seq`."""
+    policy_version: int
+    """Params version that chose every action of this rollout."""
+    trajectory: Trajectory
+    """Arrays already placed on the learner mesh, sharded along the env axis."""
+    episode_returns: np.ndarray
+    """Raw returns of episodes that ended during the rollout (host)."""
+    episode_lengths: np.ndarray
+    timings: dict[str, float]
+    """Seconds spent per actor stage for this rollout (env_step, inference, ...)."""

@@ -1,0 +1,8 @@
+"""Test configuration: force several CPU devices before JAX is imported anywhere."""
+
+import os
+
+_FLAG = "--xla_force_host_platform_device_count=4"
+if _FLAG.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
