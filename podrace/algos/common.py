@@ -1,0 +1,110 @@
+"""Pieces shared by PPO and IMPALA: cross-shard reductions and one synchronised SGD step.
+
+Every loss is written as "this shard's share": a masked sum divided by the GLOBAL count
+of valid samples, so that psum over shards of the share (and of its gradient) is exactly
+the single-device masked mean over the whole batch. `axis_name=None` means no mesh
+(plain single-device use, e.g. in tests): every reduction is then the identity.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from podrace.types import PyTree
+
+Metrics = dict[str, jax.Array]
+
+
+def psum(tree: PyTree, axis_name: str | None) -> PyTree:
+    """Sum over the learner mesh axis (identity without a mesh)."""
+    return tree if axis_name is None else jax.lax.psum(tree, axis_name)
+
+
+def to_varying(tree: PyTree, axis_name: str | None) -> PyTree:
+    """Mark replicated leaves as per-shard so that jax.grad returns LOCAL gradients.
+
+    Under shard_map with check_vma=True, the gradient w.r.t. a replicated (invariant)
+    input is psum'd implicitly; with check_vma=False it is not. Casting first makes both
+    modes return local gradients, which we then psum explicitly exactly once.
+    """
+    if axis_name is None:
+        return tree
+
+    def cast(x):
+        if axis_name in getattr(jax.typeof(x), "vma", frozenset()):
+            return x
+        return jax.lax.pcast(x, axis_name, to="varying")
+
+    return jax.tree.map(cast, tree)
+
+
+def local_key(key: jax.Array) -> jax.Array:
+    """This shard's key: accepts a (2,) raw key or the (1, 2) block of a sharded key array."""
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        return key.reshape(()) if key.ndim else key
+    return key.reshape(key.shape[-1]) if key.ndim == 2 else key
+
+
+class MaskedMean:
+    """Shard-local share of a masked mean whose denominator is the global valid count."""
+
+    def __init__(self, valid: jax.Array, axis_name: str | None):
+        self.valid = valid.astype(bool)
+        count = psum(jnp.sum(self.valid, dtype=jnp.float32), axis_name)
+        self.count = jnp.maximum(count, 1.0)
+        self.axis_name = axis_name
+
+    def share(self, x: jax.Array) -> jax.Array:
+        """sum over this shard of valid x / global count (psum of shares = global mean)."""
+        return jnp.sum(jnp.where(self.valid, x, 0.0)) / self.count
+
+    def mean(self, x: jax.Array) -> jax.Array:
+        """The global masked mean, identical on every shard."""
+        return psum(self.share(x), self.axis_name)
+
+
+def learning_rate_schedule(lr: float, anneal: bool, total_steps: int) -> optax.Schedule:
+    """Constant, or linear decay to 0 over `total_steps` optimizer steps."""
+    if anneal:
+        return optax.linear_schedule(lr, 0.0, transition_steps=max(1, total_steps))
+    return optax.constant_schedule(lr)
+
+
+LossFn = Callable[[PyTree, PyTree], tuple[jax.Array, Metrics]]
+
+
+def sgd_step(
+    optimizer: optax.GradientTransformation,
+    loss_fn: LossFn,
+    params: PyTree,
+    opt_state: PyTree,
+    batch: PyTree,
+    axis_name: str | None,
+) -> tuple[PyTree, PyTree, Metrics]:
+    """One optimizer step on the global gradient (psum of local shares).
+
+    `loss_fn(params, batch) -> (local share of the loss, metrics)` where metrics are
+    already global and include "loss". Clipping inside `optimizer` therefore sees the
+    global gradient, and all shards apply the identical update.
+    """
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    (_, metrics), grads = grad_fn(to_varying(params, axis_name), batch)
+    grads = psum(grads, axis_name)
+    grad_norm = optax.global_norm(grads)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    # A non-finite gradient element makes the global norm non-finite, so one scalar check
+    # covers the whole gradient tree.
+    finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
+    return params, opt_state, {**metrics, "grad_norm": grad_norm, "finite": finite}
+
+
+def reduce_metrics(stacked: Metrics) -> Metrics:
+    """Average per-minibatch metrics; `finite` is True only if every step was finite."""
+    out = {k: jnp.mean(v) for k, v in stacked.items() if k != "finite"}
+    out["finite"] = jnp.all(stacked["finite"])
+    return out

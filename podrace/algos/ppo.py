@@ -1,0 +1,157 @@
+"""PPO (clipped surrogate) for the decoupled learner.
+
+One update: GAE on the local shard with the behaviour values, then num_epochs passes of
+num_minibatches optimizer steps over this shard's T x B_local samples, shuffled with the
+shard's own key. Every mean and the advantage normalisation use global (cross-shard)
+statistics, so a mesh of equal shards computes what one device would on the whole batch.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from podrace.algos.advantages import gae
+from podrace.algos.base import Algorithm, TrainState
+from podrace.algos.common import (
+    MaskedMean,
+    Metrics,
+    learning_rate_schedule,
+    local_key,
+    psum,
+    reduce_metrics,
+    sgd_step,
+)
+from podrace.config import PPOConfig
+from podrace.types import PyTree, Trajectory
+
+ApplyFn = Callable[[PyTree, jax.Array], tuple]
+
+
+class PPOBatch(NamedTuple):
+    """Flat samples [N, ...] that one PPO minibatch step consumes."""
+
+    obs: jax.Array
+    actions: jax.Array
+    logprobs: jax.Array  # behaviour
+    values: jax.Array  # behaviour
+    advantages: jax.Array
+    returns: jax.Array
+    valid: jax.Array
+
+
+def ppo_loss(
+    params: PyTree,
+    apply_fn: ApplyFn,
+    minibatch: PPOBatch,
+    cfg: PPOConfig,
+    axis_name: str | None,
+) -> tuple[jax.Array, Metrics]:
+    """Returns (this shard's share of the loss, global metrics).
+
+    psum of the share over shards (and of its gradient) is the masked-mean loss over the
+    global minibatch; with axis_name=None the share is the loss itself.
+    loss = policy_loss - ent_coef * entropy + vf_coef * value_loss.
+    """
+    dist, value = apply_fn(params, minibatch.obs)
+    logp = dist.log_prob(minibatch.actions)
+    log_ratio = logp - minibatch.logprobs
+    ratio = jnp.exp(log_ratio)
+    masked = MaskedMean(minibatch.valid, axis_name)
+
+    adv = minibatch.advantages
+    if cfg.norm_adv:
+        adv_mean = masked.mean(adv)
+        adv_std = jnp.sqrt(masked.mean(jnp.square(adv - adv_mean)))
+        adv = (adv - adv_mean) / (adv_std + 1e-8)
+
+    clipped_ratio = jnp.clip(ratio, 1.0 - cfg.clip_coef, 1.0 + cfg.clip_coef)
+    policy = jnp.maximum(-adv * ratio, -adv * clipped_ratio)
+
+    returns = minibatch.returns
+    value_err = jnp.square(value - returns)
+    if cfg.clip_value_loss:
+        value_clipped = minibatch.values + jnp.clip(
+            value - minibatch.values, -cfg.clip_coef, cfg.clip_coef
+        )
+        value_err = jnp.maximum(value_err, jnp.square(value_clipped - returns))
+
+    shares = {
+        "policy_loss": masked.share(policy),
+        "value_loss": masked.share(0.5 * value_err),
+        "entropy": masked.share(dist.entropy()),
+    }
+    loss = shares["policy_loss"] - cfg.ent_coef * shares["entropy"] + cfg.vf_coef * shares["value_loss"]
+    stats = {
+        **shares,
+        "loss": loss,
+        "approx_kl": masked.share((ratio - 1.0) - log_ratio),
+        "clip_frac": masked.share((jnp.abs(ratio - 1.0) > cfg.clip_coef).astype(jnp.float32)),
+    }
+    return loss, jax.lax.stop_gradient(psum(stats, axis_name))
+
+
+def make_ppo(
+    cfg: PPOConfig,
+    apply_fn: ApplyFn,
+    num_updates: int,
+    axis_name: str | None,
+    scan_unroll: int = 1,
+) -> Algorithm:
+    """PPO as an Algorithm; `apply_fn(params, obs) -> (dist, value)`.
+
+    Adam (eps 1e-5) after global-norm clipping; the learning rate optionally decays
+    linearly to 0 over num_updates * num_epochs * num_minibatches optimizer steps.
+    """
+    steps_per_update = cfg.num_epochs * cfg.num_minibatches
+    schedule = learning_rate_schedule(cfg.learning_rate, cfg.anneal_lr, num_updates * steps_per_update)
+    optimizer = optax.chain(
+        optax.clip_by_global_norm(cfg.max_grad_norm),
+        optax.adam(schedule, eps=1e-5),
+    )
+
+    def loss_fn(params, minibatch):
+        return ppo_loss(params, apply_fn, minibatch, cfg, axis_name)
+
+    def init(params: PyTree) -> TrainState:
+        return TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
+
+    def minibatch_step(carry, minibatch):
+        params, opt_state, opt_count = carry
+        params, opt_state, metrics = sgd_step(optimizer, loss_fn, params, opt_state, minibatch, axis_name)
+        metrics["learning_rate"] = jnp.asarray(schedule(opt_count), jnp.float32)
+        return (params, opt_state, opt_count + 1), metrics
+
+    def update(state: TrainState, traj: Trajectory, key: jax.Array) -> tuple[TrainState, Metrics]:
+        advantages, returns = gae(
+            traj.rewards, traj.values, traj.last_value, traj.terminated, traj.truncated,
+            traj.valid, cfg.gamma, cfg.gae_lambda,
+        )
+        batch = PPOBatch(traj.obs, traj.actions, traj.logprobs, traj.values, advantages, returns, traj.valid)
+        batch = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), batch)
+        num_samples = batch.valid.shape[0]
+        num_mb = cfg.num_minibatches
+        if num_samples % num_mb:
+            raise ValueError(
+                f"ppo.num_minibatches ({num_mb}) must divide the samples per shard ({num_samples})"
+            )
+
+        def epoch(carry, epoch_key):
+            data = batch
+            if num_mb > 1:  # with one minibatch the order cannot matter: skip the gather
+                perm = jax.random.permutation(epoch_key, num_samples)
+                data = jax.tree.map(lambda x: x[perm], data)
+            data = jax.tree.map(lambda x: x.reshape((num_mb, -1) + x.shape[1:]), data)
+            return jax.lax.scan(minibatch_step, carry, data, unroll=min(scan_unroll, num_mb))
+
+        epoch_keys = jax.random.split(local_key(key), cfg.num_epochs)
+        carry = (state.params, state.opt_state, state.step * steps_per_update)
+        (params, opt_state, _), metrics = jax.lax.scan(
+            epoch, carry, epoch_keys, unroll=min(scan_unroll, cfg.num_epochs)
+        )
+        return TrainState(params, opt_state, state.step + 1), reduce_metrics(metrics)
+
+    return Algorithm(init=init, update=update)

@@ -1,0 +1,114 @@
+"""The evaluator: a deterministic policy on its own envs and device, in its own thread.
+
+The learner asks for an evaluation of a params version through a bounded queue (a request
+that finds the evaluator busy is dropped and counted, so evaluation never slows the
+learner); the final evaluation is waited for. Episodes run to completion on fresh envs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import jax
+import numpy as np
+
+from podrace.envs import BatchedEnv
+from podrace.metrics.registry import Metrics
+from podrace.pipeline import BoundedQueue
+from podrace.runtime.lifetime import Lifetime
+from podrace.sync.base import Subscriber
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    version: int
+    mean_return: float
+    returns: np.ndarray
+    lengths: np.ndarray
+    seconds: float
+
+
+@dataclass
+class _Request:
+    version: int
+    done: threading.Event | None = None
+    result: list = field(default_factory=list)
+
+
+def make_greedy_policy(apply_fn: Callable) -> Callable:
+    """jit((params, obs) -> mode of the policy distribution)."""
+    return jax.jit(lambda params, obs: apply_fn(params, obs)[0].mode())
+
+
+def run_episodes(env: BatchedEnv, policy: Callable, params, device: jax.Device, episodes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Step `env` with the greedy policy until `episodes` episodes have ended."""
+    obs = env.reset()
+    returns, lengths = [], []
+    while len(returns) < episodes:
+        action = jax.device_get(policy(params, jax.device_put(obs, device)))
+        step = env.step(action)
+        done = step.episode_done
+        if done.any():
+            returns.extend(step.episode_return[done].tolist())
+            lengths.extend(step.episode_length[done].tolist())
+        obs = step.obs
+    return np.asarray(returns[:episodes]), np.asarray(lengths[:episodes])
+
+
+class Evaluator:
+    def __init__(
+        self,
+        env: BatchedEnv,
+        device: jax.Device,
+        policy: Callable,
+        subscriber: Subscriber,
+        episodes: int,
+        metrics: Metrics,
+        lifetime: Lifetime,
+    ):
+        self.env = env
+        self.device = device
+        self.policy = policy
+        self.subscriber = subscriber
+        self.episodes = episodes
+        self.metrics = metrics
+        self.lifetime = lifetime
+        self.requests: BoundedQueue[_Request] = BoundedQueue(1, lifetime)
+        self.results: list[EvalResult] = []
+
+    def request(self, version: int) -> None:
+        """Ask for an evaluation of `version` without waiting; dropped if busy."""
+        if not self.requests.try_put(_Request(version)):
+            self.metrics.count("eval/dropped_requests")
+
+    def evaluate_final(self, version: int) -> EvalResult:
+        """Evaluate `version` and wait for the result (or for the run to stop)."""
+        request = _Request(version, done=threading.Event())
+        self.requests.put(request)
+        self.lifetime.on_stop(request.done.set)
+        request.done.wait()
+        self.lifetime.check()
+        return request.result[0]
+
+    def run(self) -> None:
+        while True:
+            request, _ = self.requests.get()
+            snapshot = self.subscriber.get(min_version=request.version)
+            start = time.perf_counter()
+            returns, lengths = run_episodes(self.env, self.policy, snapshot.params, self.device, self.episodes)
+            result = EvalResult(
+                version=snapshot.version,
+                mean_return=float(returns.mean()),
+                returns=returns,
+                lengths=lengths,
+                seconds=time.perf_counter() - start,
+            )
+            self.results.append(result)
+            self.metrics.set("eval/return", result.mean_return)
+            self.metrics.set("eval/version", result.version)
+            if request.done is not None:
+                request.result.append(result)
+                request.done.set()

@@ -1,0 +1,146 @@
+"""The learner: a mesh over the learner devices, the sharded update step, the learner loop.
+
+The update is `jit(shard_map(...))` over the mesh axis `learner`: every shard sees its own
+slice of the env axis and its own random key (a [num_shards, 2] key array sharded over the
+axis), and the algorithm combines gradients across shards. After each update the new params
+are blocked on, checked finite, and only then published (version = updates applied).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from podrace.algos.base import Algorithm, TrainState
+from podrace.metrics.registry import Metrics
+from podrace.pipeline import Pipeline
+from podrace.runtime.lifetime import Lifetime
+from podrace.sync.base import Publisher
+from podrace.types import Trajectory
+
+AXIS = "learner"
+
+TRAJECTORY_SPEC = Trajectory(*(P(None, AXIS),) * 8, last_obs=P(AXIS), last_value=P(AXIS))
+
+
+class NonFiniteUpdate(FloatingPointError):
+    """The loss or gradients of an update were NaN/inf; those params are never published."""
+
+
+def make_mesh(devices: Sequence[jax.Device]) -> Mesh:
+    return Mesh(np.asarray(devices), (AXIS,))
+
+
+def trajectory_shardings(mesh: Mesh) -> tuple[NamedSharding, NamedSharding]:
+    """(sharding of [T, B, ...] leaves, sharding of [B, ...] leaves): split along envs."""
+    return NamedSharding(mesh, P(None, AXIS)), NamedSharding(mesh, P(AXIS))
+
+
+def shard_keys(key: jax.Array, mesh: Mesh) -> jax.Array:
+    """One distinct raw key per learner shard, as a [num_shards, 2] array sharded on the axis."""
+    keys = jax.random.split(key, mesh.devices.size)
+    return jax.device_put(keys, NamedSharding(mesh, P(AXIS)))
+
+
+def concat_actors(trajs: Sequence[Trajectory]) -> Trajectory:
+    """Concatenate per-actor (local) trajectories along the env axis."""
+    time_major = [jnp.concatenate([getattr(t, f) for t in trajs], axis=1) for f in Trajectory._fields[:8]]
+    return Trajectory(
+        *time_major,
+        last_obs=jnp.concatenate([t.last_obs for t in trajs], axis=0),
+        last_value=jnp.concatenate([t.last_value for t in trajs], axis=0),
+    )
+
+
+def make_update_fn(algo: Algorithm, mesh: Mesh, num_actors: int) -> Callable:
+    """jit(shard_map(update)): (state, per-actor trajectories, shard keys) -> (state, keys, metrics)."""
+
+    def body(state: TrainState, trajs: tuple[Trajectory, ...], keys: jax.Array):
+        key, update_key = jax.random.split(keys[0])
+        state, metrics = algo.update(state, concat_actors(trajs), update_key)
+        return state, key[None], metrics
+
+    sharded = jax.shard_map(
+        body,
+        mesh=mesh,
+        in_specs=(P(), (TRAJECTORY_SPEC,) * num_actors, P(AXIS)),
+        out_specs=(P(), P(AXIS), P()),
+    )
+    return jax.jit(sharded)
+
+
+class Learner:
+    """Consumes one rollout per actor per update, updates, and publishes the new params."""
+
+    def __init__(
+        self,
+        state: TrainState,
+        keys: jax.Array,
+        update_fn: Callable,
+        pipeline: Pipeline,
+        publisher: Publisher,
+        metrics: Metrics,
+        lifetime: Lifetime,
+        num_updates: int,
+        steps_per_update: int,
+        on_update: Callable[[int], None] | None = None,
+    ):
+        self.state = state
+        self.keys = keys
+        self.update_fn = update_fn
+        self.pipeline = pipeline
+        self.publisher = publisher
+        self.metrics = metrics
+        self.lifetime = lifetime
+        self.num_updates = num_updates
+        self.steps_per_update = steps_per_update
+        self.on_update = on_update
+        self.version = publisher.publish(state.params)
+
+    def run(self) -> None:
+        for _ in range(self.num_updates):
+            self.lifetime.check()
+            self.step()
+
+    def step(self) -> None:
+        rollouts, lag = self.pipeline.next_batch(self.version)
+        start = time.perf_counter()
+        trajs = tuple(r.trajectory for r in rollouts)
+        state, keys, metrics = self.update_fn(self.state, trajs, self.keys)
+        jax.block_until_ready(state.params)
+        learner_step = time.perf_counter() - start
+        metrics = jax.device_get(metrics)
+        if not metrics.pop("finite"):
+            raise NonFiniteUpdate(
+                f"non-finite loss or gradients in update {self.version + 1} "
+                f"(loss={metrics.get('loss')}); params not published"
+            )
+        self.state, self.keys = state, keys
+        start = time.perf_counter()
+        self.version = self.publisher.publish(state.params)
+        publish = time.perf_counter() - start
+
+        m = self.metrics
+        m.add_many({f"learner/{k}": float(v) for k, v in metrics.items()})
+        m.add_many({f"lag/{k}": v for k, v in lag.items() if k != "queue_get_wait"})
+        m.add_many(
+            {
+                "learner/queue_get_wait": lag["queue_get_wait"],
+                "learner/step": learner_step,
+                "learner/publish": publish,
+            }
+        )
+        m.set("lag/max_seen", max(m.last("lag/max_seen", 0.0), lag["lag_max"]))
+        m.set("version", self.version)
+        m.count("env_steps", self.steps_per_update)
+        for r in rollouts:
+            m.add_values("episode/return", r.episode_returns)
+            m.add_values("episode/length", r.episode_lengths)
+            m.count("episodes", len(r.episode_returns))
+        if self.on_update is not None:
+            self.on_update(self.version)

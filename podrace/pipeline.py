@@ -1,0 +1,119 @@
+"""Rollouts from actors to the learner: bounded per-actor queues and policy-lag accounting.
+
+Each actor has its own bounded queue, and the learner takes one rollout from every actor
+in a fixed order, so the data order of a run does not depend on thread timing. A full
+queue blocks its actor on a Condition (back-pressure without polling); every blocking wait
+honours the run's stop signal and is timed, so a slow stage shows up in the metrics.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Generic, TypeVar
+
+from podrace.runtime.lifetime import Lifetime, Stopped
+from podrace.types import Rollout
+
+T = TypeVar("T")
+
+
+class BoundedQueue(Generic[T]):
+    """FIFO with a capacity; put/get block on a Condition until possible or stopped."""
+
+    def __init__(self, capacity: int, lifetime: Lifetime):
+        if capacity <= 0:
+            raise ValueError(f"capacity must be positive, got {capacity}")
+        self._items: collections.deque[T] = collections.deque()
+        self._capacity = capacity
+        self._cond = threading.Condition()
+        self._lifetime = lifetime
+        lifetime.notify_on_stop(self._cond)
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._items)
+
+    def put(self, item: T) -> float:
+        """Append `item`, waiting while full; returns the seconds spent waiting."""
+        start = time.perf_counter()
+        with self._cond:
+            while len(self._items) >= self._capacity:
+                self._lifetime.check()
+                self._cond.wait()
+            self._lifetime.check()
+            self._items.append(item)
+            self._cond.notify_all()
+        return time.perf_counter() - start
+
+    def get(self) -> tuple[T, float]:
+        """Pop the oldest item, waiting while empty; returns (item, seconds waited)."""
+        start = time.perf_counter()
+        with self._cond:
+            while not self._items:
+                self._lifetime.check()
+                self._cond.wait()
+            item = self._items.popleft()
+            self._cond.notify_all()
+        return item, time.perf_counter() - start
+
+    def try_put(self, item: T) -> bool:
+        """Append without waiting; False (item dropped) when full."""
+        with self._cond:
+            if len(self._items) >= self._capacity:
+                return False
+            self._items.append(item)
+            self._cond.notify_all()
+            return True
+
+
+class LagExceeded(RuntimeError):
+    """A rollout older than the lag bound reached the learner (an actor broke the contract)."""
+
+
+class Pipeline:
+    """One queue per actor; `next_batch` returns one rollout per actor, in actor order."""
+
+    def __init__(self, num_actors: int, capacity: int, max_policy_lag: int, lifetime: Lifetime):
+        self.queues = [BoundedQueue[Rollout](capacity, lifetime) for _ in range(num_actors)]
+        self.max_policy_lag = max_policy_lag
+        self._expected_seq = [0] * num_actors
+
+    def put(self, rollout: Rollout) -> float:
+        return self.queues[rollout.actor_id].put(rollout)
+
+    def next_batch(self, learner_version: int) -> tuple[list[Rollout], dict[str, float]]:
+        """Rollouts for the update that starts from params `learner_version`.
+
+        Returns them with lag statistics and the total seconds waited. A rollout out of
+        sequence or over the lag bound is a broken contract and raises.
+        """
+        batch, waited = [], 0.0
+        for actor_id, queue in enumerate(self.queues):
+            rollout, seconds = queue.get()
+            waited += seconds
+            if rollout.seq != self._expected_seq[actor_id]:
+                raise RuntimeError(
+                    f"actor {actor_id} sent rollout {rollout.seq}, expected {self._expected_seq[actor_id]}"
+                )
+            self._expected_seq[actor_id] += 1
+            lag = learner_version - rollout.policy_version
+            if lag > self.max_policy_lag or lag < 0:
+                raise LagExceeded(
+                    f"actor {actor_id} rollout {rollout.seq} has policy version "
+                    f"{rollout.policy_version}, learner is at {learner_version} "
+                    f"(lag {lag}, bound {self.max_policy_lag})"
+                )
+            batch.append(rollout)
+        lags = [learner_version - r.policy_version for r in batch]
+        stats = {
+            "lag_min": float(min(lags)),
+            "lag_mean": sum(lags) / len(lags),
+            "lag_max": float(max(lags)),
+            "queue_get_wait": waited,
+        }
+        return batch, stats
+
+
+__all__ = ["BoundedQueue", "LagExceeded", "Pipeline", "Stopped"]

@@ -1,0 +1,119 @@
+"""The weight-sync contract: versioned snapshots, a publisher, subscribers, errors.
+
+Every transport (local, shm, ray) implements these two classes and passes the same
+conformance suite, so the actor and learner loops never know which one they use.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Callable
+
+PyTree = Any
+PushTarget = Callable[["Snapshot"], None]
+ErrorHook = Callable[[str, BaseException], None]
+
+
+@dataclass(frozen=True, eq=False)
+class Snapshot:
+    """Params as of learner update `version`. Immutable: never write into `params`."""
+
+    version: int
+    params: PyTree
+
+
+class SyncError(RuntimeError):
+    """Base class of every weight-sync error."""
+
+
+class SyncTimeout(SyncError, TimeoutError):
+    """`get()` gave up before the awaited version appeared."""
+
+
+class ChannelClosed(SyncError):
+    """The publisher was closed or went away; raised by every pending and later call."""
+
+
+class SnapshotMismatch(SyncError):
+    """A snapshot's tree structure, shapes or dtypes differ from what was expected."""
+
+
+class Subscriber(ABC):
+    """Consumer side: pulls snapshots when it chooses to.
+
+    Versions a subscriber returns never go backwards, and `poll()` returns each version at
+    most once, so applying whatever it returns is always safe and never repeats work.
+    """
+
+    @abstractmethod
+    def poll(self) -> Snapshot | None:
+        """The latest snapshot if newer than the last one returned, else None. Never blocks."""
+
+    @abstractmethod
+    def get(self, min_version: int, timeout: float | None = None) -> Snapshot:
+        """Block until a version >= `min_version` exists, then return the latest.
+
+        Raises SyncTimeout after `timeout` seconds, ChannelClosed if the publisher closes
+        or goes away while waiting (or had already).
+        """
+
+    @property
+    @abstractmethod
+    def acked_version(self) -> int | None:
+        """Version of the last snapshot returned, None before the first."""
+
+    def close(self) -> None:
+        """Release this subscriber; its blocked and later calls raise ChannelClosed."""
+
+    def __enter__(self) -> "Subscriber":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Publisher(ABC):
+    """Learner side: announces new params. Never waits on a reader."""
+
+    @abstractmethod
+    def publish(self, params: PyTree, *, version: int | None = None) -> int:
+        """Make `params` the latest snapshot and return its version.
+
+        Versions count from `first_version` in steps of one; a relay passes `version`
+        explicitly to keep its upstream's numbering (it must exceed the latest).
+        The caller must not mutate or donate `params` afterwards.
+        """
+
+    @abstractmethod
+    def subscribe(self, **transport_args: Any) -> Subscriber:
+        """A new subscriber; keyword arguments are transport specific."""
+
+    @abstractmethod
+    def add_push_target(
+        self, target: PushTarget, name: str, *, on_error: ErrorHook | None = None
+    ) -> None:
+        """Call `target(snapshot)` for new versions, in order, on a thread of its own.
+
+        A slow target skips to the latest version; a failing one is counted in
+        `metrics()` and reported to `on_error(name, exc)`; neither stalls `publish`.
+        """
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stop publishing (idempotent); every waiting and later `get()` raises ChannelClosed."""
+
+    @property
+    @abstractmethod
+    def latest_version(self) -> int | None:
+        """Version of the newest published snapshot, None before the first publish."""
+
+    @abstractmethod
+    def metrics(self) -> dict[str, float | int]:
+        """Flat counters: bytes and time per publish, subscriber acks, push target stats."""
+
+    def __enter__(self) -> "Publisher":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,65 @@
+"""Tree structure, shapes and dtypes of a params pytree, to reject mismatched snapshots early."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+from podrace.sync.base import SnapshotMismatch
+
+
+@dataclass(frozen=True)
+class TreeSpec:
+    """What a consumer expects: the treedef plus one (shape, dtype) per leaf.
+
+    Picklable (the shm transport stores it next to the data), so a reader in another
+    process can rebuild the tree without being told its layout.
+    """
+
+    treedef: Any
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[np.dtype, ...]
+
+    @classmethod
+    def of(cls, tree: Any) -> "TreeSpec":
+        """Spec of a pytree of arrays, ShapeDtypeStructs or scalars (reads metadata only)."""
+        if isinstance(tree, TreeSpec):
+            return tree
+        leaves, treedef = jax.tree_util.tree_flatten(tree)
+        shapes, dtypes = [], []
+        for leaf in leaves:
+            if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
+                leaf = np.asarray(leaf)
+            shapes.append(tuple(int(d) for d in leaf.shape))
+            dtypes.append(np.dtype(leaf.dtype))
+        return cls(treedef, tuple(shapes), tuple(dtypes))
+
+    @property
+    def nbytes(self) -> int:
+        return int(sum(int(np.prod(s)) * d.itemsize for s, d in zip(self.shapes, self.dtypes)))
+
+    def check(self, tree: Any, what: str = "snapshot") -> None:
+        """Raise SnapshotMismatch naming the first difference between `tree` and this spec."""
+        self.check_spec(TreeSpec.of(tree), what)
+
+    def check_spec(self, got: "TreeSpec", what: str = "snapshot") -> None:
+        if got.treedef != self.treedef:
+            raise SnapshotMismatch(
+                f"{what} tree structure differs: expected {self.treedef}, got {got.treedef}"
+            )
+        for i, (es, gs, ed, gd) in enumerate(zip(self.shapes, got.shapes, self.dtypes, got.dtypes)):
+            if es != gs or ed != gd:
+                path = _leaf_paths(self.treedef)[i]
+                raise SnapshotMismatch(
+                    f"{what} leaf {path}: expected {ed.name}{list(es)}, got {gd.name}{list(gs)}"
+                )
+
+
+def _leaf_paths(treedef: Any) -> list[str]:
+    """Readable key paths of a treedef's leaves, for error messages."""
+    dummy = jax.tree_util.tree_unflatten(treedef, list(range(treedef.num_leaves)))
+    flat, _ = jax.tree_util.tree_flatten_with_path(dummy)
+    return [jax.tree_util.keystr(path) or "<root>" for path, _ in flat]

@@ -1,0 +1,70 @@
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from podrace.pipeline import BoundedQueue, LagExceeded, Pipeline
+from podrace.runtime.lifetime import Lifetime, Stopped
+from podrace.types import Rollout
+
+
+def rollout(actor_id, seq, version):
+    return Rollout(actor_id, seq, version, trajectory=None, episode_returns=np.zeros(0),
+                   episode_lengths=np.zeros(0), timings={})
+
+
+def test_queue_blocks_when_full_and_times_the_wait():
+    q = BoundedQueue(1, Lifetime())
+    q.put("a")
+    taker = threading.Timer(0.2, q.get)
+    taker.start()
+    waited = q.put("b")
+    assert waited >= 0.15
+    assert q.get()[0] == "b"
+
+
+def test_stop_wakes_blocked_put_and_get():
+    lifetime = Lifetime()
+    full, empty = BoundedQueue(1, lifetime), BoundedQueue(1, lifetime)
+    full.put(1)
+    errors = []
+
+    def blocked(fn):
+        try:
+            fn()
+        except Stopped:
+            errors.append(fn)
+
+    threads = [threading.Thread(target=blocked, args=(f,)) for f in (lambda: full.put(2), empty.get)]
+    for t in threads:
+        t.start()
+    time.sleep(0.1)
+    lifetime.stop()
+    for t in threads:
+        t.join(2)
+    assert not any(t.is_alive() for t in threads)
+    assert len(errors) == 2
+
+
+def test_pipeline_takes_actors_in_order_and_measures_lag():
+    pipe = Pipeline(num_actors=2, capacity=2, max_policy_lag=1, lifetime=Lifetime())
+    pipe.put(rollout(1, 0, 0))
+    pipe.put(rollout(0, 0, 0))
+    batch, stats = pipe.next_batch(learner_version=1)
+    assert [r.actor_id for r in batch] == [0, 1]
+    assert stats["lag_max"] == 1 and stats["lag_min"] == 1
+
+
+def test_pipeline_rejects_rollout_over_lag_bound():
+    pipe = Pipeline(num_actors=1, capacity=1, max_policy_lag=1, lifetime=Lifetime())
+    pipe.put(rollout(0, 0, 0))
+    with pytest.raises(LagExceeded, match="lag 2, bound 1"):
+        pipe.next_batch(learner_version=2)
+
+
+def test_pipeline_rejects_out_of_sequence_rollout():
+    pipe = Pipeline(num_actors=1, capacity=1, max_policy_lag=1, lifetime=Lifetime())
+    pipe.put(rollout(0, 1, 0))
+    with pytest.raises(RuntimeError, match="expected 0"):
+        pipe.next_batch(learner_version=0)
