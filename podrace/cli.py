@@ -63,11 +63,10 @@ def train_command(args: Sequence[str]) -> int:
         print("podrace: interrupted, stopped cleanly", file=sys.stderr)
         return 130
     final = result.final_eval
+    evaluation = f"final eval return {final.mean_return:.1f}" if final else "no final evaluation"
     print(
         f"done: {result.env_steps:,} env steps, {result.updates} updates in {result.train_s:.1f}s "
-        f"(+{result.compile_s:.1f}s compile), final eval return "
-        f"{final.mean_return:.1f}" if final else "n/a",
-        f"\nrun directory: {result.run_dir}",
+        f"(+{result.compile_s:.1f}s compile), {evaluation}\nrun directory: {result.run_dir}"
     )
     return 0
 

@@ -17,6 +17,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from podrace.algos.base import Algorithm, TrainState
+from podrace.algos.impala import make_impala
+from podrace.algos.ppo import make_ppo
+from podrace.config import TrainConfig
 from podrace.metrics.registry import Metrics
 from podrace.pipeline import Pipeline
 from podrace.runtime.lifetime import Lifetime
@@ -30,6 +33,12 @@ TRAJECTORY_SPEC = Trajectory(*(P(None, AXIS),) * 8, last_obs=P(AXIS), last_value
 
 class NonFiniteUpdate(FloatingPointError):
     """The loss or gradients of an update were NaN/inf; those params are never published."""
+
+
+def make_algorithm(cfg: TrainConfig, apply_fn: Callable) -> Algorithm:
+    """The configured algorithm, its collectives bound to the learner mesh axis."""
+    make, algo_cfg = (make_ppo, cfg.ppo) if cfg.algo == "ppo" else (make_impala, cfg.impala)
+    return make(algo_cfg, apply_fn, cfg.num_updates, AXIS, cfg.layout.scan_unroll)
 
 
 def make_mesh(devices: Sequence[jax.Device]) -> Mesh:

@@ -1,0 +1,33 @@
+"""Flax networks: torsos and the actor-critic built from a NetworkConfig and an EnvSpec."""
+
+from __future__ import annotations
+
+from podrace.config import NetworkConfig
+from podrace.networks.actor_critic import ActorCritic
+from podrace.networks.torsos import MLP, ImpalaResNet, NatureCNN
+from podrace.types import EnvSpec
+
+__all__ = ["ActorCritic", "ImpalaResNet", "MLP", "NatureCNN", "make_network"]
+
+
+def make_network(cfg: NetworkConfig, spec: EnvSpec) -> ActorCritic:
+    """The actor-critic for `spec`: Categorical head if discrete, Gaussian otherwise.
+
+    For CNN torsos `cfg.hidden_sizes` are the dense widths after the convolutions (e.g.
+    (512,) for NatureCNN, (256,) for ImpalaResNet) and the torso is always shared; for
+    the MLP, `shared_torso=False` builds separate policy and value MLPs.
+    """
+    if cfg.torso == "mlp":
+        torso = MLP(tuple(cfg.hidden_sizes), cfg.activation)
+        value_torso = None if cfg.shared_torso else MLP(tuple(cfg.hidden_sizes), cfg.activation)
+    elif cfg.torso == "nature_cnn":
+        torso, value_torso = NatureCNN(tuple(cfg.hidden_sizes)), None
+    elif cfg.torso == "impala_resnet":
+        torso, value_torso = ImpalaResNet(dense_sizes=tuple(cfg.hidden_sizes)), None
+    else:
+        raise ValueError(f"unknown torso {cfg.torso!r}")
+    if spec.discrete:
+        return ActorCritic(torso, value_torso, tuple(spec.obs_shape), num_actions=int(spec.num_actions))
+    if len(spec.action_shape) != 1:
+        raise ValueError(f"continuous actions must be a vector, got action_shape {spec.action_shape}")
+    return ActorCritic(torso, value_torso, tuple(spec.obs_shape), action_dim=int(spec.action_shape[0]))

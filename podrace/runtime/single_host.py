@@ -22,7 +22,7 @@ from podrace.actor import Actor, LearnerPlacement, make_policy_fns
 from podrace.config import ConfigError, TrainConfig, validate
 from podrace.envs import env_spec, make_env, resolve_backend
 from podrace.evaluate import EvalResult, Evaluator, make_greedy_policy
-from podrace.learner import Learner, make_mesh, make_update_fn, shard_keys, trajectory_shardings
+from podrace.learner import Learner, make_algorithm, make_mesh, make_update_fn, shard_keys, trajectory_shardings
 from podrace.metrics.loggers import ConsoleSink, JsonlSink, Sink, TensorBoardSink
 from podrace.metrics.registry import Metrics
 from podrace.networks import make_network
@@ -32,7 +32,6 @@ from podrace.runtime.lifetime import ComponentError, Lifetime
 from podrace.runtime.rundir import create_run_dir
 from podrace.runtime.threads import ThreadGroup
 from podrace.sync.local import LocalPublisher
-from podrace.algos import make_algorithm
 from podrace.types import Trajectory
 
 JOIN_TIMEOUT_S = 20.0
@@ -77,48 +76,57 @@ def _dummy_trajectory(cfg: TrainConfig, spec, num_envs: int, device: jax.Device)
 
 def train(cfg: TrainConfig) -> TrainResult:
     """Train with the single-host thread runtime; raises ConfigError before anything starts."""
+    return prepare(cfg).run()
+
+
+def prepare(cfg: TrainConfig) -> "SingleHostRun":
+    """Validate, build and compile everything; no thread is started yet."""
     validate(cfg)
     resolve_backend(cfg.env)
     devices = resolve_devices(cfg)
     spec = env_spec(cfg.env)
     run_dir = create_run_dir(cfg)
     (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
+    return SingleHostRun(cfg, spec, devices, run_dir)
 
-    lifetime = Lifetime()
-    metrics = Metrics()
-    network = make_network(cfg.network, spec)
-    apply_fn = network.apply
-    mesh = make_mesh(devices.learners)
-    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    dummy_obs = np.zeros((1,) + spec.obs_shape, spec.obs_dtype)
-    params = jax.jit(network.init, out_shardings=replicated)(_seed_key(cfg.seed, 0), dummy_obs)
-    algo = make_algorithm(cfg, apply_fn)
-    state = jax.jit(algo.init, out_shardings=replicated)(params)
-    update_fn = make_update_fn(algo, mesh, cfg.num_actors)
-    keys = shard_keys(_seed_key(cfg.seed, 1), mesh)
 
-    pipeline = Pipeline(cfg.num_actors, cfg.layout.queue_size, cfg.max_policy_lag, lifetime)
-    publisher = LocalPublisher()
-    lifetime.on_stop(publisher.close)
-    placement = LearnerPlacement(*trajectory_shardings(mesh))
-    policy = make_policy_fns(apply_fn)
-    greedy = make_greedy_policy(apply_fn)
+class SingleHostRun:
+    """Every component of one run, wired together; `run()` starts the threads."""
 
-    compile_start = time.perf_counter()
-    _warm_up(cfg, spec, state, keys, update_fn, policy, greedy, placement, devices)
-    compile_s = time.perf_counter() - compile_start
+    def __init__(self, cfg: TrainConfig, spec, devices, run_dir: Path):
+        self.cfg, self.run_dir = cfg, run_dir
+        self.lifetime = lifetime = Lifetime()
+        self.metrics = metrics = Metrics()
+        network = make_network(cfg.network, spec)
+        apply_fn = network.apply
+        mesh = make_mesh(devices.learners)
+        replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        dummy_obs = np.zeros((1,) + spec.obs_shape, spec.obs_dtype)
+        params = jax.jit(network.init, out_shardings=replicated)(_seed_key(cfg.seed, 0), dummy_obs)
+        algo = make_algorithm(cfg, apply_fn)
+        state = jax.jit(algo.init, out_shardings=replicated)(params)
+        update_fn = make_update_fn(algo, mesh, cfg.num_actors)
+        keys = shard_keys(_seed_key(cfg.seed, 1), mesh)
 
-    actors = []
-    for actor_id in range(cfg.num_actors):
-        device = devices.actors[actor_id // cfg.layout.actors_per_device]
-        actors.append(
+        self.pipeline = pipeline = Pipeline(cfg.num_actors, cfg.layout.queue_size, cfg.max_policy_lag, lifetime)
+        self.publisher = publisher = LocalPublisher()
+        lifetime.on_stop(publisher.close)
+        placement = LearnerPlacement(*trajectory_shardings(mesh))
+        policy = make_policy_fns(apply_fn)
+        greedy = make_greedy_policy(apply_fn)
+
+        compile_start = time.perf_counter()
+        _warm_up(cfg, spec, state, keys, update_fn, policy, greedy, placement, devices)
+        self.compile_s = time.perf_counter() - compile_start
+
+        self.actors = [
             Actor(
                 actor_id=actor_id,
                 env=make_env(cfg.env, cfg.env.num_envs, _env_seed(cfg.seed, 0, actor_id)),
-                device=device,
+                device=devices.actors[actor_id // cfg.layout.actors_per_device],
                 key=_seed_key(cfg.seed, 2, actor_id),
                 policy=policy,
-                subscriber=publisher.subscribe(device=device),
+                subscriber=publisher.subscribe(device=devices.actors[actor_id // cfg.layout.actors_per_device]),
                 placement=placement,
                 pipeline=pipeline,
                 metrics=metrics,
@@ -127,80 +135,84 @@ def train(cfg: TrainConfig) -> TrainResult:
                 num_rollouts=cfg.num_updates,
                 max_policy_lag=cfg.max_policy_lag,
             )
+            for actor_id in range(cfg.num_actors)
+        ]
+        self.evaluator = Evaluator(
+            env=make_env(cfg.env, cfg.eval.num_envs, _env_seed(cfg.seed, 1, 0)),
+            device=devices.evaluator,
+            policy=greedy,
+            subscriber=publisher.subscribe(device=devices.evaluator),
+            episodes=cfg.eval.episodes,
+            metrics=metrics,
+            lifetime=lifetime,
         )
-    evaluator = Evaluator(
-        env=make_env(cfg.env, cfg.eval.num_envs, _env_seed(cfg.seed, 1, 0)),
-        device=devices.evaluator,
-        policy=greedy,
-        subscriber=publisher.subscribe(device=devices.evaluator),
-        episodes=cfg.eval.episodes,
-        metrics=metrics,
-        lifetime=lifetime,
-    )
+        self.learner = Learner(
+            state=state,
+            keys=keys,
+            update_fn=update_fn,
+            pipeline=pipeline,
+            publisher=publisher,
+            metrics=metrics,
+            lifetime=lifetime,
+            num_updates=cfg.num_updates,
+            steps_per_update=cfg.steps_per_update,
+            on_update=self._after_update,
+        )
 
-    def after_update(version: int) -> None:
-        if cfg.eval.every_updates and version % cfg.eval.every_updates == 0 and version < cfg.num_updates:
-            evaluator.request(version)
+    def _after_update(self, version: int) -> None:
+        every = self.cfg.eval.every_updates
+        if every and version % every == 0 and version < self.cfg.num_updates:
+            self.evaluator.request(version)
 
-    learner = Learner(
-        state=state,
-        keys=keys,
-        update_fn=update_fn,
-        pipeline=pipeline,
-        publisher=publisher,
-        metrics=metrics,
-        lifetime=lifetime,
-        num_updates=cfg.num_updates,
-        steps_per_update=cfg.steps_per_update,
-        on_update=after_update,
-    )
-    final: list[EvalResult] = []
+    def run(self) -> TrainResult:
+        cfg, lifetime, metrics = self.cfg, self.lifetime, self.metrics
+        final: list[EvalResult] = []
 
-    def learn() -> None:
-        learner.run()
-        final.append(evaluator.evaluate_final(learner.version))
-        lifetime.stop("finished")
+        def learn() -> None:
+            self.learner.run()
+            final.append(self.evaluator.evaluate_final(self.learner.version))
+            lifetime.stop("finished")
 
-    sinks: list[Sink] = [JsonlSink(run_dir / "metrics.jsonl")]
-    if cfg.log.tensorboard:
-        sinks.append(TensorBoardSink(run_dir / "tensorboard"))
-    if cfg.log.console != "none":
-        sinks.append(ConsoleSink(cfg.log.console, cfg.total_steps))
+        sinks: list[Sink] = [JsonlSink(self.run_dir / "metrics.jsonl")]
+        if cfg.log.tensorboard:
+            sinks.append(TensorBoardSink(self.run_dir / "tensorboard"))
+        if cfg.log.console != "none":
+            sinks.append(ConsoleSink(cfg.log.console, cfg.total_steps))
 
-    group = ThreadGroup(lifetime)
-    train_start = time.perf_counter()
-    try:
-        for actor in actors:
-            group.spawn(f"actor-{actor.actor_id}", actor.run)
-        group.spawn("evaluator", evaluator.run)
-        group.spawn("learner", learn)
-        _log_until_stopped(lifetime, metrics, sinks, cfg.log.interval_s, train_start)
-    except KeyboardInterrupt:
-        lifetime.stop("interrupted")
-        raise Interrupted("interrupted") from None
-    finally:
-        lifetime.stop("shutdown")
-        stuck = group.join(JOIN_TIMEOUT_S)
-        train_s = time.perf_counter() - train_start
-        _write_line(sinks, metrics, train_start, final=True)
-        for sink in sinks:
-            sink.close()
-        for actor in actors:
-            actor.env.close()
-        evaluator.env.close()
-        if stuck and lifetime.failure is None:
-            lifetime.fail("runtime", TimeoutError(f"threads did not stop within {JOIN_TIMEOUT_S}s: {stuck}"))
-    if lifetime.failure is not None:
-        raise lifetime.failure
-    return TrainResult(
-        run_dir=run_dir,
-        updates=learner.version,
-        env_steps=int(metrics.total("env_steps")),
-        compile_s=compile_s,
-        train_s=train_s,
-        final_eval=final[0] if final else None,
-        max_policy_lag=float(metrics.last("lag/max_seen", 0.0)),
-    )
+        group = ThreadGroup(lifetime)
+        train_start = time.perf_counter()
+        try:
+            for actor in self.actors:
+                group.spawn(f"actor-{actor.actor_id}", actor.run)
+            group.spawn("evaluator", self.evaluator.run)
+            group.spawn("learner", learn)
+            _log_until_stopped(lifetime, metrics, sinks, cfg.log.interval_s, train_start)
+        except KeyboardInterrupt:
+            lifetime.stop("interrupted")
+            raise Interrupted("interrupted") from None
+        finally:
+            lifetime.stop("shutdown")
+            stuck = group.join(JOIN_TIMEOUT_S)
+            train_s = time.perf_counter() - train_start
+            _write_line(sinks, metrics, train_start, final=True)
+            for sink in sinks:
+                sink.close()
+            for actor in self.actors:
+                actor.env.close()
+            self.evaluator.env.close()
+            if stuck and lifetime.failure is None:
+                lifetime.fail("runtime", TimeoutError(f"threads did not stop within {JOIN_TIMEOUT_S}s: {stuck}"))
+        if lifetime.failure is not None:
+            raise lifetime.failure
+        return TrainResult(
+            run_dir=self.run_dir,
+            updates=self.learner.version,
+            env_steps=int(metrics.total("env_steps")),
+            compile_s=self.compile_s,
+            train_s=train_s,
+            final_eval=final[0] if final else None,
+            max_policy_lag=float(metrics.last("lag/max_seen", 0.0)),
+        )
 
 
 def _warm_up(cfg, spec, state, keys, update_fn, policy, greedy, placement, devices) -> None:

@@ -1,0 +1,131 @@
+"""envpool adapter: synchronous stepping (batch_size = num_envs), next-step autoreset.
+
+envpool already autoresets on the step after a done one (reward 0, action ignored), which
+is podrace's convention, so this adapter only translates: actions in, EnvStep out.
+For Atari, envpool reports the unclipped reward in info["reward"] and game over in
+info["terminated"]; with episodic life a lost life sets `terminated` but the game goes on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from podrace.config import ConfigError, EnvConfig
+from podrace.envs.base import env_seeds
+from podrace.envs.episode_stats import EpisodeStats
+from podrace.envs.resolve import is_envpool_atari
+from podrace.envs.spaces import ActionPreparer, spec_from_spaces
+from podrace.types import EnvSpec, EnvStep
+
+
+def make_kwargs(cfg: EnvConfig) -> dict[str, Any]:
+    """envpool.make keyword arguments for the EnvConfig settings that apply to `cfg.id`.
+
+    Every key is checked against the env's envpool config, so a setting can never be
+    silently dropped (envpool would raise a bare TypeError).
+    """
+    import envpool
+
+    kwargs: dict[str, Any] = {}
+    if cfg.max_episode_steps is not None:
+        if cfg.max_episode_steps <= 0:
+            raise ConfigError(f"env.max_episode_steps must be positive, got {cfg.max_episode_steps}")
+        kwargs["max_episode_steps"] = cfg.max_episode_steps
+    if is_envpool_atari(cfg.id):
+        if min(cfg.frame_skip, cfg.frame_stack, cfg.image_size, cfg.noop_max) < 1:
+            raise ConfigError(
+                "env.frame_skip, env.frame_stack, env.image_size and env.noop_max must be >= 1 "
+                "for Atari (noop_max=1 means no no-ops)"
+            )
+        kwargs.update(
+            frame_skip=cfg.frame_skip,
+            stack_num=cfg.frame_stack,
+            img_height=cfg.image_size,
+            img_width=cfg.image_size,
+            repeat_action_probability=cfg.sticky_action_prob,
+            full_action_space=cfg.full_action_space,
+            episodic_life=cfg.episodic_life,
+            reward_clip=cfg.reward_clip,
+            noop_max=cfg.noop_max,
+        )
+    accepted = set(envpool.make_spec(cfg.id)._config_keys)
+    unknown = sorted(set(kwargs) - accepted)
+    if unknown:
+        raise ConfigError(f"envpool env {cfg.id!r} does not accept {', '.join(unknown)}")
+    return kwargs
+
+
+def envpool_spec(cfg: EnvConfig) -> EnvSpec:
+    """EnvSpec from envpool's spec object, without building an env."""
+    import envpool
+
+    spec = envpool.make_spec(cfg.id, **make_kwargs(cfg))
+    return spec_from_spaces(cfg.id, spec.gymnasium_observation_space, spec.gymnasium_action_space)
+
+
+class EnvpoolEnv:
+    """BatchedEnv over one synchronous envpool instance."""
+
+    def __init__(self, cfg: EnvConfig, num_envs: int, seed: int) -> None:
+        import envpool
+
+        self._env = envpool.make(
+            cfg.id,
+            env_type="gymnasium",
+            num_envs=num_envs,
+            batch_size=num_envs,
+            seed=env_seeds(seed, num_envs),
+            **make_kwargs(cfg),
+        )
+        self.num_envs = num_envs
+        self.spec = spec_from_spaces(cfg.id, self._env.observation_space, self._env.action_space)
+        self._atari = is_envpool_atari(cfg.id)
+        self._prepare = ActionPreparer(
+            self.spec, num_envs, self._env.spec.action_array_spec["action"].dtype
+        )
+        self._stats = EpisodeStats(num_envs)
+        self._started = False
+        self._closed = False
+
+    def reset(self) -> np.ndarray:
+        obs, _ = self._env.reset()
+        self._stats.reset()
+        self._started = True
+        return obs
+
+    def step(self, actions: np.ndarray) -> EnvStep:
+        if not self._started:
+            raise RuntimeError("call reset() before step()")
+        # envpool returns freshly allocated arrays each step (tests/envs check that
+        # earlier results are never overwritten), so nothing is copied here.
+        obs, reward, terminated, truncated, info = self._env.step(self._prepare(actions))
+        if self._atari:
+            raw_reward = info["reward"]
+            game_over = info["terminated"].astype(bool)
+            # envpool marks a step truncated whenever the time limit is hit, even on the
+            # step the game ended; a finished game must not be bootstrapped.
+            terminated = terminated | game_over
+            truncated = truncated & ~game_over
+            episode_done = game_over | truncated
+        else:
+            raw_reward = reward
+            episode_done = terminated | truncated
+        episode_return, episode_length = self._stats.update(
+            raw_reward, terminated, truncated, episode_done
+        )
+        return EnvStep(
+            obs=obs,
+            reward=reward.astype(np.float32, copy=False),
+            terminated=terminated,
+            truncated=truncated,
+            episode_done=episode_done,
+            episode_return=episode_return,
+            episode_length=episode_length,
+        )
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._env.close()

@@ -1,0 +1,67 @@
+"""Gymnasium spaces -> EnvSpec, and policy actions -> what a backend accepts.
+
+Both backends describe themselves with Gymnasium spaces (envpool's gymnasium API too), so
+one translation serves both.
+"""
+
+from __future__ import annotations
+
+import gymnasium
+import numpy as np
+
+from podrace.config import ConfigError
+from podrace.types import EnvSpec
+
+
+def spec_from_spaces(env_id: str, obs_space: gymnasium.Space, action_space: gymnasium.Space) -> EnvSpec:
+    """EnvSpec of one (unbatched) env; ConfigError for spaces podrace cannot act in."""
+    if isinstance(obs_space, gymnasium.spaces.Box):
+        obs_shape, obs_dtype = tuple(obs_space.shape), np.dtype(obs_space.dtype)
+    elif isinstance(obs_space, gymnasium.spaces.Discrete):
+        obs_shape, obs_dtype = (), np.dtype(obs_space.dtype)
+    else:
+        raise ConfigError(f"env {env_id!r}: unsupported observation space {obs_space}")
+
+    if isinstance(action_space, gymnasium.spaces.Discrete):
+        if int(action_space.start) != 0:
+            raise ConfigError(f"env {env_id!r}: discrete actions must start at 0, got {action_space}")
+        return EnvSpec(obs_shape, obs_dtype, int(action_space.n), ())
+    if isinstance(action_space, gymnasium.spaces.Box) and len(action_space.shape) == 1:
+        return EnvSpec(
+            obs_shape,
+            obs_dtype,
+            None,
+            tuple(action_space.shape),
+            np.array(action_space.low, copy=True),
+            np.array(action_space.high, copy=True),
+        )
+    raise ConfigError(f"env {env_id!r}: unsupported action space {action_space}")
+
+
+class ActionPreparer:
+    """Checks a batch of policy actions and converts it to the backend's dtype.
+
+    Continuous actions are clipped here, into a new array, so the learner keeps the
+    unclipped sample its log-probabilities belong to. Discrete actions are range-checked:
+    an out-of-range index would otherwise index past the action set inside a C++ backend.
+    """
+
+    def __init__(self, spec: EnvSpec, num_envs: int, dtype: np.dtype) -> None:
+        self._spec = spec
+        self._shape = (num_envs, *spec.action_shape)
+        self._dtype = np.dtype(dtype)
+
+    def __call__(self, actions: np.ndarray) -> np.ndarray:
+        actions = np.asarray(actions)
+        if actions.shape != self._shape:
+            raise ValueError(f"expected actions of shape {self._shape}, got {actions.shape}")
+        if self._spec.discrete:
+            if not np.issubdtype(actions.dtype, np.integer):
+                raise ValueError(f"discrete actions must be integers, got dtype {actions.dtype}")
+            if actions.size and (actions.min() < 0 or actions.max() >= self._spec.num_actions):
+                raise ValueError(
+                    f"discrete actions must be in [0, {self._spec.num_actions}), got {actions.tolist()}"
+                )
+            return actions.astype(self._dtype, copy=False)
+        clipped = np.clip(actions, self._spec.action_low, self._spec.action_high)
+        return clipped.astype(self._dtype, copy=False)

@@ -1,0 +1,201 @@
+"""A Unix-socket doorbell between one publisher process and its subscriber processes.
+
+Shared memory holds the data; this only wakes sleepers and carries acknowledgements:
+
+* publisher -> subscriber: a few bytes after each publish (content ignored; readers look at
+  shared memory for the truth). The kernel closes the socket when the publisher process
+  dies, so a blocked reader learns at once that its publisher went away.
+* subscriber -> publisher: "hello <name>" then "ack <version>" lines, so the publisher can
+  report every subscriber's acknowledged version.
+
+Sends are non-blocking and best effort: a reader that already has wake-ups queued needs no
+more, and a stuck reader can never block the publisher.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import socket
+import sys
+import tempfile
+import threading
+from typing import Callable
+
+_LINUX = sys.platform.startswith("linux")
+
+
+def socket_address(channel: str) -> str:
+    """Abstract-namespace address on Linux (nothing to clean up), a temp path elsewhere."""
+    if _LINUX:
+        return "\0podrace-sync-" + channel
+    return os.path.join(tempfile.gettempdir(), f"podrace-sync-{channel}.sock")
+
+
+class _Client:
+    __slots__ = ("sock", "buf", "name")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = b""
+        self.name: str | None = None
+
+
+class Doorbell:
+    """Publisher side: accepts subscribers, rings them, collects their acks."""
+
+    def __init__(self, channel: str) -> None:
+        self._address = socket_address(channel)
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(self._address)
+        self._listener.listen(256)
+        self._listener.setblocking(False)
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._lock = threading.Lock()
+        self._clients: dict[socket.socket, _Client] = {}
+        self._acks: dict[str, int] = {}
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name=f"podrace-doorbell-{channel}", daemon=True)
+        self._thread.start()
+
+    def ring(self, version: int) -> None:
+        """Wake every subscriber; never blocks."""
+        msg = b"%d\n" % version
+        with self._lock:
+            clients = list(self._clients)
+        for sock in clients:
+            try:
+                sock.send(msg, socket.MSG_DONTWAIT)
+            except OSError:
+                pass  # full: wake-ups already pending there; broken: the server thread drops it
+
+    def acks(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._acks)
+
+    def _serve(self) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(self._listener, selectors.EVENT_READ, "accept")
+        sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        try:
+            while not self._closed:
+                for key, _ in sel.select():
+                    if key.data == "wake":
+                        return
+                    if key.data == "accept":
+                        self._accept(sel)
+                    else:
+                        self._receive(sel, key.fileobj)  # type: ignore[arg-type]
+        finally:
+            sel.close()
+
+    def _accept(self, sel: selectors.BaseSelector) -> None:
+        try:
+            sock, _ = self._listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        sock.setblocking(False)
+        with self._lock:
+            self._clients[sock] = _Client(sock)
+        sel.register(sock, selectors.EVENT_READ, "client")
+
+    def _receive(self, sel: selectors.BaseSelector, sock: socket.socket) -> None:
+        try:
+            data = sock.recv(4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            sel.unregister(sock)
+            self._drop(sock)
+            return
+        with self._lock:
+            client = self._clients.get(sock)
+            if client is None:
+                return
+            client.buf += data
+            *lines, client.buf = client.buf.split(b"\n")
+            for line in lines:
+                kind, _, arg = line.decode("utf-8", "replace").partition(" ")
+                if kind == "hello":
+                    client.name = arg
+                    self._acks.setdefault(arg, -1)
+                elif kind == "ack" and client.name is not None and arg.lstrip("-").isdigit():
+                    self._acks[client.name] = max(self._acks.get(client.name, -1), int(arg))
+
+    def _drop(self, sock: socket.socket) -> None:
+        with self._lock:
+            client = self._clients.pop(sock, None)
+            if client is not None and client.name is not None:
+                self._acks.pop(client.name, None)  # gone: stop reporting it
+        try:
+            sock.close()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        """Disconnect everyone: their listeners see end-of-file."""
+        if self._closed:
+            return
+        self._closed = True
+        self._wake_w.send(b"x")
+        self._thread.join(5)
+        with self._lock:
+            socks = list(self._clients)
+        for sock in socks:
+            self._drop(sock)
+        for s in (self._listener, self._wake_r, self._wake_w):
+            s.close()
+        if not _LINUX:
+            try:
+                os.unlink(self._address)
+            except FileNotFoundError:
+                pass
+
+
+class DoorbellClient:
+    """Subscriber side: a thread that turns doorbell bytes into `on_ring()` calls."""
+
+    def __init__(self, channel: str, name: str, on_ring: Callable[[], None], on_gone: Callable[[], None]):
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._sock.connect(socket_address(channel))
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            self._sock.close()
+            raise ConnectionError(f"no publisher listening on channel {channel!r}") from exc
+        self._on_ring = on_ring
+        self._on_gone = on_gone
+        self._send_lock = threading.Lock()
+        self._send(f"hello {name}\n".encode())
+        self._thread = threading.Thread(target=self._listen, name=f"podrace-doorbell-client-{name}", daemon=True)
+        self._thread.start()
+
+    def _listen(self) -> None:
+        while True:
+            try:
+                data = self._sock.recv(4096)
+            except OSError:
+                data = b""
+            if not data:
+                self._on_gone()
+                return
+            self._on_ring()
+
+    def _send(self, msg: bytes) -> None:
+        with self._send_lock:
+            try:
+                self._sock.send(msg, socket.MSG_DONTWAIT)
+            except OSError:
+                pass  # best effort: acknowledgements are metrics only
+
+    def ack(self, version: int) -> None:
+        self._send(b"ack %d\n" % version)
+
+    def close(self) -> None:
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._thread.join(5)
+        self._sock.close()

@@ -1,0 +1,258 @@
+"""`local` transport: learner and actors are threads of one process.
+
+A snapshot is a reference to the learner's (non-donated) arrays. `publish` is bookkeeping
+only: the transform and each device placement run lazily, once per version (and device),
+in whichever consumer thread asks first; every other subscriber on that device shares the
+result. Old versions beyond `keep` are dropped, releasing their references.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import weakref
+from collections import deque
+from typing import Any, Callable
+
+import jax
+
+from podrace.sync.base import (
+    ChannelClosed,
+    ErrorHook,
+    Publisher,
+    PushTarget,
+    PyTree,
+    Snapshot,
+    Subscriber,
+    SyncTimeout,
+)
+from podrace.sync.push import PushFanout
+from podrace.sync.spec import TreeSpec
+from podrace.sync.stats import RunningStat, tree_nbytes
+from podrace.sync.versions import Published, VersionCounter
+
+Placement = Any  # jax.Device, jax.sharding.Sharding or None (leave arrays where they are)
+
+
+def placement_name(where: Placement) -> str:
+    """Short metric-friendly name of a device or sharding."""
+    if where is None:
+        return "published"
+    if isinstance(where, jax.Device):
+        return f"{where.platform}{where.id}"
+    return type(where).__name__ + "".join(f"_{d.id}" for d in sorted(where.device_set, key=lambda d: d.id))
+
+
+class LocalPublisher(Publisher):
+    """In-process publisher; see the module docstring.
+
+    Args:
+      transform: applied once per version on the publisher side (select a sub-tree, cast).
+      keep: how many recent versions the publisher keeps referenced (>= 1).
+      first_version: version of the first publish.
+    """
+
+    def __init__(
+        self,
+        transform: Callable[[PyTree], PyTree] | None = None,
+        keep: int = 2,
+        first_version: int = 0,
+    ) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self._transform = transform
+        self._cond = threading.Condition()
+        self._entries: deque[Published] = deque(maxlen=keep)
+        self._versions = VersionCounter(first_version)
+        self._closed = False
+        self._subscribers: weakref.WeakValueDictionary[str, LocalSubscriber] = weakref.WeakValueDictionary()
+        self._names = itertools.count()
+        self._push = PushFanout(resolve=lambda entry: self._snapshot(entry, None))
+        self._publish_time = RunningStat()
+        self._transform_time = RunningStat()
+        self._place_time: dict[str, RunningStat] = {}
+        self._stat_lock = threading.Lock()
+        self._bytes = 0
+
+    # -- learner side ---------------------------------------------------------------
+    def publish(self, params: PyTree, *, version: int | None = None) -> int:
+        start = time.perf_counter()
+        with self._cond:
+            if self._closed:
+                raise ChannelClosed("publish() on a closed publisher")
+            version = self._versions.next(version)
+            entry = Published(version, params)
+            self._entries.append(entry)
+            self._cond.notify_all()
+            self._push.offer(entry, version)  # under the lock: targets see versions in order
+        self._publish_time.add(time.perf_counter() - start)
+        return version
+
+    def subscribe(
+        self, device: Placement = None, *, expect: Any = None, name: str | None = None
+    ) -> "LocalSubscriber":
+        """A subscriber whose snapshots are placed on `device` (a Device or Sharding).
+
+        `expect` (a params-like pytree or TreeSpec) makes every snapshot checked against it.
+        """
+        with self._cond:
+            if self._closed:
+                raise ChannelClosed("subscribe() on a closed publisher")
+            name = name or f"sub{next(self._names)}"
+            if name in self._subscribers:
+                raise ValueError(f"subscriber name {name!r} is already in use")
+            sub = LocalSubscriber(self, device, None if expect is None else TreeSpec.of(expect), name)
+            self._subscribers[name] = sub
+            return sub
+
+    def add_push_target(
+        self, target: PushTarget, name: str, *, on_error: ErrorHook | None = None
+    ) -> None:
+        with self._cond:
+            if self._closed:
+                raise ChannelClosed("add_push_target() on a closed publisher")
+            self._push.add(target, name, on_error)
+            if self._entries:  # a late target starts from the current version
+                self._push.offer(self._entries[-1], self._entries[-1].version, only=name)
+
+    def close(self) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._entries.clear()
+            self._cond.notify_all()
+        self._push.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def latest_version(self) -> int | None:
+        with self._cond:
+            return self._entries[-1].version if self._entries else None
+
+    def metrics(self) -> dict[str, float | int]:
+        latest = self.latest_version
+        out: dict[str, float | int] = {
+            "latest_version": -1 if latest is None else latest,
+            "publish/bytes": self._bytes,
+            "versions_alive": len(self._entries),
+        }
+        out.update(self._publish_time.report("publish/seconds"))
+        out.update(self._transform_time.report("transform/seconds"))
+        with self._stat_lock:
+            for where, stat in self._place_time.items():
+                out.update(stat.report(f"place/{where}/seconds"))
+        for name, sub in list(self._subscribers.items()):
+            acked = sub.acked_version
+            out[f"subscriber/{name}/acked_version"] = -1 if acked is None else acked
+            out[f"subscriber/{name}/lag"] = 0 if latest is None or acked is None else latest - acked
+        out.update(self._push.metrics())
+        return out
+
+    # -- consumer side (called from subscriber threads) --------------------------------
+    def _latest(self) -> Published | None:
+        with self._cond:
+            if self._closed:
+                raise ChannelClosed("publisher is closed")
+            return self._entries[-1] if self._entries else None
+
+    def _wait(self, min_version: int, timeout: float | None, sub: "LocalSubscriber") -> None:
+        def ready() -> bool:
+            return self._closed or sub._closed or (bool(self._entries) and self._entries[-1].version >= min_version)
+
+        with self._cond:
+            if not self._cond.wait_for(ready, timeout):
+                latest = self._entries[-1].version if self._entries else None
+                raise SyncTimeout(
+                    f"subscriber {sub.name!r}: no version >= {min_version} within {timeout}s "
+                    f"(latest is {latest})"
+                )
+            if self._closed:
+                raise ChannelClosed(f"publisher closed while {sub.name!r} awaited version >= {min_version}")
+            if sub._closed:
+                raise ChannelClosed(f"subscriber {sub.name!r} is closed")
+
+    def _wake_all(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def _snapshot(self, entry: Published, where: Placement) -> Snapshot:
+        """The snapshot of `entry` placed at `where`, computed once and shared."""
+        host: Snapshot = entry.derived(None, lambda: self._transformed(entry))
+        if where is None:
+            return host
+        return entry.derived(where, lambda: self._place(host, where))
+
+    def _transformed(self, entry: Published) -> Snapshot:
+        params = entry.raw
+        if self._transform is not None:
+            start = time.perf_counter()
+            params = self._transform(params)
+            self._transform_time.add(time.perf_counter() - start)
+        self._bytes = tree_nbytes(params)
+        entry.raw = None  # the host snapshot now holds what consumers need
+        return Snapshot(entry.version, params)
+
+    def _place(self, host: Snapshot, where: Placement) -> Snapshot:
+        start = time.perf_counter()
+        placed = jax.block_until_ready(jax.device_put(host.params, where))
+        elapsed = time.perf_counter() - start
+        key = placement_name(where)
+        with self._stat_lock:
+            stat = self._place_time.get(key)
+            if stat is None:
+                stat = self._place_time[key] = RunningStat()
+        stat.add(elapsed)
+        return Snapshot(host.version, placed)
+
+
+class LocalSubscriber(Subscriber):
+    """Reads a LocalPublisher; create with `publisher.subscribe(device)`."""
+
+    def __init__(self, publisher: LocalPublisher, where: Placement, expect: TreeSpec | None, name: str):
+        self._pub = publisher
+        self._where = where
+        self._expect = expect
+        self.name = name
+        self._lock = threading.Lock()
+        self._acked: int | None = None
+        self._closed = False
+
+    def poll(self) -> Snapshot | None:
+        self._check_open()
+        with self._lock:
+            entry = self._pub._latest()
+            if entry is None or (self._acked is not None and entry.version <= self._acked):
+                return None
+            return self._take(entry)
+
+    def get(self, min_version: int, timeout: float | None = None) -> Snapshot:
+        self._check_open()
+        self._pub._wait(min_version, timeout, self)
+        with self._lock:
+            entry = self._pub._latest()
+            assert entry is not None
+            return self._take(entry)
+
+    def _take(self, entry: Published) -> Snapshot:
+        snapshot = self._pub._snapshot(entry, self._where)
+        if self._expect is not None:
+            self._expect.check(snapshot.params, f"version {snapshot.version} for {self.name!r}")
+        self._acked = snapshot.version
+        return snapshot
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ChannelClosed(f"subscriber {self.name!r} is closed")
+
+    @property
+    def acked_version(self) -> int | None:
+        return self._acked
+
+    def close(self) -> None:
+        self._closed = True
+        self._pub._wake_all()

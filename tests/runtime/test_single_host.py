@@ -1,0 +1,138 @@
+"""End-to-end checks of the single-host thread runtime (small CartPole runs)."""
+
+import dataclasses
+import threading
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from podrace.config import ConfigError, replace
+from podrace.presets import PRESETS
+from podrace.runtime.lifetime import ComponentError
+from podrace.runtime.single_host import prepare, train
+
+
+def small(tmp_path, **changes):
+    cfg = PRESETS["cartpole-ppo"][1]
+    base = {
+        "total_steps": 8 * 2 * 16 * 12,
+        "rollout_length": 16,
+        "env.num_envs": 8,
+        "eval.every_updates": 0,
+        "eval.episodes": 2,
+        "eval.num_envs": 2,
+        "log.console": "none",
+        "log.run_dir": str(tmp_path),
+        "log.interval_s": 0.2,
+    }
+    base.update(changes)
+    return replace(cfg, **base)
+
+
+def podrace_threads():
+    return [t for t in threading.enumerate() if t.name.startswith(("actor-", "learner", "evaluator"))]
+
+
+def record_batches(run):
+    """Wrap the pipeline to record (learner version, behaviour versions) of every batch."""
+    seen = []
+    next_batch = run.pipeline.next_batch
+
+    def recording(version):
+        batch, stats = next_batch(version)
+        seen.append((version, [r.policy_version for r in batch]))
+        return batch, stats
+
+    run.pipeline.next_batch = recording
+    return seen
+
+
+@pytest.mark.timeout(120)
+def test_short_run_writes_config_and_metrics(tmp_path):
+    result = train(small(tmp_path))
+    assert result.updates == 12
+    assert result.env_steps == 12 * 2 * 8 * 16
+    assert (result.run_dir / "config.json").exists()
+    lines = (result.run_dir / "metrics.jsonl").read_text().splitlines()
+    assert lines and '"final": 1' in lines[-1]
+    assert result.final_eval is not None and result.final_eval.version == 12
+    assert not podrace_threads()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("lag,synchronous", [(1, False), (2, False), (0, True)])
+def test_lag_bound_holds_for_every_consumed_rollout(tmp_path, lag, synchronous):
+    cfg = small(tmp_path, **{"layout.max_policy_lag": lag, "layout.synchronous": synchronous,
+                             "layout.queue_size": 3})
+    run = prepare(cfg)
+    seen = record_batches(run)
+    run.run()
+    bound = 0 if synchronous else lag
+    lags = [version - v for version, versions in seen for v in versions]
+    assert len(seen) == cfg.num_updates
+    assert max(lags) <= bound
+    assert min(lags) >= 0
+    if synchronous:
+        assert set(lags) == {0}
+
+
+@pytest.mark.timeout(120)
+def test_loops_run_under_transfer_guard(tmp_path):
+    """Threads run with transfer_guard('disallow'): an implicit transfer fails the run."""
+    run = prepare(small(tmp_path))
+    actor = run.actors[1]
+    step = actor.policy.step
+
+    def implicit_step(params, obs, key):
+        # A host array handed to a jitted function is an implicit host-to-device transfer.
+        return step(params, jax.device_get(obs), key)
+
+    actor.policy = dataclasses.replace(actor.policy, step=implicit_step)
+    with pytest.raises(ComponentError, match="actor-1 failed.*[Dd]isallowed host-to-device"):
+        run.run()
+
+
+class RaisingEnv:
+    def __init__(self, env, at_step):
+        self.env, self.at_step, self.steps = env, at_step, 0
+
+    def __getattr__(self, name):
+        return getattr(self.env, name)
+
+    def step(self, actions):
+        self.steps += 1
+        if self.steps == self.at_step:
+            raise RuntimeError(f"env exploded at step {self.steps}")
+        return self.env.step(actions)
+
+
+@pytest.mark.timeout(60)
+def test_env_error_fails_the_run_quickly_naming_the_thread(tmp_path):
+    run = prepare(small(tmp_path, total_steps=10**6))
+    run.actors[0].env = RaisingEnv(run.actors[0].env, at_step=40)
+    start = time.perf_counter()
+    with pytest.raises(ComponentError, match="actor-0 failed: RuntimeError: env exploded at step 40"):
+        run.run()
+    assert time.perf_counter() - start < 30
+    assert not podrace_threads()
+    assert (run.run_dir / "metrics.jsonl").read_text().strip()
+
+
+def test_impossible_layouts_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="device 9 does not exist"):
+        prepare(small(tmp_path, **{"layout.learner_device_ids": (9,)}))
+    with pytest.raises(ConfigError, match="divisible by the number of learner devices"):
+        prepare(small(tmp_path, **{"layout.learner_device_ids": (0, 1, 2), "env.num_envs": 8}))
+    with pytest.raises(ConfigError, match="unknown env id"):
+        prepare(small(tmp_path, **{"env.id": "NoSuchEnv-v9"}))
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_cartpole_ppo_learns(tmp_path):
+    cfg = small(tmp_path, total_steps=120_000, rollout_length=32, seed=1, **{"eval.episodes": 8, "eval.num_envs": 8})
+    result = train(cfg)
+    assert result.final_eval.mean_return >= 150, result.final_eval

@@ -1,0 +1,60 @@
+"""Transport harnesses for the sync conformance suite: one fixture, every transport."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+from podrace.sync.base import Publisher, Subscriber
+
+TRANSPORTS = ["local"]
+
+
+def make_params(version: int, n: int = 16) -> dict[str, np.ndarray]:
+    """Params whose every element encodes `version`, plus a checksum: torn reads show."""
+    x = np.full((n,), version, dtype=np.int64)
+    return {"x": x, "w": np.arange(4, dtype=np.float32) + version, "sum": np.array(x.sum() + 4 * version)}
+
+
+def check_params(params: Any) -> int:
+    """Return the version encoded in `params`, asserting it is internally consistent."""
+    x = np.asarray(params["x"])
+    v = int(x[0])
+    assert (x == v).all(), f"torn snapshot: x holds {np.unique(x)}"
+    assert np.array_equal(np.asarray(params["w"]), np.arange(4, dtype=np.float32) + v)
+    assert int(np.asarray(params["sum"])) == x.sum() + 4 * v
+    return v
+
+
+class Harness:
+    """How a test makes a publisher and subscribers of one transport."""
+
+    name: str
+
+    def publisher(self, transform: Callable | None = None, keep: int = 2, first_version: int = 0,
+                  like: Any = None) -> Publisher:
+        raise NotImplementedError
+
+    def subscribe(self, pub: Publisher, **kwargs: Any) -> Subscriber:
+        return pub.subscribe(**kwargs)
+
+
+class LocalHarness(Harness):
+    name = "local"
+
+    def publisher(self, transform=None, keep=2, first_version=0, like=None):
+        from podrace.sync.local import LocalPublisher
+
+        return LocalPublisher(transform=transform, keep=keep, first_version=first_version)
+
+
+HARNESSES: dict[str, Callable[[pytest.FixtureRequest], Harness]] = {
+    "local": lambda request: LocalHarness(),
+}
+
+
+@pytest.fixture(params=TRANSPORTS)
+def harness(request: pytest.FixtureRequest) -> Harness:
+    return HARNESSES[request.param](request)

@@ -1,0 +1,311 @@
+"""The weight-sync contract, checked identically against every transport."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from podrace.sync.base import ChannelClosed, Snapshot, SnapshotMismatch, SyncError, SyncTimeout
+from tests.sync.conftest import check_params, make_params
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def new_pub(harness):
+    made = []
+
+    def make(**kwargs):
+        kwargs.setdefault("like", make_params(0))
+        pub = harness.publisher(**kwargs)
+        made.append(pub)
+        return pub
+
+    yield make
+    for pub in made:
+        pub.close()
+
+
+def wait_until(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.005)
+
+
+def test_versions_start_at_first_version_and_increase(harness, new_pub):
+    pub = new_pub(first_version=5)
+    assert pub.latest_version is None
+    assert [pub.publish(make_params(v)) for v in range(3)] == [5, 6, 7]
+    assert pub.latest_version == 7
+    assert harness.subscribe(pub).get(7, timeout=10).version == 7
+
+
+def test_explicit_version_must_increase(harness, new_pub):
+    pub = new_pub()
+    assert pub.publish(make_params(10), version=10) == 10
+    with pytest.raises(SyncError):
+        pub.publish(make_params(10), version=10)
+    assert pub.publish(make_params(11)) == 11
+
+
+def test_poll_returns_only_newer_snapshots(harness, new_pub):
+    pub = new_pub()
+    sub = harness.subscribe(pub)
+    assert sub.poll() is None and sub.acked_version is None
+    pub.publish(make_params(0))
+    snap = sub.get(0, timeout=10)
+    assert isinstance(snap, Snapshot) and snap.version == 0 and check_params(snap.params) == 0
+    assert sub.acked_version == 0
+    assert sub.poll() is None  # same version again: nothing to apply
+    pub.publish(make_params(1))
+    pub.publish(make_params(2))
+    sub.get(2, timeout=10)  # wait until visible
+    assert sub.poll() is None
+    pub.publish(make_params(3))
+    snap = poll_until(sub)
+    assert snap.version == 3 and check_params(snap.params) == 3
+    assert sub.acked_version == 3 and sub.poll() is None
+
+
+def poll_until(sub, timeout=10.0):
+    """poll() never blocks; transports may make a publish visible a moment later."""
+    deadline = time.monotonic() + timeout
+    while (snap := sub.poll()) is None:
+        assert time.monotonic() < deadline, "poll() saw nothing new in time"
+        time.sleep(0.005)
+    return snap
+
+
+def test_poll_skips_to_latest(harness, new_pub):
+    pub = new_pub()
+    sub = harness.subscribe(pub)
+    for v in range(4):
+        pub.publish(make_params(v))
+    harness.subscribe(pub).get(3, timeout=10)  # visible now
+    snap = poll_until(sub)
+    assert snap.version == 3 and check_params(snap.params) == 3
+    assert sub.poll() is None
+
+
+def test_get_blocks_until_published(harness, new_pub):
+    pub = new_pub()
+    sub = harness.subscribe(pub)
+    got = []
+    t = threading.Thread(target=lambda: got.append(sub.get(1, timeout=20)))
+    t.start()
+    pub.publish(make_params(0))
+    time.sleep(0.2)
+    assert not got, "get(1) returned before version 1 existed"
+    pub.publish(make_params(1))
+    t.join(20)
+    assert got and got[0].version == 1 and check_params(got[0].params) == 1
+
+
+def test_get_returns_latest_when_already_satisfied(harness, new_pub):
+    pub = new_pub()
+    sub = harness.subscribe(pub)
+    for v in range(3):
+        pub.publish(make_params(v))
+    assert sub.get(0, timeout=10).version == 2
+    again = sub.get(1, timeout=10)  # idempotent: same version, nothing newer
+    assert again.version == 2 and sub.acked_version == 2
+
+
+def test_get_times_out_with_a_clear_message(harness, new_pub):
+    pub = new_pub()
+    sub = harness.subscribe(pub)
+    pub.publish(make_params(0))
+    sub.get(0, timeout=10)
+    start = time.monotonic()
+    with pytest.raises(SyncTimeout, match=r"(?s)>= 5.*latest.*0") as info:
+        sub.get(5, timeout=0.2)
+    assert isinstance(info.value, TimeoutError)
+    assert 0.15 < time.monotonic() - start < 5
+
+
+def test_transform_runs_once_per_version(harness, new_pub):
+    calls = []
+    lock = threading.Lock()
+
+    def transform(params):
+        with lock:
+            calls.append(int(np.asarray(params["x"])[0]))
+        return {"x": params["x"], "w": params["w"], "sum": params["sum"]}
+
+    pub = new_pub(transform=transform)
+    subs = [harness.subscribe(pub) for _ in range(3)]
+    for v in range(4):
+        pub.publish(make_params(v))
+        for sub in subs:
+            assert check_params(sub.get(v, timeout=10).params) == v
+    assert sorted(calls) == [0, 1, 2, 3]
+
+
+def test_transform_can_select_and_cast(harness, new_pub):
+    pub = new_pub(transform=lambda p: {"w": np.asarray(p["w"]).astype(np.float16)})
+    sub = harness.subscribe(pub)
+    pub.publish(make_params(2))
+    w = sub.get(0, timeout=10).params["w"]
+    assert np.asarray(w).dtype == np.float16
+    np.testing.assert_array_equal(np.asarray(w), np.arange(4) + 2)
+
+
+def test_push_target_called_once_per_version_in_order(harness, new_pub):
+    pub = new_pub()
+    seen = []
+    pub.add_push_target(lambda snap: seen.append((snap.version, check_params(snap.params))), "rec")
+    for v in range(5):
+        pub.publish(make_params(v))
+        wait_until(lambda: len(seen) == v + 1)
+    assert seen == [(v, v) for v in range(5)]
+    assert pub.metrics()["push/rec/delivered_version"] == 4
+
+
+def test_slow_push_target_does_not_block_publish(harness, new_pub):
+    pub = new_pub()
+    release = threading.Event()
+    slow_seen, fast_seen = [], []
+
+    def slow(snap):
+        slow_seen.append(snap.version)
+        release.wait(10)
+
+    pub.add_push_target(slow, "slow")
+    pub.add_push_target(lambda snap: fast_seen.append(snap.version), "fast")
+    sub = harness.subscribe(pub)
+    pub.publish(make_params(0))
+    wait_until(lambda: slow_seen == [0])  # slow target is now stuck in its call
+    start = time.monotonic()
+    for v in range(1, 20):
+        pub.publish(make_params(v))
+    assert time.monotonic() - start < 2.0
+    assert sub.get(19, timeout=10).version == 19  # pulling consumers unaffected
+    wait_until(lambda: fast_seen and fast_seen[-1] == 19)
+    assert fast_seen == sorted(set(fast_seen))
+    assert pub.metrics()["push/slow/busy_seconds"] > 0
+    release.set()
+    wait_until(lambda: slow_seen[-1] == 19)
+    assert slow_seen == [0, 19]  # coalesced to the latest, never replayed
+    assert pub.metrics()["push/slow/skipped"] >= 17
+
+
+def test_failing_push_target_is_reported(harness, new_pub):
+    pub = new_pub()
+    errors = []
+
+    def bad(snap):
+        raise ValueError(f"boom {snap.version}")
+
+    pub.add_push_target(bad, "bad", on_error=lambda name, exc: errors.append((name, str(exc))))
+    good = []
+    pub.add_push_target(lambda snap: good.append(snap.version), "good")
+    for v in range(3):
+        pub.publish(make_params(v))
+        wait_until(lambda: good and good[-1] == v)
+    wait_until(lambda: pub.metrics()["push/bad/failures"] >= 1 and errors)
+    assert errors[0][0] == "bad" and "boom" in errors[0][1]
+    assert pub.metrics()["push/good/failures"] == 0
+
+
+def test_late_push_target_gets_current_version(harness, new_pub):
+    pub = new_pub()
+    pub.publish(make_params(0))
+    pub.publish(make_params(1))
+    seen = []
+    pub.add_push_target(lambda snap: seen.append(snap.version), "late")
+    wait_until(lambda: seen == [1])
+
+
+def test_close_wakes_blocked_get(harness, new_pub):
+    pub = new_pub()
+    sub = harness.subscribe(pub)
+    pub.publish(make_params(0))
+    errors = []
+
+    def waiter():
+        try:
+            sub.get(100, timeout=30)
+        except Exception as exc:  # noqa: BLE001 - recorded for the assertion
+            errors.append(exc)
+
+    threads = [threading.Thread(target=waiter) for _ in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    start = time.monotonic()
+    pub.close()
+    for t in threads:
+        t.join(10)
+    assert time.monotonic() - start < 5
+    assert len(errors) == 3 and all(isinstance(e, ChannelClosed) for e in errors)
+
+
+def test_close_is_idempotent_and_final(harness, new_pub):
+    pub = new_pub()
+    sub = harness.subscribe(pub)
+    pub.publish(make_params(0))
+    sub.get(0, timeout=10)
+    pub.close()
+    pub.close()
+    with pytest.raises(ChannelClosed):
+        pub.publish(make_params(1))
+    with pytest.raises(ChannelClosed):
+        sub.get(0, timeout=5)
+    with pytest.raises(ChannelClosed):
+        sub.poll()
+
+
+def test_subscriber_close_wakes_its_get(harness, new_pub):
+    pub = new_pub()
+    sub = harness.subscribe(pub)
+    errors = []
+    t = threading.Thread(target=lambda: _record(errors, sub.get, 0, 30))
+    t.start()
+    time.sleep(0.2)
+    sub.close()
+    t.join(10)
+    assert errors and isinstance(errors[0], ChannelClosed)
+    pub.publish(make_params(0))  # the publisher is unaffected
+    assert harness.subscribe(pub).get(0, timeout=10).version == 0
+
+
+def _record(errors, fn, *args):
+    try:
+        fn(*args)
+    except Exception as exc:  # noqa: BLE001
+        errors.append(exc)
+
+
+def test_mismatched_snapshot_is_rejected(harness, new_pub):
+    pub = new_pub()
+    wrong = dict(make_params(0))
+    wrong["w"] = np.zeros(5, np.float32)
+    sub = harness.subscribe(pub, expect=wrong)
+    pub.publish(make_params(0))
+    with pytest.raises(SnapshotMismatch, match=r"\['w'\].*float32\[4\].*|\['w'\].*\[5\]"):
+        sub.get(0, timeout=10)
+    ok = harness.subscribe(pub, expect=make_params(0))
+    assert ok.get(0, timeout=10).version == 0
+
+
+def test_metrics_report_bytes_and_acks(harness, new_pub):
+    pub = new_pub()
+    sub = harness.subscribe(pub, name="actor0")
+    pub.publish(make_params(0))
+    pub.publish(make_params(1))
+    sub.get(1, timeout=10)
+    nbytes = sum(a.nbytes for a in make_params(0).values())
+
+    def acked():
+        m = pub.metrics()
+        return m.get("subscriber/actor0/acked_version") == 1 and m
+    wait_until(acked)
+    m = pub.metrics()
+    assert m["latest_version"] == 1
+    assert m["publish/bytes"] == nbytes
+    assert m["publish/seconds/count"] == 2
+    assert all(isinstance(v, (int, float)) for v in m.values())

@@ -1,0 +1,58 @@
+import json
+
+import pytest
+
+from podrace.cli import main
+
+
+def run_cli(capsys, *args):
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--env.num-envs", "0"], "env.num_envs must be positive"),
+        (["--layout.learner-device-ids", "0", "1", "2", "--env.num-envs", "8"], "divisible"),
+        (["--env.id", "NoSuchEnv-v0"], "unknown env id"),
+        (["--rollout-length", "-3"], "rollout_length must be positive"),
+        (["--total-steps", "10"], "less than one update"),
+    ],
+)
+def test_bad_config_is_one_line_and_exit_2(capsys, tmp_path, flags, message):
+    code, out, err = run_cli(capsys, "train", "cartpole-ppo", "--log.run-dir", str(tmp_path), *flags)
+    assert code == 2
+    assert message in err
+    assert len(err.strip().splitlines()) == 1
+    assert not list(tmp_path.iterdir())
+
+
+def test_unknown_preset_exits_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["train", "no-such-preset"])
+    assert exc.value.code == 2
+
+
+def test_help_lists_flags(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["train", "cartpole-ppo", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--env.num-envs", "--layout.max-policy-lag", "--ppo.clip-coef", "--total-steps"):
+        assert flag in out
+
+
+@pytest.mark.timeout(120)
+def test_train_runs_and_reports(capsys, tmp_path):
+    code, out, err = run_cli(
+        capsys, "train", "cartpole-ppo", "--log.run-dir", str(tmp_path), "--log.run-name", "r",
+        "--total-steps", "4096", "--log.console", "none", "--eval.episodes", "2",
+    )
+    assert code == 0, err
+    assert "done: 4,096 env steps" in out
+    config = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert config["total_steps"] == 4096
+    code, out, err = run_cli(capsys, "train", "cartpole-ppo", "--log.run-dir", str(tmp_path), "--log.run-name", "r")
+    assert code == 2 and "already exists" in err
