@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import warnings
 from typing import Sequence
 
 from podrace.config import ConfigError, TrainConfig, validate
@@ -37,12 +38,27 @@ def parse_train(args: Sequence[str]) -> TrainConfig:
     return tyro.extras.overridable_config_cli(PRESETS, prog="podrace train", args=list(args))
 
 
-def _raise_interrupt(signum, frame):  # noqa: ARG001 - signal handler signature
-    raise KeyboardInterrupt
+class _Signals:
+    """SIGINT and SIGTERM both stop the run cleanly; the exit code is 128 + the signal."""
+
+    def __init__(self) -> None:
+        self.received = signal.SIGINT
+
+    def install(self) -> None:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self._handle)
+
+    def _handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
+        self.received = signum
+        raise KeyboardInterrupt
 
 
 def train_command(args: Sequence[str]) -> int:
+    # envpool builds Gymnasium Box spaces from float64 bounds; the warning is noise to users.
+    warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
     cfg = parse_train(args)
+    signals = _Signals()
+    signals.install()
     try:
         validate(cfg)
         from podrace.envs import resolve_backend
@@ -53,15 +69,15 @@ def train_command(args: Sequence[str]) -> int:
             force_cpu_devices(required_cpu_devices(cfg))
         resolve_backend(cfg.env)
         check_run_dir(cfg)
-        from podrace.runtime.single_host import Interrupted, train
+        from podrace.runtime.single_host import train
 
-        signal.signal(signal.SIGTERM, _raise_interrupt)
         result = train(cfg)
     except ConfigError as error:
         return _error(str(error))
-    except Interrupted:
-        print("podrace: interrupted, stopped cleanly", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt:
+        name = signal.Signals(signals.received).name
+        print(f"podrace: {name} received, stopped cleanly", file=sys.stderr)
+        return 128 + signals.received
     final = result.final_eval
     evaluation = f"final eval return {final.mean_return:.1f}" if final else "no final evaluation"
     print(

@@ -1,4 +1,8 @@
 import json
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -56,3 +60,28 @@ def test_train_runs_and_reports(capsys, tmp_path):
     assert config["total_steps"] == 4096
     code, out, err = run_cli(capsys, "train", "cartpole-ppo", "--log.run-dir", str(tmp_path), "--log.run-name", "r")
     assert code == 2 and "already exists" in err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_signal_stops_cleanly_with_conventional_exit_code(tmp_path, signum):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "podrace.cli", "train", "cartpole-ppo", "--log.run-dir", str(tmp_path),
+         "--log.run-name", "r", "--total-steps", "100000000", "--log.console", "none", "--log.interval-s", "0.2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    metrics = tmp_path / "r" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    sent = time.monotonic()
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=30)
+    assert time.monotonic() - sent < 10
+    assert proc.returncode == 128 + signum, err
+    assert "stopped cleanly" in err
+    last = json.loads(metrics.read_text().splitlines()[-1])
+    assert last["final"] == 1 and last["env_steps"] > 0

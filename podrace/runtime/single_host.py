@@ -28,7 +28,7 @@ from podrace.metrics.registry import Metrics
 from podrace.networks import make_network
 from podrace.pipeline import Pipeline
 from podrace.runtime.devices import resolve_devices
-from podrace.runtime.lifetime import ComponentError, Lifetime
+from podrace.runtime.lifetime import Lifetime
 from podrace.runtime.rundir import create_run_dir
 from podrace.runtime.threads import ThreadGroup
 from podrace.sync.local import LocalPublisher
@@ -46,10 +46,6 @@ class TrainResult:
     train_s: float
     final_eval: EvalResult | None
     max_policy_lag: float
-
-
-class Interrupted(KeyboardInterrupt):
-    """Ctrl-C / SIGTERM stopped the run after a clean shutdown."""
 
 
 def _seed_key(seed: int, *path: int) -> jax.Array:
@@ -187,10 +183,7 @@ class SingleHostRun:
             group.spawn("evaluator", self.evaluator.run)
             group.spawn("learner", learn)
             _log_until_stopped(lifetime, metrics, sinks, cfg.log.interval_s, train_start)
-        except KeyboardInterrupt:
-            lifetime.stop("interrupted")
-            raise Interrupted("interrupted") from None
-        finally:
+        finally:  # also on KeyboardInterrupt: stop, join, flush, then let it propagate
             lifetime.stop("shutdown")
             stuck = group.join(JOIN_TIMEOUT_S)
             train_s = time.perf_counter() - train_start

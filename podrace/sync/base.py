@@ -66,6 +66,11 @@ class Subscriber(ABC):
     def close(self) -> None:
         """Release this subscriber; its blocked and later calls raise ChannelClosed."""
 
+    def metrics(self) -> dict[str, float | int]:
+        """Consumer-side counters (transports add transfer times)."""
+        acked = self.acked_version
+        return {"acked_version": -1 if acked is None else acked}
+
     def __enter__(self) -> "Subscriber":
         return self
 
@@ -97,6 +102,13 @@ class Publisher(ABC):
 
         A slow target skips to the latest version; a failing one is counted in
         `metrics()` and reported to `on_error(name, exc)`; neither stalls `publish`.
+        """
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until the latest published version is visible to subscribers.
+
+        Transports that copy in the background (shm, ray) override this; the learner need
+        not call it, but a synchronous (lag 0) loop or an orderly shutdown may.
         """
 
     @abstractmethod

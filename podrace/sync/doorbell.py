@@ -98,6 +98,10 @@ class Doorbell:
         with self._lock:
             self._clients[sock] = _Client(sock)
         sel.register(sock, selectors.EVENT_READ, "client")
+        try:  # a ring that raced with this accept was not sent here: wake it once now
+            sock.send(b"0\n", socket.MSG_DONTWAIT)
+        except OSError:
+            pass
 
     def _receive(self, sel: selectors.BaseSelector, sock: socket.socket) -> None:
         try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import lru_cache, partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,19 +18,34 @@ NUM_ACTIONS = 3
 ACTION_DIM = 2
 
 
+@lru_cache(maxsize=None)
 def small_network(discrete: bool, shared_torso: bool = False):
+    """(net, params), cached: orthogonal init compiles slowly on CPU (~1 s per shape)."""
     spec = (
         EnvSpec((OBS_DIM,), np.float32, NUM_ACTIONS, ())
         if discrete
         else EnvSpec((OBS_DIM,), np.float32, None, (ACTION_DIM,))
     )
     net = make_network(NetworkConfig(hidden_sizes=(16, 16), shared_torso=shared_torso), spec)
+    return net, _noisy_init(net)
+
+
+@partial(jax.jit, static_argnums=0)
+def _noisy_init(net):
     params = net.init(jax.random.PRNGKey(0), jnp.zeros((OBS_DIM,)))
     # Make the heads non-trivial so ratios, clipping and entropies vary across samples.
     leaves, treedef = jax.tree.flatten(params)
     keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
     leaves = [x + 0.3 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
-    return net, jax.tree.unflatten(treedef, leaves)
+    return jax.tree.unflatten(treedef, leaves)
+
+
+@partial(jax.jit, static_argnums=0)
+def _act(net, params, obs, last_obs, key):
+    dist, values = net.apply(params, obs)
+    _, last_value = net.apply(params, last_obs)
+    actions = dist.sample(key)
+    return actions, dist.log_prob(actions), values, last_value
 
 
 def random_trajectory(net, params, discrete: bool, T: int, B: int, seed: int, lag_noise: float = 0.3):
@@ -36,10 +53,8 @@ def random_trajectory(net, params, discrete: bool, T: int, B: int, seed: int, la
     rng = np.random.default_rng(seed)
     obs = rng.normal(size=(T, B, OBS_DIM)).astype(np.float32)
     last_obs = rng.normal(size=(B, OBS_DIM)).astype(np.float32)
-    dist, values = net.apply(params, jnp.asarray(obs))
-    _, last_value = net.apply(params, jnp.asarray(last_obs))
-    actions = dist.sample(jax.random.PRNGKey(seed))
-    logprobs = dist.log_prob(actions) + lag_noise * rng.normal(size=(T, B))
+    actions, logprobs, values, last_value = _act(net, params, obs, last_obs, jax.random.PRNGKey(seed))
+    logprobs = logprobs + lag_noise * rng.normal(size=(T, B))
     terminated, truncated, valid = episode_patterns(rng, T, B)
     return Trajectory(
         obs=jnp.asarray(obs),

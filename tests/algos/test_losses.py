@@ -1,10 +1,12 @@
 import dataclasses
+from functools import partial
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from podrace.algos.advantages import vtrace
 from podrace.algos.impala import impala_loss
 from podrace.algos.ppo import PPOBatch, ppo_loss
 from podrace.config import ImpalaConfig, PPOConfig
@@ -43,6 +45,14 @@ def _ppo_reference(logp, value, entropy, mb, cfg):
     return out
 
 
+@partial(jax.jit, static_argnums=0)
+def _outputs(net, params, obs, actions):
+    """(log_prob(actions), value, entropy) straight from the network."""
+    dist, value = net.apply(params, obs)
+    logp = None if actions is None else dist.log_prob(actions)
+    return logp, value, dist.entropy()
+
+
 def _ppo_minibatch(traj, rng):
     n = traj.valid.size
     flat = lambda x: jnp.reshape(x, (n,) + x.shape[2:])  # noqa: E731
@@ -63,8 +73,8 @@ def test_ppo_loss_matches_numpy(discrete, norm_adv, clip_value_loss):
 
     loss, metrics = jax.jit(lambda p, m: ppo_loss(p, net.apply, m, cfg, None))(params, mb)
 
-    dist, value = net.apply(params, mb.obs)
-    expected = _ppo_reference(_np(dist.log_prob(mb.actions)), _np(value), _np(dist.entropy()), mb, cfg)
+    logp, value, entropy = _outputs(net, params, mb.obs, mb.actions)
+    expected = _ppo_reference(_np(logp), _np(value), _np(entropy), mb, cfg)
     assert 0.1 < expected["clip_frac"] < 0.9  # clipping is exercised
     np.testing.assert_allclose(loss, expected["loss"], rtol=1e-4, atol=1e-5)
     for name, want in expected.items():
@@ -79,9 +89,9 @@ def test_impala_loss_matches_numpy(discrete):
 
     loss, metrics = jax.jit(lambda p, t: impala_loss(p, net.apply, t, cfg, None))(params, traj)
 
-    dist, values = net.apply(params, traj.obs)
-    _, last_value = net.apply(params, traj.last_obs)
-    logp = _np(dist.log_prob(traj.actions))
+    logp, values, entropy = _outputs(net, params, traj.obs, traj.actions)
+    last_value = _outputs(net, params, traj.last_obs, None)[1]
+    logp = _np(logp)
     valid, terminated, truncated = (np.asarray(x) for x in (traj.valid, traj.terminated, traj.truncated))
     vs, pg = ref.vtrace(_np(traj.logprobs), logp, _np(traj.rewards), _np(values), _np(last_value),
                         terminated, truncated, valid, cfg.gamma, cfg.vtrace_lambda, cfg.rho_bar, cfg.c_bar)
@@ -90,7 +100,7 @@ def test_impala_loss_matches_numpy(discrete):
     expected = {
         "policy_loss": mean(-logp * pg),
         "value_loss": mean(0.5 * (vs - _np(values)) ** 2),
-        "entropy": mean(_np(dist.entropy())),
+        "entropy": mean(_np(entropy)),
         "approx_kl": mean(ratio - 1 - np.log(ratio)),
         "clip_frac": mean(ratio > cfg.rho_bar),
     }
@@ -106,15 +116,13 @@ def test_impala_policy_gradient_treats_vtrace_targets_as_constants():
     net, params = small_network(True)
     traj = random_trajectory(net, params, True, T=5, B=4, seed=2)
     cfg = ImpalaConfig()
-    grads = jax.grad(lambda p: impala_loss(p, net.apply, traj, cfg, None)[0])(params)
+    grads = jax.jit(jax.grad(lambda p: impala_loss(p, net.apply, traj, cfg, None)[0]))(params)
 
-    from podrace.algos.advantages import vtrace
-
-    dist, values = net.apply(params, traj.obs)
-    _, last_value = net.apply(params, traj.last_obs)
-    vs, pg = vtrace(traj.logprobs, dist.log_prob(traj.actions), traj.rewards, values, last_value,
-                    traj.terminated, traj.truncated, traj.valid, cfg.gamma, cfg.vtrace_lambda,
-                    cfg.rho_bar, cfg.c_bar)
+    logp, values, _ = _outputs(net, params, traj.obs, traj.actions)
+    last_value = _outputs(net, params, traj.last_obs, None)[1]
+    vs, pg = jax.jit(vtrace, static_argnums=range(8, 12))(
+        traj.logprobs, logp, traj.rewards, values, last_value, traj.terminated, traj.truncated,
+        traj.valid, cfg.gamma, cfg.vtrace_lambda, cfg.rho_bar, cfg.c_bar)
     vs, pg = np.asarray(vs), np.asarray(pg)
     w = np.asarray(traj.valid) / np.asarray(traj.valid).sum()
 
@@ -123,6 +131,6 @@ def test_impala_policy_gradient_treats_vtrace_targets_as_constants():
         return jnp.sum(w * (-d.log_prob(traj.actions) * pg + cfg.vf_coef * 0.5 * (vs - v) ** 2
                             - cfg.ent_coef * d.entropy()))
 
-    expected = jax.grad(manual)(params)
+    expected = jax.jit(jax.grad(manual))(params)
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(expected)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)

@@ -20,7 +20,7 @@ def random_policy(num_actions: int, num_envs: int):
     return lambda obs, t: actions[t]
 
 
-def run_with_twin(make, cfg: EnvConfig, num_steps: int, stop_after_episode: bool = False):
+def run_with_twin(make, cfg: EnvConfig, num_steps: int):
     env = make(cfg, 2, seed=3)
     twin = make(dataclasses.replace(cfg, reward_clip=False), 2, seed=3)
     policy = random_policy(env.spec.num_actions, 2)
@@ -53,7 +53,8 @@ def test_breakout_episodic_life_and_game_over(make):
         game = rec.steps[: game_end + 1]
         assert [s.episode_done[i] for s in game if s.terminated[i]] == [False] * 4 + [True]
         assert not any(s.truncated[i] for s in game)
-        assert rec.episodes[[j for j, _, _ in rec.episodes].index(i)][2] == game_end + 1 - 4
+        length = next(length for j, _, length in rec.episodes if j == i)
+        assert length == game_end + 1 - 4  # the 4 autoreset steps are not agent steps
 
 
 def test_raw_return_is_unclipped_game_score(make):

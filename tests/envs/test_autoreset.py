@@ -5,8 +5,8 @@ import pytest
 
 from podrace.config import EnvConfig
 
-from .conftest import COUNTER_ID, COUNTER_TERMINAL_SUM, COUNTER_TIME_LIMIT
 from .contract import run_checked
+from .toy_envs import COUNTER_ID, COUNTER_TERMINAL_SUM, COUNTER_TIME_LIMIT
 
 
 def balance_or_fall(obs: np.ndarray, t: int) -> np.ndarray:
@@ -35,8 +35,7 @@ def test_gymnasium_toy_env_autoreset_ignores_action(make):
     """All-ones episodes terminate after 3 steps, all-zeros ones are truncated at the limit;
     the autoreset step's action (1 here) must not count towards the next episode."""
     env = make(EnvConfig(id=COUNTER_ID, backend="gymnasium"), 2)
-    ones_then_zeros = lambda obs, t: np.array([1, 0], np.int32)  # noqa: E731
-    rec = run_checked(env, ones_then_zeros, 13)
+    rec = run_checked(env, lambda obs, t: np.array([1, 0], np.int32), 13)
     env0 = [t for t, s in enumerate(rec.steps) if s.terminated[0] or s.truncated[0]]
     env1 = [t for t, s in enumerate(rec.steps) if s.terminated[1] or s.truncated[1]]
     # Episodes of 3 (env 0) and 5 (env 1) steps, each followed by one autoreset step.

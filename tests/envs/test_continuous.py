@@ -7,7 +7,7 @@ from podrace.config import EnvConfig
 from podrace.envs import env_spec
 from podrace.envs.spaces import ActionPreparer
 
-from .conftest import ECHO_ID
+from .toy_envs import ECHO_ID
 
 
 @pytest.mark.parametrize("backend", ["envpool", "gymnasium"])

@@ -6,7 +6,7 @@ import pytest
 from podrace.config import ConfigError, EnvConfig
 from podrace.envs import resolve_backend
 
-from .conftest import COUNTER_ID
+from .toy_envs import COUNTER_ID
 
 
 def _error(cfg: EnvConfig) -> str:

@@ -9,7 +9,7 @@ import pytest
 
 from podrace.sync.base import Publisher, Subscriber
 
-TRANSPORTS = ["local"]
+TRANSPORTS = ["local", "shm"]
 
 
 def make_params(version: int, n: int = 16) -> dict[str, np.ndarray]:
@@ -50,8 +50,18 @@ class LocalHarness(Harness):
         return LocalPublisher(transform=transform, keep=keep, first_version=first_version)
 
 
+class ShmHarness(Harness):
+    name = "shm"
+
+    def publisher(self, transform=None, keep=2, first_version=0, like=None):
+        from podrace.sync.shm import ShmPublisher
+
+        return ShmPublisher(transform=transform, keep=keep, first_version=first_version)
+
+
 HARNESSES: dict[str, Callable[[pytest.FixtureRequest], Harness]] = {
     "local": lambda request: LocalHarness(),
+    "shm": lambda request: ShmHarness(),
 }
 
 

@@ -110,6 +110,7 @@ def test_get_returns_latest_when_already_satisfied(harness, new_pub):
     sub = harness.subscribe(pub)
     for v in range(3):
         pub.publish(make_params(v))
+    harness.subscribe(pub).get(2, timeout=10)  # version 2 is visible now
     assert sub.get(0, timeout=10).version == 2
     again = sub.get(1, timeout=10)  # idempotent: same version, nothing newer
     assert again.version == 2 and sub.acked_version == 2

@@ -1,0 +1,403 @@
+"""`shm` transport: subscriber processes on the publisher's host read shared memory.
+
+`publish` only records a reference (the learner does not donate its buffers) and wakes a
+writer thread, which transforms the newest version once, brings it to host memory and
+copies it into a seqlocked slot (see `shm_layout`); versions published faster than they can
+be copied are coalesced. A Unix-socket doorbell (see `doorbell`) wakes blocked readers and
+tells them at once when the publisher closes or its process dies.
+
+A subscriber is created in the consumer's process from the channel name alone:
+`ShmSubscriber(publisher.name, device)`; `publisher.subscribe()` builds one for the
+publisher's own process (handy for tests and relays), and subscribers pickle by name.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import secrets
+import threading
+import time
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from podrace.sync.base import (
+    ChannelClosed,
+    ErrorHook,
+    Publisher,
+    PushTarget,
+    PyTree,
+    Snapshot,
+    Subscriber,
+    SyncError,
+    SyncTimeout,
+)
+from podrace.sync.doorbell import Doorbell, DoorbellClient
+from podrace.sync.push import PushFanout
+from podrace.sync.shm_layout import CLOSED_CLOSED, CLOSED_FAILED, CLOSED_OPEN, W_CLOSED, SlotReader, SlotWriter
+from podrace.sync.spec import TreeSpec
+from podrace.sync.stats import RunningStat
+from podrace.sync.versions import Published, VersionCounter
+
+_log = logging.getLogger(__name__)
+_names = itertools.count()
+
+
+class ShmPublisher(Publisher):
+    """Publishes into POSIX shared memory; see the module docstring.
+
+    Args:
+      transform: applied once per written version, on the writer thread.
+      keep: versions readable at once; the segment holds keep + 1 slots of the params' size.
+      first_version: version of the first publish (>= 0).
+      name: channel name (default: unique per publisher).
+    """
+
+    def __init__(
+        self,
+        transform: Callable[[PyTree], PyTree] | None = None,
+        keep: int = 2,
+        first_version: int = 0,
+        name: str | None = None,
+    ) -> None:
+        if first_version < 0:
+            raise ValueError(f"shm versions must be >= 0, got first_version={first_version}")
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self.name = name or f"podrace_{os.getpid()}_{secrets.token_hex(4)}"
+        self._transform = transform
+        self._writer = SlotWriter(self.name, nslots=keep + 1)
+        self._doorbell = Doorbell(self.name)
+        self._cond = threading.Condition()
+        self._versions = VersionCounter(first_version)
+        self._raw_spec: TreeSpec | None = None
+        self._pending: Published | None = None
+        self._latest: Published | None = None  # for push targets added late
+        self._closed = False
+        self._failure: BaseException | None = None
+        self._push = PushFanout(resolve=self._host)
+        self._stats = {k: RunningStat() for k in ("publish", "transform", "write", "visible")}
+        self._coalesced = 0
+        self._visible: int | None = None
+        self._bytes = 0
+        self._thread = threading.Thread(target=self._write_loop, name=f"podrace-shm-writer-{self.name}", daemon=True)
+        self._thread.start()
+
+    # -- learner side ---------------------------------------------------------------
+    def publish(self, params: PyTree, *, version: int | None = None) -> int:
+        start = time.perf_counter()
+        spec = TreeSpec.of(params)  # metadata only
+        with self._cond:
+            if self._closed:
+                raise ChannelClosed("publish() on a closed publisher")
+            if self._failure is not None:
+                raise SyncError(f"shm writer of {self.name!r} failed") from self._failure
+            if self._raw_spec is None:
+                self._raw_spec = spec
+            else:
+                self._raw_spec.check_spec(spec, "published params")
+            entry = Published(self._versions.next(version), params)
+            entry.published_at = start  # type: ignore[attr-defined]
+            if self._pending is not None:
+                self._coalesced += 1
+            self._pending = self._latest = entry
+            self._cond.notify_all()
+            self._push.offer(entry, entry.version)
+        self._stats["publish"].add(time.perf_counter() - start)
+        return entry.version
+
+    def subscribe(
+        self, device: Any = None, *, expect: Any = None, name: str | None = None
+    ) -> "ShmSubscriber":
+        if self._closed:
+            raise ChannelClosed("subscribe() on a closed publisher")
+        return ShmSubscriber(self.name, device, expect=expect, name=name)
+
+    def add_push_target(
+        self, target: PushTarget, name: str, *, on_error: ErrorHook | None = None
+    ) -> None:
+        with self._cond:
+            if self._closed:
+                raise ChannelClosed("add_push_target() on a closed publisher")
+            self._push.add(target, name, on_error)
+            if self._latest is not None:
+                self._push.offer(self._latest, self._latest.version, only=name)
+
+    def flush(self, timeout: float | None = None) -> None:
+        with self._cond:
+            done = self._cond.wait_for(
+                lambda: self._closed or self._failure is not None or self._visible == self._versions.latest,
+                timeout,
+            )
+            if self._failure is not None:
+                raise SyncError(f"shm writer of {self.name!r} failed") from self._failure
+            if not done:
+                raise SyncTimeout(
+                    f"flush: version {self._versions.latest} not visible within {timeout}s "
+                    f"(visible: {self._visible})"
+                )
+
+    def close(self) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._pending = self._latest = None
+            self._cond.notify_all()
+        self._thread.join(60)  # at most one copy in progress
+        self._writer.close(CLOSED_FAILED if self._failure is not None else CLOSED_CLOSED)
+        self._doorbell.close()
+        self._push.close()
+
+    @property
+    def latest_version(self) -> int | None:
+        return self._versions.latest
+
+    def metrics(self) -> dict[str, float | int]:
+        latest = self.latest_version
+        out: dict[str, float | int] = {
+            "latest_version": -1 if latest is None else latest,
+            "publish/bytes": self._bytes,
+            "coalesced": self._coalesced,
+            "failed": int(self._failure is not None),
+        }
+        for key, stat in self._stats.items():
+            out.update(stat.report(f"{key}/seconds"))
+        for name, acked in self._doorbell.acks().items():
+            out[f"subscriber/{name}/acked_version"] = acked
+            out[f"subscriber/{name}/lag"] = 0 if latest is None or acked < 0 else latest - acked
+        out.update(self._push.metrics())
+        return out
+
+    # -- writer thread ----------------------------------------------------------------
+    def _host(self, entry: Published) -> Snapshot:
+        """The transformed params of `entry` in host memory; computed once, shared with push."""
+
+        def compute() -> Snapshot:
+            params = entry.raw
+            if self._transform is not None:
+                start = time.perf_counter()
+                params = self._transform(params)
+                self._stats["transform"].add(time.perf_counter() - start)
+            host = jax.tree_util.tree_map(np.asarray, jax.device_get(params))
+            entry.raw = None
+            return Snapshot(entry.version, host)
+
+        return entry.derived("host", compute)
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._cond:
+                while self._pending is None and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                entry, self._pending = self._pending, None
+            try:
+                snapshot = self._host(entry)
+                leaves, treedef = jax.tree_util.tree_flatten(snapshot.params)
+                spec = TreeSpec(treedef, tuple(x.shape for x in leaves), tuple(x.dtype for x in leaves))
+                self._bytes = spec.nbytes
+                start = time.perf_counter()
+                self._writer.write(entry.version, leaves, spec)
+                done = time.perf_counter()
+                self._stats["write"].add(done - start)
+                self._stats["visible"].add(done - entry.published_at)  # type: ignore[attr-defined]
+                self._doorbell.ring(entry.version)
+                with self._cond:
+                    self._visible = entry.version
+                    self._cond.notify_all()
+            except BaseException as exc:
+                _log.error("shm writer of %r failed; channel closed", self.name, exc_info=exc)
+                with self._cond:
+                    self._failure = exc
+                    self._cond.notify_all()
+                self._writer.ctl[W_CLOSED] = CLOSED_FAILED  # readers stop waiting
+                self._doorbell.ring(-1)
+                return
+
+
+def _device_key(device: Any) -> tuple[str, int] | None:
+    if device is None:
+        return None
+    if isinstance(device, jax.Device):
+        return (device.platform, device.id)
+    raise TypeError("a pickled ShmSubscriber can only carry a jax.Device or None")
+
+
+def _device_from_key(key: tuple[str, int] | None) -> Any:
+    if key is None:
+        return None
+    platform, dev_id = key
+    return next(d for d in jax.devices(platform) if d.id == dev_id)
+
+
+class ShmSubscriber(Subscriber):
+    """Reads an shm channel from any process on the host.
+
+    Args:
+      channel: the publisher's `name`.
+      device: a jax Device/Sharding to place snapshots on (one copy out of shared memory,
+        straight to the device), or None for read-only host NumPy arrays.
+      expect: a params-like pytree or TreeSpec every snapshot must match.
+      name: label in the publisher's metrics.
+    """
+
+    def __init__(self, channel: str, device: Any = None, *, expect: Any = None, name: str | None = None):
+        self.channel = channel
+        self.name = name or f"pid{os.getpid()}-{next(_names)}"
+        self._device = device
+        self._expect = None if expect is None else TreeSpec.of(expect)
+        self._expect_checked = False
+        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._gone = False
+        self._acked: int | None = None
+        self._last: Snapshot | None = None
+        self._read_time = RunningStat()
+        self._reader = SlotReader(channel)
+        try:
+            self._bell = DoorbellClient(channel, self.name, self._on_ring, self._on_gone)
+        except ConnectionError as exc:
+            self._reader.close()
+            raise ChannelClosed(f"shm channel {channel!r}: publisher is gone") from exc
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_reattach, (self.channel, _device_key(self._device), self._expect, self.name))
+
+    # -- doorbell callbacks ------------------------------------------------------------
+    def _on_ring(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def _on_gone(self) -> None:
+        with self._cond:
+            self._gone = True
+            self._cond.notify_all()
+
+    # -- Subscriber --------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ChannelClosed(f"subscriber {self.name!r} is closed")
+        state = self._reader.closed_state()
+        if state == CLOSED_CLOSED:
+            raise ChannelClosed(f"shm channel {self.channel!r} was closed by its publisher")
+        if state == CLOSED_FAILED:
+            raise ChannelClosed(f"shm channel {self.channel!r}: the publisher's writer failed")
+        if state != CLOSED_OPEN or self._gone:
+            raise ChannelClosed(f"shm channel {self.channel!r}: publisher went away")
+
+    def poll(self) -> Snapshot | None:
+        with self._lock:
+            self._check_open()
+            latest = self._reader.ctl.latest_version()
+            if latest is None or (self._acked is not None and latest <= self._acked):
+                return None
+            snapshot = self._read(attempts=64)
+            if snapshot is None or (self._acked is not None and snapshot.version <= self._acked):
+                return None
+            return self._accept(snapshot)
+
+    def get(self, min_version: int, timeout: float | None = None) -> Snapshot:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                self._check_open()
+                latest = self._reader.ctl.latest_version()
+                if latest is not None and latest >= min_version:
+                    break
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise SyncTimeout(
+                        f"subscriber {self.name!r}: no version >= {min_version} within {timeout}s "
+                        f"(latest is {latest})"
+                    )
+                self._cond.wait(remaining)
+        with self._lock:
+            self._check_open()
+            while True:
+                last = self._last
+                if last is not None and last.version == self._reader.ctl.latest_version():
+                    return self._accept(last)  # nothing newer: same snapshot, no copy
+                snapshot = self._read(attempts=64)
+                if snapshot is not None:
+                    return self._accept(snapshot)
+                if deadline is not None and time.monotonic() > deadline:
+                    raise SyncTimeout(f"subscriber {self.name!r}: every read raced with the writer")
+
+    def _accept(self, snapshot: Snapshot) -> Snapshot:
+        self._acked = snapshot.version
+        self._last = snapshot
+        self._bell.ack(snapshot.version)
+        return snapshot
+
+    def _read(self, attempts: int) -> Snapshot | None:
+        reader = self._reader
+        start = time.perf_counter()
+
+        def consume(slot: np.ndarray) -> list[Any]:
+            layout = reader.layout
+            assert layout is not None
+            if self._device is None:
+                buf = np.empty(layout.used_bytes, dtype=np.uint8)
+                np.copyto(buf, slot[: layout.used_bytes])
+                buf.flags.writeable = False  # snapshots are immutable
+                return layout.views(buf)
+            placed = jax.device_put(layout.views(slot), self._device, may_alias=False)
+            return jax.block_until_ready(placed)
+
+        got = reader.read(consume, attempts)
+        if got is None:
+            return None
+        assert reader.layout is not None
+        if self._expect is not None and not self._expect_checked:
+            self._expect.check_spec(reader.layout.spec, f"shm channel {self.channel!r}")
+            self._expect_checked = True
+        version, leaves = got
+        self._read_time.add(time.perf_counter() - start)
+        return Snapshot(version, jax.tree_util.tree_unflatten(reader.layout.spec.treedef, leaves))
+
+    @property
+    def acked_version(self) -> int | None:
+        return self._acked
+
+    def metrics(self) -> dict[str, float | int]:
+        out: dict[str, float | int] = {
+            "acked_version": -1 if self._acked is None else self._acked,
+            "torn_read_retries": self._reader.retries,
+        }
+        out.update(self._read_time.report("read/seconds"))
+        return out
+
+    def flush(self, timeout: float | None = None) -> None:
+        with self._cond:
+            done = self._cond.wait_for(
+                lambda: self._closed or self._failure is not None or self._visible == self._versions.latest,
+                timeout,
+            )
+            if self._failure is not None:
+                raise SyncError(f"shm writer of {self.name!r} failed") from self._failure
+            if not done:
+                raise SyncTimeout(
+                    f"flush: version {self._versions.latest} not visible within {timeout}s "
+                    f"(visible: {self._visible})"
+                )
+
+    def close(self) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify_all()
+        self._bell.close()
+        with self._lock:
+            self._last = None
+            self._reader.close()
+
+
+def _reattach(channel: str, device: tuple[str, int] | None, expect: Any, name: str) -> ShmSubscriber:
+    return ShmSubscriber(channel, _device_from_key(device), expect=expect, name=name)

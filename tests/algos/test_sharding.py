@@ -1,0 +1,144 @@
+"""update() under jax.shard_map: 4 shards must equal 1 device on the whole batch.
+
+Keys are raw uint32 PRNG keys: a [num_shards, 2] array sharded with P('learner'), so each
+shard receives its own (1, 2) block.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, PartitionSpec as P
+
+from podrace.algos.impala import make_impala
+from podrace.algos.ppo import make_ppo, ppo_loss
+from podrace.config import ImpalaConfig, PPOConfig
+from podrace.types import Trajectory
+from tests.algos.helpers import random_trajectory, small_network
+
+AXIS = "learner"
+TRAJ_SPEC = Trajectory(*(P(None, AXIS),) * 8, last_obs=P(AXIS), last_value=P(AXIS))
+
+
+def _mesh(n):
+    assert len(jax.devices()) >= 4, "tests/conftest.py should force 4 CPU devices"
+    return Mesh(np.array(jax.devices()[:n]), (AXIS,))
+
+
+def _sharded_update(algo, num_shards, check_vma=True):
+    fn = jax.shard_map(
+        algo.update, mesh=_mesh(num_shards), in_specs=(P(), TRAJ_SPEC, P(AXIS)),
+        out_specs=(P(), P()), check_vma=check_vma,
+    )
+    return jax.jit(fn)
+
+
+def _make(algo_name, net, **overrides):
+    if algo_name == "ppo":
+        cfg = dataclasses.replace(PPOConfig(num_epochs=2, num_minibatches=1, learning_rate=1e-3), **overrides)
+        return make_ppo(cfg, net.apply, num_updates=10, axis_name=AXIS)
+    cfg = dataclasses.replace(ImpalaConfig(num_minibatches=1, learning_rate=1e-3), **overrides)
+    return make_impala(cfg, net.apply, num_updates=10, axis_name=AXIS)
+
+
+def _assert_trees_close(a, b, atol):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_allclose(np.asarray(x, np.float64), np.asarray(y, np.float64), atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("algo_name", ["ppo", "impala"])
+@pytest.mark.parametrize("discrete", [True, False])
+@pytest.mark.parametrize("check_vma", [True, False])
+def test_four_shards_equal_one_device(algo_name, discrete, check_vma):
+    net, params = small_network(discrete)
+    # Shards get different numbers of valid steps, so local-count means would not match.
+    traj = random_trajectory(net, params, discrete, T=8, B=8, seed=3)
+    per_shard_valid = np.asarray(traj.valid).reshape(8, 4, 2).sum(axis=(0, 2))
+    assert len(set(per_shard_valid.tolist())) > 1
+    algo = _make(algo_name, net)
+    state = algo.init(params)
+    keys = jax.random.split(jax.random.PRNGKey(7), 4)
+
+    state4, metrics4 = _sharded_update(algo, 4, check_vma)(state, traj, keys)
+    state1, metrics1 = _sharded_update(algo, 1, check_vma)(state, traj, keys[:1])
+
+    assert int(state4.step) == int(state1.step) == 1
+    moved = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(state1.params), jax.tree.leaves(params)))
+    assert moved > 1e-4  # the update did something
+    _assert_trees_close(state4.params, state1.params, atol=1e-5)
+    _assert_trees_close(state4.opt_state, state1.opt_state, atol=1e-5)
+    assert set(metrics4) == {"loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac",
+                             "grad_norm", "learning_rate", "finite"}
+    assert bool(metrics4["finite"]) and bool(metrics1["finite"])
+    for name in metrics4:
+        assert metrics4[name].shape == ()
+        np.testing.assert_allclose(metrics4[name], metrics1[name], rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_shards_receive_different_keys():
+    """The learner's key layout: a [4, 2] raw key array sharded over the axis."""
+
+    def per_shard(key):
+        from podrace.algos.common import local_key
+
+        key = local_key(key)
+        return key[None], jax.random.uniform(key, (1,))
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    fn = jax.jit(jax.shard_map(per_shard, mesh=_mesh(4), in_specs=P(AXIS), out_specs=(P(AXIS), P(AXIS))))
+    seen, draws = fn(keys)
+    assert seen.shape == (4, 2)
+    assert len({tuple(k) for k in np.asarray(seen).tolist()}) == 4
+    assert len(set(np.asarray(draws).tolist())) == 4
+
+
+@pytest.mark.parametrize("algo_name", ["ppo", "impala"])
+def test_update_shuffles_with_each_shards_own_key(algo_name):
+    """Every shard holds the same data. With the same key everywhere each shard picks the
+    same minibatches, so 4 shards equal 1 device on one shard's data; with distinct keys
+    the shards pick different minibatches and the result differs."""
+    net, params = small_network(True)
+    local = random_trajectory(net, params, True, T=4, B=4, seed=5)
+    tiled = jax.tree.map(
+        lambda x: jnp.concatenate([x] * 4, axis=1 if x.ndim >= 2 and x.shape[0] == 4 and x is not local.last_obs else 0),
+        local,
+    )
+    tiled = tiled._replace(last_obs=jnp.concatenate([local.last_obs] * 4, 0),
+                           last_value=jnp.concatenate([local.last_value] * 4, 0))
+    algo = _make(algo_name, net, num_minibatches=2)
+    state = algo.init(params)
+    key = jax.random.PRNGKey(11)
+
+    reference, _ = _sharded_update(algo, 1)(state, local, key[None])
+    same, _ = _sharded_update(algo, 4)(state, tiled, jnp.stack([key] * 4))
+    distinct, _ = _sharded_update(algo, 4)(state, tiled, jax.random.split(key, 4))
+
+    _assert_trees_close(same.params, reference.params, atol=1e-5)
+    gap = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(distinct.params), jax.tree.leaves(reference.params)))
+    assert gap > 1e-5
+
+
+def test_ppo_loss_uses_global_statistics_under_shard_map():
+    net, params = small_network(True)
+    traj = random_trajectory(net, params, True, T=4, B=8, seed=6)
+    from tests.algos.test_losses import _ppo_minibatch
+
+    # Keep the [T, B] layout so the env axis can be sharded; uneven valid counts per shard.
+    mb = _ppo_minibatch(traj, np.random.default_rng(1))
+    mb = jax.tree.map(lambda x: x.reshape((4, 8) + x.shape[1:]), mb)
+    cfg = PPOConfig()
+
+    def sharded(p, m):
+        share, metrics = ppo_loss(p, net.apply, m, cfg, AXIS)
+        return jax.lax.psum(share, AXIS), metrics
+
+    spec = jax.tree.map(lambda _: P(None, AXIS), mb)
+    fn = jax.jit(jax.shard_map(sharded, mesh=_mesh(4), in_specs=(P(), spec), out_specs=(P(), P())))
+    loss4, metrics4 = fn(params, mb)
+    loss1, metrics1 = jax.jit(lambda p, m: ppo_loss(p, net.apply, m, cfg, None))(params, mb)
+    np.testing.assert_allclose(loss4, loss1, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(loss4, metrics4["loss"], rtol=1e-5, atol=1e-6)
+    for name in metrics1:
+        np.testing.assert_allclose(metrics4[name], metrics1[name], rtol=1e-5, atol=1e-6, err_msg=name)

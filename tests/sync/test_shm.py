@@ -1,0 +1,265 @@
+"""`shm` transport specifics: other processes, torn-read safety, publisher death, cleanup."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import threading
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from podrace.sync.base import ChannelClosed, SnapshotMismatch
+from podrace.sync.shm import ShmPublisher, ShmSubscriber
+from tests.sync import workers
+
+pytestmark = pytest.mark.timeout(90)
+ctx = mp.get_context("spawn")
+
+
+def segment_exists(name: str) -> bool:
+    return os.path.exists(f"/dev/shm/{name}")
+
+
+def test_snapshots_are_read_only_host_copies():
+    pub = ShmPublisher()
+    sub = pub.subscribe()
+    params = workers.stamped_params(3, 32)
+    pub.publish(params)
+    snap = sub.get(0, timeout=10)
+    assert isinstance(snap.params["x"], np.ndarray) and not snap.params["x"].flags.writeable
+    params["x"][:] = -1  # the publisher's arrays are not aliased
+    assert workers.stamp_of(snap.params) == 3
+    pub.close()
+
+
+def test_device_subscriber_gets_arrays_on_its_device():
+    dev = jax.devices()[2]
+    pub = ShmPublisher()
+    sub = pub.subscribe(dev)
+    pub.publish(jax.device_put(workers.stamped_params(1, 32), jax.devices()[0]))
+    snap = sub.get(0, timeout=10)
+    assert snap.params["x"].devices() == {dev}
+    assert workers.stamp_of(snap.params) == 1
+    pub.close()
+
+
+def test_publish_with_other_structure_is_rejected():
+    pub = ShmPublisher()
+    pub.publish(workers.stamped_params(0, 8))
+    with pytest.raises(SnapshotMismatch, match=r"\['x'\].*int64\[8\].*int64\[9\]"):
+        pub.publish(workers.stamped_params(1, 9))
+    pub.close()
+
+
+def test_close_unlinks_segments_and_missing_channel_is_clear():
+    pub = ShmPublisher()
+    pub.publish(workers.stamped_params(0, 8))
+    sub = pub.subscribe()
+    sub.get(0, timeout=10)
+    assert segment_exists(pub.name) and segment_exists(pub.name + "_d")
+    pub.close()
+    assert not segment_exists(pub.name) and not segment_exists(pub.name + "_d")
+    with pytest.raises(ChannelClosed, match="closed by its publisher"):
+        sub.get(0, timeout=5)
+    with pytest.raises(ChannelClosed, match="does not exist"):
+        ShmSubscriber(pub.name)
+    sub.close()
+
+
+def test_subscriber_before_first_publish_waits():
+    pub = ShmPublisher()
+    sub = pub.subscribe()
+    assert sub.poll() is None
+    threading.Timer(0.1, lambda: pub.publish(workers.stamped_params(0, 8))).start()
+    assert sub.get(0, timeout=10).version == 0
+    pub.close()
+
+
+def test_acks_reach_the_publisher_metrics():
+    pub = ShmPublisher()
+    subs = [pub.subscribe(name=f"a{i}") for i in range(2)]
+    pub.publish(workers.stamped_params(0, 8))
+    subs[0].get(0, timeout=10)
+    deadline = time.monotonic() + 10
+    while pub.metrics().get("subscriber/a0/acked_version") != 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    m = pub.metrics()
+    assert m["subscriber/a1/acked_version"] == -1 and m["visible/seconds/count"] == 1
+    assert subs[0].metrics()["read/seconds/count"] == 1
+    subs[1].close()
+    while "subscriber/a1/acked_version" in pub.metrics():  # departed subscribers are forgotten
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    pub.close()
+
+
+@pytest.mark.slow
+def test_pickled_subscriber_attaches_in_another_process():
+    pub = ShmPublisher()
+    pub.publish(workers.stamped_params(5, 64))
+    sub = ShmSubscriber(pub.name, expect=workers.stamped_params(0, 64))
+    results = ctx.Queue()
+    proc = ctx.Process(target=workers.pickled_reader, args=(pickle.loads(pickle.dumps(sub)), 0, results))
+    proc.start()
+    assert results.get(timeout=60) == (0, 5)
+    proc.join(30)
+    sub.close()
+    pub.close()
+
+
+@pytest.mark.slow
+def test_publisher_process_death_wakes_readers():
+    names = ctx.Queue()
+    proc = ctx.Process(target=workers.shm_publisher_then_hang, args=(names,), daemon=True)
+    proc.start()
+    name = names.get(timeout=60)
+    sub = ShmSubscriber(name)
+    assert workers.stamp_of(sub.get(0, timeout=10).params) == 0
+    errors = []
+
+    def wait_for_more() -> None:
+        try:
+            sub.get(1, timeout=60)
+        except ChannelClosed as exc:
+            errors.append((time.monotonic(), exc))
+
+    waiter = threading.Thread(target=wait_for_more)
+    waiter.start()
+    time.sleep(0.2)
+    killed = time.monotonic()
+    proc.kill()
+    waiter.join(10)
+    assert errors and errors[0][0] - killed < 5 and "went away" in str(errors[0][1])
+    sub.close()
+    proc.join(10)
+    from multiprocessing import shared_memory
+
+    for seg in (name, name + "_d"):  # the dead process could not unlink them
+        if segment_exists(seg):
+            shared_memory.SharedMemory(name=seg).unlink()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_stress_reader_processes_never_see_torn_or_older_snapshots():
+    n_versions, n_elems = 3000, 1 << 15  # 256 KiB per version, two slots: readers race the writer
+    pub = ShmPublisher(keep=1)
+    results, readies, procs = ctx.Queue(), [], []
+    for _ in range(3):
+        ready = ctx.Event()
+        proc = ctx.Process(target=workers.shm_reader, args=(pub.name, n_versions - 1, ready, results))
+        proc.start()
+        procs.append(proc)
+        readies.append(ready)
+    for ready in readies:
+        assert ready.wait(60)
+    base = workers.stamped_params(0, n_elems)
+    for v in range(n_versions):
+        params = {"x": np.full_like(base["x"], v), "w": base["w"] + v, "sum": np.array(n_elems * v + 4 * v)}
+        pub.publish(params)
+        if v % 2 == 0:
+            pub.flush(timeout=10)  # let at least every other version reach the readers
+    outs = [results.get(timeout=60) for _ in procs]
+    for proc in procs:
+        proc.join(30)
+    written = pub.metrics()["write/seconds/count"]
+    print("written", written, outs)
+    pub.close()
+    assert written >= n_versions // 2
+    for out in outs:
+        assert out["torn"] == 0 and out["regressions"] == 0, out
+        assert out["last"] == n_versions - 1 and out["seen"] > 0, out
+
+
+def _layout_pair(nslots: int = 2):
+    from podrace.sync.shm_layout import SlotReader, SlotWriter
+    from podrace.sync.spec import TreeSpec
+
+    name = f"podrace_test_{os.getpid()}_{time.monotonic_ns() % 10**9}"
+    writer = SlotWriter(name, nslots)
+    spec = TreeSpec.of(workers.stamped_params(0, 1024))
+    return writer, SlotReader(name), spec
+
+
+def _leaves(v: int):
+    return jax.tree_util.tree_leaves(workers.stamped_params(v, 1024))
+
+
+def _unflatten(reader, leaves):
+    return jax.tree_util.tree_unflatten(reader.layout.spec.treedef, leaves)
+
+
+def test_seqlock_read_retries_when_its_slot_is_rewritten_mid_copy():
+    writer, reader, spec = _layout_pair(nslots=2)
+    writer.write(0, _leaves(0), spec)
+    calls = []
+
+    def consume(slot):
+        calls.append(1)
+        half = slot.copy()
+        if len(calls) == 1:  # the writer laps the reader: version 2 lands in the slot being read
+            writer.write(1, _leaves(1), spec)
+            writer.write(2, _leaves(2), spec)
+        return [x.copy() for x in reader.layout.views(half)]
+
+    version, leaves = reader.read(consume, attempts=5)
+    assert len(calls) == 2 and reader.retries == 1
+    assert version == 2 and workers.stamp_of(_unflatten(reader, leaves)) == 2
+    reader.close()
+    writer.close()
+
+
+def test_seqlock_never_returns_a_slot_being_written():
+    from podrace.sync.shm_layout import W_SEQ0
+
+    writer, reader, spec = _layout_pair(nslots=2)
+    writer.write(0, _leaves(0), spec)
+    writer.ctl[W_SEQ0] += 1  # slot 0 (LATEST) marked as being written
+    assert reader.read(lambda slot: slot.copy(), attempts=3) is None
+    assert reader.retries == 3
+    writer.ctl[W_SEQ0] += 1
+    assert reader.read(lambda slot: slot.copy(), attempts=3)[0] == 0
+    reader.close()
+    writer.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_stress_reader_threads_race_a_writer_thread_on_two_slots():
+    writer, reader, spec = _layout_pair(nslots=2)
+    writer.write(0, _leaves(0), spec)
+    stop = threading.Event()
+    bad = []
+
+    def write_forever():
+        v = 1
+        while not stop.is_set():
+            writer.write(v, _leaves(v), spec)
+            v += 1
+
+    def consume(slot):
+        time.sleep(0)  # let the writer run during the copy
+        return [x.copy() for x in reader.layout.views(slot)]
+
+    t = threading.Thread(target=write_forever)
+    t.start()
+    last, deadline = -1, time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        got = reader.read(consume, attempts=1000)
+        if got is None:
+            continue
+        v, leaves = got
+        if workers.stamp_of(_unflatten(reader, leaves)) != v or v < last:
+            bad.append((v, last))
+        last = v
+    stop.set()
+    t.join()
+    assert not bad and last > 10
+    assert reader.retries > 0, "the writer never raced the reader: the test proves nothing"
+    reader.close()
+    writer.close()

@@ -1,0 +1,77 @@
+"""Functions run in child processes by the sync tests (importable, no pytest needed)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+
+def stamped_params(version: int, n: int) -> dict[str, np.ndarray]:
+    """Every element of `x` is the version; `sum` is a checksum over the whole tree."""
+    x = np.full((n,), version, dtype=np.int64)
+    return {"x": x, "w": np.arange(4, dtype=np.float32) + version, "sum": np.array(x.sum() + 4 * version)}
+
+
+def stamp_of(params: Any) -> int | None:
+    """The version a snapshot encodes, or None if its parts disagree (a torn read)."""
+    x = np.asarray(params["x"])
+    v = int(x[0])
+    if not (x == v).all():
+        return None
+    if not np.array_equal(np.asarray(params["w"]), np.arange(4, dtype=np.float32) + v):
+        return None
+    if int(np.asarray(params["sum"])) != int(x.sum()) + 4 * v:
+        return None
+    return v
+
+
+def read_until(sub: Any, final: int, timeout: float) -> dict[str, int]:
+    """Read `sub` (poll, then get when idle) until `final`; count torn reads and regressions."""
+    from podrace.sync.base import ChannelClosed
+
+    last, seen, torn, regressions = -1, 0, 0, 0
+    deadline = time.monotonic() + timeout
+    try:
+        while last < final and time.monotonic() < deadline:
+            snap = sub.poll()
+            if snap is None:
+                snap = sub.get(last + 1, timeout=max(0.01, deadline - time.monotonic()))
+            v = stamp_of(snap.params)
+            if v is None or v != snap.version:
+                torn += 1
+                continue
+            if v <= last:
+                regressions += 1
+            last, seen = max(last, v), seen + 1
+    except ChannelClosed:
+        pass
+    return {"last": last, "seen": seen, "torn": torn, "regressions": regressions}
+
+
+def shm_reader(channel: str, final: int, ready: Any, results: Any) -> None:
+    from podrace.sync.shm import ShmSubscriber
+
+    sub = ShmSubscriber(channel)
+    ready.set()
+    out = read_until(sub, final, timeout=60)
+    out["retries"] = int(sub.metrics()["torn_read_retries"])
+    sub.close()
+    results.put(out)
+
+
+def pickled_reader(sub: Any, min_version: int, results: Any) -> None:
+    """Use a subscriber that was pickled in the parent."""
+    snap = sub.get(min_version, timeout=30)
+    results.put((snap.version, stamp_of(snap.params)))
+    sub.close()
+
+
+def shm_publisher_then_hang(names: Any) -> None:
+    from podrace.sync.shm import ShmPublisher
+
+    pub = ShmPublisher()
+    pub.publish(stamped_params(0, 8))
+    names.put(pub.name)
+    time.sleep(600)  # killed by the test
