@@ -22,7 +22,8 @@ from jax.sharding import NamedSharding
 from podrace.envs import BatchedEnv
 from podrace.metrics.registry import Metrics
 from podrace.pipeline import Pipeline
-from podrace.runtime.lifetime import Lifetime
+from podrace.runtime.lifetime import Lifetime, Stopped
+from podrace.runtime.watchdog import Heartbeat
 from podrace.sync.base import Subscriber
 from podrace.types import Rollout, Trajectory
 
@@ -100,6 +101,10 @@ class LearnerPlacement:
         )
 
 
+class EnvError(RuntimeError):
+    """env.step raised; the message says at which step of which rollout."""
+
+
 class Actor:
     """One actor thread's state and loop."""
 
@@ -118,8 +123,11 @@ class Actor:
         rollout_length: int,
         num_rollouts: int,
         max_policy_lag: int,
+        heartbeat: Heartbeat,
     ):
         self.actor_id = actor_id
+        self.heartbeat = heartbeat
+        self.env_steps = 0
         self.env = env
         self.device = device
         self.key = jax.device_put(key, device)
@@ -156,6 +164,20 @@ class Actor:
             rollout.timings["queue_put_wait"] = self.pipeline.put(rollout)
             self.metrics.add_many({f"actor/{k}": v for k, v in rollout.timings.items()})
 
+    def _env_step(self, actions: np.ndarray, seq: int):
+        self.env_steps += 1
+        self.heartbeat.enter("env.step", self.env_steps)
+        try:
+            return self.env.step(actions)
+        except Stopped:
+            raise
+        except Exception as error:
+            raise EnvError(
+                f"env.step raised at step {self.env_steps} (rollout {seq}): {type(error).__name__}: {error}"
+            ) from error
+        finally:
+            self.heartbeat.exit()
+
     def _rollout(self, seq: int, obs: np.ndarray, prev_done: np.ndarray):
         T, B = self.rollout_length, self.env.num_envs
         params, version = self.snapshot.params, self.snapshot.version
@@ -175,7 +197,7 @@ class Actor:
             t1 = time.perf_counter()
             action_host = jax.device_get(action)
             t2 = time.perf_counter()
-            step = self.env.step(action_host)
+            step = self._env_step(action_host, seq)
             t3 = time.perf_counter()
             t_inference += t1 - t0
             t_d2h += t2 - t1

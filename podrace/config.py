@@ -135,6 +135,17 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
+class SafetyConfig:
+    """What the run does when something goes wrong."""
+
+    watchdog_s: float = 60.0
+    """Fail the run when an env.step (actor or evaluator) has not returned for this long."""
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    """NaN/inf loss or gradients: stop with an error, or skip that update and count it.
+    Non-finite params are never published either way."""
+
+
+@dataclass(frozen=True)
 class LogConfig:
     run_dir: str = "runs"
     """Parent folder of run directories."""
@@ -166,6 +177,7 @@ class TrainConfig:
     impala: ImpalaConfig = field(default_factory=ImpalaConfig)
     layout: LayoutConfig = field(default_factory=LayoutConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    safety: SafetyConfig = field(default_factory=SafetyConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
     # Derived sizes -------------------------------------------------------------------
@@ -218,6 +230,7 @@ def validate(cfg: TrainConfig) -> None:
     positive("eval.episodes", cfg.eval.episodes)
     positive("eval.num_envs", cfg.eval.num_envs)
     positive("log.interval_s", cfg.log.interval_s)
+    positive("safety.watchdog_s", cfg.safety.watchdog_s)
     if cfg.eval.every_updates < 0:
         raise ConfigError(f"eval.every_updates must be >= 0, got {cfg.eval.every_updates}")
     if cfg.layout.max_policy_lag < 0:

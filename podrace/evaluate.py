@@ -19,6 +19,7 @@ from podrace.envs import BatchedEnv
 from podrace.metrics.registry import Metrics
 from podrace.pipeline import BoundedQueue
 from podrace.runtime.lifetime import Lifetime
+from podrace.runtime.watchdog import Heartbeat
 from podrace.sync.base import Subscriber
 
 
@@ -43,13 +44,26 @@ def make_greedy_policy(apply_fn: Callable) -> Callable:
     return jax.jit(lambda params, obs: apply_fn(params, obs)[0].mode())
 
 
-def run_episodes(env: BatchedEnv, policy: Callable, params, device: jax.Device, episodes: int) -> tuple[np.ndarray, np.ndarray]:
+def run_episodes(
+    env: BatchedEnv,
+    policy: Callable,
+    params,
+    device: jax.Device,
+    episodes: int,
+    heartbeat: Heartbeat | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """Step `env` with the greedy policy until `episodes` episodes have ended."""
     obs = env.reset()
     returns, lengths = [], []
+    steps = 0
     while len(returns) < episodes:
         action = jax.device_get(policy(params, jax.device_put(obs, device)))
+        steps += 1
+        if heartbeat is not None:
+            heartbeat.enter("evaluation env.step", steps)
         step = env.step(action)
+        if heartbeat is not None:
+            heartbeat.exit()
         done = step.episode_done
         if done.any():
             returns.extend(step.episode_return[done].tolist())
@@ -68,7 +82,9 @@ class Evaluator:
         episodes: int,
         metrics: Metrics,
         lifetime: Lifetime,
+        heartbeat: Heartbeat,
     ):
+        self.heartbeat = heartbeat
         self.env = env
         self.device = device
         self.policy = policy
@@ -98,7 +114,9 @@ class Evaluator:
             request, _ = self.requests.get()
             snapshot = self.subscriber.get(min_version=request.version)
             start = time.perf_counter()
-            returns, lengths = run_episodes(self.env, self.policy, snapshot.params, self.device, self.episodes)
+            returns, lengths = run_episodes(
+                self.env, self.policy, snapshot.params, self.device, self.episodes, self.heartbeat
+            )
             result = EvalResult(
                 version=snapshot.version,
                 mean_return=float(returns.mean()),

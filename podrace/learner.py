@@ -97,8 +97,10 @@ class Learner:
         lifetime: Lifetime,
         num_updates: int,
         steps_per_update: int,
+        skip_nonfinite: bool = False,
         on_update: Callable[[int], None] | None = None,
     ):
+        self.skip_nonfinite = skip_nonfinite
         self.state = state
         self.keys = keys
         self.update_fn = update_fn
@@ -124,14 +126,20 @@ class Learner:
         jax.block_until_ready(state.params)
         learner_step = time.perf_counter() - start
         metrics = jax.device_get(metrics)
-        if not metrics.pop("finite"):
+        self.keys = keys
+        if metrics.pop("finite"):
+            self.state = state
+        elif self.skip_nonfinite:
+            # Republish the old params under the next version so actors keep their pace.
+            self.metrics.count("learner/skipped_nonfinite")
+            metrics = {}
+        else:
             raise NonFiniteUpdate(
                 f"non-finite loss or gradients in update {self.version + 1} "
                 f"(loss={metrics.get('loss')}); params not published"
             )
-        self.state, self.keys = state, keys
         start = time.perf_counter()
-        self.version = self.publisher.publish(state.params)
+        self.version = self.publisher.publish(self.state.params)
         publish = time.perf_counter() - start
 
         m = self.metrics

@@ -94,7 +94,7 @@ def sgd_step(
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     (_, metrics), grads = grad_fn(to_varying(params, axis_name), batch)
     grads = psum(grads, axis_name)
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
     # A non-finite gradient element makes the global norm non-finite, so one scalar check

@@ -31,6 +31,7 @@ from podrace.runtime.devices import resolve_devices
 from podrace.runtime.lifetime import Lifetime
 from podrace.runtime.rundir import create_run_dir
 from podrace.runtime.threads import ThreadGroup
+from podrace.runtime.watchdog import Watchdog
 from podrace.sync.local import LocalPublisher
 from podrace.types import Trajectory
 
@@ -93,6 +94,7 @@ class SingleHostRun:
         self.cfg, self.run_dir = cfg, run_dir
         self.lifetime = lifetime = Lifetime()
         self.metrics = metrics = Metrics()
+        self.watchdog = watchdog = Watchdog(lifetime, cfg.safety.watchdog_s)
         network = make_network(cfg.network, spec)
         apply_fn = network.apply
         mesh = make_mesh(devices.learners)
@@ -130,6 +132,7 @@ class SingleHostRun:
                 rollout_length=cfg.rollout_length,
                 num_rollouts=cfg.num_updates,
                 max_policy_lag=cfg.max_policy_lag,
+                heartbeat=watchdog.heartbeat(f"actor-{actor_id}"),
             )
             for actor_id in range(cfg.num_actors)
         ]
@@ -141,6 +144,7 @@ class SingleHostRun:
             episodes=cfg.eval.episodes,
             metrics=metrics,
             lifetime=lifetime,
+            heartbeat=watchdog.heartbeat("evaluator"),
         )
         self.learner = Learner(
             state=state,
@@ -152,6 +156,7 @@ class SingleHostRun:
             lifetime=lifetime,
             num_updates=cfg.num_updates,
             steps_per_update=cfg.steps_per_update,
+            skip_nonfinite=cfg.safety.on_nonfinite == "skip",
             on_update=self._after_update,
         )
 
@@ -182,6 +187,7 @@ class SingleHostRun:
                 group.spawn(f"actor-{actor.actor_id}", actor.run)
             group.spawn("evaluator", self.evaluator.run)
             group.spawn("learner", learn)
+            group.spawn("watchdog", self.watchdog.run, guard_transfers=False)
             _log_until_stopped(lifetime, metrics, sinks, cfg.log.interval_s, train_start)
         finally:  # also on KeyboardInterrupt: stop, join, flush, then let it propagate
             lifetime.stop("shutdown")

@@ -20,8 +20,6 @@ class ThreadGroup:
     def __init__(self, lifetime: Lifetime):
         self.lifetime = lifetime
         self.threads: list[threading.Thread] = []
-        self._finished: set[str] = set()
-        self._lock = threading.Lock()
 
     def spawn(self, name: str, fn: Callable[[], None], guard_transfers: bool = True) -> None:
         """Run `fn` in a thread; its exception fails the whole run, naming `name`."""
@@ -41,9 +39,6 @@ class ThreadGroup:
                     self.lifetime.fail(name, ChannelClosed("weights channel closed"))
             except BaseException as error:  # noqa: BLE001 - re-raised in the main thread
                 self.lifetime.fail(name, error)
-            finally:
-                with self._lock:
-                    self._finished.add(name)
 
         thread = threading.Thread(target=target, name=name, daemon=True)
         self.threads.append(thread)

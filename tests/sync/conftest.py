@@ -9,7 +9,7 @@ import pytest
 
 from podrace.sync.base import Publisher, Subscriber
 
-TRANSPORTS = ["local", "shm"]
+TRANSPORTS = ["local", "shm", "ray"]
 
 
 def make_params(version: int, n: int = 16) -> dict[str, np.ndarray]:
@@ -59,9 +59,33 @@ class ShmHarness(Harness):
         return ShmPublisher(transform=transform, keep=keep, first_version=first_version)
 
 
+class RayHarness(Harness):
+    name = "ray"
+
+    def publisher(self, transform=None, keep=2, first_version=0, like=None):
+        from podrace.sync.ray_transport import RayPublisher
+
+        return RayPublisher(transform=transform, keep=keep, first_version=first_version)
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """A local Ray for one test module, shut down afterwards."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray
+    ray.shutdown()
+
+
+def _ray_harness(request: pytest.FixtureRequest) -> Harness:
+    request.getfixturevalue("ray_session")
+    return RayHarness()
+
+
 HARNESSES: dict[str, Callable[[pytest.FixtureRequest], Harness]] = {
     "local": lambda request: LocalHarness(),
     "shm": lambda request: ShmHarness(),
+    "ray": _ray_harness,
 }
 
 

@@ -75,3 +75,12 @@ def shm_publisher_then_hang(names: Any) -> None:
     pub.publish(stamped_params(0, 8))
     names.put(pub.name)
     time.sleep(600)  # killed by the test
+
+
+def read_remote(sub: Any, min_version: int) -> tuple[int, int | None, int]:
+    """Body of a Ray task: read once through a pickled subscriber."""
+    import os
+
+    snap = sub.get(min_version, timeout=30)
+    sub.close()
+    return snap.version, stamp_of(snap.params), os.getpid()

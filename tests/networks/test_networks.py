@@ -1,0 +1,120 @@
+from functools import lru_cache
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from podrace.algos.distributions import Categorical, Gaussian
+from podrace.config import NetworkConfig
+from podrace.networks import ActorCritic, make_network
+from podrace.networks.torsos import ImpalaResNet, NatureCNN
+from podrace.types import EnvSpec
+
+VECTOR_DISCRETE = EnvSpec((4,), np.float32, 2, ())
+VECTOR_CONTINUOUS = EnvSpec((3,), np.float32, None, (2,))
+ATARI = EnvSpec((4, 84, 84), np.uint8, 6, ())
+
+
+@lru_cache(maxsize=None)
+def _built(cfg: NetworkConfig, spec: EnvSpec):
+    net = make_network(cfg, spec)
+    params = jax.jit(net.init)(jax.random.PRNGKey(0), jnp.zeros(spec.obs_shape, spec.obs_dtype))
+    return net, params
+
+
+def _obs(spec, batch_shape, seed=0):
+    rng = np.random.default_rng(seed)
+    if spec.obs_dtype == np.uint8:
+        return jnp.asarray(rng.integers(0, 256, batch_shape + spec.obs_shape, dtype=np.uint8))
+    return jnp.asarray(rng.normal(size=batch_shape + spec.obs_shape).astype(np.float32))
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_mlp_discrete_shapes_and_leading_dims(shared):
+    net, params = _built(NetworkConfig(shared_torso=shared), VECTOR_DISCRETE)
+    apply = jax.jit(net.apply)
+    obs = _obs(VECTOR_DISCRETE, (5, 3))
+    dist, value = apply(params, obs)
+    assert isinstance(dist, Categorical) and dist.logits.shape == (5, 3, 2) and value.shape == (5, 3)
+    flat_dist, flat_value = apply(params, obs.reshape(15, 4))
+    np.testing.assert_allclose(dist.logits.reshape(15, 2), flat_dist.logits, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(value.reshape(15), flat_value, rtol=1e-6, atol=1e-6)
+    single_dist, single_value = apply(params, obs[0, 0])
+    assert single_dist.logits.shape == (2,) and single_value.shape == ()
+    assert ("value_torso" in params["params"]) is (not shared)
+
+
+def test_mlp_continuous_gaussian_head():
+    net, params = _built(NetworkConfig(), VECTOR_CONTINUOUS)
+    np.testing.assert_array_equal(params["params"]["log_std"], np.zeros(2))
+    dist, value = jax.jit(net.apply)(params, _obs(VECTOR_CONTINUOUS, (6, 4)))
+    assert isinstance(dist, Gaussian)
+    assert dist.mean.shape == dist.log_std.shape == (6, 4, 2) and value.shape == (6, 4)
+    actions = dist.sample(jax.random.PRNGKey(0))
+    assert actions.shape == (6, 4, 2) and dist.log_prob(actions).shape == (6, 4)
+
+
+def test_initial_policy_is_near_uniform():
+    """Policy head init gain 0.01 keeps the initial logits tiny (CleanRL convention)."""
+    net, params = _built(NetworkConfig(), VECTOR_DISCRETE)
+    dist, _ = net.apply(params, _obs(VECTOR_DISCRETE, (64,)))
+    assert float(jnp.max(jnp.abs(dist.logits))) < 0.1
+    kernel = np.asarray(params["params"]["policy_head"]["kernel"])  # orthogonal columns, norm 0.01
+    np.testing.assert_allclose(np.linalg.norm(kernel, axis=0), 0.01, rtol=1e-4)
+    value_kernel = np.asarray(params["params"]["value_head"]["kernel"])
+    np.testing.assert_allclose(np.linalg.norm(value_kernel), 1.0, rtol=1e-4)
+
+
+@pytest.mark.parametrize("torso,width", [("nature_cnn", 512), ("impala_resnet", 256)])
+def test_cnn_torsos_on_uint8_atari_frames(torso, width):
+    net, params = _built(NetworkConfig(torso=torso, hidden_sizes=(width,)), ATARI)
+    apply = jax.jit(net.apply)
+    obs = _obs(ATARI, (2, 3))  # [T, B, 4, 84, 84] uint8
+    dist, value = apply(params, obs)
+    assert dist.logits.shape == (2, 3, 6) and value.shape == (2, 3)
+    assert bool(jnp.all(jnp.isfinite(value)))
+    flat_dist, _ = apply(params, obs.reshape((6,) + ATARI.obs_shape))
+    np.testing.assert_allclose(dist.logits.reshape(6, 6), flat_dist.logits, rtol=1e-5, atol=1e-6)
+    assert params["params"]["torso"]["Dense_0"]["kernel"].shape[-1] == width
+    assert "value_torso" not in params["params"]
+
+
+def test_nature_cnn_scales_and_transposes_frames():
+    """Recompute NatureCNN by hand on obs/255 in NHWC: catches a missing scale or a wrong layout."""
+    obs = _obs(ATARI, (2,), seed=1)
+    module = NatureCNN()
+    params = jax.jit(module.init)(jax.random.PRNGKey(0), obs)["params"]
+    x = jnp.transpose(obs.astype(jnp.float32) / 255.0, (0, 2, 3, 1))
+    for i, stride in enumerate((4, 2, 1)):
+        conv = params[f"Conv_{i}"]
+        x = jax.lax.conv_general_dilated(x, conv["kernel"], (stride, stride), "VALID",
+                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        x = jax.nn.relu(x + conv["bias"])
+    assert x.shape == (2, 7, 7, 64)
+    expected = jax.nn.relu(x.reshape(2, -1) @ params["Dense_0"]["kernel"] + params["Dense_0"]["bias"])
+    np.testing.assert_allclose(module.apply({"params": params}, obs), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_impala_resnet_structure():
+    obs = _obs(ATARI, (1,))
+    params = jax.jit(ImpalaResNet().init)(jax.random.PRNGKey(0), obs)["params"]
+    stem = [params[f"Conv_{i}"]["kernel"].shape for i in range(3)]
+    assert stem == [(3, 3, 4, 16), (3, 3, 16, 32), (3, 3, 32, 32)]
+    assert sum(name.startswith("ResidualBlock") for name in params) == 6
+    # 84 -> 42 -> 21 -> 11 after three stride-2 SAME max-pools.
+    assert params["Dense_0"]["kernel"].shape == (11 * 11 * 32, 256)
+
+
+def test_wrong_observation_shape_is_rejected():
+    net, params = _built(NetworkConfig(), VECTOR_DISCRETE)
+    with pytest.raises(ValueError, match="does not end with"):
+        net.apply(params, jnp.zeros((2, 5)))
+
+
+def test_make_network_heads():
+    assert isinstance(make_network(NetworkConfig(), VECTOR_DISCRETE), ActorCritic)
+    assert make_network(NetworkConfig(), VECTOR_DISCRETE).num_actions == 2
+    assert make_network(NetworkConfig(), VECTOR_CONTINUOUS).action_dim == 2
+    with pytest.raises(ValueError):
+        make_network(NetworkConfig(), EnvSpec((3,), np.float32, None, (2, 2)))

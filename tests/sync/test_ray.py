@@ -1,0 +1,130 @@
+"""`ray` transport specifics: readers in other workers, publisher death, object lifetime."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from podrace.sync.base import ChannelClosed
+from tests.sync import workers
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_podrace_sync_imports_without_ray():
+    code = "import sys, podrace.sync, podrace.sync.shm; assert 'ray' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=os.getcwd(), timeout=60)
+
+
+def test_reader_in_another_worker_process(ray_session):
+    from podrace.sync.ray_transport import RayPublisher
+
+    pub = RayPublisher()
+    sub = pub.subscribe(name="remote")
+    reader = ray.remote(num_cpus=0)(workers.read_remote)
+    pending = reader.remote(sub, 1)
+    pub.publish(workers.stamped_params(0, 64))
+    pub.publish(workers.stamped_params(1, 64))
+    version, stamp, pid = ray.get(pending, timeout=60)
+    assert version == 1 and stamp == 1 and pid != os.getpid()
+    pub.close()
+
+
+@ray.remote(num_cpus=0)
+class _Learner:
+    """Owns a publisher in its own worker process, so the test can kill that process."""
+
+    def __init__(self) -> None:
+        from podrace.sync.ray_transport import RayPublisher
+
+        self.pub = RayPublisher()
+
+    def subscriber(self):
+        return self.pub.subscribe(name="driver")
+
+    def publish(self, version: int) -> int:
+        return self.pub.publish(workers.stamped_params(version, 64))
+
+
+def test_publisher_death_wakes_readers(ray_session):
+    learner = _Learner.remote()
+    sub = ray.get(learner.subscriber.remote())
+    ray.get(learner.publish.remote(0))
+    assert workers.stamp_of(sub.get(0, timeout=30).params) == 0
+    errors = []
+
+    def wait_for_more() -> None:
+        try:
+            sub.get(1, timeout=60)
+        except ChannelClosed as exc:
+            errors.append((time.monotonic(), exc))
+
+    waiter = threading.Thread(target=wait_for_more)
+    waiter.start()
+    time.sleep(0.3)
+    killed = time.monotonic()
+    ray.kill(learner, no_restart=True)
+    waiter.join(30)
+    assert errors and errors[0][0] - killed < 15, errors
+    assert "went away" in str(errors[0][1])
+
+
+def test_old_versions_are_freed(ray_session):
+    from podrace.sync.ray_transport import RayPublisher
+
+    counts = getattr(ray._private.worker.global_worker.core_worker, "get_all_reference_counts", None)
+    if counts is None:
+        pytest.skip("this Ray exposes no reference counts")
+    before = len(counts())
+    pub = RayPublisher(keep=2)
+    sub = pub.subscribe()
+    for v in range(30):
+        pub.publish({"x": np.full((1 << 16,), v)})
+        sub.get(v, timeout=30)
+    assert pub.metrics()["objects_alive"] == 2
+    assert len(counts()) - before <= 4  # keep=2 objects (+ the board's bookkeeping), not 30
+    pub.close()
+    sub.close()
+    deadline = time.monotonic() + 10
+    while len(counts()) > before + 1:
+        assert time.monotonic() < deadline, counts()
+        time.sleep(0.05)
+
+
+@ray.remote(num_cpus=0)
+def _stress_reader(sub, final: int) -> dict:
+    out = workers.read_until(sub, final, timeout=60)
+    sub.close()
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_stress_reader_workers_never_see_torn_or_older_snapshots(ray_session):
+    from podrace.sync.ray_transport import RayPublisher
+
+    n_versions, n_elems = 2000, 4096
+    pub = RayPublisher()
+    readers = [_stress_reader.remote(pub.subscribe(name=f"r{i}"), n_versions - 1) for i in range(2)]
+    probe = pub.subscribe()
+    pub.publish(workers.stamped_params(0, n_elems))
+    probe.get(0, timeout=60)
+    time.sleep(1.0)  # readers' workers started
+    for v in range(1, n_versions):
+        pub.publish(workers.stamped_params(v, n_elems))
+        if v % 4 == 0:
+            pub.flush(timeout=30)
+    outs = ray.get(readers, timeout=90)
+    written = pub.metrics()["put/seconds/count"]
+    pub.close()
+    assert written >= n_versions // 4
+    for out in outs:
+        assert out["torn"] == 0 and out["regressions"] == 0, out
+        assert out["last"] == n_versions - 1 and out["seen"] > 0, out
