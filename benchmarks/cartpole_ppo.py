@@ -31,11 +31,10 @@ PRESET = "cartpole-ppo"
 def child(mode: str, overrides: list[str]) -> dict:
     from podrace.cli import force_cpu_devices, parse_train
     from podrace.config import replace
-    from podrace.runtime.devices import required_cpu_devices
 
     cfg = parse_train([PRESET, *overrides])
     cfg = replace(cfg, **{"log.console": "none", "log.run_dir": tempfile.mkdtemp(prefix="podrace-bench-")})
-    force_cpu_devices(required_cpu_devices(cfg))
+    force_cpu_devices(cfg.layout.cpu_devices)
     import jax
 
     from podrace.runtime.single_host import prepare

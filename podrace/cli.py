@@ -9,10 +9,12 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import traceback
 import warnings
 from typing import Sequence
 
 from podrace.config import ConfigError, TrainConfig, validate
+from podrace.runtime.lifetime import ComponentError
 
 USAGE = """usage: podrace train <preset> [--flags]   (podrace train --help lists presets and flags)"""
 
@@ -62,11 +64,10 @@ def train_command(args: Sequence[str]) -> int:
     try:
         validate(cfg)
         from podrace.envs import resolve_backend
-        from podrace.runtime.devices import required_cpu_devices
         from podrace.runtime.rundir import check_run_dir
 
         if cfg.layout.platform in (None, "cpu"):
-            force_cpu_devices(required_cpu_devices(cfg))
+            force_cpu_devices(cfg.layout.cpu_devices)
         resolve_backend(cfg.env)
         check_run_dir(cfg)
         from podrace.runtime.single_host import train
@@ -74,6 +75,10 @@ def train_command(args: Sequence[str]) -> int:
         result = train(cfg)
     except ConfigError as error:
         return _error(str(error))
+    except ComponentError as error:
+        traceback.print_exception(error.error, file=sys.stderr)
+        print(f"podrace: error: {error}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         name = signal.Signals(signals.received).name
         print(f"podrace: {name} received, stopped cleanly", file=sys.stderr)

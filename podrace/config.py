@@ -105,6 +105,9 @@ class LayoutConfig:
 
     platform: Literal["cpu", "gpu", "tpu"] | None = None
     """JAX platform; None uses JAX's default backend."""
+    cpu_devices: int = 1
+    """XLA CPU devices to create (the CLI appends --xla_force_host_platform_device_count
+    to XLA_FLAGS before JAX starts); lets several actor/learner devices share one CPU."""
     actor_device_ids: tuple[int, ...] = (0,)
     """Devices that run actor policies."""
     actors_per_device: int = 2
@@ -227,6 +230,7 @@ def validate(cfg: TrainConfig) -> None:
     positive("layout.actors_per_device", cfg.layout.actors_per_device)
     positive("layout.queue_size", cfg.layout.queue_size)
     positive("layout.scan_unroll", cfg.layout.scan_unroll)
+    positive("layout.cpu_devices", cfg.layout.cpu_devices)
     positive("eval.episodes", cfg.eval.episodes)
     positive("eval.num_envs", cfg.eval.num_envs)
     positive("log.interval_s", cfg.log.interval_s)

@@ -28,7 +28,7 @@ def resolve_devices(cfg: TrainConfig) -> Devices:
         missing = [i for i in ids if i >= len(available)]
         if missing:
             hint = (
-                " (on CPU, the CLI forces as many devices as the layout needs; from Python set "
+                " (more CPU devices: --layout.cpu-devices N, or from Python set "
                 "XLA_FLAGS=--xla_force_host_platform_device_count=N before importing jax)"
                 if platform == "cpu"
                 else ""
@@ -44,11 +44,3 @@ def resolve_devices(cfg: TrainConfig) -> Devices:
     eval_id = cfg.eval.device_id
     evaluator = actors[0] if eval_id is None else pick("eval.device_id", (eval_id,))[0]
     return Devices(actors=actors, learners=learners, evaluator=evaluator)
-
-
-def required_cpu_devices(cfg: TrainConfig) -> int:
-    """How many CPU devices the layout names (for forcing them before JAX starts)."""
-    ids = [*cfg.layout.actor_device_ids, *cfg.layout.learner_device_ids]
-    if cfg.eval.device_id is not None:
-        ids.append(cfg.eval.device_id)
-    return max(ids) + 1

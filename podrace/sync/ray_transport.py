@@ -137,7 +137,7 @@ class _Board:
 
 _board_lock = threading.Lock()
 _board_actor: Any = None
-_boards: dict[str, Any] = {}  # Ray worker id of this process -> its board
+_boards: dict[str, Any] = {}  # this process's (node, job, worker) in a Ray session -> its board
 
 
 def _process_board() -> Any:
@@ -147,7 +147,8 @@ def _process_board() -> Any:
     with _board_lock:
         if _board_actor is None:
             _board_actor = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=10_000)(_Board)
-        key = ray.get_runtime_context().get_worker_id()
+        ctx = ray.get_runtime_context()
+        key = f"{ctx.get_node_id()}/{ctx.get_job_id()}/{ctx.get_worker_id()}"
         if key not in _boards:
             _boards.clear()  # a handle from an earlier Ray session is useless
             _boards[key] = _board_actor.remote()
@@ -491,7 +492,7 @@ class RaySubscriber(Subscriber):
             self._closed = True
             self._latest = None
             self._cond.notify_all()
-            call = self._call
+            call, self._call = self._call, None
         try:  # interrupts the long poll; the daemon fetch thread exits on its own
             if call is not None:
                 _ray().cancel(call)

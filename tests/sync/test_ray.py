@@ -18,6 +18,7 @@ ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.timeout(120)
 
 
+@pytest.mark.filterwarnings("ignore:os.fork")
 def test_podrace_sync_imports_without_ray():
     code = "import sys, podrace.sync, podrace.sync.shm; assert 'ray' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=os.getcwd(), timeout=60)
@@ -128,3 +129,24 @@ def test_stress_reader_workers_never_see_torn_or_older_snapshots(ray_session):
     for out in outs:
         assert out["torn"] == 0 and out["regressions"] == 0, out
         assert out["last"] == n_versions - 1 and out["seen"] > 0, out
+
+
+def test_relay_gives_a_node_one_transfer(ray_session):
+    from podrace.sync.local import LocalPublisher
+    from podrace.sync.ray_transport import RayPublisher
+    from podrace.sync.relay import Relay
+
+    upstream = RayPublisher()
+    node = LocalPublisher()
+    relay = Relay(upstream.subscribe(name="node0"), node)
+    local_workers = [node.subscribe() for _ in range(6)]
+    for v in range(3):
+        upstream.publish(workers.stamped_params(v, 64))
+        for w in local_workers:
+            snap = w.get(v, timeout=30)
+            assert snap.version == v and workers.stamp_of(snap.params) == v
+    upstream_readers = [k for k in upstream.metrics() if k.endswith("/acked_version")]
+    assert upstream_readers == ["subscriber/node0/acked_version"]
+    upstream.close()
+    relay.join(30)
+    assert node.closed

@@ -1,0 +1,82 @@
+"""Relay: one subscriber that republishes into another publisher.
+
+Put one on each node (or process) and let its N local workers subscribe to the relay's
+publisher: the expensive hop (Ray object transfer, shared-memory copy) happens once per
+version for all of them, and a LocalPublisher downstream adds one placement per device.
+Versions keep their upstream numbers, so policy-lag accounting is unchanged.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from podrace.sync.base import ChannelClosed, Publisher, Subscriber
+from podrace.sync.stats import RunningStat
+
+_ANY_VERSION = -(2**62)
+
+
+class Relay:
+    """Copies every new snapshot of `source` into `target` on a thread of its own.
+
+    Coalesces like any subscriber (a slow target skips to the newest version). When the
+    source closes, the relay closes the target (if `close_target`), so downstream
+    readers never wait on a dead upstream. A failure is kept in `error`, closes the
+    target too, and is re-raised by `join()`.
+    """
+
+    def __init__(self, source: Subscriber, target: Publisher, *, name: str = "relay", close_target: bool = True):
+        self.source = source
+        self.target = target
+        self.name = name
+        self._close_target = close_target
+        self.error: BaseException | None = None
+        self.relayed = 0
+        self.last_version: int | None = None
+        self._hop_time = RunningStat()
+        self._thread = threading.Thread(target=self._run, name=f"podrace-relay-{name}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        want = _ANY_VERSION
+        try:
+            while True:
+                snapshot = self.source.get(want)
+                start = time.perf_counter()
+                self.target.publish(snapshot.params, version=snapshot.version)
+                self._hop_time.add(time.perf_counter() - start)
+                self.relayed += 1
+                self.last_version = snapshot.version
+                want = snapshot.version + 1
+        except ChannelClosed:
+            pass  # upstream closed, relay closed, or downstream closed: a normal end
+        except BaseException as exc:  # noqa: BLE001 - kept and re-raised by join()
+            self.error = exc
+        finally:
+            if self._close_target or self.error is not None:
+                self.target.close()
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop relaying (the source subscriber is closed) and wait for the thread."""
+        self.source.close()
+        self._thread.join(timeout)
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the relay to end; re-raise what stopped it, if it failed."""
+        self._thread.join(timeout)
+        if self.error is not None:
+            raise self.error
+
+    def metrics(self) -> dict[str, float | int]:
+        out: dict[str, float | int] = {
+            f"relay/{self.name}/relayed": self.relayed,
+            f"relay/{self.name}/last_version": -1 if self.last_version is None else self.last_version,
+            f"relay/{self.name}/failed": int(self.error is not None),
+        }
+        out.update(self._hop_time.report(f"relay/{self.name}/publish_seconds"))
+        return out
