@@ -30,7 +30,7 @@ from podrace.sync.base import (
 from podrace.sync.push import PushFanout
 from podrace.sync.spec import TreeSpec
 from podrace.sync.stats import RunningStat, tree_nbytes
-from podrace.sync.versions import Published, VersionCounter
+from podrace.sync.versions import Published, VersionCounter, release_later
 
 Placement = Any  # jax.Device, jax.sharding.Sharding or None (leave arrays where they are)
 
@@ -63,7 +63,8 @@ class LocalPublisher(Publisher):
             raise ValueError(f"keep must be >= 1, got {keep}")
         self._transform = transform
         self._cond = threading.Condition()
-        self._entries: deque[Published] = deque(maxlen=keep)
+        self._keep = keep
+        self._entries: deque[Published] = deque()
         self._versions = VersionCounter(first_version)
         self._closed = False
         self._subscribers: weakref.WeakValueDictionary[str, LocalSubscriber] = weakref.WeakValueDictionary()
@@ -83,6 +84,8 @@ class LocalPublisher(Publisher):
                 raise ChannelClosed("publish() on a closed publisher")
             version = self._versions.next(version)
             entry = Published(version, params)
+            if len(self._entries) == self._keep:
+                release_later(self._entries.popleft())  # freeing its copies is not our cost
             self._entries.append(entry)
             self._cond.notify_all()
             self._push.offer(entry, version)  # under the lock: targets see versions in order

@@ -44,7 +44,7 @@ from podrace.sync.base import (
 from podrace.sync.push import PushFanout
 from podrace.sync.spec import TreeSpec
 from podrace.sync.stats import RunningStat
-from podrace.sync.versions import Published, VersionCounter
+from podrace.sync.versions import Published, VersionCounter, release_later
 
 _log = logging.getLogger(__name__)
 _names = itertools.count()
@@ -204,6 +204,8 @@ class RayPublisher(Publisher):
             entry.published_at = start  # type: ignore[attr-defined]
             if self._pending is not None:
                 self._coalesced += 1
+            if self._latest is not None:
+                release_later(self._latest)
             self._pending = self._latest = entry
             self._cond.notify_all()
             self._push.offer(entry, entry.version)

@@ -7,6 +7,7 @@ computed once, by the first thread that needs it, and shared by everyone after.
 
 from __future__ import annotations
 
+import queue
 import threading
 from typing import Any, Callable
 
@@ -71,3 +72,37 @@ class VersionCounter:
             version = int(explicit)
         self.latest, self._next = version, version + 1
         return version
+
+
+class _Reaper:
+    """Drops references on a background thread.
+
+    Evicting an old version can free hundreds of MB (its placed copies); doing that inside
+    `publish` would make the learner pay for it, so evicted versions are handed here.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def release(self, obj: Any) -> None:
+        if self._thread is None:
+            with self._lock:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="podrace-sync-reaper", daemon=True)
+                    self._thread.start()
+        self._queue.put(obj)
+
+    def _run(self) -> None:
+        while True:
+            obj = self._queue.get()
+            del obj  # the last reference: memory is freed on this thread
+
+
+_reaper = _Reaper()
+
+
+def release_later(obj: Any) -> None:
+    """Free `obj` (once the caller has dropped its own references) off the caller's thread."""
+    _reaper.release(obj)

@@ -263,3 +263,21 @@ def test_stress_reader_threads_race_a_writer_thread_on_two_slots():
     assert reader.retries > 0, "the writer never raced the reader: the test proves nothing"
     reader.close()
     writer.close()
+
+
+def test_read_buffers_are_reused_only_when_no_snapshot_views_them():
+    pub = ShmPublisher()
+    sub = pub.subscribe()
+    held, buffers = [], set()
+    for v in range(8):
+        pub.publish(workers.stamped_params(v, 4096))
+        snap = sub.get(v, timeout=10)
+        if v < 2:
+            held.append(snap)  # the caller keeps these: their memory must never be reused
+        else:
+            buffers.add(id(snap.params["x"].base))
+        del snap
+    assert [workers.stamp_of(s.params) for s in held] == [0, 1]
+    assert len(buffers) == 2  # the other six versions alternated between two buffers
+    pub.close()
+    sub.close()
