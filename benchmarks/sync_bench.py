@@ -157,7 +157,7 @@ def bench_shm(params: dict[str, Any], reps: int) -> dict[str, float]:
         assert version == rep
         samples["visible_s"].append(done - start)
         samples["read_s"].append(read_s)
-        samples["write_s"].append(pub.metrics()["write/seconds/last"])
+        samples["write_s"].append(pub.metrics()["deliver/seconds/last"])
     requests.put(None)
     proc.join(60)
     pub.close()
@@ -194,7 +194,7 @@ def bench_ray(params: dict[str, Any], reps: int) -> dict[str, float]:
         assert version == rep
         samples["visible_s"].append(done - start)
         samples["transfer_s"].append(transfer_s)
-        samples["put_s"].append(pub.metrics()["put/seconds/last"])
+        samples["put_s"].append(pub.metrics()["deliver/seconds/last"])
     pub.close()
     ray.kill(reader)
     return summarize(samples, copies, warmup=2)

@@ -24,12 +24,17 @@ def _error(message: str) -> int:
     return 2
 
 
+def append_xla_flag(flag: str, value: str) -> None:
+    """Add `flag=value` to XLA_FLAGS unless the user already set that flag."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if flag not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {flag}={value}".strip()
+
+
 def force_cpu_devices(count: int) -> None:
     """Ask XLA:CPU for `count` devices; must run before JAX is imported."""
-    flag = "--xla_force_host_platform_device_count"
-    flags = os.environ.get("XLA_FLAGS", "")
-    if count > 1 and flag not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} {flag}={count}".strip()
+    if count > 1:
+        append_xla_flag("--xla_force_host_platform_device_count", str(count))
 
 
 def parse_train(args: Sequence[str]) -> TrainConfig:
@@ -68,6 +73,8 @@ def train_command(args: Sequence[str]) -> int:
 
         if cfg.layout.platform in (None, "cpu"):
             force_cpu_devices(cfg.layout.cpu_devices)
+        if cfg.deterministic:
+            append_xla_flag("--xla_gpu_deterministic_ops", "true")
         resolve_backend(cfg.env)
         check_run_dir(cfg)
         from podrace.runtime.single_host import train

@@ -170,6 +170,9 @@ class TrainConfig:
     """Preset name (used in the run directory name)."""
     algo: Literal["ppo", "impala"] = "ppo"
     seed: int = 1
+    deterministic: bool = False
+    """Reproducible runs: synchronous actors (lag 0, fixed data order) and deterministic
+    XLA ops; the same seed then gives bit-identical params on the same machine."""
     total_steps: int = 500_000
     """Environment steps to train for (all actors together)."""
     rollout_length: int = 32
@@ -199,7 +202,11 @@ class TrainConfig:
 
     @property
     def max_policy_lag(self) -> int:
-        return 0 if self.layout.synchronous else self.layout.max_policy_lag
+        return 0 if self.synchronous else self.layout.max_policy_lag
+
+    @property
+    def synchronous(self) -> bool:
+        return self.layout.synchronous or self.deterministic
 
 
 def replace(cfg, **changes):

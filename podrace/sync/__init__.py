@@ -2,6 +2,7 @@
 
 `local` (threads in one process) is imported eagerly; `shm` and `ray` are imported from
 their modules (`podrace.sync.shm`, `podrace.sync.ray_transport`) so that Ray stays optional.
+Transforms for publishers live in `podrace.sync.transforms`.
 """
 
 from podrace.sync.base import (
@@ -14,6 +15,7 @@ from podrace.sync.base import (
     SyncTimeout,
 )
 from podrace.sync.local import LocalPublisher, LocalSubscriber
+from podrace.sync.relay import Relay
 from podrace.sync.spec import TreeSpec
 
 __all__ = [
@@ -21,6 +23,7 @@ __all__ = [
     "LocalPublisher",
     "LocalSubscriber",
     "Publisher",
+    "Relay",
     "Snapshot",
     "SnapshotMismatch",
     "Subscriber",

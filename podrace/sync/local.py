@@ -27,22 +27,11 @@ from podrace.sync.base import (
     Subscriber,
     SyncTimeout,
 )
+from podrace.sync.placement import Placement, placement_name
 from podrace.sync.push import PushFanout
 from podrace.sync.spec import TreeSpec
 from podrace.sync.stats import RunningStat, tree_nbytes
 from podrace.sync.versions import Published, VersionCounter, release_later
-
-Placement = Any  # jax.Device, jax.sharding.Sharding or None (leave arrays where they are)
-
-
-def placement_name(where: Placement) -> str:
-    """Short metric-friendly name of a device or sharding."""
-    if where is None:
-        return "published"
-    if isinstance(where, jax.Device):
-        return f"{where.platform}{where.id}"
-    return type(where).__name__ + "".join(f"_{d.id}" for d in sorted(where.device_set, key=lambda d: d.id))
-
 
 class LocalPublisher(Publisher):
     """In-process publisher; see the module docstring.

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import os
 import threading
 import time
@@ -27,13 +26,10 @@ from collections import deque
 from typing import Any, Callable
 
 import jax
-import numpy as np
 
+from podrace.sync.background import BackgroundPublisher
 from podrace.sync.base import (
     ChannelClosed,
-    ErrorHook,
-    Publisher,
-    PushTarget,
     PyTree,
     Snapshot,
     SnapshotMismatch,
@@ -41,12 +37,10 @@ from podrace.sync.base import (
     SyncError,
     SyncTimeout,
 )
-from podrace.sync.push import PushFanout
+from podrace.sync.placement import DeviceKey, device_from_key, device_key
 from podrace.sync.spec import TreeSpec
 from podrace.sync.stats import RunningStat
-from podrace.sync.versions import Published, VersionCounter, release_later
 
-_log = logging.getLogger(__name__)
 _names = itertools.count()
 
 
@@ -155,7 +149,7 @@ def _process_board() -> Any:
         return _boards[key]
 
 
-class RayPublisher(Publisher):
+class RayPublisher(BackgroundPublisher):
     """Publishes through the Ray object store; see the module docstring.
 
     Needs `ray.init()` (or to run inside a Ray worker). Args as for LocalPublisher.
@@ -170,177 +164,50 @@ class RayPublisher(Publisher):
         ray = _ray()
         if not ray.is_initialized():
             raise SyncError("RayPublisher needs a running Ray: call ray.init() first")
-        if keep < 1:
-            raise ValueError(f"keep must be >= 1, got {keep}")
+        super().__init__(transform, keep, first_version, label="ray")
         self._ray = ray
-        self._transform = transform
+        self._refs: deque[Any] = deque(maxlen=keep)
         self.board = _process_board()
         self.channel = uuid.uuid4().hex
         ray.get(self.board.open.remote(self.channel))  # before any subscriber can ask for it
-        self._refs: deque[Any] = deque(maxlen=keep)
-        self._cond = threading.Condition()
-        self._versions = VersionCounter(first_version)
-        self._pending: Published | None = None
-        self._latest: Published | None = None
-        self._visible: int | None = None
-        self._closed = False
-        self._failure: BaseException | None = None
-        self._push = PushFanout(resolve=self._host)
-        self._stats = {k: RunningStat() for k in ("publish", "transform", "put", "visible")}
-        self._coalesced = 0
-        self._bytes = 0
-        self._thread = threading.Thread(target=self._put_loop, name="podrace-ray-putter", daemon=True)
-        self._thread.start()
-
-    # -- learner side ---------------------------------------------------------------
-    def publish(self, params: PyTree, *, version: int | None = None) -> int:
-        start = time.perf_counter()
-        with self._cond:
-            if self._closed:
-                raise ChannelClosed("publish() on a closed publisher")
-            if self._failure is not None:
-                raise SyncError("ray publisher's putter failed") from self._failure
-            entry = Published(self._versions.next(version), params)
-            entry.published_at = start  # type: ignore[attr-defined]
-            if self._pending is not None:
-                self._coalesced += 1
-            if self._latest is not None:
-                release_later(self._latest)
-            self._pending = self._latest = entry
-            self._cond.notify_all()
-            self._push.offer(entry, entry.version)
-        self._stats["publish"].add(time.perf_counter() - start)
-        return entry.version
+        self._start()
 
     def subscribe(
         self, device: Any = None, *, expect: Any = None, name: str | None = None
     ) -> "RaySubscriber":
         """A subscriber; it pickles, so pass it to Ray tasks and actors."""
-        if self._closed:
+        if self.closed:
             raise ChannelClosed("subscribe() on a closed publisher")
         return RaySubscriber(self.board, self.channel, device, expect=expect, name=name)
 
-    def add_push_target(
-        self, target: PushTarget, name: str, *, on_error: ErrorHook | None = None
-    ) -> None:
-        with self._cond:
-            if self._closed:
-                raise ChannelClosed("add_push_target() on a closed publisher")
-            self._push.add(target, name, on_error)
-            if self._latest is not None:
-                self._push.offer(self._latest, self._latest.version, only=name)
+    def _deliver(self, version: int, host: PyTree, spec: TreeSpec) -> None:
+        ref = self._ray.put(host)  # the one object of this version
+        self._ray.get(self.board.set.remote(self.channel, version, [ref]))  # in a list: stays a reference
+        self._refs.append(ref)  # the oldest falls out: Ray frees it once readers let go
 
-    def flush(self, timeout: float | None = None) -> None:
-        with self._cond:
-            done = self._cond.wait_for(
-                lambda: self._closed or self._failure is not None or self._visible == self._versions.latest,
-                timeout,
-            )
-            if self._failure is not None:
-                raise SyncError("ray publisher's putter failed") from self._failure
-            if not done:
-                raise SyncTimeout(f"flush: version {self._versions.latest} not visible within {timeout}s")
+    def _fail(self) -> None:
+        self.board.close.remote(self.channel)
 
-    def close(self) -> None:
-        with self._cond:
-            if self._closed:
-                return
-            self._closed = True
-            self._pending = self._latest = None
-            self._cond.notify_all()
-        self._thread.join(60)
+    def _shutdown(self, failed: bool) -> None:
         try:  # wakes every waiting subscriber with "closed" and drops the board's reference
             self._ray.get(self.board.close.remote(self.channel), timeout=10)
         except Exception:  # noqa: BLE001 - the board may already be gone
             pass
         self._refs.clear()
-        self._push.close()
 
-    @property
-    def latest_version(self) -> int | None:
-        return self._versions.latest
-
-    def metrics(self) -> dict[str, float | int]:
+    def _transport_metrics(self) -> dict[str, float | int]:
+        out: dict[str, float | int] = {"objects_alive": len(self._refs)}
+        if self.closed:
+            return out
+        try:
+            acks = self._ray.get(self.board.acks.remote(self.channel), timeout=5)
+        except Exception:  # noqa: BLE001 - metrics must not raise
+            return out
         latest = self.latest_version
-        out: dict[str, float | int] = {
-            "latest_version": -1 if latest is None else latest,
-            "publish/bytes": self._bytes,
-            "coalesced": self._coalesced,
-            "objects_alive": len(self._refs),
-            "failed": int(self._failure is not None),
-        }
-        for key, stat in self._stats.items():
-            out.update(stat.report(f"{key}/seconds"))
-        if not self._closed:
-            try:
-                acks = self._ray.get(self.board.acks.remote(self.channel), timeout=5)
-            except Exception:  # noqa: BLE001 - metrics must not raise
-                acks = {}
-            for name, acked in acks.items():
-                out[f"subscriber/{name}/acked_version"] = acked
-                out[f"subscriber/{name}/lag"] = 0 if latest is None or acked < 0 else latest - acked
-        out.update(self._push.metrics())
+        for name, acked in acks.items():
+            out[f"subscriber/{name}/acked_version"] = acked
+            out[f"subscriber/{name}/lag"] = 0 if latest is None or acked < 0 else latest - acked
         return out
-
-    # -- putter thread ----------------------------------------------------------------
-    def _host(self, entry: Published) -> Snapshot:
-        def compute() -> Snapshot:
-            params = entry.raw
-            if self._transform is not None:
-                start = time.perf_counter()
-                params = self._transform(params)
-                self._stats["transform"].add(time.perf_counter() - start)
-            host = jax.tree_util.tree_map(np.asarray, jax.device_get(params))
-            entry.raw = None
-            return Snapshot(entry.version, host)
-
-        return entry.derived("host", compute)
-
-    def _put_loop(self) -> None:
-        while True:
-            with self._cond:
-                while self._pending is None and not self._closed:
-                    self._cond.wait()
-                if self._closed:
-                    return
-                entry, self._pending = self._pending, None
-            try:
-                snapshot = self._host(entry)
-                self._bytes = TreeSpec.of(snapshot.params).nbytes
-                start = time.perf_counter()
-                ref = self._ray.put(snapshot.params)
-                self._stats["put"].add(time.perf_counter() - start)
-                self._ray.get(self.board.set.remote(self.channel, entry.version, [ref]))  # a list: stays a reference
-                self._refs.append(ref)
-                self._stats["visible"].add(time.perf_counter() - entry.published_at)  # type: ignore[attr-defined]
-                with self._cond:
-                    self._visible = entry.version
-                    self._cond.notify_all()
-            except BaseException as exc:
-                _log.error("ray publisher's putter failed; channel closed", exc_info=exc)
-                with self._cond:
-                    self._failure = exc
-                    self._cond.notify_all()
-                try:
-                    self.board.close.remote(self.channel)
-                except Exception:  # noqa: BLE001
-                    pass
-                return
-
-
-def _device_key(device: Any) -> tuple[str, int] | None:
-    if device is None:
-        return None
-    if isinstance(device, jax.Device):
-        return (device.platform, device.id)
-    raise TypeError("a pickled RaySubscriber can only carry a jax.Device or None")
-
-
-def _device_from_key(key: tuple[str, int] | None) -> Any:
-    if key is None:
-        return None
-    platform, dev_id = key
-    return next(d for d in jax.devices(platform) if d.id == dev_id)
 
 
 class RaySubscriber(Subscriber):
@@ -383,7 +250,7 @@ class RaySubscriber(Subscriber):
     def __reduce__(self) -> tuple[Any, ...]:
         return (
             _reattach,
-            (self._board, self.channel, _device_key(self._device), self._expect, self.name, self._long_poll),
+            (self._board, self.channel, device_key(self._device), self._expect, self.name, self._long_poll),
         )
 
     def _start(self) -> None:
@@ -504,6 +371,6 @@ class RaySubscriber(Subscriber):
 
 
 def _reattach(
-    board: Any, channel: str, device: Any, expect: Any, name: str, long_poll: float
+    board: Any, channel: str, device: DeviceKey, expect: Any, name: str, long_poll: float
 ) -> RaySubscriber:
-    return RaySubscriber(board, channel, _device_from_key(device), expect=expect, name=name, long_poll=long_poll)
+    return RaySubscriber(board, channel, device_from_key(device), expect=expect, name=name, long_poll=long_poll)

@@ -1,7 +1,7 @@
 """`shm` transport: subscriber processes on the publisher's host read shared memory.
 
-`publish` only records a reference (the learner does not donate its buffers) and wakes a
-writer thread, which transforms the newest version once, brings it to host memory and
+`publish` only records a reference (the learner does not donate its buffers); a delivery
+thread (see `background`) transforms the newest version once, brings it to host memory and
 copies it into a seqlocked slot (see `shm_layout`); versions published faster than they can
 be copied are coalesced. A Unix-socket doorbell (see `doorbell`) wakes blocked readers and
 tells them at once when the publisher closes or its process dies.
@@ -14,7 +14,6 @@ publisher's own process (handy for tests and relays), and subscribers pickle by 
 from __future__ import annotations
 
 import itertools
-import logging
 import os
 import secrets
 import sys
@@ -25,29 +24,18 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from podrace.sync.base import (
-    ChannelClosed,
-    ErrorHook,
-    Publisher,
-    PushTarget,
-    PyTree,
-    Snapshot,
-    Subscriber,
-    SyncError,
-    SyncTimeout,
-)
+from podrace.sync.background import BackgroundPublisher
+from podrace.sync.base import ChannelClosed, PyTree, Snapshot, Subscriber, SyncTimeout
 from podrace.sync.doorbell import Doorbell, DoorbellClient
-from podrace.sync.push import PushFanout
+from podrace.sync.placement import DeviceKey, device_from_key, device_key
 from podrace.sync.shm_layout import CLOSED_CLOSED, CLOSED_FAILED, CLOSED_OPEN, W_CLOSED, SlotReader, SlotWriter
 from podrace.sync.spec import TreeSpec
 from podrace.sync.stats import RunningStat
-from podrace.sync.versions import Published, VersionCounter, release_later
 
-_log = logging.getLogger(__name__)
 _names = itertools.count()
 
 
-class ShmPublisher(Publisher):
+class ShmPublisher(BackgroundPublisher):
     """Publishes into POSIX shared memory; see the module docstring.
 
     Args:
@@ -66,161 +54,49 @@ class ShmPublisher(Publisher):
     ) -> None:
         if first_version < 0:
             raise ValueError(f"shm versions must be >= 0, got first_version={first_version}")
-        if keep < 1:
-            raise ValueError(f"keep must be >= 1, got {keep}")
+        super().__init__(transform, keep, first_version, label="shm")
         self.name = name or f"podrace_{os.getpid()}_{secrets.token_hex(4)}"
-        self._transform = transform
+        self._raw_spec: TreeSpec | None = None
+        self._spec_lock = threading.Lock()
         self._writer = SlotWriter(self.name, nslots=keep + 1)
         self._doorbell = Doorbell(self.name)
-        self._cond = threading.Condition()
-        self._versions = VersionCounter(first_version)
-        self._raw_spec: TreeSpec | None = None
-        self._pending: Published | None = None
-        self._latest: Published | None = None  # for push targets added late
-        self._closed = False
-        self._failure: BaseException | None = None
-        self._push = PushFanout(resolve=self._host)
-        self._stats = {k: RunningStat() for k in ("publish", "transform", "write", "visible")}
-        self._coalesced = 0
-        self._visible: int | None = None
-        self._bytes = 0
-        self._thread = threading.Thread(target=self._write_loop, name=f"podrace-shm-writer-{self.name}", daemon=True)
-        self._thread.start()
-
-    # -- learner side ---------------------------------------------------------------
-    def publish(self, params: PyTree, *, version: int | None = None) -> int:
-        start = time.perf_counter()
-        spec = TreeSpec.of(params)  # metadata only
-        with self._cond:
-            if self._closed:
-                raise ChannelClosed("publish() on a closed publisher")
-            if self._failure is not None:
-                raise SyncError(f"shm writer of {self.name!r} failed") from self._failure
-            if self._raw_spec is None:
-                self._raw_spec = spec
-            else:
-                self._raw_spec.check_spec(spec, "published params")
-            entry = Published(self._versions.next(version), params)
-            entry.published_at = start  # type: ignore[attr-defined]
-            if self._pending is not None:
-                self._coalesced += 1
-            if self._latest is not None:
-                release_later(self._latest)
-            self._pending = self._latest = entry
-            self._cond.notify_all()
-            self._push.offer(entry, entry.version)
-        self._stats["publish"].add(time.perf_counter() - start)
-        return entry.version
+        self._start()
 
     def subscribe(
         self, device: Any = None, *, expect: Any = None, name: str | None = None
     ) -> "ShmSubscriber":
-        if self._closed:
+        """A subscriber in this process; other processes use `ShmSubscriber(publisher.name)`."""
+        if self.closed:
             raise ChannelClosed("subscribe() on a closed publisher")
         return ShmSubscriber(self.name, device, expect=expect, name=name)
 
-    def add_push_target(
-        self, target: PushTarget, name: str, *, on_error: ErrorHook | None = None
-    ) -> None:
-        with self._cond:
-            if self._closed:
-                raise ChannelClosed("add_push_target() on a closed publisher")
-            self._push.add(target, name, on_error)
-            if self._latest is not None:
-                self._push.offer(self._latest, self._latest.version, only=name)
+    def _check(self, params: PyTree) -> None:
+        spec = TreeSpec.of(params)  # the slot layout is fixed by the first publish
+        with self._spec_lock:
+            if self._raw_spec is None:
+                self._raw_spec = spec
+            else:
+                self._raw_spec.check_spec(spec, "published params")
 
-    def flush(self, timeout: float | None = None) -> None:
-        with self._cond:
-            done = self._cond.wait_for(
-                lambda: self._closed or self._failure is not None or self._visible == self._versions.latest,
-                timeout,
-            )
-            if self._failure is not None:
-                raise SyncError(f"shm writer of {self.name!r} failed") from self._failure
-            if not done:
-                raise SyncTimeout(
-                    f"flush: version {self._versions.latest} not visible within {timeout}s "
-                    f"(visible: {self._visible})"
-                )
+    def _deliver(self, version: int, host: PyTree, spec: TreeSpec) -> None:
+        self._writer.write(version, jax.tree_util.tree_leaves(host), spec)
+        self._doorbell.ring(version)
 
-    def close(self) -> None:
-        with self._cond:
-            if self._closed:
-                return
-            self._closed = True
-            self._pending = self._latest = None
-            self._cond.notify_all()
-        self._thread.join(60)  # at most one copy in progress
-        self._writer.close(CLOSED_FAILED if self._failure is not None else CLOSED_CLOSED)
+    def _fail(self) -> None:
+        self._writer.ctl[W_CLOSED] = CLOSED_FAILED
+        self._doorbell.ring(-1)
+
+    def _shutdown(self, failed: bool) -> None:
+        self._writer.close(CLOSED_FAILED if failed else CLOSED_CLOSED)  # before readers see EOF
         self._doorbell.close()
-        self._push.close()
 
-    @property
-    def latest_version(self) -> int | None:
-        return self._versions.latest
-
-    def metrics(self) -> dict[str, float | int]:
+    def _transport_metrics(self) -> dict[str, float | int]:
         latest = self.latest_version
-        out: dict[str, float | int] = {
-            "latest_version": -1 if latest is None else latest,
-            "publish/bytes": self._bytes,
-            "coalesced": self._coalesced,
-            "failed": int(self._failure is not None),
-        }
-        for key, stat in self._stats.items():
-            out.update(stat.report(f"{key}/seconds"))
+        out: dict[str, float | int] = {}
         for name, acked in self._doorbell.acks().items():
             out[f"subscriber/{name}/acked_version"] = acked
             out[f"subscriber/{name}/lag"] = 0 if latest is None or acked < 0 else latest - acked
-        out.update(self._push.metrics())
         return out
-
-    # -- writer thread ----------------------------------------------------------------
-    def _host(self, entry: Published) -> Snapshot:
-        """The transformed params of `entry` in host memory; computed once, shared with push."""
-
-        def compute() -> Snapshot:
-            params = entry.raw
-            if self._transform is not None:
-                start = time.perf_counter()
-                params = self._transform(params)
-                self._stats["transform"].add(time.perf_counter() - start)
-            host = jax.tree_util.tree_map(np.asarray, jax.device_get(params))
-            entry.raw = None
-            return Snapshot(entry.version, host)
-
-        return entry.derived("host", compute)
-
-    def _write_loop(self) -> None:
-        while True:
-            with self._cond:
-                while self._pending is None and not self._closed:
-                    self._cond.wait()
-                if self._closed:
-                    return
-                entry, self._pending = self._pending, None
-            try:
-                snapshot = self._host(entry)
-                leaves, treedef = jax.tree_util.tree_flatten(snapshot.params)
-                spec = TreeSpec(treedef, tuple(x.shape for x in leaves), tuple(x.dtype for x in leaves))
-                self._bytes = spec.nbytes
-                start = time.perf_counter()
-                self._writer.write(entry.version, leaves, spec)
-                done = time.perf_counter()
-                self._stats["write"].add(done - start)
-                self._stats["visible"].add(done - entry.published_at)  # type: ignore[attr-defined]
-                self._doorbell.ring(entry.version)
-                with self._cond:
-                    self._visible = entry.version
-                    self._cond.notify_all()
-            except BaseException as exc:
-                _log.error("shm writer of %r failed; channel closed", self.name, exc_info=exc)
-                with self._cond:
-                    self._failure = exc
-                    self._cond.notify_all()
-                self._writer.ctl[W_CLOSED] = CLOSED_FAILED  # readers stop waiting
-                self._doorbell.ring(-1)
-                return
 
 
 class _BufferPool:
@@ -249,21 +125,6 @@ class _BufferPool:
 
     def clear(self) -> None:
         self._bufs = []
-
-
-def _device_key(device: Any) -> tuple[str, int] | None:
-    if device is None:
-        return None
-    if isinstance(device, jax.Device):
-        return (device.platform, device.id)
-    raise TypeError("a pickled ShmSubscriber can only carry a jax.Device or None")
-
-
-def _device_from_key(key: tuple[str, int] | None) -> Any:
-    if key is None:
-        return None
-    platform, dev_id = key
-    return next(d for d in jax.devices(platform) if d.id == dev_id)
 
 
 class ShmSubscriber(Subscriber):
@@ -299,7 +160,7 @@ class ShmSubscriber(Subscriber):
             raise ChannelClosed(f"shm channel {channel!r}: publisher is gone") from exc
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_reattach, (self.channel, _device_key(self._device), self._expect, self.name))
+        return (_reattach, (self.channel, device_key(self._device), self._expect, self.name))
 
     # -- doorbell callbacks ------------------------------------------------------------
     def _on_ring(self) -> None:
@@ -362,9 +223,10 @@ class ShmSubscriber(Subscriber):
                     raise SyncTimeout(f"subscriber {self.name!r}: every read raced with the writer")
 
     def _accept(self, snapshot: Snapshot) -> Snapshot:
+        if snapshot.version != self._acked:
+            self._bell.ack(snapshot.version)
         self._acked = snapshot.version
         self._last = snapshot
-        self._bell.ack(snapshot.version)
         return snapshot
 
     def _read(self, attempts: int) -> Snapshot | None:
@@ -405,20 +267,6 @@ class ShmSubscriber(Subscriber):
         out.update(self._read_time.report("read/seconds"))
         return out
 
-    def flush(self, timeout: float | None = None) -> None:
-        with self._cond:
-            done = self._cond.wait_for(
-                lambda: self._closed or self._failure is not None or self._visible == self._versions.latest,
-                timeout,
-            )
-            if self._failure is not None:
-                raise SyncError(f"shm writer of {self.name!r} failed") from self._failure
-            if not done:
-                raise SyncTimeout(
-                    f"flush: version {self._versions.latest} not visible within {timeout}s "
-                    f"(visible: {self._visible})"
-                )
-
     def close(self) -> None:
         with self._cond:
             if self._closed:
@@ -432,5 +280,5 @@ class ShmSubscriber(Subscriber):
             self._reader.close()
 
 
-def _reattach(channel: str, device: tuple[str, int] | None, expect: Any, name: str) -> ShmSubscriber:
-    return ShmSubscriber(channel, _device_from_key(device), expect=expect, name=name)
+def _reattach(channel: str, device: DeviceKey, expect: Any, name: str) -> ShmSubscriber:
+    return ShmSubscriber(channel, device_from_key(device), expect=expect, name=name)

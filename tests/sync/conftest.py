@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 import numpy as np
@@ -72,7 +73,9 @@ class RayHarness(Harness):
 def ray_session():
     """A local Ray for one test module, shut down afterwards."""
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    with warnings.catch_warnings():  # Ray starts its daemons with fork_exec; JAX warns about any fork
+        warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()
 

@@ -111,9 +111,11 @@ def test_get_returns_latest_when_already_satisfied(harness, new_pub):
     for v in range(3):
         pub.publish(make_params(v))
     harness.subscribe(pub).get(2, timeout=10)  # version 2 is visible now
-    assert sub.get(0, timeout=10).version == 2
-    again = sub.get(1, timeout=10)  # idempotent: same version, nothing newer
-    assert again.version == 2 and sub.acked_version == 2
+    first = sub.get(0, timeout=10)
+    assert first.version == 2
+    again = sub.get(1, timeout=10)  # idempotent: same version, nothing newer, no new copy
+    assert again is first and sub.acked_version == 2
+    assert sub.poll() is None
 
 
 def test_get_times_out_with_a_clear_message(harness, new_pub):
@@ -320,3 +322,17 @@ def test_metrics_report_bytes_and_acks(harness, new_pub):
     assert m["publish/bytes"] == nbytes
     assert m["publish/seconds/count"] == 2
     assert all(isinstance(v, (int, float)) for v in m.values())
+
+
+def test_publish_and_placed_get_are_clean_under_disallow_transfer_guard(harness, new_pub):
+    import jax
+
+    devs = jax.devices()
+    pub = new_pub()
+    sub = harness.subscribe(pub, device=devs[1])
+    params = jax.device_put(make_params(4), devs[0])
+    with jax.transfer_guard("disallow"):
+        version = pub.publish(params)
+        snap = sub.get(version, timeout=10)
+        assert snap.params["x"].devices() == {devs[1]}
+    assert check_params(snap.params) == 4

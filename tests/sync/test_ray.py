@@ -123,7 +123,7 @@ def test_stress_reader_workers_never_see_torn_or_older_snapshots(ray_session):
         if v % 4 == 0:
             pub.flush(timeout=30)
     outs = ray.get(readers, timeout=90)
-    written = pub.metrics()["put/seconds/count"]
+    written = pub.metrics()["deliver/seconds/count"]
     pub.close()
     assert written >= n_versions // 4
     for out in outs:

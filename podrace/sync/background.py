@@ -1,0 +1,212 @@
+"""Publisher skeleton for transports that copy (shm, ray): the copy runs off the learner.
+
+`publish` records a reference to the (non-donated) params and wakes one delivery thread.
+That thread takes the newest pending version (older ones are coalesced away), transforms it
+once, brings it to host memory and hands it to the transport's `_deliver`. The learner pays
+bookkeeping only, and never waits on a reader.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from abc import abstractmethod
+from typing import Callable
+
+import jax
+import numpy as np
+
+from podrace.sync.base import (
+    ChannelClosed,
+    ErrorHook,
+    Publisher,
+    PushTarget,
+    PyTree,
+    Snapshot,
+    SyncError,
+    SyncTimeout,
+)
+from podrace.sync.push import PushFanout
+from podrace.sync.spec import TreeSpec
+from podrace.sync.stats import RunningStat
+from podrace.sync.versions import Published, VersionCounter, release_later
+
+_log = logging.getLogger(__name__)
+
+
+class BackgroundPublisher(Publisher):
+    """Shared by ShmPublisher and RayPublisher; subclasses implement the `_` hooks."""
+
+    def __init__(
+        self,
+        transform: Callable[[PyTree], PyTree] | None,
+        keep: int,
+        first_version: int,
+        label: str,
+    ) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self._label = label
+        self._transform = transform
+        self._cond = threading.Condition()
+        self._versions = VersionCounter(first_version)
+        self._pending: Published | None = None
+        self._latest: Published | None = None  # for push targets added late
+        self._visible: int | None = None
+        self._closed = False
+        self._failure: BaseException | None = None
+        self._push = PushFanout(resolve=self._host)
+        self._stats = {k: RunningStat() for k in ("publish", "transform", "deliver", "visible")}
+        self._coalesced = 0
+        self._bytes = 0
+        self._thread = threading.Thread(target=self._deliver_loop, name=f"podrace-{label}-delivery", daemon=True)
+
+    def _start(self) -> None:
+        """Called by the subclass once its transport is ready."""
+        self._thread.start()
+
+    # -- transport hooks --------------------------------------------------------------
+    def _check(self, params: PyTree) -> None:
+        """Reject params the transport cannot carry, in the learner's thread (metadata only)."""
+
+    @abstractmethod
+    def _deliver(self, version: int, host: PyTree, spec: TreeSpec) -> None:
+        """Make `host` (NumPy leaves) visible to subscribers as `version`."""
+
+    @abstractmethod
+    def _fail(self) -> None:
+        """Tell subscribers that delivery failed (they raise ChannelClosed)."""
+
+    @abstractmethod
+    def _shutdown(self, failed: bool) -> None:
+        """Release the transport after the delivery thread stopped."""
+
+    def _transport_metrics(self) -> dict[str, float | int]:
+        return {}
+
+    # -- Publisher ----------------------------------------------------------------------
+    def publish(self, params: PyTree, *, version: int | None = None) -> int:
+        start = time.perf_counter()
+        self._check(params)
+        with self._cond:
+            if self._closed:
+                raise ChannelClosed("publish() on a closed publisher")
+            if self._failure is not None:
+                raise SyncError(f"{self._label} delivery failed; channel closed") from self._failure
+            entry = Published(self._versions.next(version), params)
+            entry.published_at = start  # type: ignore[attr-defined]
+            if self._pending is not None:
+                self._coalesced += 1
+            if self._latest is not None:
+                release_later(self._latest)  # its host copy is freed off the learner's thread
+            self._pending = self._latest = entry
+            self._cond.notify_all()
+            self._push.offer(entry, entry.version)
+        self._stats["publish"].add(time.perf_counter() - start)
+        return entry.version
+
+    def add_push_target(
+        self, target: PushTarget, name: str, *, on_error: ErrorHook | None = None
+    ) -> None:
+        with self._cond:
+            if self._closed:
+                raise ChannelClosed("add_push_target() on a closed publisher")
+            self._push.add(target, name, on_error)
+            if self._latest is not None:
+                self._push.offer(self._latest, self._latest.version, only=name)
+
+    def flush(self, timeout: float | None = None) -> None:
+        with self._cond:
+            done = self._cond.wait_for(
+                lambda: self._closed or self._failure is not None or self._visible == self._versions.latest,
+                timeout,
+            )
+            if self._failure is not None:
+                raise SyncError(f"{self._label} delivery failed; channel closed") from self._failure
+            if not done:
+                raise SyncTimeout(
+                    f"flush: version {self._versions.latest} not visible within {timeout}s "
+                    f"(visible: {self._visible})"
+                )
+
+    def close(self) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._pending = self._latest = None
+            self._cond.notify_all()
+        self._thread.join(60)  # at most one delivery in progress
+        self._shutdown(failed=self._failure is not None)
+        self._push.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def latest_version(self) -> int | None:
+        return self._versions.latest
+
+    def metrics(self) -> dict[str, float | int]:
+        latest = self.latest_version
+        out: dict[str, float | int] = {
+            "latest_version": -1 if latest is None else latest,
+            "visible_version": -1 if self._visible is None else self._visible,
+            "publish/bytes": self._bytes,
+            "coalesced": self._coalesced,
+            "failed": int(self._failure is not None),
+        }
+        for key, stat in self._stats.items():
+            out.update(stat.report(f"{key}/seconds"))
+        out.update(self._transport_metrics())
+        out.update(self._push.metrics())
+        return out
+
+    # -- delivery thread ------------------------------------------------------------------
+    def _host(self, entry: Published) -> Snapshot:
+        """`entry` transformed and in host memory; computed once, shared with push targets."""
+
+        def compute() -> Snapshot:
+            params = entry.raw
+            if self._transform is not None:
+                start = time.perf_counter()
+                params = self._transform(params)
+                self._stats["transform"].add(time.perf_counter() - start)
+            host = jax.tree_util.tree_map(np.asarray, jax.device_get(params))
+            entry.raw = None
+            return Snapshot(entry.version, host)
+
+        return entry.derived("host", compute)
+
+    def _deliver_loop(self) -> None:
+        while True:
+            with self._cond:
+                while self._pending is None and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                entry, self._pending = self._pending, None
+            try:
+                snapshot = self._host(entry)
+                spec = TreeSpec.of(snapshot.params)
+                self._bytes = spec.nbytes
+                start = time.perf_counter()
+                self._deliver(entry.version, snapshot.params, spec)
+                done = time.perf_counter()
+                self._stats["deliver"].add(done - start)
+                self._stats["visible"].add(done - entry.published_at)  # type: ignore[attr-defined]
+                with self._cond:
+                    self._visible = entry.version
+                    self._cond.notify_all()
+            except BaseException as exc:  # noqa: BLE001 - kept, re-raised by publish()/flush()
+                _log.error("%s delivery failed; channel closed", self._label, exc_info=exc)
+                with self._cond:
+                    self._failure = exc
+                    self._cond.notify_all()
+                try:
+                    self._fail()
+                except Exception:  # noqa: BLE001 - best effort: the transport may be broken
+                    _log.exception("%s: could not tell subscribers about the failure", self._label)
+                return
