@@ -272,21 +272,22 @@ def validate(cfg: TrainConfig) -> None:
             f"({cfg.num_actors} actors x {cfg.env.num_envs} envs x {cfg.rollout_length} steps "
             f"= {cfg.steps_per_update})"
         )
-    per_shard = cfg.num_actors * cfg.env.num_envs // num_learners * cfg.rollout_length
-    minibatches = cfg.ppo.num_minibatches if cfg.algo == "ppo" else cfg.impala.num_minibatches
-    positive(f"{cfg.algo}.num_minibatches", minibatches)
+    envs_per_shard = cfg.num_actors * cfg.env.num_envs // num_learners
     if cfg.algo == "ppo":
+        positive("ppo.num_minibatches", cfg.ppo.num_minibatches)
         positive("ppo.num_epochs", cfg.ppo.num_epochs)
-        if per_shard % minibatches:
+        if cfg.rollout_length % cfg.ppo.num_minibatches:
             raise ConfigError(
-                f"ppo.num_minibatches ({minibatches}) must divide the samples per learner shard "
-                f"({per_shard} = rollout_length x envs per shard)"
+                f"ppo.num_minibatches ({cfg.ppo.num_minibatches}) must divide rollout_length "
+                f"({cfg.rollout_length}): every env deals its steps evenly to the minibatches"
             )
-    elif (cfg.num_actors * cfg.env.num_envs // num_learners) % minibatches:
-        raise ConfigError(
-            f"impala.num_minibatches ({minibatches}) must divide the envs per learner shard "
-            f"({cfg.num_actors * cfg.env.num_envs // num_learners})"
-        )
+    else:
+        positive("impala.num_minibatches", cfg.impala.num_minibatches)
+        if envs_per_shard % cfg.impala.num_minibatches:
+            raise ConfigError(
+                f"impala.num_minibatches ({cfg.impala.num_minibatches}) must divide the envs per "
+                f"learner shard ({envs_per_shard})"
+            )
     for name in ("learning_rate",):
         positive(f"{cfg.algo}.{name}", getattr(cfg.ppo if cfg.algo == "ppo" else cfg.impala, name))
     if not 0 <= cfg.env.sticky_action_prob <= 1:

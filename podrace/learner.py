@@ -1,8 +1,9 @@
 """The learner: a mesh over the learner devices, the sharded update step, the learner loop.
 
 The update is `jit(shard_map(...))` over the mesh axis `learner`: every shard sees its own
-slice of the env axis and its own random key (a [num_shards, 2] key array sharded over the
-axis), and the algorithm combines gradients across shards. After each update the new params
+slice of the env axis and the random keys of exactly those envs (one key per env, sharded
+like the data), and the algorithm combines gradients across shards. Because keys belong
+to envs rather than to shards, the number of learner devices does not change the update. After each update the new params
 are blocked on, checked finite, and only then published (version = updates applied).
 """
 
@@ -50,9 +51,22 @@ def trajectory_shardings(mesh: Mesh) -> tuple[NamedSharding, NamedSharding]:
     return NamedSharding(mesh, P(None, AXIS)), NamedSharding(mesh, P(AXIS))
 
 
-def shard_keys(key: jax.Array, mesh: Mesh) -> jax.Array:
-    """One distinct raw key per learner shard, as a [num_shards, 2] array sharded on the axis."""
-    keys = jax.random.split(key, mesh.devices.size)
+def env_keys(key: jax.Array, num_actors: int, envs_per_actor: int, mesh: Mesh) -> jax.Array:
+    """One raw key per env, [num_actors * envs_per_actor, 2], sharded along the mesh axis.
+
+    Env (actor a, env j) always gets key number a * envs_per_actor + j; the rows are laid
+    out in the order the learner shards see their columns (each shard: its slice of every
+    actor's envs, actor by actor), so shard d holds the keys of exactly its own envs.
+    """
+    shards = mesh.devices.size
+    per_shard = envs_per_actor // shards
+    order = [
+        a * envs_per_actor + j
+        for d in range(shards)
+        for a in range(num_actors)
+        for j in range(d * per_shard, (d + 1) * per_shard)
+    ]
+    keys = jax.random.split(key, num_actors * envs_per_actor)[np.asarray(order)]
     return jax.device_put(keys, NamedSharding(mesh, P(AXIS)))
 
 
@@ -67,12 +81,12 @@ def concat_actors(trajs: Sequence[Trajectory]) -> Trajectory:
 
 
 def make_update_fn(algo: Algorithm, mesh: Mesh, num_actors: int) -> Callable:
-    """jit(shard_map(update)): (state, per-actor trajectories, shard keys) -> (state, keys, metrics)."""
+    """jit(shard_map(update)): (state, per-actor trajectories, env keys) -> (state, keys, metrics)."""
 
     def body(state: TrainState, trajs: tuple[Trajectory, ...], keys: jax.Array):
-        key, update_key = jax.random.split(keys[0])
-        state, metrics = algo.update(state, concat_actors(trajs), update_key)
-        return state, key[None], metrics
+        split = jax.vmap(jax.random.split)(keys)  # [B_local, 2, 2]: next keys, this update's
+        state, metrics = algo.update(state, concat_actors(trajs), split[:, 1])
+        return state, split[:, 0], metrics
 
     sharded = jax.shard_map(
         body,

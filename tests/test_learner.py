@@ -9,7 +9,7 @@ from jax.sharding import PartitionSpec as P
 from podrace.actor import LearnerPlacement
 from podrace.config import EnvConfig, NetworkConfig, PPOConfig, TrainConfig, LayoutConfig, ImpalaConfig
 from podrace.envs import env_spec
-from podrace.learner import AXIS, make_algorithm, make_mesh, make_update_fn, shard_keys, trajectory_shardings
+from podrace.learner import AXIS, make_algorithm, make_mesh, make_update_fn, env_keys, trajectory_shardings
 from podrace.networks import make_network
 from podrace.types import Trajectory
 
@@ -44,7 +44,7 @@ def one_update(cfg, num_learners, host_trajs):
     placement = LearnerPlacement(*trajectory_shardings(mesh))
     trajs = tuple(placement.place(jax.device_put(t, jax.devices()[0])) for t in host_trajs)
     update = make_update_fn(algo, mesh, ACTORS)
-    new_state, _, metrics = update(state, trajs, shard_keys(jax.random.PRNGKey(1), mesh))
+    new_state, _, metrics = update(state, trajs, env_keys(jax.random.PRNGKey(1), ACTORS, B, mesh))
     assert trajs[0].obs.sharding.spec == P(None, AXIS)
     assert len(trajs[0].obs.addressable_shards) == num_learners
     return jax.device_get(new_state.params), jax.device_get(metrics)
@@ -56,7 +56,7 @@ def test_four_learner_devices_match_one(algo):
         algo=algo,
         env=EnvConfig(id="CartPole-v1", num_envs=B),
         network=NetworkConfig(hidden_sizes=(16, 16)),
-        ppo=PPOConfig(num_epochs=2, num_minibatches=1),
+        ppo=PPOConfig(num_epochs=2, num_minibatches=4),
         impala=ImpalaConfig(num_minibatches=1),
         layout=LayoutConfig(actors_per_device=ACTORS),
         rollout_length=T,
@@ -75,9 +75,9 @@ def test_four_learner_devices_match_one(algo):
     assert max(moved) > 0  # the update did something
 
 
-def test_every_learner_shard_draws_from_its_own_key():
+def test_every_learner_shard_draws_from_its_own_keys():
     mesh = make_mesh(jax.devices()[:4])
-    keys = shard_keys(jax.random.PRNGKey(0), mesh)
+    keys = env_keys(jax.random.PRNGKey(0), ACTORS, B, mesh)
 
     def draw(keys):
         return jax.random.uniform(keys[0], (1,))
@@ -85,3 +85,16 @@ def test_every_learner_shard_draws_from_its_own_key():
     draws = jax.jit(jax.shard_map(draw, mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS)))(keys)
     draws = np.asarray(jax.device_get(draws))
     assert len(set(draws.tolist())) == 4
+
+
+def test_an_envs_key_does_not_depend_on_the_learner_count():
+    """Shard d holds its slice of every actor's envs; the key of env (a, j) is the same."""
+    one = np.asarray(jax.device_get(env_keys(jax.random.PRNGKey(0), ACTORS, B, make_mesh(jax.devices()[:1]))))
+    four = np.asarray(jax.device_get(env_keys(jax.random.PRNGKey(0), ACTORS, B, make_mesh(jax.devices()[:4]))))
+    per_shard = B // 4
+    for d in range(4):
+        for a in range(ACTORS):
+            for j in range(per_shard):
+                row = d * ACTORS * per_shard + a * per_shard + j
+                np.testing.assert_array_equal(four[row], one[a * B + d * per_shard + j])
+    assert len({tuple(k) for k in one.tolist()}) == ACTORS * B

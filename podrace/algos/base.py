@@ -19,10 +19,12 @@ class TrainState(NamedTuple):
 
 
 class Algorithm(NamedTuple):
-    """`update(state, traj, key)` runs inside shard_map on the local shard of `traj`.
+    """`update(state, traj, keys)` runs inside shard_map on the local shard of `traj`.
 
-    `key` is this shard's own raw uint32 key of shape (2,) (a (1, 2) block of a
-    (num_shards, 2) array sharded over the mesh axis is accepted too). Metrics are
+    `keys` are raw uint32 keys of shape (B_local, 2): one per env column of the local
+    shard, sharded exactly like the data. Every shard therefore draws from its own keys,
+    and because a column's key belongs to its env (not to the shard), the randomness of
+    an update does not depend on how many learner devices share the batch. Metrics are
     scalars already reduced across shards.
     """
 

@@ -42,13 +42,6 @@ def to_varying(tree: PyTree, axis_name: str | None) -> PyTree:
     return jax.tree.map(cast, tree)
 
 
-def local_key(key: jax.Array) -> jax.Array:
-    """This shard's key: accepts a (2,) raw key or the (1, 2) block of a sharded key array."""
-    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-        return key.reshape(()) if key.ndim else key
-    return key.reshape(key.shape[-1]) if key.ndim == 2 else key
-
-
 class MaskedMean:
     """Shard-local share of a masked mean whose denominator is the global valid count."""
 

@@ -21,7 +21,6 @@ from podrace.algos.common import (
     MaskedMean,
     Metrics,
     learning_rate_schedule,
-    local_key,
     psum,
     reduce_metrics,
     sgd_step,
@@ -135,8 +134,10 @@ def make_impala(
         metrics["learning_rate"] = jnp.asarray(schedule(opt_count), jnp.float32)
         return (params, opt_state, opt_count + 1), metrics
 
-    def update(state: TrainState, traj: Trajectory, key: jax.Array) -> tuple[TrainState, Metrics]:
-        minibatches = _split_envs(traj, num_mb, local_key(key))
+    def update(state: TrainState, traj: Trajectory, keys: jax.Array) -> tuple[TrainState, Metrics]:
+        # Env shuffling (num_minibatches > 1 only) uses the first local env's key, so it is
+        # shard-local: unlike PPO's, IMPALA minibatches depend on the learner count.
+        minibatches = _split_envs(traj, num_mb, keys[0])
         carry = (state.params, state.opt_state, state.step * num_mb)
         (params, opt_state, _), metrics = jax.lax.scan(
             minibatch_step, carry, minibatches, unroll=min(scan_unroll, num_mb)

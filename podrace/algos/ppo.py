@@ -1,9 +1,11 @@
 """PPO (clipped surrogate) for the decoupled learner.
 
 One update: GAE on the local shard with the behaviour values, then num_epochs passes of
-num_minibatches optimizer steps over this shard's T x B_local samples, shuffled with the
-shard's own key. Every mean and the advantage normalisation use global (cross-shard)
-statistics, so a mesh of equal shards computes what one device would on the whole batch.
+num_minibatches optimizer steps. Minibatches are stratified by env: each env column
+shuffles its own T time steps with its own key and deals T / num_minibatches of them to
+every minibatch. A minibatch is thus the same set of samples however the envs are spread
+over learner shards, and every mean and the advantage normalisation use global
+(cross-shard) statistics, so 1, 2 or 4 learner devices compute the same update.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from podrace.algos.common import (
     MaskedMean,
     Metrics,
     learning_rate_schedule,
-    local_key,
     psum,
     reduce_metrics,
     sgd_step,
@@ -125,32 +126,30 @@ def make_ppo(
         metrics["learning_rate"] = jnp.asarray(schedule(opt_count), jnp.float32)
         return (params, opt_state, opt_count + 1), metrics
 
-    def update(state: TrainState, traj: Trajectory, key: jax.Array) -> tuple[TrainState, Metrics]:
+    def update(state: TrainState, traj: Trajectory, keys: jax.Array) -> tuple[TrainState, Metrics]:
         advantages, returns = gae(
             traj.rewards, traj.values, traj.last_value, traj.terminated, traj.truncated,
             traj.valid, cfg.gamma, cfg.gae_lambda,
         )
         batch = PPOBatch(traj.obs, traj.actions, traj.logprobs, traj.values, advantages, returns, traj.valid)
-        batch = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), batch)
-        num_samples = batch.valid.shape[0]
+        num_steps, num_envs = batch.valid.shape
         num_mb = cfg.num_minibatches
-        if num_samples % num_mb:
-            raise ValueError(
-                f"ppo.num_minibatches ({num_mb}) must divide the samples per shard ({num_samples})"
-            )
+        if num_steps % num_mb:
+            raise ValueError(f"ppo.num_minibatches ({num_mb}) must divide the rollout length ({num_steps})")
+        columns = jnp.arange(num_envs)
 
-        def epoch(carry, epoch_key):
+        def epoch(carry, epoch_index):
             data = batch
             if num_mb > 1:  # with one minibatch the order cannot matter: skip the gather
-                perm = jax.random.permutation(epoch_key, num_samples)
-                data = jax.tree.map(lambda x: x[perm], data)
-            data = jax.tree.map(lambda x: x.reshape((num_mb, -1) + x.shape[1:]), data)
+                order = jax.vmap(lambda k: jax.random.permutation(jax.random.fold_in(k, epoch_index), num_steps))(keys)
+                data = jax.tree.map(lambda x: x[order.T, columns], data)
+            # [T, B, ...] -> [num_mb, T / num_mb * B, ...]: minibatch m takes rows m*T/num_mb...
+            data = jax.tree.map(lambda x: x.reshape((num_mb, -1) + x.shape[2:]), data)
             return jax.lax.scan(minibatch_step, carry, data, unroll=min(scan_unroll, num_mb))
 
-        epoch_keys = jax.random.split(local_key(key), cfg.num_epochs)
         carry = (state.params, state.opt_state, state.step * steps_per_update)
         (params, opt_state, _), metrics = jax.lax.scan(
-            epoch, carry, epoch_keys, unroll=min(scan_unroll, cfg.num_epochs)
+            epoch, carry, jnp.arange(cfg.num_epochs), unroll=min(scan_unroll, cfg.num_epochs)
         )
         return TrainState(params, opt_state, state.step + 1), reduce_metrics(metrics)
 

@@ -22,7 +22,7 @@ from podrace.actor import Actor, LearnerPlacement, make_policy_fns
 from podrace.config import ConfigError, TrainConfig, validate
 from podrace.envs import env_spec, make_env, resolve_backend
 from podrace.evaluate import EvalResult, Evaluator, make_greedy_policy
-from podrace.learner import Learner, make_algorithm, make_mesh, make_update_fn, shard_keys, trajectory_shardings
+from podrace.learner import Learner, make_algorithm, make_mesh, make_update_fn, env_keys, trajectory_shardings
 from podrace.metrics.loggers import ConsoleSink, JsonlSink, Sink, TensorBoardSink
 from podrace.metrics.registry import Metrics
 from podrace.networks import make_network
@@ -104,7 +104,7 @@ class SingleHostRun:
         algo = make_algorithm(cfg, apply_fn)
         state = jax.jit(algo.init, out_shardings=replicated)(params)
         update_fn = make_update_fn(algo, mesh, cfg.num_actors)
-        keys = shard_keys(_seed_key(cfg.seed, 1), mesh)
+        keys = env_keys(_seed_key(cfg.seed, 1), cfg.num_actors, cfg.env.num_envs, mesh)
 
         self.pipeline = pipeline = Pipeline(cfg.num_actors, cfg.layout.queue_size, cfg.max_policy_lag, lifetime)
         self.publisher = publisher = LocalPublisher()

@@ -52,10 +52,12 @@ class Subscriber(ABC):
 
     @abstractmethod
     def get(self, min_version: int, timeout: float | None = None) -> Snapshot:
-        """Block until a version >= `min_version` exists, then return the latest.
+        """Block until a version >= `min_version` is visible, then return the newest one.
 
-        Raises SyncTimeout after `timeout` seconds, ChannelClosed if the publisher closes
-        or goes away while waiting (or had already).
+        Returns at once (the same snapshot again, if nothing is newer) when already
+        satisfied. Cross-process transports make a publish visible a moment after
+        `publish()` returns (`Publisher.flush()` waits for that). Raises SyncTimeout after
+        `timeout` seconds, ChannelClosed if the publisher closes or goes away (or had).
         """
 
     @property

@@ -123,8 +123,7 @@ class LocalPublisher(Publisher):
 
     @property
     def latest_version(self) -> int | None:
-        with self._cond:
-            return self._entries[-1].version if self._entries else None
+        return self._versions.latest
 
     def metrics(self) -> dict[str, float | int]:
         latest = self.latest_version

@@ -260,14 +260,27 @@ class RaySubscriber(Subscriber):
                 self._thread.start()
 
     def _fetch_loop(self) -> None:
+        try:
+            self._fetch_forever()
+        finally:
+            with self._cond:
+                self._call = None  # hold no reference once the thread is gone
+
+    def _fetch_forever(self) -> None:
         ray = _ray()
         last = -1
-        while not self._closed:
+        while True:
             try:
-                self._call = self._board.wait.remote(self.channel, last + 1, self._long_poll)
-                status, version, refs = ray.get(self._call)
-                if self._closed:
-                    return
+                with self._cond:  # close() cancels exactly the call issued before it
+                    if self._closed:
+                        return
+                    self._call = call = self._board.wait.remote(self.channel, last + 1, self._long_poll)
+                status, version, refs = ray.get(call)
+                del call
+                with self._cond:
+                    self._call = None
+                    if self._closed:
+                        return
                 if status == "timeout":
                     continue
                 if status == "closed":

@@ -1,7 +1,7 @@
 """update() under jax.shard_map: 4 shards must equal 1 device on the whole batch.
 
-Keys are raw uint32 PRNG keys: a [num_shards, 2] array sharded with P('learner'), so each
-shard receives its own (1, 2) block.
+Keys are raw uint32 PRNG keys, one per env column: a [B, 2] array sharded with
+P('learner') like the data, so each shard receives the keys of its own envs.
 """
 
 import dataclasses
@@ -48,25 +48,25 @@ def _assert_trees_close(a, b, atol):
         np.testing.assert_allclose(np.asarray(x, np.float64), np.asarray(y, np.float64), atol=atol, rtol=0)
 
 
-@pytest.mark.parametrize("algo_name", ["ppo", "impala"])
+@pytest.mark.parametrize("algo_name,num_minibatches", [("ppo", 1), ("ppo", 4), ("impala", 1)])
 @pytest.mark.parametrize(
     "discrete,check_vma",
     # check_vma=True makes jax.grad psum replicated-param gradients implicitly; False does
     # not. update() must give the same answer under both.
     [(True, True), (False, True), (True, False)],
 )
-def test_four_shards_equal_one_device(algo_name, discrete, check_vma):
+def test_four_shards_equal_one_device(algo_name, num_minibatches, discrete, check_vma):
     net, params = small_network(discrete)
     # Shards get different numbers of valid steps, so local-count means would not match.
     traj = random_trajectory(net, params, discrete, T=8, B=8, seed=3)
     per_shard_valid = np.asarray(traj.valid).reshape(8, 4, 2).sum(axis=(0, 2))
     assert len(set(per_shard_valid.tolist())) > 1
-    algo = _make(algo_name, net)
+    algo = _make(algo_name, net, num_minibatches=num_minibatches)
     state = algo.init(params)
-    keys = jax.random.split(jax.random.PRNGKey(7), 4)
+    keys = jax.random.split(jax.random.PRNGKey(7), 8)  # one per env column
 
     state4, metrics4 = _sharded_update(algo, 4, check_vma)(state, traj, keys)
-    state1, metrics1 = _sharded_update(algo, 1, check_vma)(state, traj, keys[:1])
+    state1, metrics1 = _sharded_update(algo, 1, check_vma)(state, traj, keys)
 
     assert int(state4.step) == int(state1.step) == 1
     moved = max(
@@ -85,15 +85,12 @@ def test_four_shards_equal_one_device(algo_name, discrete, check_vma):
 
 
 def test_shards_receive_different_keys():
-    """The learner's key layout: a [4, 2] raw key array sharded over the axis."""
+    """The learner's key layout: one raw key per env ([B, 2]) sharded over the axis."""
 
-    def per_shard(key):
-        from podrace.algos.common import local_key
+    def per_shard(keys):
+        return keys[:1], jax.random.uniform(keys[0], (1,))
 
-        key = local_key(key)
-        return key[None], jax.random.uniform(key, (1,))
-
-    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    keys = jax.random.split(jax.random.PRNGKey(0), 8)
     fn = jax.jit(jax.shard_map(per_shard, mesh=_mesh(4), in_specs=P(AXIS), out_specs=(P(AXIS), P(AXIS))))
     seen, draws = fn(keys)
     assert seen.shape == (4, 2)
@@ -103,9 +100,9 @@ def test_shards_receive_different_keys():
 
 @pytest.mark.parametrize("algo_name", ["ppo", "impala"])
 def test_update_shuffles_with_each_shards_own_key(algo_name):
-    """Every shard holds the same data. With the same key everywhere each shard picks the
-    same minibatches, so 4 shards equal 1 device on one shard's data; with distinct keys
-    the shards pick different minibatches and the result differs."""
+    """Every shard holds the same data. With the same keys on every shard each shard picks
+    the same minibatches, so 4 shards equal 1 device on one shard's data; with distinct
+    keys the shards pick different minibatches and the result differs."""
     net, params = small_network(True)
     local = random_trajectory(net, params, True, T=4, B=4, seed=5)
     tiled = Trajectory(*(
@@ -114,11 +111,11 @@ def test_update_shuffles_with_each_shards_own_key(algo_name):
     ))
     algo = _make(algo_name, net, num_minibatches=2)
     state = algo.init(params)
-    key = jax.random.PRNGKey(11)
+    keys = jax.random.split(jax.random.PRNGKey(11), 4)  # one per local env
 
-    reference, _ = _sharded_update(algo, 1)(state, local, key[None])
-    same, _ = _sharded_update(algo, 4)(state, tiled, jnp.stack([key] * 4))
-    distinct, _ = _sharded_update(algo, 4)(state, tiled, jax.random.split(key, 4))
+    reference, _ = _sharded_update(algo, 1)(state, local, keys)
+    same, _ = _sharded_update(algo, 4)(state, tiled, jnp.concatenate([keys] * 4))
+    distinct, _ = _sharded_update(algo, 4)(state, tiled, jax.random.split(jax.random.PRNGKey(12), 16))
 
     _assert_trees_close(same.params, reference.params, atol=1e-5)
     gap = max(

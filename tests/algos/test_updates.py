@@ -16,6 +16,11 @@ from podrace.types import Trajectory
 from tests.algos.helpers import NUM_ACTIONS, OBS_DIM, random_trajectory, small_network
 
 
+def env_keys(seed: int, num_envs: int):
+    """One raw key per env column, as the learner passes them."""
+    return jax.random.split(jax.random.PRNGKey(seed), num_envs)
+
+
 def _algo(name, net, num_updates=10, scan_unroll=1, **overrides):
     if name == "ppo":
         cfg = dataclasses.replace(PPOConfig(num_epochs=2, num_minibatches=2), **overrides)
@@ -31,11 +36,11 @@ def test_nonfinite_data_is_reported(name):
     algo = _algo(name, net)
     update = jax.jit(algo.update)
     state = algo.init(params)
-    _, metrics = update(state, traj, jax.random.PRNGKey(0))
+    _, metrics = update(state, traj, env_keys(0, 4))
     assert metrics["finite"].dtype == jnp.bool_ and bool(metrics["finite"])
     t, b = map(int, np.argwhere(np.asarray(traj.valid))[0])
     bad = traj._replace(rewards=traj.rewards.at[t, b].set(jnp.nan))
-    new_state, metrics = update(state, bad, jax.random.PRNGKey(0))
+    new_state, metrics = update(state, bad, env_keys(0, 4))
     assert not bool(metrics["finite"])
     assert int(new_state.step) == 1
 
@@ -52,10 +57,10 @@ def test_learning_rate_anneals_linearly_over_all_optimizer_steps(name, steps_per
     for step in (0, 3):
         first = step * steps_per_update
         expected = np.mean([lr * (1 - (first + i) / total) for i in range(steps_per_update)])
-        _, metrics = update(state._replace(step=jnp.int32(step)), traj, jax.random.PRNGKey(0))
+        _, metrics = update(state._replace(step=jnp.int32(step)), traj, env_keys(0, 4))
         np.testing.assert_allclose(metrics["learning_rate"], expected, rtol=1e-5)
     constant = _algo(name, net, learning_rate=lr, anneal_lr=False)
-    _, metrics = jax.jit(constant.update)(constant.init(params)._replace(step=jnp.int32(5)), traj, jax.random.PRNGKey(0))
+    _, metrics = jax.jit(constant.update)(constant.init(params)._replace(step=jnp.int32(5)), traj, env_keys(0, 4))
     np.testing.assert_allclose(metrics["learning_rate"], lr, rtol=1e-6)
 
 
@@ -65,7 +70,7 @@ def test_scan_unroll_does_not_change_the_result():
     results = []
     for unroll in (1, 4):
         algo = _algo("ppo", net, scan_unroll=unroll)
-        results.append(jax.jit(algo.update)(algo.init(params), traj, jax.random.PRNGKey(3))[0].params)
+        results.append(jax.jit(algo.update)(algo.init(params), traj, env_keys(3, 4))[0].params)
     for a, b in zip(jax.tree.leaves(results[0]), jax.tree.leaves(results[1])):
         np.testing.assert_allclose(a, b, atol=1e-6)
 
@@ -76,7 +81,7 @@ def test_indivisible_minibatches_are_rejected():
     for name in ("ppo", "impala"):
         algo = _algo(name, net)
         with pytest.raises(ValueError, match="num_minibatches"):
-            jax.jit(algo.update)(algo.init(params), traj, jax.random.PRNGKey(0))
+            jax.jit(algo.update)(algo.init(params), traj, env_keys(0, 3))
 
 
 @partial(jax.jit, static_argnums=(0,))
@@ -113,7 +118,7 @@ def test_learns_a_bandit(name):
         key, rollout_key, update_key = jax.random.split(key, 3)
         traj, prob = _bandit_rollout(net, state.params, rollout_key)
         first = float(prob) if first is None else first
-        state, metrics = update(state, traj, update_key)
+        state, metrics = update(state, traj, jax.random.split(update_key, 16))
         assert bool(metrics["finite"])
     _, prob = _bandit_rollout(net, state.params, key)
     assert int(state.step) == 30
