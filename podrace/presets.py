@@ -1,8 +1,60 @@
-"""Named, ready-to-run configurations (`podrace train <preset>`); every field can be overridden."""
+"""Named, ready-to-run configurations (`podrace train <preset>`); every field can be overridden.
+
+Device ids default to (0,) so every preset runs as is on one CPU device; on a GPU machine
+pass e.g. `--layout.actor-device-ids 0 --layout.learner-device-ids 1 2 3`.
+"""
 
 from __future__ import annotations
 
-from podrace.config import EnvConfig, EvalConfig, LayoutConfig, NetworkConfig, PPOConfig, TrainConfig
+from podrace.config import (
+    EnvConfig,
+    EvalConfig,
+    ImpalaConfig,
+    LayoutConfig,
+    NetworkConfig,
+    PPOConfig,
+    TrainConfig,
+)
+
+
+def atari_env(env_id: str = "Breakout-v5", num_envs: int = 64) -> EnvConfig:
+    """envpool Atari with the standard settings written out, not left to defaults.
+
+    Frame skip 4, 84x84 grey, 4 stacked frames, sticky actions 0.25 (Machado et al. 2018),
+    minimal action set, up to 30 no-ops, episodic life and sign-clipped rewards for learning
+    (reported episode returns are raw game scores), 108k frames (27k agent steps) per episode.
+    """
+    return EnvConfig(
+        id=env_id,
+        backend="envpool",
+        num_envs=num_envs,
+        max_episode_steps=27_000,
+        frame_skip=4,
+        frame_stack=4,
+        image_size=84,
+        sticky_action_prob=0.25,
+        full_action_space=False,
+        episodic_life=True,
+        reward_clip=True,
+        noop_max=30,
+    )
+
+
+def mean_loss_rmsprop(eps: float, max_grad_norm: float, samples: int) -> tuple[float, float]:
+    """(eps, max_grad_norm) for podrace's mean losses that reproduce RMSProp on summed losses.
+
+    The IMPALA paper (and scalable_agent, Cleanba, TorchBeast) sum the loss over the T x B
+    samples of a minibatch; podrace averages it, which scales every gradient by 1/samples.
+    RMSProp with eps inside the square root is then unchanged if eps is divided by
+    samples**2 and the clipping norm by samples. Keeping the published eps=0.01 with a
+    mean loss would instead let eps dominate (an SGD step ~samples times too small).
+    """
+    return eps / samples**2, max_grad_norm / samples
+
+
+# IMPALA paper (Espeholt et al. 2018, Table G.1) and Cleanba's cleanba_impala.py: a
+# minibatch is 32 trajectories of 20 steps, i.e. 640 samples per optimizer step.
+_IMPALA_ATARI_EPS, _IMPALA_ATARI_CLIP = mean_loss_rmsprop(0.01, 40.0, samples=32 * 20)
 
 PRESETS: dict[str, tuple[str, TrainConfig]] = {
     "cartpole-ppo": (
@@ -33,6 +85,102 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
             ),
             layout=LayoutConfig(actors_per_device=2),
             eval=EvalConfig(every_updates=100, episodes=8, num_envs=8),
+        ),
+    ),
+    "cartpole-impala": (
+        "IMPALA (V-trace) on CartPole-v1 (envpool), 300k steps, 2 actor threads and a learner on "
+        "device 0; tuned here to learn in well under a minute on 2 CPU cores.",
+        TrainConfig(
+            name="cartpole-impala",
+            algo="impala",
+            total_steps=300_000,
+            rollout_length=32,
+            env=EnvConfig(id="CartPole-v1", num_envs=16),
+            network=NetworkConfig(torso="mlp", hidden_sizes=(64, 64), activation="tanh"),
+            impala=ImpalaConfig(
+                learning_rate=1e-3,
+                anneal_lr=True,
+                gamma=0.99,
+                vtrace_lambda=1.0,
+                ent_coef=0.01,
+                vf_coef=0.5,
+                max_grad_norm=1.0,
+                rmsprop_eps=1e-6,
+                num_minibatches=2,
+            ),
+            layout=LayoutConfig(actors_per_device=2, scan_unroll=2),
+            eval=EvalConfig(every_updates=100, episodes=16, num_envs=8),
+        ),
+    ),
+    # Atari PPO. Per-update hyperparameters of CleanRL's ppo_atari_envpool.py (Nature CNN,
+    # Adam lr 2.5e-4 annealed to 0, T=128, 4 minibatches x 4 epochs, clip 0.1 on the policy
+    # and the value, entropy 0.01, value 0.5, grad norm 0.5, gamma 0.99, GAE lambda 0.95)
+    # at the 200M-frame scale of Cleanba's cleanba_ppo.py (50M agent steps, 2 actor threads
+    # x 64 envs, so 16384 samples per update).
+    "atari-ppo": (
+        "PPO on Atari (Breakout-v5, envpool; --env.id for another game) with the Nature CNN: "
+        "CleanRL's Atari PPO hyperparameters at Cleanba's scale, 50M agent steps = 200M frames.",
+        TrainConfig(
+            name="atari-ppo",
+            algo="ppo",
+            total_steps=50_000_000,
+            rollout_length=128,
+            env=atari_env(num_envs=64),
+            network=NetworkConfig(torso="nature_cnn", hidden_sizes=(512,), activation="relu"),
+            ppo=PPOConfig(
+                learning_rate=2.5e-4,
+                anneal_lr=True,
+                gamma=0.99,
+                gae_lambda=0.95,
+                num_epochs=4,
+                num_minibatches=4,
+                clip_coef=0.1,
+                clip_value_loss=True,
+                vf_coef=0.5,
+                ent_coef=0.01,
+                max_grad_norm=0.5,
+                norm_adv=True,
+            ),
+            # scan_unroll=4 unrolls both the epoch and the minibatch loop: on XLA:CPU a
+            # conv net's gradient inside lax.scan is >10x slower (benchmarks/atari_impala.py).
+            layout=LayoutConfig(actors_per_device=2, scan_unroll=4),
+            eval=EvalConfig(every_updates=500, episodes=8, num_envs=8),
+        ),
+    ),
+    # Atari IMPALA. The IMPALA paper's Atari settings (Espeholt et al. 2018, Table G.1: deep
+    # ResNet, unroll 20, batch 32, RMSProp lr 6e-4 annealed to 0 over 200M frames, decay
+    # 0.99, eps 0.01, momentum 0, global grad norm 40, entropy 0.01, baseline 0.5, gamma
+    # 0.99, rho-bar = c-bar = 1) as laid out by Cleanba's cleanba_impala.py: 2 actor threads
+    # x 64 envs, 4 minibatches of 32 envs per update, 50M agent steps. eps and the clip norm
+    # are converted from the paper's summed loss to podrace's mean loss (mean_loss_rmsprop).
+    "atari-impala": (
+        "IMPALA (V-trace) on Atari (Breakout-v5, envpool; --env.id for another game) with the "
+        "IMPALA ResNet: the paper's / Cleanba's hyperparameters, 50M agent steps = 200M frames.",
+        TrainConfig(
+            name="atari-impala",
+            algo="impala",
+            total_steps=50_000_000,
+            rollout_length=20,
+            env=atari_env(num_envs=64),
+            network=NetworkConfig(torso="impala_resnet", hidden_sizes=(256,), activation="relu"),
+            impala=ImpalaConfig(
+                learning_rate=6e-4,
+                anneal_lr=True,
+                gamma=0.99,
+                vtrace_lambda=1.0,
+                rho_bar=1.0,
+                c_bar=1.0,
+                vf_coef=0.5,
+                ent_coef=0.01,
+                max_grad_norm=_IMPALA_ATARI_CLIP,
+                rmsprop_decay=0.99,
+                rmsprop_eps=_IMPALA_ATARI_EPS,
+                num_minibatches=4,
+            ),
+            # Fully unrolled minibatch loop: measured ~15-25x faster than lax.scan on
+            # XLA:CPU for this ResNet (benchmarks/atari_impala.py); harmless on GPUs.
+            layout=LayoutConfig(actors_per_device=2, scan_unroll=4),
+            eval=EvalConfig(every_updates=1000, episodes=8, num_envs=8),
         ),
     ),
 }
