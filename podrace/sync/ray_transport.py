@@ -11,6 +11,12 @@ actor, not a sleep loop), pulls the newest object and places it on the subscribe
 `poll()` then never blocks and `get()` waits on a local condition. If the publisher's
 process dies, the board dies with it and waiting subscribers raise ChannelClosed.
 
+Deployment: size the object store for about keep + 2 copies of the params per node, and
+for large params start Ray with `preallocate_plasma_memory` (e.g. `ray.init(...,
+object_store_memory=..., _system_config={"preallocate_plasma_memory": True})`): otherwise a
+`ray.put` that lands on never-touched store pages pays their first-touch faults, which made
+back-to-back 256 MB publishes several times slower in benchmarks/sync_bench.py.
+
 Ray is imported only when this module is used: `pip install podrace[ray]`.
 """
 
@@ -218,7 +224,8 @@ class RaySubscriber(Subscriber):
       device: jax Device/Sharding for the snapshots, or None for read-only NumPy arrays.
       expect: a params-like pytree or TreeSpec every snapshot must match.
       name: label in the publisher's metrics.
-      long_poll: seconds one board wait may last (bounds how long close() takes).
+      long_poll: seconds one board wait may last (how long the fetch thread can outlive
+        close() if cancelling its wait fails).
     """
 
     def __init__(
