@@ -58,17 +58,21 @@ _IMPALA_ATARI_EPS, _IMPALA_ATARI_CLIP = mean_loss_rmsprop(0.01, 40.0, samples=32
 
 PRESETS: dict[str, tuple[str, TrainConfig]] = {
     "cartpole-ppo": (
-        "PPO on CartPole-v1 (envpool), 500k steps, 2 actor threads and a learner on device 0.",
+        "PPO on CartPole-v1 (envpool), 500k steps, one actor thread (64 envs) and a learner on device 0.",
+        # 512 samples per update as 64 envs x 8 steps: on 2 CPU cores the per-step cost of
+        # inference dispatch dominates, so wide env batches and one actor thread are fastest
+        # (measured: 10 s for 500k steps vs 14 s with 2 threads x 32 envs; a second thread
+        # only adds GIL contention). Every layout tried solved CartPole (eval 500).
         TrainConfig(
             name="cartpole-ppo",
             algo="ppo",
             total_steps=500_000,
-            rollout_length=32,
-            env=EnvConfig(id="CartPole-v1", num_envs=8),
+            rollout_length=8,
+            env=EnvConfig(id="CartPole-v1", num_envs=64),
             network=NetworkConfig(torso="mlp", hidden_sizes=(64, 64), activation="tanh"),
             ppo=PPOConfig(learning_rate=2.5e-3, num_epochs=4, num_minibatches=4, ent_coef=0.0),
-            layout=LayoutConfig(actors_per_device=2),
-            eval=EvalConfig(every_updates=200, episodes=16, num_envs=8),
+            layout=LayoutConfig(actors_per_device=1),
+            eval=EvalConfig(every_updates=250, episodes=16, num_envs=16),
         ),
     ),
     "pendulum-ppo": (
