@@ -22,7 +22,7 @@ gives serial = 1 / (1/actor_only + 1/learner_only), the rate if acting and learn
 overlapped, perfect_overlap = min(actor_only, learner_only), and e2e over each.
 
     python benchmarks/atari_impala.py [--out benchmarks/results/atari_impala.json]
-        [--updates 20] [--unroll1-updates 2] [--num-envs 8] [podrace train flags...]
+        [--updates 20] [--unroll1-updates 2] [--num-envs 4] [podrace train flags...]
 
 Extra arguments are `podrace train atari-impala` flags (e.g. --env.id Pong-v5).
 """
@@ -304,7 +304,7 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=20, help="learner updates per mode")
     parser.add_argument("--unroll1-updates", type=int, default=2,
                         help="timed updates for learner_only with scan_unroll=1 (slow on CPU)")
-    parser.add_argument("--num-envs", type=int, default=8, help="envs per actor thread")
+    parser.add_argument("--num-envs", type=int, default=4, help="envs per actor thread")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     parser.add_argument("--xla-flags", default="",
                         help="appended to XLA_FLAGS of every child, e.g. '--xla_cpu_multi_thread_eigen=false'")

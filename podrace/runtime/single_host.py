@@ -124,7 +124,9 @@ class SingleHostRun:
                 device=devices.actors[actor_id // cfg.layout.actors_per_device],
                 key=_seed_key(cfg.seed, 2, actor_id),
                 policy=policy,
-                subscriber=publisher.subscribe(device=devices.actors[actor_id // cfg.layout.actors_per_device]),
+                subscriber=publisher.subscribe(
+                    device=devices.actors[actor_id // cfg.layout.actors_per_device], name=f"actor-{actor_id}"
+                ),
                 placement=placement,
                 pipeline=pipeline,
                 metrics=metrics,
@@ -140,7 +142,7 @@ class SingleHostRun:
             env=make_env(cfg.env, cfg.eval.num_envs, _env_seed(cfg.seed, 1, 0)),
             device=devices.evaluator,
             policy=greedy,
-            subscriber=publisher.subscribe(device=devices.evaluator),
+            subscriber=publisher.subscribe(device=devices.evaluator, name="evaluator"),
             episodes=cfg.eval.episodes,
             metrics=metrics,
             lifetime=lifetime,
@@ -188,12 +190,12 @@ class SingleHostRun:
             group.spawn("evaluator", self.evaluator.run)
             group.spawn("learner", learn)
             group.spawn("watchdog", self.watchdog.run, guard_transfers=False)
-            _log_until_stopped(lifetime, metrics, sinks, cfg.log.interval_s, train_start)
+            _log_until_stopped(self, sinks, train_start)
         finally:  # also on KeyboardInterrupt: stop, join, flush, then let it propagate
             lifetime.stop("shutdown")
             stuck = group.join(JOIN_TIMEOUT_S)
             train_s = time.perf_counter() - train_start
-            _write_line(sinks, metrics, train_start, final=True)
+            _write_line(self, sinks, train_start, final=True)
             for sink in sinks:
                 sink.close()
             for actor in self.actors:
@@ -232,8 +234,9 @@ def _warm_up(cfg, spec, state, keys, update_fn, policy, greedy, placement, devic
     jax.block_until_ready(greedy(eval_params, eval_obs))
 
 
-def _write_line(sinks, metrics: Metrics, start: float, final: bool = False) -> None:
-    line = metrics.collect()
+def _write_line(run: SingleHostRun, sinks, start: float, final: bool = False) -> None:
+    line = run.metrics.collect()
+    line.update({f"sync/{k}": v for k, v in run.publisher.metrics().items()})
     elapsed = time.perf_counter() - start
     line["time_s"] = elapsed
     line["sps"] = line.get("env_steps", 0.0) / max(elapsed, 1e-9)
@@ -243,6 +246,6 @@ def _write_line(sinks, metrics: Metrics, start: float, final: bool = False) -> N
         sink.write(line)
 
 
-def _log_until_stopped(lifetime: Lifetime, metrics: Metrics, sinks, interval_s: float, start: float) -> None:
-    while not lifetime.wait(interval_s):
-        _write_line(sinks, metrics, start)
+def _log_until_stopped(run: SingleHostRun, sinks, start: float) -> None:
+    while not run.lifetime.wait(run.cfg.log.interval_s):
+        _write_line(run, sinks, start)

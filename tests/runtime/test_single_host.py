@@ -20,6 +20,8 @@ def small(tmp_path, **changes):
         "total_steps": 8 * 2 * 16 * 12,
         "rollout_length": 16,
         "env.num_envs": 8,
+        "layout.actors_per_device": 2,
+        "ppo.num_minibatches": 4,
         "eval.every_updates": 0,
         "eval.episodes": 2,
         "eval.num_envs": 2,
