@@ -329,6 +329,9 @@ def main() -> None:
             raise SystemExit(f"{mode} failed with exit code {proc.returncode}")
         runs[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
         runs[mode]["child_wall_s"] = time.perf_counter() - start
+        # Other processes on the machine skew the ratios; the 1-minute load average at the
+        # end of each child (this benchmark alone adds about 2 on two cores) says if they did.
+        runs[mode]["load_avg_1min_after"] = os.getloadavg()[0]
         print(f"{mode}: {runs[mode]['sps']:.1f} steps/s ({runs[mode]['child_wall_s']:.0f} s)", file=sys.stderr)
 
     report = {
