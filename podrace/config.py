@@ -65,19 +65,29 @@ class PPOConfig:
     """PPO hyperparameters (used when `algo` is `ppo`)."""
 
     learning_rate: float = 2.5e-4
+    """Adam step size (start value when annealed)."""
     anneal_lr: bool = True
     """Linearly decay the learning rate to zero over the run."""
     gamma: float = 0.99
+    """Discount factor."""
     gae_lambda: float = 0.95
+    """GAE lambda (bias/variance trade-off of advantages)."""
     num_epochs: int = 4
+    """Passes over each batch."""
     num_minibatches: int = 4
     """Minibatches per epoch, per learner shard."""
     clip_coef: float = 0.2
+    """Surrogate ratio clipping (and value clipping) range."""
     clip_value_loss: bool = True
+    """Clip the value loss around the behaviour values."""
     vf_coef: float = 0.5
+    """Weight of the value loss."""
     ent_coef: float = 0.01
+    """Weight of the entropy bonus."""
     max_grad_norm: float = 0.5
+    """Global gradient-norm clipping threshold."""
     norm_adv: bool = True
+    """Normalise advantages per minibatch (global statistics across shards)."""
 
 
 @dataclass(frozen=True)
@@ -85,16 +95,27 @@ class ImpalaConfig:
     """IMPALA / V-trace hyperparameters (used when `algo` is `impala`)."""
 
     learning_rate: float = 6e-4
+    """RMSProp step size (start value when annealed)."""
     anneal_lr: bool = True
+    """Linearly decay the learning rate to zero over the run."""
     gamma: float = 0.99
+    """Discount factor."""
     vtrace_lambda: float = 1.0
+    """V-trace lambda (1.0 is the paper's V-trace)."""
     rho_bar: float = 1.0
+    """Truncation of importance weights in the V-trace targets and policy gradient."""
     c_bar: float = 1.0
+    """Truncation of the trace-cutting coefficients."""
     vf_coef: float = 0.5
+    """Weight of the value loss."""
     ent_coef: float = 0.01
+    """Weight of the entropy bonus."""
     max_grad_norm: float = 40.0
+    """Global gradient-norm clipping threshold."""
     rmsprop_decay: float = 0.99
+    """RMSProp decay of the squared-gradient average."""
     rmsprop_eps: float = 0.01
+    """RMSProp epsilon (inside the square root)."""
     num_minibatches: int = 1
     """Minibatches per update, per learner shard (one pass over the data)."""
 
@@ -133,6 +154,7 @@ class EvalConfig:
     episodes: int = 16
     """Episodes per evaluation."""
     num_envs: int = 8
+    """Evaluation envs stepped together."""
     device_id: int | None = None
     """Device for evaluation inference; None uses the first actor device."""
 
@@ -169,7 +191,9 @@ class TrainConfig:
     name: str = "custom"
     """Preset name (used in the run directory name)."""
     algo: Literal["ppo", "impala"] = "ppo"
+    """Learning algorithm; its hyperparameters are under --ppo.* or --impala.*."""
     seed: int = 1
+    """Run seed: params, learner keys, and every actor's key and env seeds derive from it."""
     deterministic: bool = False
     """Reproducible runs: synchronous actors (lag 0, fixed data order) and deterministic
     XLA ops; the same seed then gives bit-identical params on the same machine."""
