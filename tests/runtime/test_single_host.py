@@ -138,3 +138,16 @@ def test_cartpole_ppo_learns(tmp_path):
     cfg = small(tmp_path, total_steps=120_000, rollout_length=32, seed=1, **{"eval.episodes": 8, "eval.num_envs": 8})
     result = train(cfg)
     assert result.final_eval.mean_return >= 150, result.final_eval
+
+
+@pytest.mark.timeout(120)
+def test_continuous_actions_run_end_to_end(tmp_path):
+    cfg = replace(PRESETS["pendulum-ppo"][1], total_steps=2 * 8 * 16 * 3, rollout_length=16, **{
+        "env.num_envs": 8, "ppo.num_minibatches": 2, "eval.episodes": 2, "eval.num_envs": 2,
+        "log.console": "none", "log.run_dir": str(tmp_path),
+    })
+    run = prepare(cfg)
+    batches = record_batches(run)
+    result = run.run()
+    assert result.updates == 3 and len(batches) == 3
+    assert np.isfinite(result.final_eval.mean_return)
