@@ -33,7 +33,7 @@ class ThreadGroup:
                 else:
                     fn()
             except Stopped:
-                pass
+                return  # the run is stopping; whoever stopped it recorded why
             except ChannelClosed:
                 if not self.lifetime.stopping:
                     self.lifetime.fail(name, ChannelClosed("weights channel closed"))

@@ -14,6 +14,7 @@ more, and a stuck reader can never block the publisher.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
 import socket
@@ -101,7 +102,7 @@ class Doorbell:
         try:  # a ring that raced with this accept was not sent here: wake it once now
             sock.send(b"0\n", socket.MSG_DONTWAIT)
         except OSError:
-            pass
+            return  # best effort: a full or closed socket is handled by the read side
 
     def _receive(self, sel: selectors.BaseSelector, sock: socket.socket) -> None:
         try:
@@ -136,7 +137,7 @@ class Doorbell:
         try:
             sock.close()
         except OSError:
-            pass
+            return  # already closed by the peer going away: nothing left to release
 
     def close(self) -> None:
         """Disconnect everyone: their listeners see end-of-file."""
@@ -155,7 +156,7 @@ class Doorbell:
             try:
                 os.unlink(self._address)
             except FileNotFoundError:
-                pass
+                return  # already removed: the goal of this call holds
 
 
 class DoorbellClient:
@@ -197,9 +198,7 @@ class DoorbellClient:
         self._send(b"ack %d\n" % version)
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):  # already disconnected: the reader is ending anyway
             self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
         self._thread.join(5)
         self._sock.close()
