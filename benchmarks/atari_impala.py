@@ -17,9 +17,12 @@ preset at benchmark sizes (below; all stated in the JSON):
   e2e           training: actors, pipeline and learner together.
 
 Steps/s of actor_only and e2e are steady-state: env steps consumed between the learner's
-`skip`-th and last update (the first updates include filling the pipeline). The summary
+SKIP-th and last update (the first updates include filling the pipeline). The summary
 gives serial = 1 / (1/actor_only + 1/learner_only), the rate if acting and learning never
-overlapped, perfect_overlap = min(actor_only, learner_only), and e2e over each.
+overlapped, perfect_overlap = min(actor_only, learner_only), and e2e over each. On a
+CPU-only machine actors and learner compute on the same cores, so e2e can at best match
+serial there (plus whatever one stage leaves idle); perfect overlap needs separate
+actor and learner devices.
 
     python benchmarks/atari_impala.py [--out benchmarks/results/atari_impala.json]
         [--updates 20] [--unroll1-updates 2] [--num-envs 4] [podrace train flags...]
@@ -50,7 +53,7 @@ SKIP = 2
 """Updates left out of the steady-state rates (pipeline fill, first publishes)."""
 
 
-def make_config(args: argparse.Namespace, overrides: list[str], **changes):
+def make_config(args: argparse.Namespace, overrides: list[str], run_dir: str = "runs", **changes):
     """The preset at benchmark sizes; forces the CPU device count before JAX starts."""
     from podrace.cli import force_cpu_devices, parse_train
     from podrace.config import replace
@@ -60,7 +63,7 @@ def make_config(args: argparse.Namespace, overrides: list[str], **changes):
         "env.num_envs": args.num_envs,
         "eval.every_updates": 0,
         "log.console": "none",
-        "log.run_dir": tempfile.mkdtemp(prefix="podrace-bench-"),
+        "log.run_dir": run_dir,
         "log.interval_s": 1.0,
     }
     cfg = replace(cfg, **sizes, **changes)
@@ -284,7 +287,7 @@ def child(mode: str, args: argparse.Namespace, overrides: list[str]) -> dict:
     if mode == "learner_only_unroll1":
         changes["layout.scan_unroll"] = 1
         args.updates = args.unroll1_updates
-    cfg = make_config(args, overrides, **changes)
+    cfg = make_config(args, overrides, run_dir=tempfile.mkdtemp(prefix="podrace-bench-"), **changes)
     import jax
 
     start = time.perf_counter()
@@ -307,7 +310,7 @@ def main() -> None:
     parser.add_argument("--num-envs", type=int, default=4, help="envs per actor thread")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     parser.add_argument("--xla-flags", default="",
-                        help="appended to XLA_FLAGS of every child, e.g. '--xla_cpu_multi_thread_eigen=false'")
+                        help="appended to XLA_FLAGS of every child, e.g. --xla-flags=--xla_cpu_multi_thread_eigen=false")
     parser.add_argument("--mode", choices=list(MODES), help=argparse.SUPPRESS)
     args, overrides = parser.parse_known_args()
     if args.mode:

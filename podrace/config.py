@@ -111,11 +111,15 @@ class ImpalaConfig:
     ent_coef: float = 0.01
     """Weight of the entropy bonus."""
     max_grad_norm: float = 40.0
-    """Global gradient-norm clipping threshold."""
+    """Global gradient-norm clipping threshold. podrace's loss is a mean over samples, so
+    the paper's value for a summed loss (40) corresponds to 40 / N for N samples per
+    minibatch (presets.mean_loss_rmsprop converts)."""
     rmsprop_decay: float = 0.99
     """RMSProp decay of the squared-gradient average."""
     rmsprop_eps: float = 0.01
-    """RMSProp epsilon (inside the square root)."""
+    """RMSProp epsilon (inside the square root). With podrace's mean loss the paper's
+    summed-loss eps (0.01) corresponds to 0.01 / N**2 for N samples per minibatch; larger
+    values make eps dominate and steps tiny (presets.mean_loss_rmsprop converts)."""
     num_minibatches: int = 1
     """Minibatches per update, per learner shard (one pass over the data)."""
 

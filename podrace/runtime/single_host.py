@@ -45,6 +45,9 @@ class TrainResult:
     env_steps: int
     compile_s: float
     train_s: float
+    learn_s: float
+    """Seconds from starting the threads until the last update was published (train_s also
+    counts the final evaluation and shutdown)."""
     final_eval: EvalResult | None
     max_policy_lag: float
 
@@ -170,9 +173,11 @@ class SingleHostRun:
     def run(self) -> TrainResult:
         cfg, lifetime, metrics = self.cfg, self.lifetime, self.metrics
         final: list[EvalResult] = []
+        learned: list[float] = []
 
         def learn() -> None:
             self.learner.run()
+            learned.append(time.perf_counter() - train_start)
             final.append(self.evaluator.evaluate_final(self.learner.version))
             lifetime.stop("finished")
 
@@ -211,6 +216,7 @@ class SingleHostRun:
             env_steps=int(metrics.total("env_steps")),
             compile_s=self.compile_s,
             train_s=train_s,
+            learn_s=learned[0] if learned else train_s,
             final_eval=final[0] if final else None,
             max_policy_lag=float(metrics.last("lag/max_seen", 0.0)),
         )
