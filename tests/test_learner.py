@@ -1,7 +1,6 @@
 """The sharded learner step: 4 learner devices give the 1-device result; shard keys differ."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P

@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from podrace.actor import Actor, LearnerPlacement, make_policy_fns
-from podrace.config import ConfigError, TrainConfig, validate
+from podrace.config import TrainConfig, validate
 from podrace.envs import env_spec, make_env, resolve_backend
 from podrace.evaluate import EvalResult, Evaluator, make_greedy_policy
 from podrace.learner import Learner, make_algorithm, make_mesh, make_update_fn, env_keys, trajectory_shardings
