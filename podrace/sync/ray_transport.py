@@ -23,6 +23,7 @@ Ray is imported only when this module is used: `pip install podrace[ray]`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import threading
@@ -195,10 +196,10 @@ class RayPublisher(BackgroundPublisher):
         self.board.close.remote(self.channel)
 
     def _shutdown(self, failed: bool) -> None:
-        try:  # wakes every waiting subscriber with "closed" and drops the board's reference
+        # Wakes every waiting subscriber with "closed" and drops the board's reference;
+        # best effort, since the board may already be gone with its process.
+        with contextlib.suppress(Exception):
             self._ray.get(self.board.close.remote(self.channel), timeout=10)
-        except Exception:  # noqa: BLE001 - the board may already be gone
-            pass
         self._refs.clear()
 
     def _transport_metrics(self) -> dict[str, float | int]:
@@ -382,12 +383,12 @@ class RaySubscriber(Subscriber):
             self._latest = None
             self._cond.notify_all()
             call, self._call = self._call, None
-        try:  # interrupts the long poll; the daemon fetch thread exits on its own
+        # Interrupts the long poll (the daemon fetch thread exits on its own); the call may
+        # have finished already, or the board be gone: nothing is left to release then.
+        with contextlib.suppress(Exception):
             if call is not None:
                 _ray().cancel(call)
             self._board.forget.remote(self.channel, self.name)
-        except Exception:  # noqa: BLE001 - finished already, or the board is gone
-            pass
 
 
 def _reattach(

@@ -17,6 +17,7 @@ So a reader never sees a half-written snapshot, and the writer never waits for r
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import pickle
@@ -181,14 +182,10 @@ class SlotWriter:
         for shm in (self._data_shm, self._ctl_shm):
             if shm is None:
                 continue
-            try:
+            with contextlib.suppress(BufferError):  # a view is still exported; the GC unmaps it
                 shm.close()
-            except BufferError:  # a view is still exported somewhere; the GC will unmap it
-                pass
-            try:
+            with contextlib.suppress(FileNotFoundError):  # already unlinked: the goal holds
                 shm.unlink()
-            except FileNotFoundError:
-                pass
 
 
 def _map_readonly(name: str) -> mmap.mmap:
@@ -272,7 +269,5 @@ class SlotReader:
         for m in (self._data_map, self._ctl_map):
             if m is None:
                 continue
-            try:
+            with contextlib.suppress(BufferError):  # a view is still exported; the GC unmaps it
                 m.close()
-            except BufferError:
-                pass
