@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from podrace.algos.base import TrainState
+
 from podrace.types import PyTree
 
 Metrics = dict[str, jax.Array]
@@ -101,3 +103,24 @@ def reduce_metrics(stacked: Metrics) -> Metrics:
     out = {k: jnp.mean(v) for k, v in stacked.items() if k != "finite"}
     out["finite"] = jnp.all(stacked["finite"])
     return out
+
+
+def init_state(optimizer: optax.GradientTransformation) -> Callable[[PyTree], TrainState]:
+    """`init` of an Algorithm: params -> TrainState at update 0."""
+
+    def init(params: PyTree) -> TrainState:
+        return TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
+
+    return init
+
+
+def make_minibatch_step(optimizer, loss_fn, schedule, axis_name: str | None) -> Callable:
+    """One scanned optimizer step: carry (params, opt_state, opt_count) -> metrics with lr."""
+
+    def minibatch_step(carry, minibatch):
+        params, opt_state, opt_count = carry
+        params, opt_state, metrics = sgd_step(optimizer, loss_fn, params, opt_state, minibatch, axis_name)
+        metrics["learning_rate"] = jnp.asarray(schedule(opt_count), jnp.float32)
+        return (params, opt_state, opt_count + 1), metrics
+
+    return minibatch_step

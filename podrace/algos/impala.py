@@ -23,7 +23,8 @@ from podrace.algos.common import (
     learning_rate_schedule,
     psum,
     reduce_metrics,
-    sgd_step,
+    init_state,
+    make_minibatch_step,
 )
 from podrace.config import ImpalaConfig
 from podrace.types import PyTree, Trajectory
@@ -125,14 +126,8 @@ def make_impala(
     def loss_fn(params, minibatch):
         return impala_loss(params, apply_fn, minibatch, cfg, axis_name)
 
-    def init(params: PyTree) -> TrainState:
-        return TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
-
-    def minibatch_step(carry, minibatch):
-        params, opt_state, opt_count = carry
-        params, opt_state, metrics = sgd_step(optimizer, loss_fn, params, opt_state, minibatch, axis_name)
-        metrics["learning_rate"] = jnp.asarray(schedule(opt_count), jnp.float32)
-        return (params, opt_state, opt_count + 1), metrics
+    init = init_state(optimizer)
+    minibatch_step = make_minibatch_step(optimizer, loss_fn, schedule, axis_name)
 
     def update(state: TrainState, traj: Trajectory, keys: jax.Array) -> tuple[TrainState, Metrics]:
         # Env shuffling (num_minibatches > 1 only) uses the first local env's key, so it is

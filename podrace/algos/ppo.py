@@ -24,7 +24,8 @@ from podrace.algos.common import (
     learning_rate_schedule,
     psum,
     reduce_metrics,
-    sgd_step,
+    init_state,
+    make_minibatch_step,
 )
 from podrace.config import PPOConfig
 from podrace.types import PyTree, Trajectory
@@ -117,14 +118,8 @@ def make_ppo(
     def loss_fn(params, minibatch):
         return ppo_loss(params, apply_fn, minibatch, cfg, axis_name)
 
-    def init(params: PyTree) -> TrainState:
-        return TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
-
-    def minibatch_step(carry, minibatch):
-        params, opt_state, opt_count = carry
-        params, opt_state, metrics = sgd_step(optimizer, loss_fn, params, opt_state, minibatch, axis_name)
-        metrics["learning_rate"] = jnp.asarray(schedule(opt_count), jnp.float32)
-        return (params, opt_state, opt_count + 1), metrics
+    init = init_state(optimizer)
+    minibatch_step = make_minibatch_step(optimizer, loss_fn, schedule, axis_name)
 
     def update(state: TrainState, traj: Trajectory, keys: jax.Array) -> tuple[TrainState, Metrics]:
         advantages, returns = gae(
