@@ -132,8 +132,8 @@ class ShmSubscriber(Subscriber):
 
     Args:
       channel: the publisher's `name`.
-      device: a jax Device/Sharding to place snapshots on (one copy out of shared memory,
-        straight to the device), or None for read-only host NumPy arrays.
+      device: a jax Device/Sharding to place snapshots on (a private host copy out of
+        shared memory, then `device_put`), or None for read-only host NumPy arrays.
       expect: a params-like pytree or TreeSpec every snapshot must match.
       name: label in the publisher's metrics.
     """
@@ -143,7 +143,6 @@ class ShmSubscriber(Subscriber):
         self.name = name or f"pid{os.getpid()}-{next(_names)}"
         self._device = device
         self._expect = None if expect is None else TreeSpec.of(expect)
-        self._expect_checked = False
         self._cond = threading.Condition()
         self._lock = threading.Lock()
         self._closed = False
@@ -233,27 +232,31 @@ class ShmSubscriber(Subscriber):
         reader = self._reader
         start = time.perf_counter()
 
-        def consume(slot: np.ndarray) -> list[Any]:
+        def copy_out(slot: np.ndarray) -> np.ndarray:
             layout = reader.layout
             assert layout is not None
-            if self._device is None:
-                buf = self._pool.take(layout.used_bytes)
-                np.copyto(buf, slot[: layout.used_bytes])
-                buf.flags.writeable = False  # snapshots are immutable
-                return layout.views(buf)
-            placed = jax.device_put(layout.views(slot), self._device, may_alias=False)
-            return jax.block_until_ready(placed)
+            buf = self._pool.take(layout.used_bytes)
+            np.copyto(buf, slot[: layout.used_bytes])
+            return buf
 
-        got = reader.read(consume, attempts)
+        got = reader.read(copy_out, attempts)
         if got is None:
             return None
-        assert reader.layout is not None
-        if self._expect is not None and not self._expect_checked:
-            self._expect.check_spec(reader.layout.spec, f"shm channel {self.channel!r}")
-            self._expect_checked = True
-        version, leaves = got
+        layout = reader.layout
+        assert layout is not None
+        version, buf = got
+        # Only a private copy, validated by the seqlock, is handed on: `device_put` of a
+        # NumPy array may alias it on CPU, so placing straight from the slot would return
+        # arrays that the writer rewrites later.
+        buf.flags.writeable = False  # snapshots are immutable
+        leaves: list[Any] = layout.views(buf)  # the pool reuses `buf` once no array views it
+        if self._device is not None:
+            leaves = jax.block_until_ready(jax.device_put(leaves, self._device))
+        params = jax.tree_util.tree_unflatten(layout.spec.treedef, leaves)
+        if self._expect is not None:
+            self._expect.check(params, f"shm version {version} for {self.name!r}")
         self._read_time.add(time.perf_counter() - start)
-        return Snapshot(version, jax.tree_util.tree_unflatten(reader.layout.spec.treedef, leaves))
+        return Snapshot(version, params)
 
     @property
     def acked_version(self) -> int | None:

@@ -336,3 +336,51 @@ def test_publish_and_placed_get_are_clean_under_disallow_transfer_guard(harness,
         snap = sub.get(version, timeout=10)
         assert snap.params["x"].devices() == {devs[1]}
     assert check_params(snap.params) == 4
+
+
+@pytest.mark.timeout(120)
+def test_kept_device_snapshots_never_change_while_the_publisher_races(harness, new_pub):
+    """A snapshot owns its memory: a reader may keep it while later versions are written."""
+    import jax
+
+    devs = jax.devices()
+    pub = new_pub(keep=1)  # the fewest slots/objects: reuse of memory comes soonest
+    subs = [harness.subscribe(pub, device=devs[1 + i % 2]) for i in range(2)]
+    n = 4096
+    pub.publish(make_params(0, n))
+    for sub in subs:
+        sub.get(0, timeout=30)
+    final = 60
+    kept: list[list[Snapshot]] = [[] for _ in subs]
+    done = threading.Event()
+    errors = []
+
+    def read(i: int) -> None:
+        try:
+            while not done.is_set():
+                snap = subs[i].poll() or subs[i].get(kept[i][-1].version + 1 if kept[i] else 0, timeout=30)
+                kept[i].append(snap)
+                if snap.version >= final:
+                    return
+        except Exception as exc:  # noqa: BLE001 - re-raised in the test thread
+            errors.append(exc)
+
+    readers = [threading.Thread(target=read, args=(i,)) for i in range(len(subs))]
+    for t in readers:
+        t.start()
+    for v in range(1, final + 1):
+        pub.publish(make_params(v, n))
+        if v % 3 == 0:
+            pub.flush(timeout=30)
+    for t in readers:
+        t.join(60)
+    done.set()
+    assert not errors, errors
+    for v in range(final + 1, final + 4):  # every slot / buffer is rewritten at least once more
+        pub.publish(make_params(v, n))
+        pub.flush(timeout=30)
+    assert all(k and k[-1].version == final for k in kept)
+    for snaps in kept:
+        for snap in snaps:
+            assert snap.params["x"].devices() <= set(devs[1:3])
+            assert check_params(snap.params) == snap.version  # unchanged since it was returned
