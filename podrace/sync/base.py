@@ -88,8 +88,11 @@ class Publisher(ABC):
         """Make `params` the latest snapshot and return its version.
 
         Versions count from `first_version` in steps of one; a relay passes `version`
-        explicitly to keep its upstream's numbering (it must exceed the latest).
-        The caller must not mutate or donate `params` afterwards.
+        explicitly to keep its upstream's numbering (it must exceed the latest). Versions
+        are never negative (ValueError). The caller must not mutate or donate `params`
+        afterwards. If the publisher's transform raises on a version, that version is
+        skipped by every subscriber and push target, counted in `metrics()` as
+        `transform/failures`, and the channel goes on with the next one.
         """
 
     @abstractmethod
@@ -107,7 +110,8 @@ class Publisher(ABC):
         """
 
     def flush(self, timeout: float | None = None) -> None:
-        """Wait until the latest published version is visible to subscribers.
+        """Wait until the latest published version is visible to subscribers (or skipped,
+        if its transform failed).
 
         Transports that copy in the background (shm, ray) override this; the learner need
         not call it, but a synchronous (lag 0) loop or an orderly shutdown may.

@@ -52,8 +52,6 @@ class ShmPublisher(BackgroundPublisher):
         first_version: int = 0,
         name: str | None = None,
     ) -> None:
-        if first_version < 0:
-            raise ValueError(f"shm versions must be >= 0, got first_version={first_version}")
         super().__init__(transform, keep, first_version, label="shm")
         self.name = name or f"podrace_{os.getpid()}_{secrets.token_hex(4)}"
         self._raw_spec: TreeSpec | None = None

@@ -384,3 +384,42 @@ def test_kept_device_snapshots_never_change_while_the_publisher_races(harness, n
         for snap in snaps:
             assert snap.params["x"].devices() <= set(devs[1:3])
             assert check_params(snap.params) == snap.version  # unchanged since it was returned
+
+
+def test_negative_versions_are_rejected(harness, new_pub):
+    with pytest.raises(ValueError, match="first_version=-1"):
+        harness.publisher(first_version=-1)
+    pub = new_pub()
+    with pytest.raises(ValueError, match=r">= 0.*version=-3"):
+        pub.publish(make_params(0), version=-3)
+    assert pub.latest_version is None
+    assert pub.publish(make_params(0)) == 0
+    assert harness.subscribe(pub).get(0, timeout=10).version == 0
+
+
+def test_a_failing_transform_fails_only_its_version(harness, new_pub):
+    def transform(params):
+        if int(np.asarray(params["x"])[0]) == 1:
+            raise ValueError("cannot transform version 1")
+        return params
+
+    pub = new_pub(transform=transform)
+    sub = harness.subscribe(pub)
+    pushed = []
+    pub.add_push_target(lambda snap: pushed.append(snap.version), "rec")
+    pub.publish(make_params(0))
+    assert sub.get(0, timeout=10).version == 0
+    pub.publish(make_params(1))  # never raises in the learner
+    pub.flush(timeout=10)  # settles (as skipped) rather than hanging
+    assert sub.get(0, timeout=10).version == 0  # still satisfied by version 0
+    wait_until(lambda: pub.metrics()["transform/failures"] == 1)
+    with pytest.raises(SyncTimeout):
+        sub.get(1, timeout=0.3)  # version 1 never appears
+    assert pub.publish(make_params(2)) == 2
+    snap = sub.get(1, timeout=10)
+    assert snap.version == 2 and check_params(snap.params) == 2
+    assert check_params(harness.subscribe(pub).get(2, timeout=10).params) == 2
+    wait_until(lambda: pushed and pushed[-1] == 2)
+    m = pub.metrics()
+    assert m["transform/failures"] == 1 and m["transform/last_failed_version"] == 1
+    assert 1 not in pushed and m["push/rec/failures"] == 0  # skipped, not a target failure
