@@ -280,3 +280,32 @@ def test_read_buffers_are_reused_only_when_no_snapshot_views_them():
     assert len(buffers) == 2  # the other six versions alternated between two buffers
     pub.close()
     sub.close()
+
+
+def test_seqlock_rejects_a_slot_rewritten_between_lookup_and_copy():
+    """The writer laps the reader after it read LATEST but before it read the slot's counter:
+    the counter is even and steady across the copy, so only the slot's version tells."""
+    from podrace.sync.shm_layout import W_LATEST
+
+    writer, reader, spec = _layout_pair(nslots=2)
+    writer.write(0, _leaves(0), spec)
+    real_ctl, lapped = reader.ctl, []
+
+    class LapAfterLookup:
+        def __getitem__(self, i):
+            value = real_ctl[i]
+            if i == W_LATEST and not lapped:
+                lapped.append(1)
+                writer.write(1, _leaves(1), spec)  # slot 1
+                writer.write(2, _leaves(2), spec)  # slot 0 again: the slot LATEST named
+            return value
+
+    reader.ctl = LapAfterLookup()
+    got = reader.read(lambda slot: [x.copy() for x in reader.layout.views(slot)], attempts=5)
+    reader.ctl = real_ctl
+    assert lapped and got is not None
+    version, leaves = got
+    assert workers.stamp_of(_unflatten(reader, leaves)) == version == 2
+    assert reader.retries == 1
+    reader.close()
+    writer.close()
