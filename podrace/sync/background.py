@@ -76,12 +76,13 @@ class BackgroundPublisher(Publisher):
         """Make `host` (NumPy leaves) visible to subscribers as `version`."""
 
     @abstractmethod
-    def _fail(self) -> None:
-        """Tell subscribers that delivery failed (they raise ChannelClosed)."""
+    def _fail(self, reason: str) -> None:
+        """Tell subscribers that delivery failed (they raise PublisherGone with `reason`)."""
 
     @abstractmethod
-    def _shutdown(self, failed: bool) -> None:
-        """Release the transport after the delivery thread stopped."""
+    def _shutdown(self, error: str | None) -> None:
+        """Release the transport after the delivery thread stopped; subscribers raise
+        ChannelClosed, or PublisherGone with `error` if given."""
 
     def _transport_metrics(self) -> dict[str, float | int]:
         return {}
@@ -131,7 +132,7 @@ class BackgroundPublisher(Publisher):
                     f"(visible: {self._visible})"
                 )
 
-    def close(self) -> None:
+    def close(self, error: str | None = None) -> None:
         with self._cond:
             if self._closed:
                 return
@@ -139,7 +140,9 @@ class BackgroundPublisher(Publisher):
             self._pending = self._latest = None
             self._cond.notify_all()
         self._thread.join(60)  # at most one delivery in progress
-        self._shutdown(failed=self._failure is not None)
+        if error is None and self._failure is not None:
+            error = self._failure_reason()
+        self._shutdown(error)
         self._push.close()
 
     @property
@@ -165,6 +168,9 @@ class BackgroundPublisher(Publisher):
         out.update(self._transport_metrics())
         out.update(self._push.metrics())
         return out
+
+    def _failure_reason(self) -> str:
+        return f"{self._label} delivery failed: {type(self._failure).__name__}: {self._failure}"
 
     # -- delivery thread ------------------------------------------------------------------
     def _host(self, entry: Published) -> Snapshot | None:
@@ -203,7 +209,7 @@ class BackgroundPublisher(Publisher):
                     self._failure = exc
                     self._cond.notify_all()
                 try:
-                    self._fail()
+                    self._fail(self._failure_reason())
                 except Exception:  # noqa: BLE001 - best effort: the transport may be broken
                     _log.exception("%s: could not tell subscribers about the failure", self._label)
                 return

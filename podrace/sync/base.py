@@ -35,6 +35,11 @@ class ChannelClosed(SyncError):
     """The publisher was closed or went away; raised by every pending and later call."""
 
 
+class PublisherGone(ChannelClosed):
+    """Not an orderly close: the publisher's process died, its delivery failed, or it was
+    closed with an error (e.g. a relay whose upstream died). The message says which."""
+
+
 class SnapshotMismatch(SyncError):
     """A snapshot's tree structure, shapes or dtypes differ from what was expected."""
 
@@ -57,7 +62,8 @@ class Subscriber(ABC):
         Returns at once (the same snapshot again, if nothing is newer) when already
         satisfied. Cross-process transports make a publish visible a moment after
         `publish()` returns (`Publisher.flush()` waits for that). Raises SyncTimeout after
-        `timeout` seconds, ChannelClosed if the publisher closes or goes away (or had).
+        `timeout` seconds, ChannelClosed if the publisher closes (PublisherGone if it died
+        or failed).
         """
 
     @property
@@ -118,8 +124,12 @@ class Publisher(ABC):
         """
 
     @abstractmethod
-    def close(self) -> None:
-        """Stop publishing (idempotent); every waiting and later `get()` raises ChannelClosed."""
+    def close(self, error: str | None = None) -> None:
+        """Stop publishing (idempotent); every waiting and later `get()` raises ChannelClosed.
+
+        With `error` (why the params stopped coming, e.g. a relay's upstream died), they
+        raise PublisherGone carrying it instead, so the failure is not mistaken for an end.
+        """
 
     @property
     @abstractmethod

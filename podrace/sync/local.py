@@ -20,6 +20,7 @@ import jax
 from podrace.sync.base import (
     ChannelClosed,
     ErrorHook,
+    PublisherGone,
     Publisher,
     PushTarget,
     PyTree,
@@ -56,6 +57,7 @@ class LocalPublisher(Publisher):
         self._entries: deque[Published] = deque()
         self._versions = VersionCounter(first_version)
         self._closed = False
+        self._error: str | None = None
         self._subscribers: weakref.WeakValueDictionary[str, LocalSubscriber] = weakref.WeakValueDictionary()
         self._names = itertools.count()
         self._push = PushFanout(resolve=lambda entry: self._snapshot(entry, None))
@@ -107,11 +109,12 @@ class LocalPublisher(Publisher):
             if self._entries:  # a late target starts from the current version
                 self._push.offer(self._entries[-1], self._entries[-1].version, only=name)
 
-    def close(self) -> None:
+    def close(self, error: str | None = None) -> None:
         with self._cond:
             if self._closed:
                 return
             self._closed = True
+            self._error = error
             self._entries.clear()
             self._cond.notify_all()
         self._push.close()
@@ -144,10 +147,15 @@ class LocalPublisher(Publisher):
         return out
 
     # -- consumer side (called from subscriber threads) --------------------------------
+    def _closed_error(self, what: str) -> ChannelClosed:
+        if self._error is not None:
+            return PublisherGone(f"local publisher failed ({what}): {self._error}")
+        return ChannelClosed(f"publisher closed ({what})")
+
     def _newest_first(self) -> list[Published]:
         with self._cond:
             if self._closed:
-                raise ChannelClosed("publisher is closed")
+                raise self._closed_error("reading the latest version")
             return list(reversed(self._entries))
 
     def _wait(self, min_version: int, timeout: float | None, sub: "LocalSubscriber") -> int:
@@ -163,7 +171,7 @@ class LocalPublisher(Publisher):
                     f"(latest is {latest})"
                 )
             if self._closed:
-                raise ChannelClosed(f"publisher closed while {sub.name!r} awaited version >= {min_version}")
+                raise self._closed_error(f"while {sub.name!r} awaited version >= {min_version}")
             if sub._closed:
                 raise ChannelClosed(f"subscriber {sub.name!r} is closed")
             return self._entries[-1].version

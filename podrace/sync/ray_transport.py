@@ -37,6 +37,7 @@ import jax
 from podrace.sync.background import BackgroundPublisher
 from podrace.sync.base import (
     ChannelClosed,
+    PublisherGone,
     PyTree,
     Snapshot,
     SnapshotMismatch,
@@ -78,6 +79,7 @@ class _Board:
 
     def __init__(self) -> None:
         self._channels: dict[str, _Channel] = {}
+        self._errors: dict[str, str] = {}  # channels closed with an error: why
         self._cond: asyncio.Condition | None = None
 
     def _condition(self) -> asyncio.Condition:
@@ -97,8 +99,9 @@ class _Board:
 
     async def wait(
         self, channel: str, min_version: int, timeout: float
-    ) -> tuple[str, int | None, list[Any] | None]:
-        """("ok", version, [ref]) once version >= min_version; ("timeout"|"closed", ...) otherwise."""
+    ) -> tuple[str, int | None, Any]:
+        """("ok", version, [ref]) once version >= min_version; ("timeout", latest, None) or
+        ("closed", None, error or None) otherwise."""
         cond = self._condition()
 
         def ready() -> bool:
@@ -113,11 +116,13 @@ class _Board:
                 return "timeout", None if state is None else state.version, None
             state = self._channels.get(channel)
             if state is None:
-                return "closed", None, None
+                return "closed", None, self._errors.get(channel)
             return "ok", state.version, state.refs
 
-    async def close(self, channel: str) -> None:
+    async def close(self, channel: str, error: str | None = None) -> None:
         async with self._condition():
+            if error is not None and channel in self._channels:
+                self._errors[channel] = error
             self._channels.pop(channel, None)
             self._condition().notify_all()
 
@@ -192,14 +197,14 @@ class RayPublisher(BackgroundPublisher):
         self._ray.get(self.board.set.remote(self.channel, version, [ref]))  # in a list: stays a reference
         self._refs.append(ref)  # the oldest falls out: Ray frees it once readers let go
 
-    def _fail(self) -> None:
-        self.board.close.remote(self.channel)
+    def _fail(self, reason: str) -> None:
+        self.board.close.remote(self.channel, reason)
 
-    def _shutdown(self, failed: bool) -> None:
+    def _shutdown(self, error: str | None) -> None:
         # Wakes every waiting subscriber with "closed" and drops the board's reference;
         # best effort, since the board may already be gone with its process.
         with contextlib.suppress(Exception):
-            self._ray.get(self.board.close.remote(self.channel), timeout=10)
+            self._ray.get(self.board.close.remote(self.channel, error), timeout=10)
         self._refs.clear()
 
     def _transport_metrics(self) -> dict[str, float | int]:
@@ -283,7 +288,7 @@ class RaySubscriber(Subscriber):
                     if self._closed:
                         return
                     self._call = call = self._board.wait.remote(self.channel, last + 1, self._long_poll)
-                status, version, refs = ray.get(call)
+                status, version, refs = ray.get(call)  # refs: the error text when "closed"
                 del call
                 with self._cond:
                     self._call = None
@@ -292,7 +297,10 @@ class RaySubscriber(Subscriber):
                 if status == "timeout":
                     continue
                 if status == "closed":
-                    self._end(ChannelClosed(f"ray channel closed by its publisher (subscriber {self.name!r})"))
+                    if refs is not None:
+                        self._end(PublisherGone(f"ray channel: publisher failed: {refs}"))
+                    else:
+                        self._end(ChannelClosed(f"ray channel closed by its publisher (subscriber {self.name!r})"))
                     return
                 start = time.perf_counter()
                 params = ray.get(refs[0])
@@ -303,7 +311,7 @@ class RaySubscriber(Subscriber):
                 return  # close() interrupted the long poll
             except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
                 if not self._closed:
-                    self._end(ChannelClosed(f"ray channel: publisher went away ({type(exc).__name__})"))
+                    self._end(PublisherGone(f"ray channel: publisher went away ({type(exc).__name__})"))
                 return
             except BaseException as exc:  # noqa: BLE001 - surfaced by the next poll()/get()
                 self._end(ChannelClosed(f"ray subscriber {self.name!r} fetch failed: {exc!r}"))

@@ -25,7 +25,7 @@ import jax
 import numpy as np
 
 from podrace.sync.background import BackgroundPublisher
-from podrace.sync.base import ChannelClosed, PyTree, Snapshot, Subscriber, SyncTimeout
+from podrace.sync.base import ChannelClosed, PublisherGone, PyTree, Snapshot, Subscriber, SyncTimeout
 from podrace.sync.doorbell import Doorbell, DoorbellClient
 from podrace.sync.placement import DeviceKey, device_from_key, device_key
 from podrace.sync.shm_layout import CLOSED_CLOSED, CLOSED_FAILED, CLOSED_OPEN, W_CLOSED, SlotReader, SlotWriter
@@ -80,12 +80,13 @@ class ShmPublisher(BackgroundPublisher):
         self._writer.write(version, jax.tree_util.tree_leaves(host), spec)
         self._doorbell.ring(version)
 
-    def _fail(self) -> None:
-        self._writer.ctl[W_CLOSED] = CLOSED_FAILED
+    def _fail(self, reason: str) -> None:
+        self._writer.mark_closed(CLOSED_FAILED, reason)
         self._doorbell.ring(-1)
 
-    def _shutdown(self, failed: bool) -> None:
-        self._writer.close(CLOSED_FAILED if failed else CLOSED_CLOSED)  # before readers see EOF
+    def _shutdown(self, error: str | None) -> None:
+        # marked before readers see the doorbell's EOF, so they report why
+        self._writer.close(CLOSED_CLOSED if error is None else CLOSED_FAILED, error or "")
         self._doorbell.close()
 
     def _transport_metrics(self) -> dict[str, float | int]:
@@ -177,9 +178,9 @@ class ShmSubscriber(Subscriber):
         if state == CLOSED_CLOSED:
             raise ChannelClosed(f"shm channel {self.channel!r} was closed by its publisher")
         if state == CLOSED_FAILED:
-            raise ChannelClosed(f"shm channel {self.channel!r}: the publisher's writer failed")
+            raise PublisherGone(f"shm channel {self.channel!r}: publisher failed: {self._reader.closed_reason()}")
         if state != CLOSED_OPEN or self._gone:
-            raise ChannelClosed(f"shm channel {self.channel!r}: publisher went away")
+            raise PublisherGone(f"shm channel {self.channel!r}: publisher went away (its process ended)")
 
     def poll(self) -> Snapshot | None:
         with self._lock:

@@ -423,3 +423,48 @@ def test_a_failing_transform_fails_only_its_version(harness, new_pub):
     m = pub.metrics()
     assert m["transform/failures"] == 1 and m["transform/last_failed_version"] == 1
     assert 1 not in pushed and m["push/rec/failures"] == 0  # skipped, not a target failure
+
+
+def _unlink_segments(name: str) -> None:
+    from multiprocessing import shared_memory
+
+    for seg in (name, name + "_d"):  # a killed publisher could not unlink them
+        try:
+            shared_memory.SharedMemory(name=seg).unlink()
+        except FileNotFoundError:
+            pass
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_relay_reports_its_upstream_death_downstream(harness, new_pub):
+    """The upstream (an shm publisher process) is killed: an error, not a normal close."""
+    import multiprocessing as mp
+
+    from podrace.sync.base import PublisherGone
+    from podrace.sync.relay import Relay
+    from podrace.sync.shm import ShmSubscriber
+    from tests.sync import workers
+
+    ctx = mp.get_context("spawn")
+    names = ctx.Queue()
+    proc = ctx.Process(target=workers.shm_publisher_then_hang, args=(names,), daemon=True)
+    proc.start()
+    name = None
+    try:
+        name = names.get(timeout=60)
+        downstream = new_pub()
+        relay = Relay(ShmSubscriber(name), downstream, name="node0")
+        sub = harness.subscribe(downstream)
+        assert workers.stamp_of(sub.get(0, timeout=30).params) == 0
+        proc.kill()
+        with pytest.raises(PublisherGone, match=r"relay 'node0'.*went away"):
+            sub.get(1, timeout=30)
+        with pytest.raises(PublisherGone, match="went away"):
+            relay.join(10)
+        assert isinstance(relay.error, PublisherGone) and not relay.running
+    finally:
+        proc.kill()
+        proc.join(10)
+        if name is not None:
+            _unlink_segments(name)
