@@ -16,6 +16,7 @@ from podrace.sync.base import (
 )
 from podrace.sync.local import LocalPublisher, LocalSubscriber
 from podrace.sync.relay import Relay
+from podrace.sync.shm_sweep import sweep_shm
 from podrace.sync.spec import TreeSpec
 
 __all__ = [
@@ -30,4 +31,5 @@ __all__ = [
     "SyncError",
     "SyncTimeout",
     "TreeSpec",
+    "sweep_shm",
 ]

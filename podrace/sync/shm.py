@@ -14,6 +14,7 @@ publisher's own process (handy for tests and relays), and subscribers pickle by 
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import secrets
 import sys
@@ -28,11 +29,13 @@ from podrace.sync.background import BackgroundPublisher
 from podrace.sync.base import ChannelClosed, PublisherGone, PyTree, Snapshot, Subscriber, SyncTimeout
 from podrace.sync.doorbell import Doorbell, DoorbellClient
 from podrace.sync.placement import DeviceKey, device_from_key, device_key
+from podrace.sync.shm_sweep import sweep_shm
 from podrace.sync.shm_layout import CLOSED_CLOSED, CLOSED_FAILED, CLOSED_OPEN, W_CLOSED, SlotReader, SlotWriter
 from podrace.sync.spec import TreeSpec
 from podrace.sync.stats import RunningStat
 
 _names = itertools.count()
+_log = logging.getLogger(__name__)
 
 
 class ShmPublisher(BackgroundPublisher):
@@ -56,6 +59,9 @@ class ShmPublisher(BackgroundPublisher):
         self.name = name or f"podrace_{os.getpid()}_{secrets.token_hex(4)}"
         self._raw_spec: TreeSpec | None = None
         self._spec_lock = threading.Lock()
+        swept = sweep_shm()  # segments leaked by publishers that died (see shm_sweep)
+        if swept:
+            _log.warning("removed %d shared-memory segments of dead publishers: %s", len(swept), ", ".join(swept))
         self._writer = SlotWriter(self.name, nslots=keep + 1)
         self._doorbell = Doorbell(self.name)
         self._start()

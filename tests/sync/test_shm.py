@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import pickle
@@ -18,6 +19,7 @@ from tests.sync import workers
 
 pytestmark = pytest.mark.timeout(90)
 ctx = mp.get_context("spawn")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def segment_exists(name: str) -> bool:
@@ -309,3 +311,65 @@ def test_seqlock_rejects_a_slot_rewritten_between_lookup_and_copy():
     assert reader.retries == 1
     reader.close()
     writer.close()
+
+
+def _start_publisher_group():
+    """A publisher in a process group of its own (with its resource tracker), and its name."""
+    import subprocess
+    import sys
+
+    code = (
+        "import time; from podrace.sync.shm import ShmPublisher; from tests.sync.workers import stamped_params\n"
+        "p = ShmPublisher(); p.publish(stamped_params(0, 8)); p.flush(30); print(p.name, flush=True); time.sleep(600)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True, cwd=REPO)
+    return proc, proc.stdout.readline().strip()
+
+
+def _kill_group(proc) -> None:
+    import signal
+
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    proc.stdout.close()
+
+
+@pytest.mark.slow
+def test_sweep_removes_what_a_sigkilled_publisher_group_leaked():
+    import subprocess
+    import sys
+
+    from podrace.sync import sweep_shm
+
+    live = ShmPublisher()
+    live.publish(workers.stamped_params(0, 8))
+    live.flush(10)
+    proc, name = _start_publisher_group()
+    try:
+        assert name and segment_exists(name) and segment_exists(name + "_d")
+    finally:
+        _kill_group(proc)
+    time.sleep(0.5)  # nothing (no resource tracker) is left to clean up
+    assert segment_exists(name) and segment_exists(name + "_d")
+    listed = subprocess.run([sys.executable, "-m", "podrace.sync.shm_sweep", "--dry-run"],
+                            capture_output=True, text=True, timeout=60, check=True, cwd=REPO).stdout
+    assert f"would remove /dev/shm/{name}\n" in listed and segment_exists(name)
+    assert live.name not in listed
+    assert set(sweep_shm()) >= {name, name + "_d"}
+    assert not segment_exists(name) and not segment_exists(name + "_d")
+    sub = live.subscribe()  # a live publisher's channel is never swept
+    assert workers.stamp_of(sub.get(0, timeout=10).params) == 0
+    sub.close()
+    live.close()
+
+
+@pytest.mark.slow
+def test_a_new_publisher_sweeps_segments_of_dead_ones():
+    proc, name = _start_publisher_group()
+    _kill_group(proc)
+    assert segment_exists(name)
+    pub = ShmPublisher()
+    assert not segment_exists(name) and not segment_exists(name + "_d")
+    pub.close()
