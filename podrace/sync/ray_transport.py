@@ -61,12 +61,24 @@ def _ray() -> Any:
 
 
 class _Channel:
-    __slots__ = ("version", "refs", "acks")
+    __slots__ = ("version", "refs", "acks", "alive_until")
 
     def __init__(self) -> None:
         self.version: int | None = None
         self.refs: list[Any] | None = None
         self.acks: dict[str, int] = {}
+        self.alive_until: dict[str, float] = {}  # subscriber -> when its next wait is overdue
+
+    def heard_from(self, name: str, grace: float) -> None:
+        self.alive_until[name] = max(self.alive_until.get(name, 0.0), time.monotonic() + grace)
+
+    def drop_silent(self) -> None:
+        """Forget subscribers overdue for their next wait: their process died (as on shm,
+        where the doorbell's socket closes, a dead subscriber is no longer reported)."""
+        now = time.monotonic()
+        for name in [n for n, until in self.alive_until.items() if until < now]:
+            del self.alive_until[name]
+            self.acks.pop(name, None)
 
 
 class _Board:
@@ -74,7 +86,9 @@ class _Board:
 
     One board serves every publisher of a process and is owned by that process, so it
     dies with it: that is how subscribers learn that a publisher went away. A channel it
-    does not know (never opened, or closed) reads as closed.
+    does not know (never opened, or closed) reads as closed. Each wait is also a
+    subscriber's heartbeat: one that stops waiting for longer than its `grace` is dropped
+    from the acknowledged versions.
     """
 
     def __init__(self) -> None:
@@ -98,11 +112,14 @@ class _Board:
             self._condition().notify_all()
 
     async def wait(
-        self, channel: str, min_version: int, timeout: float
+        self, channel: str, min_version: int, timeout: float, name: str = "", grace: float = 0.0
     ) -> tuple[str, int | None, Any]:
         """("ok", version, [ref]) once version >= min_version; ("timeout", latest, None) or
         ("closed", None, error or None) otherwise."""
         cond = self._condition()
+        state = self._channels.get(channel)
+        if state is not None and name:
+            state.heard_from(name, timeout + grace)
 
         def ready() -> bool:
             state = self._channels.get(channel)
@@ -117,6 +134,8 @@ class _Board:
             state = self._channels.get(channel)
             if state is None:
                 return "closed", None, self._errors.get(channel)
+            if name:
+                state.heard_from(name, grace)
             return "ok", state.version, state.refs
 
     async def close(self, channel: str, error: str | None = None) -> None:
@@ -126,19 +145,24 @@ class _Board:
             self._channels.pop(channel, None)
             self._condition().notify_all()
 
-    async def ack(self, channel: str, name: str, version: int) -> None:
+    async def ack(self, channel: str, name: str, version: int, grace: float = 60.0) -> None:
         state = self._channels.get(channel)
         if state is not None:
             state.acks[name] = max(state.acks.get(name, -1), version)
+            state.heard_from(name, grace)
 
     async def forget(self, channel: str, name: str) -> None:
         state = self._channels.get(channel)
         if state is not None:
             state.acks.pop(name, None)
+            state.alive_until.pop(name, None)
 
     async def acks(self, channel: str) -> dict[str, int]:
         state = self._channels.get(channel)
-        return {} if state is None else dict(state.acks)
+        if state is None:
+            return {}
+        state.drop_silent()
+        return dict(state.acks)
 
 
 _board_lock = threading.Lock()
@@ -185,12 +209,12 @@ class RayPublisher(BackgroundPublisher):
         self._start()
 
     def subscribe(
-        self, device: Any = None, *, expect: Any = None, name: str | None = None
+        self, device: Any = None, *, expect: Any = None, name: str | None = None, long_poll: float = 5.0
     ) -> "RaySubscriber":
-        """A subscriber; it pickles, so pass it to Ray tasks and actors."""
+        """A subscriber (see RaySubscriber); it pickles, so pass it to Ray tasks and actors."""
         if self.closed:
             raise ChannelClosed("subscribe() on a closed publisher")
-        return RaySubscriber(self.board, self.channel, device, expect=expect, name=name)
+        return RaySubscriber(self.board, self.channel, device, expect=expect, name=name, long_poll=long_poll)
 
     def _deliver(self, version: int, host: PyTree, spec: TreeSpec) -> None:
         ref = self._ray.put(host)  # the one object of this version
@@ -231,7 +255,8 @@ class RaySubscriber(Subscriber):
       expect: a params-like pytree or TreeSpec every snapshot must match.
       name: label in the publisher's metrics.
       long_poll: seconds one board wait may last (how long the fetch thread can outlive
-        close() if cancelling its wait fails).
+        close() if cancelling its wait fails). A subscriber silent for 2 x long_poll + 5 s
+        (its process died) is dropped from the publisher's metrics.
     """
 
     def __init__(
@@ -250,6 +275,7 @@ class RaySubscriber(Subscriber):
         self._device = device
         self._expect = None if expect is None else TreeSpec.of(expect)
         self._long_poll = long_poll
+        self._grace = 2 * long_poll + 5.0  # between two waits: one fetch and placement
         self._cond = threading.Condition()
         self._latest: Snapshot | None = None
         self._acked: int | None = None
@@ -287,7 +313,9 @@ class RaySubscriber(Subscriber):
                 with self._cond:  # close() cancels exactly the call issued before it
                     if self._closed:
                         return
-                    self._call = call = self._board.wait.remote(self.channel, last + 1, self._long_poll)
+                    self._call = call = self._board.wait.remote(
+                        self.channel, last + 1, self._long_poll, self.name, self._grace
+                    )
                 status, version, refs = ray.get(call)  # refs: the error text when "closed"
                 del call
                 with self._cond:
@@ -345,7 +373,7 @@ class RaySubscriber(Subscriber):
     def _accept(self, snapshot: Snapshot) -> Snapshot:
         if snapshot.version != self._acked:
             self._acked = snapshot.version
-            self._board.ack.remote(self.channel, self.name, snapshot.version)  # fire and forget
+            self._board.ack.remote(self.channel, self.name, snapshot.version, self._grace)  # fire and forget
         return snapshot
 
     def poll(self) -> Snapshot | None:

@@ -373,3 +373,29 @@ def test_a_new_publisher_sweeps_segments_of_dead_ones():
     pub = ShmPublisher()
     assert not segment_exists(name) and not segment_exists(name + "_d")
     pub.close()
+
+
+@pytest.mark.slow
+def test_dead_subscribers_are_dropped_from_metrics():
+    pub = ShmPublisher()
+    live = pub.subscribe(name="live")
+    pub.publish(workers.stamped_params(0, 8))
+    ready = ctx.Event()
+    proc = ctx.Process(target=workers.shm_ack_then_hang, args=(pub.name, "doomed", ready), daemon=True)
+    proc.start()
+    try:
+        assert ready.wait(60) and live.get(0, timeout=10).version == 0
+        deadline = time.monotonic() + 30
+        while pub.metrics().get("subscriber/doomed/acked_version") != 0:
+            assert time.monotonic() < deadline, pub.metrics()
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.join(30)
+    while "subscriber/doomed/acked_version" in pub.metrics():
+        assert time.monotonic() < deadline, pub.metrics()
+        time.sleep(0.05)
+    m = pub.metrics()
+    assert "subscriber/doomed/lag" not in m and m["subscriber/live/acked_version"] == 0
+    live.close()
+    pub.close()
