@@ -468,3 +468,20 @@ def test_relay_reports_its_upstream_death_downstream(harness, new_pub):
         proc.join(10)
         if name is not None:
             _unlink_segments(name)
+
+
+def test_expect_describes_the_snapshot_as_returned(harness, new_pub):
+    """One rule: `expect` is checked against what get() returns (after placement)."""
+    import jax
+
+    dev = jax.devices()[1]
+    placed = jax.device_put(make_params(0), dev)
+    if placed["x"].dtype == make_params(0)["x"].dtype:
+        pytest.skip("jax_enable_x64 is on: placement keeps every dtype, nothing to tell apart")
+    pub = new_pub()
+    pub.publish(make_params(3))
+    as_placed = harness.subscribe(pub, device=dev, expect=placed)
+    assert check_params(as_placed.get(0, timeout=10).params) == 3
+    as_published = harness.subscribe(pub, device=dev, expect=make_params(0))
+    with pytest.raises(SnapshotMismatch, match=r"\['sum'\]: expected int64\[\], got int32\[\]"):
+        as_published.get(0, timeout=10)
