@@ -46,7 +46,7 @@ from podrace.sync.base import (
     SyncTimeout,
 )
 from podrace.sync.placement import DeviceKey, device_from_key, device_key
-from podrace.sync.spec import TreeSpec
+from podrace.sync.spec import TreeSpec, unreadable_tree
 from podrace.sync.stats import RunningStat
 
 _names = itertools.count()
@@ -280,7 +280,7 @@ class RaySubscriber(Subscriber):
         self._latest: Snapshot | None = None
         self._acked: int | None = None
         self._closed = False
-        self._ended: ChannelClosed | None = None  # publisher closed or gone
+        self._ended: SyncError | None = None  # publisher closed or gone, or unreadable
         self._error: SyncError | None = None  # e.g. SnapshotMismatch of the newest version
         self._thread: threading.Thread | None = None
         self._call: Any = None
@@ -331,7 +331,11 @@ class RaySubscriber(Subscriber):
                         self._end(ChannelClosed(f"ray channel closed by its publisher (subscriber {self.name!r})"))
                     return
                 start = time.perf_counter()
-                params = ray.get(refs[0])
+                try:
+                    params = ray.get(refs[0])
+                except ray.exceptions.RaySystemError as exc:  # e.g. the params' type is not importable here
+                    self._end(unreadable_tree(f"ray subscriber {self.name!r}, version {version}", exc))
+                    return
                 if self._device is not None:
                     params = jax.block_until_ready(jax.device_put(params, self._device))
                 self._transfer_time.add(time.perf_counter() - start)
@@ -357,7 +361,7 @@ class RaySubscriber(Subscriber):
                 self._cond.notify_all()
             last = version
 
-    def _end(self, reason: ChannelClosed) -> None:
+    def _end(self, reason: SyncError) -> None:
         with self._cond:
             self._ended = reason
             self._cond.notify_all()

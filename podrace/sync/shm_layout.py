@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from podrace.sync.base import ChannelClosed
-from podrace.sync.spec import TreeSpec
+from podrace.sync.spec import TreeSpec, unreadable_tree
 
 MAGIC = 0x706F64726163  # "podrac"
 CTL_BYTES = 4096
@@ -244,7 +244,10 @@ class SlotReader:
         fence()
         self._data_map = _map_readonly(self.name + "_d")
         data = np.frombuffer(self._data_map, dtype=np.uint8, count=size)
-        spec, offsets, used = pickle.loads(data[: self.ctl[W_SPEC_LEN]].tobytes())
+        try:
+            spec, offsets, used = pickle.loads(data[: self.ctl[W_SPEC_LEN]].tobytes())
+        except (AttributeError, ImportError, pickle.UnpicklingError) as exc:
+            raise unreadable_tree(f"shm channel {self.name!r}", exc) from exc
         slot0, slot_bytes = self.ctl[W_SLOT0], self.ctl[W_SLOT_BYTES]
         nslots = self.ctl[W_NSLOTS]
         self._slots = [data[slot0 + i * slot_bytes : slot0 + (i + 1) * slot_bytes] for i in range(nslots)]

@@ -187,3 +187,34 @@ def test_dead_subscribers_are_dropped_from_metrics(ray_session):
     assert "subscriber/doomed/lag" not in m and m["subscriber/live/acked_version"] == 0  # alive: kept
     live.close()
     pub.close()
+
+
+@ray.remote(num_cpus=0)
+def _read_error(sub) -> tuple[str, str]:
+    try:
+        sub.get(0, timeout=30)
+    except Exception as exc:  # noqa: BLE001 - returned for the assertion
+        return type(exc).__name__, str(exc)
+    finally:
+        sub.close()
+    return "", ""
+
+
+def test_a_type_the_reader_cannot_import_gives_a_clear_error(ray_session):
+    import types
+
+    from podrace.sync.ray_transport import RayPublisher
+
+    mod = types.ModuleType("podrace_driver_only_types")  # importable in this process only
+    exec("from typing import NamedTuple\nclass Params(NamedTuple):\n    w: object\n", mod.__dict__)
+    sys.modules[mod.__name__] = mod
+    try:
+        pub = RayPublisher()
+        pending = _read_error.remote(pub.subscribe(name="remote"))
+        pub.publish(mod.Params(np.ones(3)))
+        kind, message = ray.get(pending, timeout=60)
+        assert kind == "SyncError", (kind, message)
+        assert "podrace_driver_only_types" in message and "not in the publisher's __main__" in message
+        pub.close()
+    finally:
+        del sys.modules[mod.__name__]

@@ -399,3 +399,31 @@ def test_dead_subscribers_are_dropped_from_metrics():
     assert "subscriber/doomed/lag" not in m and m["subscriber/live/acked_version"] == 0
     live.close()
     pub.close()
+
+
+@pytest.mark.slow
+def test_a_type_from_the_publishers_main_gives_a_clear_error():
+    import subprocess
+    import sys
+
+    from podrace.sync.base import SyncError
+
+    code = (
+        "import sys, numpy as np\nfrom typing import NamedTuple\n"
+        "class Params(NamedTuple):\n    w: np.ndarray\n"
+        "from podrace.sync.shm import ShmPublisher\n"
+        "p = ShmPublisher(); p.publish(Params(np.ones(3))); p.flush(30); print(p.name, flush=True)\n"
+        "sys.stdin.read(); p.close()\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, cwd=REPO)
+    try:
+        name = proc.stdout.readline().strip()
+        sub = ShmSubscriber(name)
+        with pytest.raises(SyncError, match=r"Can't get attribute 'Params'.*not in the publisher's __main__"):
+            sub.get(0, timeout=10)
+        sub.close()
+    finally:
+        proc.stdin.close()
+        proc.wait(30)
+        proc.stdout.close()
