@@ -20,8 +20,8 @@ import jax
 from podrace.sync.base import (
     ChannelClosed,
     ErrorHook,
-    PublisherGone,
     Publisher,
+    PublisherGone,
     PushTarget,
     PyTree,
     Snapshot,
@@ -51,7 +51,7 @@ class LocalPublisher(Publisher):
     ) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
-        self._stage = TransformStage(transform, "local")
+        self._stage = TransformStage(transform, "local", finish=self._count_bytes)
         self._cond = threading.Condition()
         self._keep = keep
         self._entries: deque[Published] = deque()
@@ -186,10 +186,13 @@ class LocalPublisher(Publisher):
         host = self._stage.apply(entry)
         if host is None:
             return None
-        self._bytes = tree_nbytes(host.params)
         if where is None:
             return host
         return entry.derived(where, lambda: self._place(host, where))
+
+    def _count_bytes(self, params: PyTree) -> PyTree:
+        self._bytes = tree_nbytes(params)
+        return params
 
     def _place(self, host: Snapshot, where: Placement) -> Snapshot:
         start = time.perf_counter()

@@ -29,8 +29,8 @@ from podrace.sync.background import BackgroundPublisher
 from podrace.sync.base import ChannelClosed, PublisherGone, PyTree, Snapshot, Subscriber, SyncTimeout
 from podrace.sync.doorbell import Doorbell, DoorbellClient
 from podrace.sync.placement import DeviceKey, device_from_key, device_key
+from podrace.sync.shm_layout import CLOSED_CLOSED, CLOSED_FAILED, CLOSED_OPEN, SlotReader, SlotWriter
 from podrace.sync.shm_sweep import sweep_shm
-from podrace.sync.shm_layout import CLOSED_CLOSED, CLOSED_FAILED, CLOSED_OPEN, W_CLOSED, SlotReader, SlotWriter
 from podrace.sync.spec import TreeSpec
 from podrace.sync.stats import RunningStat
 
