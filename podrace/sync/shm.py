@@ -29,7 +29,7 @@ from podrace.sync.background import BackgroundPublisher
 from podrace.sync.base import ChannelClosed, PublisherGone, PyTree, Snapshot, Subscriber, SyncTimeout
 from podrace.sync.doorbell import Doorbell, DoorbellClient
 from podrace.sync.placement import DeviceKey, device_from_key, device_key
-from podrace.sync.shm_layout import CLOSED_CLOSED, CLOSED_FAILED, CLOSED_OPEN, SlotReader, SlotWriter
+from podrace.sync.shm_layout import ALIGN, CLOSED_CLOSED, CLOSED_FAILED, CLOSED_OPEN, SlotReader, SlotWriter
 from podrace.sync.shm_sweep import sweep_shm
 from podrace.sync.spec import TreeSpec
 from podrace.sync.stats import RunningStat
@@ -109,27 +109,34 @@ class _BufferPool:
 
     A fresh 256 MB buffer costs ~65k page faults, about as long as the copy itself; a
     buffer is reused only when its reference count shows that every array viewing it is
-    gone (NumPy views keep their base alive), so a snapshot a caller still holds is never
-    overwritten.
+    gone (NumPy views keep their owner alive, and so do jax arrays placed from them
+    without a copy), so a snapshot a caller still holds is never overwritten.
+    Buffers are ALIGN-aligned: on CPU, `device_put` then places a leaf without a copy,
+    where an unaligned one takes a much slower copy (see benchmarks/shm_device_read.py).
     """
 
     def __init__(self, max_buffers: int = 4) -> None:
-        self._bufs: list[np.ndarray] = []
+        self._owners: list[np.ndarray] = []
         self._max = max_buffers
 
     def take(self, nbytes: int) -> np.ndarray:
-        for buf in self._bufs:
-            # references: the list, `buf`, getrefcount's argument -> nothing else views it
-            if buf.nbytes == nbytes and sys.getrefcount(buf) <= 3:
-                buf.flags.writeable = True
-                return buf
-        buf = np.empty(nbytes, dtype=np.uint8)
-        if len(self._bufs) < self._max:
-            self._bufs.append(buf)
-        return buf
+        for owner in self._owners:
+            # references: the list, `owner`, getrefcount's argument -> nothing else views it
+            if owner.nbytes == nbytes + ALIGN and sys.getrefcount(owner) <= 3:
+                return _aligned(owner, nbytes)
+        owner = np.empty(nbytes + ALIGN, dtype=np.uint8)
+        if len(self._owners) < self._max:
+            self._owners.append(owner)
+        return _aligned(owner, nbytes)
 
     def clear(self) -> None:
-        self._bufs = []
+        self._owners = []
+
+
+def _aligned(owner: np.ndarray, nbytes: int) -> np.ndarray:
+    """`nbytes` of `owner` starting at an ALIGN boundary (a writable view of it)."""
+    start = -owner.ctypes.data % ALIGN
+    return owner[start : start + nbytes]
 
 
 class ShmSubscriber(Subscriber):
