@@ -9,12 +9,13 @@ sink then ignores later lines, so that the shutdown's final line does not fail t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -198,12 +199,25 @@ def check_sinks(log: LogConfig) -> None:
 
 
 def make_sinks(cfg: TrainConfig, run_dir: Path) -> list[Sink]:
-    """Every sink the config asks for, each guarded (failures raise SinkError once)."""
-    sinks: list[Sink] = [Guarded("metrics.jsonl", JsonlSink(run_dir / "metrics.jsonl"))]
+    """Every sink the config asks for, each guarded (failures raise SinkError once).
+
+    A sink that cannot start (file not creatable, W&B refusing the run) raises SinkError
+    after closing the ones already started.
+    """
+    factories: list[tuple[str, Callable[[], Sink]]] = [("metrics.jsonl", lambda: JsonlSink(run_dir / "metrics.jsonl"))]
     if cfg.log.tensorboard:
-        sinks.append(Guarded("tensorboard", TensorBoardSink(run_dir / "tensorboard")))
+        factories.append(("tensorboard", lambda: TensorBoardSink(run_dir / "tensorboard")))
     if cfg.log.wandb:
-        sinks.append(Guarded("wandb", WandbSink(cfg, run_dir)))
+        factories.append(("wandb", lambda: WandbSink(cfg, run_dir)))
     if cfg.log.console != "none":
-        sinks.append(Guarded("console", ConsoleSink(cfg.log.console, cfg.total_steps)))
+        factories.append(("console", lambda: ConsoleSink(cfg.log.console, cfg.total_steps)))
+    sinks: list[Sink] = []
+    for name, factory in factories:
+        try:
+            sinks.append(Guarded(name, factory()))
+        except Exception as error:
+            for sink in sinks:
+                with contextlib.suppress(Exception):  # the start-up error below is the one to report
+                    sink.close()
+            raise SinkError(f"{name} sink could not start: {_reason(error)}") from error
     return sinks

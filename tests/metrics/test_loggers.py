@@ -140,3 +140,16 @@ def test_wandb_not_installed_is_a_config_error(monkeypatch):
     with pytest.raises(ConfigError, match=r"log.wandb needs the wandb package: pip install 'podrace\[wandb\]'"):
         check_sinks(LogConfig(wandb=True))
     check_sinks(LogConfig(wandb=False))
+
+
+@pytest.mark.timeout(30)
+def test_a_sink_that_cannot_start_is_a_sink_error(tmp_path, fake_wandb):
+    def refuse(**kwargs):
+        raise ConnectionError("api.wandb.ai unreachable")
+
+    fake_wandb.init = refuse
+    cfg = replace(TrainConfig(), **{"log.wandb": True, "log.console": "none"})
+    with pytest.raises(SinkError, match="wandb sink could not start: ConnectionError: api.wandb.ai unreachable"):
+        make_sinks(cfg, tmp_path)
+    with pytest.raises(SinkError, match="metrics.jsonl sink could not start: No such file or directory"):
+        make_sinks(cfg, tmp_path / "gone")
