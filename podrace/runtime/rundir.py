@@ -7,6 +7,8 @@ atomic `mkdir`, so two runs racing for a name cannot both get it.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import shutil
 import time
@@ -71,3 +73,11 @@ def create_run_dir(cfg: TrainConfig) -> Path:
 def remove_run_dir(path: Path) -> None:
     """Undo `create_run_dir` for a run that failed before it started training."""
     shutil.rmtree(path, ignore_errors=True)
+
+
+def write_config(run_dir: Path, cfg: TrainConfig) -> None:
+    """Write config.json (the resolved config); a failure is one line, not a traceback."""
+    try:
+        (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
+    except OSError as error:
+        raise ConfigError(f"cannot write {run_dir / 'config.json'}: {error.strerror}") from None

@@ -8,8 +8,6 @@ compile time is reported apart from training time.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 import time
 from dataclasses import dataclass
@@ -30,7 +28,7 @@ from podrace.pipeline import Pipeline
 from podrace.runtime.devices import resolve_devices
 from podrace.runtime.lifetime import Lifetime
 from podrace.runtime.memory import check_fits
-from podrace.runtime.rundir import check_run_dir, create_run_dir, remove_run_dir
+from podrace.runtime.rundir import create_run_dir, remove_run_dir, write_config
 from podrace.runtime.threads import ThreadGroup
 from podrace.runtime.watchdog import Watchdog
 from podrace.sync.local import LocalPublisher
@@ -90,11 +88,10 @@ def prepare(cfg: TrainConfig) -> "SingleHostRun":
     devices = resolve_devices(cfg)
     spec = env_spec(cfg.env)
     check_fits(cfg, make_network(cfg.network, spec), spec, devices)
-    check_run_dir(cfg)
     run_dir = create_run_dir(cfg)  # last: nothing is written unless every check passed
     try:
         effective = replace(resolved(cfg), **{"log.run_name": run_dir.name})
-        (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(effective), indent=2) + "\n")
+        write_config(run_dir, effective)
         return SingleHostRun(effective, spec, devices, run_dir)
     except BaseException:
         remove_run_dir(run_dir)

@@ -94,3 +94,11 @@ def test_a_network_too_large_for_memory_writes_nothing(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"the network has [\d,]+ parameters .* host memory has 0\.0 GiB"):
         single_host.prepare(config(tmp_path, total_steps=4096, **{"network.hidden_sizes": (128, 128)}))
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.timeout(10)
+def test_config_json_that_cannot_be_written_is_one_line(tmp_path):
+    from podrace.runtime.rundir import write_config
+
+    with pytest.raises(ConfigError, match=r"cannot write .*config.json: No such file or directory$"):
+        write_config(tmp_path / "gone", TrainConfig())
