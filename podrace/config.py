@@ -276,6 +276,8 @@ INT32_MAX = 2**31 - 1
 MAX_TOTAL_STEPS = 2**53
 """Env-step counters are float64 in the metrics: exact up to 2**53."""
 MAX_CPU_DEVICES = 1024
+MAX_ACTORS_PER_DEVICE = 256
+"""Each actor is an OS thread with its own envs; more than this is a typo, not a layout."""
 MIN_LOG_INTERVAL_S = 0.05
 MIN_WATCHDOG_S = 0.1
 MAX_WAIT_S = threading.TIMEOUT_MAX
@@ -362,6 +364,11 @@ def validate(cfg: TrainConfig) -> None:
     positive("rollout_length", cfg.rollout_length)
     positive("env.num_envs", cfg.env.num_envs)
     positive("layout.actors_per_device", cfg.layout.actors_per_device)
+    if cfg.layout.actors_per_device > MAX_ACTORS_PER_DEVICE:
+        raise ConfigError(
+            f"layout.actors_per_device must be at most {MAX_ACTORS_PER_DEVICE} (one thread each), "
+            f"got {cfg.layout.actors_per_device}"
+        )
     positive("layout.queue_size", cfg.layout.queue_size)
     positive("layout.scan_unroll", cfg.layout.scan_unroll)
     positive("layout.cpu_devices", cfg.layout.cpu_devices)

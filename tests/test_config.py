@@ -51,6 +51,7 @@ BAD = [
     (["--network.torso", "nature_cnn"], "network.torso nature_cnn cannot take observations of shape (4,)"),
     (["--layout.cpu-devices", "100000"], "layout.cpu_devices must be at most 1024"),
     (["--layout.scan-unroll", "0"], "layout.scan_unroll must be positive"),
+    (["--layout.actors-per-device", "100000"], "layout.actors_per_device must be at most 256"),
     # non-finite floats, wherever they are
     (["--ppo.learning-rate", "nan"], "ppo.learning_rate must be a finite number, got nan"),
     (["--log.interval-s", "inf"], "log.interval_s must be a finite number, got inf"),
@@ -107,6 +108,17 @@ def test_bad_config(capsys, tmp_path, flags, message):
     assert code == 2, err
     assert message in err
     assert len(err.strip().splitlines()) == 1, err
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", ["a" * 5000, "sub/" + "b" * 300], ids=["path-too-long", "name-too-long"])
+def test_run_dir_the_file_system_cannot_hold_is_refused(capsys, tmp_path, name):
+    code = main(["train", "cartpole-ppo", "--log.run-dir", str(tmp_path / name)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    (line,) = err.strip().splitlines()
+    assert "cannot create run directory" in line and "File name too long" in line and len(line) < 300
     assert not list(tmp_path.iterdir())
 
 
