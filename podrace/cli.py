@@ -14,6 +14,7 @@ import warnings
 from typing import Sequence
 
 from podrace.config import ConfigError, TrainConfig, validate
+from podrace.metrics.loggers import SinkError
 from podrace.runtime.lifetime import ComponentError
 
 USAGE = """usage: podrace train <preset> [--flags]   (podrace train --help lists presets and flags)"""
@@ -22,6 +23,13 @@ USAGE = """usage: podrace train <preset> [--flags]   (podrace train --help lists
 def _error(message: str) -> int:
     print(f"podrace: error: {message}", file=sys.stderr)
     return 2
+
+
+def _explains_itself(error: BaseException) -> bool:
+    """Failures whose one-line message is the whole story (no traceback helps the user)."""
+    from podrace.learner import NonFiniteUpdate
+
+    return isinstance(error, (NonFiniteUpdate, SinkError))
 
 
 def append_xla_flag(flag: str, value: str) -> None:
@@ -83,8 +91,12 @@ def train_command(args: Sequence[str]) -> int:
     except ConfigError as error:
         return _error(str(error))
     except ComponentError as error:
-        traceback.print_exception(error.error, file=sys.stderr)
+        if not _explains_itself(error.error):
+            traceback.print_exception(error.error, file=sys.stderr)
         print(f"podrace: error: {error}", file=sys.stderr)
+        return 1
+    except SinkError as error:  # a sink that failed outside the runtime's loop
+        print(f"podrace: error: logger failed: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         name = signal.Signals(signals.received).name
@@ -92,8 +104,9 @@ def train_command(args: Sequence[str]) -> int:
         return 128 + signals.received
     final = result.final_eval
     evaluation = f"final eval return {final.mean_return:.1f}" if final else "no final evaluation"
+    skipped = f" ({result.skipped_updates} skipped as non-finite)" if result.skipped_updates else ""
     print(
-        f"done: {result.env_steps:,} env steps, {result.updates} updates in {result.train_s:.1f}s "
+        f"done: {result.env_steps:,} env steps, {result.updates} updates{skipped} in {result.train_s:.1f}s "
         f"(+{result.compile_s:.1f}s compile), {evaluation}\nrun directory: {result.run_dir}"
     )
     return 0

@@ -36,6 +36,10 @@ class NonFiniteUpdate(FloatingPointError):
     """The loss or gradients of an update were NaN/inf; those params are never published."""
 
 
+class TooManySkippedUpdates(NonFiniteUpdate):
+    """More updates were skipped as non-finite than the run allows (it is not training)."""
+
+
 def make_algorithm(cfg: TrainConfig, apply_fn: Callable) -> Algorithm:
     """The configured algorithm, its collectives bound to the learner mesh axis."""
     make, algo_cfg = (make_ppo, cfg.ppo) if cfg.algo == "ppo" else (make_impala, cfg.impala)
@@ -113,8 +117,12 @@ class Learner:
         steps_per_update: int,
         skip_nonfinite: bool = False,
         on_update: Callable[[int], None] | None = None,
+        max_skipped: int = 0,
     ):
         self.skip_nonfinite = skip_nonfinite
+        self.max_skipped = max_skipped
+        self.skipped = 0
+        metrics.count("learner/skipped_nonfinite", 0)  # present in every line, 0 included
         self.state = state
         self.keys = keys
         self.update_fn = update_fn
@@ -145,7 +153,13 @@ class Learner:
             self.state = state
         elif self.skip_nonfinite:
             # Republish the old params under the next version so actors keep their pace.
+            self.skipped += 1
             self.metrics.count("learner/skipped_nonfinite")
+            if self.skipped > self.max_skipped:
+                raise TooManySkippedUpdates(
+                    f"{self.skipped} of {self.num_updates} updates skipped as non-finite, more than "
+                    f"the {self.max_skipped} that safety.max_skipped_fraction allows"
+                )
             metrics = {}
         else:
             raise NonFiniteUpdate(

@@ -85,3 +85,55 @@ def test_signal_stops_cleanly_with_conventional_exit_code(tmp_path, signum):
     assert "stopped cleanly" in err
     last = json.loads(metrics.read_text().splitlines()[-1])
     assert last["final"] == 1 and last["env_steps"] > 0
+
+
+def fake_train(monkeypatch, result=None, error=None):
+    """Stand in for the runtime: the CLI's reporting is what is tested here."""
+    from podrace.runtime import single_host
+
+    def train(cfg):
+        if error is not None:
+            raise error
+        return result
+
+    monkeypatch.setattr(single_host, "train", train)
+
+
+@pytest.mark.timeout(60)
+def test_final_line_reports_skipped_updates(capsys, tmp_path, monkeypatch):
+    from podrace.runtime.single_host import TrainResult
+
+    result = TrainResult(tmp_path / "r", updates=625, env_steps=320_000, compile_s=1.0, train_s=9.0,
+                         learn_s=8.0, final_eval=None, max_policy_lag=1.0, skipped_updates=12)
+    fake_train(monkeypatch, result=result)
+    code, out, err = run_cli(capsys, "train", "cartpole-ppo", "--log.run-dir", str(tmp_path))
+    assert code == 0, err
+    assert "done: 320,000 env steps, 625 updates (12 skipped as non-finite)" in out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("component,error,message", [
+    ("learner", "skipped", "learner failed: TooManySkippedUpdates: 63 of 625 updates skipped"),
+    ("logger", "sink", "logger failed: SinkError: cannot write metrics to m.jsonl: No space left on device"),
+])
+def test_named_failures_are_one_line_and_exit_1(capsys, tmp_path, monkeypatch, component, error, message):
+    from podrace.learner import TooManySkippedUpdates
+    from podrace.metrics.loggers import SinkError
+    from podrace.runtime.lifetime import ComponentError
+
+    cause = (TooManySkippedUpdates("63 of 625 updates skipped as non-finite") if error == "skipped"
+             else SinkError("cannot write metrics to m.jsonl: No space left on device"))
+    fake_train(monkeypatch, error=ComponentError(component, cause))
+    code, out, err = run_cli(capsys, "train", "cartpole-ppo", "--log.run-dir", str(tmp_path))
+    assert code == 1
+    (line,) = err.strip().splitlines()
+    assert line.startswith(f"podrace: error: {message}")
+
+
+@pytest.mark.timeout(60)
+def test_wandb_missing_is_exit_2_and_writes_nothing(capsys, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    code, out, err = run_cli(capsys, "train", "cartpole-ppo", "--log.run-dir", str(tmp_path / "runs"), "--log.wandb")
+    assert code == 2
+    assert err.strip().splitlines() == ["podrace: error: log.wandb needs the wandb package: pip install 'podrace[wandb]'"]
+    assert not list(tmp_path.iterdir())

@@ -1,8 +1,12 @@
 """Table of bad configurations: each is one clear line on stderr, exit code 2, nothing written."""
 
+import dataclasses
+import json
+
 import pytest
 
 from podrace.cli import main
+from podrace.config import ConfigError, TrainConfig, leaves as _leaves, replace, resolved, validate
 
 BAD = [
     (["--env.num-envs", "0"], "env.num_envs must be positive"),
@@ -27,12 +31,71 @@ BAD = [
     (["--ppo.learning-rate", "-0.1"], "ppo.learning_rate must be positive"),
     (["--eval.episodes", "0"], "eval.episodes must be positive"),
     (["--eval.every-updates", "-2"], "eval.every_updates must be >= 0"),
-    (["--log.interval-s", "0"], "log.interval_s must be positive"),
-    (["--safety.watchdog-s", "0"], "safety.watchdog_s must be positive"),
+    (["--log.interval-s", "0"], "log.interval_s must be in [0.05,"),
+    (["--safety.watchdog-s", "0"], "safety.watchdog_s must be in [0.1,"),
     (["--network.hidden-sizes", "64", "0"], "network.hidden_sizes must be positive widths"),
     (["--env.sticky-action-prob", "1.5"], "env.sticky_action_prob must be in [0, 1]"),
     (["--env.max-episode-steps", "0"], "max_episode_steps"),
     (["--layout.platform", "tpu"], "layout.platform 'tpu' is not available"),
+    # conftest.py forces 4 CPU devices through XLA_FLAGS: the error names that setting.
+    (["--layout.actor-device-ids", "5"], "XLA_FLAGS already sets --xla_force_host_platform_device_count=4"),
+    # seeds, counts and sizes that overflow
+    (["--seed", "-1"], "seed must be in [0, 2**31 - 1], got -1"),
+    (["--seed", str(2**31)], "seed must be in [0, 2**31 - 1]"),
+    (["--total-steps", str(10**12)], "more than the int32 step counter holds"),
+    (["--total-steps", str(2**60)], "total_steps must be at most 2**53"),
+    (["--env.num-envs", str(2**32)], "env.num_envs must be at most 2,147,483,647"),
+    (["--rollout-length", "100000", "--env.num-envs", "100000"], "does not fit an int32 array"),
+    (["--network.hidden-sizes", str(2**31)], "network.hidden_sizes must be at most"),
+    (["--network.hidden-sizes", "200000", "200000"], "host memory has"),
+    (["--network.torso", "nature_cnn"], "network.torso nature_cnn cannot take observations of shape (4,)"),
+    (["--layout.cpu-devices", "100000"], "layout.cpu_devices must be at most 1024"),
+    (["--layout.scan-unroll", "0"], "layout.scan_unroll must be positive"),
+    (["--layout.actors-per-device", "100000"], "layout.actors_per_device must be at most 256"),
+    # non-finite floats, wherever they are
+    (["--ppo.learning-rate", "nan"], "ppo.learning_rate must be a finite number, got nan"),
+    (["--log.interval-s", "inf"], "log.interval_s must be a finite number, got inf"),
+    (["--safety.watchdog-s", "nan"], "safety.watchdog_s must be a finite number, got nan"),
+    (["--env.sticky-action-prob", "nan"], "env.sticky_action_prob must be a finite number"),
+    (["--impala.rho-bar", "inf"], "impala.rho_bar must be a finite number"),
+    (["--ppo.ent-coef", "-inf"], "ppo.ent_coef must be a finite number"),
+    (["--safety.max-skipped-fraction", "nan"], "safety.max_skipped_fraction must be a finite number"),
+    # out-of-range hyperparameters (the unused algorithm's too)
+    (["--ppo.gamma", "1.5"], "ppo.gamma must be in [0, 1], got 1.5"),
+    (["--ppo.gamma", "-0.1"], "ppo.gamma must be in [0, 1]"),
+    (["--ppo.gae-lambda", "2"], "ppo.gae_lambda must be in [0, 1]"),
+    (["--impala.vtrace-lambda", "-1"], "impala.vtrace_lambda must be in [0, 1]"),
+    (["--impala.gamma", "1.01"], "impala.gamma must be in [0, 1]"),
+    (["--ppo.clip-coef", "0"], "ppo.clip_coef must be positive"),
+    (["--ppo.clip-coef", "-0.2"], "ppo.clip_coef must be positive"),
+    (["--ppo.max-grad-norm", "0"], "ppo.max_grad_norm must be positive"),
+    (["--ppo.vf-coef", "-1"], "ppo.vf_coef must be >= 0"),
+    (["--ppo.ent-coef", "-0.01"], "ppo.ent_coef must be >= 0"),
+    (["--impala.learning-rate", "0"], "impala.learning_rate must be positive"),
+    (["--impala.rmsprop-decay", "1.5"], "impala.rmsprop_decay must be in [0, 1]"),
+    (["--impala.rmsprop-eps", "0"], "impala.rmsprop_eps must be positive"),
+    (["--impala.c-bar", "0"], "impala.c_bar must be positive"),
+    (["--impala.num-minibatches", "0"], "impala.num_minibatches must be positive"),
+    # timers too small or too large to wait on, limits outside their range
+    (["--log.interval-s", "0.001"], "log.interval_s must be in [0.05,"),
+    (["--log.interval-s", "1e12"], "log.interval_s must be in [0.05,"),
+    (["--safety.watchdog-s", "1e-6"], "safety.watchdog_s must be in [0.1,"),
+    (["--safety.max-skipped-fraction", "1.5"], "safety.max_skipped_fraction must be in [0, 1]"),
+    (["--safety.max-skipped-fraction", "-0.1"], "safety.max_skipped_fraction must be in [0, 1]"),
+    # names that would leave the run folder, or cannot be a file name
+    (["--log.run-name", "../escape"], "log.run_name must be a plain folder name"),
+    (["--log.run-name", "a/b"], "log.run_name must be a plain folder name"),
+    (["--log.run-name", ".."], "log.run_name must be a plain folder name"),
+    (["--log.run-name", "x" * 300], "log.run_name is 300 bytes long, at most 200"),
+    (["--name", "../up"], "name must be a plain folder name"),
+    (["--log.wandb-project", " "], "log.wandb_project must not be empty"),
+    # Atari settings that make no sense for any env
+    (["--env.frame-skip", "0"], "env.frame_skip must be positive"),
+    (["--env.frame-stack", "-1"], "env.frame_stack must be positive"),
+    (["--env.image-size", "0"], "env.image_size must be positive"),
+    (["--env.noop-max", "-1"], "env.noop_max must be >= 0"),
+    (["--env.max-episode-steps", "-5"], "env.max_episode_steps must be positive"),
+    (["--env.id", " "], "env.id must not be empty"),
 ]
 
 
@@ -45,7 +108,18 @@ def test_bad_config(capsys, tmp_path, flags, message):
     assert code == 2, err
     assert message in err
     assert len(err.strip().splitlines()) == 1, err
-    assert not runs.exists()
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", ["a" * 5000, "sub/" + "b" * 300], ids=["path-too-long", "name-too-long"])
+def test_run_dir_the_file_system_cannot_hold_is_refused(capsys, tmp_path, name):
+    code = main(["train", "cartpole-ppo", "--log.run-dir", str(tmp_path / name)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    (line,) = err.strip().splitlines()
+    assert "cannot create run directory" in line and "File name too long" in line and len(line) < 300
+    assert not list(tmp_path.iterdir())
 
 
 def test_run_dir_under_a_file_is_refused(capsys, tmp_path):
@@ -61,3 +135,53 @@ def test_unparsable_flag_exits_2(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["train", "cartpole-ppo", "--env.num-envs", "many"])
     assert exc.value.code == 2
+
+
+# Values only the Python API can pass (tyro refuses them on the command line).
+PYTHON_ONLY = [
+    ({"layout.platform": "xpu"}, "layout.platform must be one of cpu, gpu, tpu, None, got 'xpu'"),
+    ({"algo": "dqn"}, "algo must be one of ppo, impala, got 'dqn'"),
+    ({"log.console": "fancy"}, "log.console must be one of progress, lines, none"),
+    ({"safety.on_nonfinite": "ignore"}, "safety.on_nonfinite must be one of stop, skip"),
+    ({"log.run_dir": "runs\0x"}, "log.run_dir must not contain a NUL character"),
+    ({"log.run_name": ""}, "log.run_name must be a plain folder name"),
+    ({"log.run_name": "a\\b"}, "log.run_name must be a plain folder name"),
+    ({"log.run_name": "\u00e9" * 101}, "log.run_name is 202 bytes long"),
+    ({"ppo.learning_rate": float("inf")}, "ppo.learning_rate must be a finite number"),
+]
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("changes,message", PYTHON_ONLY, ids=[str(c) for c, _ in PYTHON_ONLY])
+def test_bad_config_from_python(changes, message):
+    with pytest.raises(ConfigError) as exc:
+        validate(replace(TrainConfig(), **changes))
+    assert message in str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+@pytest.mark.timeout(10)
+def test_every_float_field_is_checked_for_finiteness():
+    """Walk the config generically: a NaN in any float field (present or future) is refused."""
+    floats = [name for name, value, _ in _leaves(TrainConfig()) if isinstance(value, float)]
+    assert len(floats) > 20
+    for name in floats:
+        with pytest.raises(ConfigError, match=f"{name} must be a finite number"):
+            validate(replace(TrainConfig(), **{name: float("nan")}))
+
+
+@pytest.mark.timeout(10)
+def test_every_preset_is_valid():
+    from podrace.presets import PRESETS
+
+    for _, cfg in PRESETS.values():
+        validate(cfg)
+
+
+@pytest.mark.timeout(10)
+def test_resolved_config_writes_what_deterministic_implies():
+    cfg = replace(TrainConfig(), deterministic=True, **{"layout.max_policy_lag": 3})
+    written = json.loads(json.dumps(dataclasses.asdict(resolved(cfg))))
+    assert written["layout"]["synchronous"] is True
+    assert written["layout"]["max_policy_lag"] == 0
+    assert resolved(cfg).max_policy_lag == cfg.max_policy_lag == 0

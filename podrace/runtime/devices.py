@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass
 
 import jax
 
 from podrace.config import ConfigError, TrainConfig
+
+
+CPU_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+
+def cpu_count_hint(environ: dict[str, str] = os.environ) -> str:
+    """How to get more CPU devices, naming a device count already set in XLA_FLAGS (which
+    the CLI never replaces, so --layout.cpu-devices cannot raise it)."""
+    match = re.search(rf"{CPU_COUNT_FLAG}=(\S*)", environ.get("XLA_FLAGS", ""))
+    if match:
+        return (
+            f" (XLA_FLAGS already sets {CPU_COUNT_FLAG}={match.group(1)}, which --layout.cpu-devices "
+            "does not override: change or remove it there)"
+        )
+    return (
+        f" (more CPU devices: --layout.cpu-devices N, or from Python set "
+        f"XLA_FLAGS={CPU_COUNT_FLAG}=N before importing jax)"
+    )
 
 
 @dataclass(frozen=True)
@@ -27,12 +47,7 @@ def resolve_devices(cfg: TrainConfig) -> Devices:
     def pick(name: str, ids) -> tuple[jax.Device, ...]:
         missing = [i for i in ids if i >= len(available)]
         if missing:
-            hint = (
-                " (more CPU devices: --layout.cpu-devices N, or from Python set "
-                "XLA_FLAGS=--xla_force_host_platform_device_count=N before importing jax)"
-                if platform == "cpu"
-                else ""
-            )
+            hint = cpu_count_hint() if platform == "cpu" else ""
             raise ConfigError(
                 f"{name} {list(ids)}: device {missing[0]} does not exist, "
                 f"{platform} has {len(available)} device(s){hint}"

@@ -8,8 +8,7 @@ compile time is reported apart from training time.
 
 from __future__ import annotations
 
-import dataclasses
-import json
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,17 +17,18 @@ import jax
 import numpy as np
 
 from podrace.actor import Actor, LearnerPlacement, make_policy_fns
-from podrace.config import TrainConfig, validate
+from podrace.config import TrainConfig, replace, resolved, validate
 from podrace.envs import env_spec, make_env, resolve_backend
 from podrace.evaluate import EvalResult, Evaluator, make_greedy_policy
 from podrace.learner import Learner, make_algorithm, make_mesh, make_update_fn, env_keys, trajectory_shardings
-from podrace.metrics.loggers import ConsoleSink, JsonlSink, Sink, TensorBoardSink
+from podrace.metrics.loggers import Sink, check_sinks, make_sinks
 from podrace.metrics.registry import Metrics
 from podrace.networks import make_network
 from podrace.pipeline import Pipeline
 from podrace.runtime.devices import resolve_devices
 from podrace.runtime.lifetime import Lifetime
-from podrace.runtime.rundir import create_run_dir
+from podrace.runtime.memory import check_fits
+from podrace.runtime.rundir import create_run_dir, remove_run_dir, write_config
 from podrace.runtime.threads import ThreadGroup
 from podrace.runtime.watchdog import Watchdog
 from podrace.sync.local import LocalPublisher
@@ -49,6 +49,8 @@ class TrainResult:
     counts the final evaluation and shutdown)."""
     final_eval: EvalResult | None
     max_policy_lag: float
+    skipped_updates: int = 0
+    """Updates skipped as non-finite (safety.on_nonfinite=skip)."""
 
 
 def _seed_key(seed: int, *path: int) -> jax.Array:
@@ -82,11 +84,18 @@ def prepare(cfg: TrainConfig) -> "SingleHostRun":
     """Validate, build and compile everything; no thread is started yet."""
     validate(cfg)
     resolve_backend(cfg.env)
+    check_sinks(cfg.log)
     devices = resolve_devices(cfg)
     spec = env_spec(cfg.env)
-    run_dir = create_run_dir(cfg)
-    (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
-    return SingleHostRun(cfg, spec, devices, run_dir)
+    check_fits(cfg, make_network(cfg.network, spec), spec, devices)
+    run_dir = create_run_dir(cfg)  # last: nothing is written unless every check passed
+    try:
+        effective = replace(resolved(cfg), **{"log.run_name": run_dir.name})
+        write_config(run_dir, effective)
+        return SingleHostRun(effective, spec, devices, run_dir)
+    except BaseException:
+        remove_run_dir(run_dir)
+        raise
 
 
 class SingleHostRun:
@@ -162,6 +171,7 @@ class SingleHostRun:
             steps_per_update=cfg.steps_per_update,
             skip_nonfinite=cfg.safety.on_nonfinite == "skip",
             on_update=self._after_update,
+            max_skipped=math.floor(cfg.safety.max_skipped_fraction * cfg.num_updates),
         )
 
     def _after_update(self, version: int) -> None:
@@ -180,11 +190,7 @@ class SingleHostRun:
             final.append(self.evaluator.evaluate_final(self.learner.version))
             lifetime.stop("finished")
 
-        sinks: list[Sink] = [JsonlSink(self.run_dir / "metrics.jsonl")]
-        if cfg.log.tensorboard:
-            sinks.append(TensorBoardSink(self.run_dir / "tensorboard"))
-        if cfg.log.console != "none":
-            sinks.append(ConsoleSink(cfg.log.console, cfg.total_steps))
+        sinks: list[Sink] = make_sinks(cfg, self.run_dir)
 
         group = ThreadGroup(lifetime)
         train_start = time.perf_counter()
@@ -218,6 +224,7 @@ class SingleHostRun:
             learn_s=learned[0] if learned else train_s,
             final_eval=final[0] if final else None,
             max_policy_lag=float(metrics.last("lag/max_seen", 0.0)),
+            skipped_updates=self.learner.skipped,
         )
 
 

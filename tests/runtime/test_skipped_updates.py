@@ -1,0 +1,61 @@
+"""`--safety.on-nonfinite skip`: skipped updates are counted, reported, and a run that skips
+more than `safety.max_skipped_fraction` of its updates fails instead of "succeeding"."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from podrace.learner import TooManySkippedUpdates
+from podrace.runtime.lifetime import ComponentError
+from podrace.runtime.single_host import prepare
+from tests.runtime.test_single_host import small
+
+
+def poison_updates(run, count: int) -> None:
+    """Make the first `count` updates see NaN rewards (so their loss is non-finite)."""
+    update_fn, calls = run.learner.update_fn, [0]
+    poison = jax.jit(lambda rewards: rewards * jnp.nan)  # jitted: no host-to-device transfer
+
+    def update(state, trajs, keys):
+        calls[0] += 1
+        if calls[0] <= count:
+            trajs = tuple(t._replace(rewards=poison(t.rewards)) for t in trajs)
+        return update_fn(state, trajs, keys)
+
+    run.learner.update_fn = update
+
+
+def last_line(run) -> dict:
+    return json.loads((run.run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+
+
+@pytest.mark.timeout(120)
+def test_skips_up_to_the_limit_are_reported(tmp_path):
+    # 12 updates, limit 0.25: 3 skipped updates are allowed.
+    run = prepare(small(tmp_path, **{"safety.on_nonfinite": "skip", "safety.max_skipped_fraction": 0.25}))
+    assert run.cfg.num_updates == 12
+    poison_updates(run, 3)
+    result = run.run()
+    assert result.updates == 12 and result.skipped_updates == 3
+    assert last_line(run)["learner/skipped_nonfinite"] == 3
+
+
+@pytest.mark.timeout(120)
+def test_more_skips_than_the_limit_fail_the_run(tmp_path):
+    run = prepare(small(tmp_path, **{"safety.on_nonfinite": "skip", "safety.max_skipped_fraction": 0.25}))
+    poison_updates(run, 12)
+    with pytest.raises(ComponentError, match="4 of 12 updates skipped as non-finite, more than the 3") as exc:
+        run.run()
+    assert exc.value.component == "learner"
+    assert isinstance(exc.value.error, TooManySkippedUpdates)
+    assert last_line(run)["learner/skipped_nonfinite"] == 4
+    assert run.learner.version == 3  # the fourth skipped update was not published
+
+
+@pytest.mark.timeout(120)
+def test_without_skips_the_count_is_still_reported(tmp_path):
+    run = prepare(small(tmp_path, total_steps=8 * 2 * 16 * 4))
+    run.run()
+    assert last_line(run)["learner/skipped_nonfinite"] == 0
