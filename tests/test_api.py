@@ -103,3 +103,27 @@ def test_halfcheetah_ppo_runs_an_update(tmp_path):
     result = podrace.train(cfg)
     assert result.updates == 1 and result.env_steps == 2048
     assert np.isfinite(result.final_eval.mean_return) and result.final_eval.lengths.tolist() == [1000]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.xfail(raises=NotImplementedError, strict=True, reason="runtime hand-off of EnvSource pending")
+def test_train_with_a_vector_env_factory_learns_beyond_random(tmp_path):
+    """Ready for the hand-off: XPASS (a strict failure) once the runtime takes the factory."""
+    import gymnasium
+
+    from tests.envs.user_envs import MATCH_LENGTH, RANDOM_RETURN, MatchEnv
+
+    def factory(num_envs: int, seed: int) -> gymnasium.vector.VectorEnv:
+        return gymnasium.vector.SyncVectorEnv([MatchEnv] * num_envs)
+
+    base = podrace.presets.get("cartpole-ppo")
+    cfg = dataclasses.replace(
+        base,
+        total_steps=8192,
+        env=dataclasses.replace(base.env, id="not-used-with-a-factory"),
+        eval=dataclasses.replace(base.eval, episodes=16),
+        log=dataclasses.replace(base.log, run_dir=str(tmp_path), console="none"),
+    )
+    result = podrace.train(cfg, env_factory=factory)
+    assert result.final_eval.mean_return >= 0.75 * MATCH_LENGTH > 2 * RANDOM_RETURN
