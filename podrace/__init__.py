@@ -93,7 +93,8 @@ def train(cfg: "TrainConfig", env_factory: "EnvFactory | None" = None) -> "Train
     XLA_FLAGS=--xla_force_host_platform_device_count=N before JAX is first imported.
 
     `env_factory(num_envs, seed)` returning a `BatchedEnv` or a `gymnasium.vector.VectorEnv`
-    replaces `cfg.env.id`; it is validated here (see `podrace.envs.EnvSource`).
+    replaces `cfg.env.id` (see `podrace.envs.EnvSource`). For now it is only validated, then
+    NotImplementedError: the thread runtime does not take an EnvSource yet.
     """
     from podrace.envs import EnvSource
     from podrace.runtime.single_host import train as train_threads
