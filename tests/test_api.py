@@ -92,17 +92,21 @@ def test_halfcheetah_ppo_follows_cleanrl_ppo_continuous_action():
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_halfcheetah_ppo_runs_an_update(tmp_path):
+def test_halfcheetah_ppo_trains_on_envpool_mujoco(tmp_path):
+    """The preset's env and network end to end, with a smaller rollout and shorter episodes."""
     cfg = podrace.presets.get("halfcheetah-ppo")
     cfg = dataclasses.replace(
         cfg,
-        total_steps=cfg.steps_per_update,
+        total_steps=512,
+        rollout_length=256,
+        env=dataclasses.replace(cfg.env, max_episode_steps=100),
+        ppo=dataclasses.replace(cfg.ppo, num_epochs=2, num_minibatches=4),
         eval=dataclasses.replace(cfg.eval, episodes=1, num_envs=1),
         log=dataclasses.replace(cfg.log, run_dir=str(tmp_path), console="none"),
     )
     result = podrace.train(cfg)
-    assert result.updates == 1 and result.env_steps == 2048
-    assert np.isfinite(result.final_eval.mean_return) and result.final_eval.lengths.tolist() == [1000]
+    assert result.updates == 2 and result.env_steps == 512
+    assert np.isfinite(result.final_eval.mean_return) and result.final_eval.lengths.tolist() == [100]
 
 
 @pytest.mark.slow
