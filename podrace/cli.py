@@ -45,6 +45,13 @@ def force_cpu_devices(count: int) -> None:
         append_xla_flag("--xla_force_host_platform_device_count", str(count))
 
 
+def make_working_dir_importable(env_id: str) -> None:
+    """Let `--env.id my_module:MyEnv-v0` find my_module.py in the working directory, as
+    `python -m` would (the `podrace` script's own folder is first on sys.path instead)."""
+    if ":" in env_id and os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+
+
 def parse_train(args: Sequence[str]) -> TrainConfig:
     import tyro
 
@@ -74,6 +81,7 @@ def train_command(args: Sequence[str]) -> int:
     cfg = parse_train(args)
     signals = _Signals()
     signals.install()
+    make_working_dir_importable(cfg.env.id)
     try:
         validate(cfg)
         from podrace.envs import resolve_backend

@@ -7,6 +7,7 @@ pass e.g. `--layout.actor-device-ids 0 --layout.learner-device-ids 1 2 3`.
 from __future__ import annotations
 
 from podrace.config import (
+    ConfigError,
     EnvConfig,
     EvalConfig,
     ImpalaConfig,
@@ -190,3 +191,45 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
         ),
     ),
 }
+
+
+# MuJoCo PPO. CleanRL's ppo_continuous_action.py, hyperparameter for hyperparameter: one env,
+# T=2048, Adam lr 3e-4 annealed to 0, 10 epochs x 32 minibatches of 64 steps, clip 0.2 on
+# the policy and the value, entropy 0, value 0.5, grad norm 0.5, gamma 0.99, GAE lambda 0.95,
+# separate 64-64 tanh MLPs and a state-independent log-std, 1M steps. CleanRL also
+# normalizes observations and scales rewards (gymnasium wrappers); podrace does not yet.
+PRESETS["halfcheetah-ppo"] = (
+    "PPO on MuJoCo HalfCheetah-v4 (envpool), 1M steps, with CleanRL's ppo_continuous_action "
+    "hyperparameters (one env, 2048-step rollouts, 10 epochs x 32 minibatches).",
+    TrainConfig(
+        name="halfcheetah-ppo",
+        algo="ppo",
+        total_steps=1_000_000,
+        rollout_length=2048,
+        env=EnvConfig(id="HalfCheetah-v4", backend="envpool", num_envs=1),
+        network=NetworkConfig(torso="mlp", hidden_sizes=(64, 64), activation="tanh", shared_torso=False),
+        ppo=PPOConfig(
+            learning_rate=3e-4,
+            anneal_lr=True,
+            gamma=0.99,
+            gae_lambda=0.95,
+            num_epochs=10,
+            num_minibatches=32,
+            clip_coef=0.2,
+            clip_value_loss=True,
+            vf_coef=0.5,
+            ent_coef=0.0,
+            max_grad_norm=0.5,
+            norm_adv=True,
+        ),
+        layout=LayoutConfig(actors_per_device=1),
+        eval=EvalConfig(every_updates=50, episodes=8, num_envs=8),
+    ),
+)
+
+
+def get(name: str) -> TrainConfig:
+    """The preset `name`, a frozen TrainConfig to change with `dataclasses.replace`."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; presets: {', '.join(sorted(PRESETS))}")
+    return PRESETS[name][1]

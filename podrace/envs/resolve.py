@@ -1,6 +1,7 @@
 """Which backend serves an env id, decided from the registries alone (no env is built).
 
-This runs during config validation, before any thread starts, so it only looks ids up.
+This runs during config validation, before any thread starts, so it only looks ids up
+(after importing the module of a 'module:EnvId' id, which registers the id).
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import functools
 
 from podrace.config import ConfigError, EnvConfig
+from podrace.envs.user_modules import import_env_module
 
 BACKENDS = ("auto", "envpool", "gymnasium")
 
@@ -42,16 +44,17 @@ def resolve_backend(cfg: EnvConfig) -> str:
     """'envpool' or 'gymnasium' for `cfg.id`; ConfigError (one line) when neither fits."""
     if cfg.backend not in BACKENDS:
         raise ConfigError(f"env.backend must be one of {', '.join(BACKENDS)}, got {cfg.backend!r}")
+    env_id = import_env_module(cfg.id)
     if cfg.backend == "envpool":
-        if cfg.id not in envpool_ids():
+        if env_id not in envpool_ids():
             raise ConfigError(f"env id {cfg.id!r} is not an envpool id (see envpool.list_all_envs())")
         return "envpool"
     if cfg.backend == "gymnasium":
-        if not gymnasium_has(cfg.id):
+        if not gymnasium_has(env_id):
             raise ConfigError(f"env id {cfg.id!r} is not registered with Gymnasium")
         return "gymnasium"
-    if cfg.id in envpool_ids():
+    if env_id in envpool_ids():
         return "envpool"
-    if gymnasium_has(cfg.id):
+    if gymnasium_has(env_id):
         return "gymnasium"
     raise ConfigError(f"unknown env id {cfg.id!r} (not an envpool or Gymnasium id)")

@@ -13,20 +13,36 @@ from podrace.config import ConfigError
 from podrace.types import EnvSpec
 
 
+SUPPORTED = (
+    "supported: Box or Discrete observations; Discrete actions starting at 0, "
+    "or a 1-D Box of float actions"
+)
+
+
 def spec_from_spaces(env_id: str, obs_space: gymnasium.Space, action_space: gymnasium.Space) -> EnvSpec:
-    """EnvSpec of one (unbatched) env; ConfigError for spaces podrace cannot act in."""
+    """EnvSpec of one (unbatched) env; ConfigError for spaces podrace cannot act in.
+
+    The error names the offending space and lists what is supported, so a user with a
+    Dict observation or a MultiDiscrete action knows what to wrap or flatten.
+    """
     if isinstance(obs_space, gymnasium.spaces.Box):
         obs_shape, obs_dtype = tuple(obs_space.shape), np.dtype(obs_space.dtype)
     elif isinstance(obs_space, gymnasium.spaces.Discrete):
         obs_shape, obs_dtype = (), np.dtype(obs_space.dtype)
     else:
-        raise ConfigError(f"env {env_id!r}: unsupported observation space {obs_space}")
+        raise ConfigError(f"env {env_id!r}: unsupported observation space {obs_space} ({SUPPORTED})")
 
     if isinstance(action_space, gymnasium.spaces.Discrete):
         if int(action_space.start) != 0:
-            raise ConfigError(f"env {env_id!r}: discrete actions must start at 0, got {action_space}")
+            raise ConfigError(f"env {env_id!r}: discrete actions must start at 0, got {action_space} ({SUPPORTED})")
         return EnvSpec(obs_shape, obs_dtype, int(action_space.n), ())
     if isinstance(action_space, gymnasium.spaces.Box) and len(action_space.shape) == 1:
+        # A Gaussian policy samples floats; an integer Box would silently truncate them.
+        if not np.issubdtype(action_space.dtype, np.floating):
+            raise ConfigError(
+                f"env {env_id!r}: Box action space with integer dtype {action_space.dtype} is not "
+                f"supported; use Discrete for integer actions ({SUPPORTED})"
+            )
         return EnvSpec(
             obs_shape,
             obs_dtype,
@@ -35,7 +51,7 @@ def spec_from_spaces(env_id: str, obs_space: gymnasium.Space, action_space: gymn
             np.array(action_space.low, copy=True),
             np.array(action_space.high, copy=True),
         )
-    raise ConfigError(f"env {env_id!r}: unsupported action space {action_space}")
+    raise ConfigError(f"env {env_id!r}: unsupported action space {action_space} ({SUPPORTED})")
 
 
 class ActionPreparer:

@@ -1,0 +1,93 @@
+"""MuJoCo PPO benchmark: the `halfcheetah-ppo` preset (envpool HalfCheetah-v4), one child
+process per seed, run one after the other.
+
+Per seed: wall-clock, compile time, env steps/s while learning, final evaluation return
+(deterministic policy), and the wall-clock a full 1M-step run would take at that speed.
+CleanRL's published result for the same hyperparameters and budget is stored alongside.
+
+    python benchmarks/halfcheetah_ppo.py [--seeds 1 2 3] [--out ...] [overrides...]
+
+Extra arguments are passed to the preset as `podrace train` flags (e.g. --total-steps 40960
+for a short speed measurement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PRESET = "halfcheetah-ppo"
+FULL_STEPS = 1_000_000
+# docs.cleanrl.dev, ppo_continuous_action.py, MuJoCo v4 table (tag pr-424): HalfCheetah-v4,
+# 1M steps, mean +- std of the final episodic return over seeds.
+CLEANRL = {"env": "HalfCheetah-v4", "steps": FULL_STEPS, "return_mean": 1442.64, "return_std": 46.03}
+
+
+def child(seed: int, overrides: list[str]) -> dict:
+    from podrace.cli import force_cpu_devices, parse_train
+    from podrace.config import replace
+
+    cfg = parse_train([PRESET, "--seed", str(seed), *overrides])
+    cfg = replace(cfg, **{"log.console": "none", "log.run_dir": tempfile.mkdtemp(prefix="podrace-bench-")})
+    force_cpu_devices(cfg.layout.cpu_devices)
+    import podrace
+
+    start = time.perf_counter()
+    result = podrace.train(cfg)
+    sps = result.env_steps / result.learn_s
+    return {
+        "seed": seed,
+        "wall_s": time.perf_counter() - start,
+        "compile_s": result.compile_s,
+        "learn_s": result.learn_s,
+        "env_steps": result.env_steps,
+        "updates": result.updates,
+        "sps": sps,
+        "expected_full_run_s": result.compile_s + FULL_STEPS / sps,
+        "final_eval_return": result.final_eval.mean_return if result.final_eval else None,
+        "max_policy_lag": result.max_policy_lag,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="benchmarks/results/halfcheetah_ppo.json")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--child-seed", type=int, help=argparse.SUPPRESS)
+    args, overrides = parser.parse_known_args()
+    if args.child_seed is not None:
+        print(json.dumps(child(args.child_seed, overrides)))
+        return
+    runs = []
+    for seed in args.seeds:
+        out = subprocess.run(
+            [sys.executable, __file__, "--child-seed", str(seed), *overrides],
+            check=True, capture_output=True, text=True,
+        ).stdout
+        runs.append(json.loads(out.strip().splitlines()[-1]))
+        print(json.dumps(runs[-1]), file=sys.stderr)
+    returns = [r["final_eval_return"] for r in runs if r["final_eval_return"] is not None]
+    report = {
+        "benchmark": "halfcheetah_ppo",
+        "preset": PRESET,
+        "overrides": overrides,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "machine": {"platform": platform.platform(), "python": platform.python_version()},
+        "runs": runs,
+        "final_eval_return_mean": sum(returns) / len(returns) if returns else None,
+        "cleanrl_reference": CLEANRL,
+    }
+    path = Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""Where a run's envs come from: an env id through a backend, or the user's env factory.
+
+An env factory is any callable `(num_envs, seed) -> BatchedEnv | gymnasium.vector.VectorEnv`.
+A Gymnasium vector env is adapted (next-step autoreset, episode statistics, seeding of its
+first reset); a BatchedEnv is used as it is. `EnvSource` is the one object a runtime needs:
+`spec()` validates before any thread starts, `make()` builds envs for actors and evaluator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Union
+
+import gymnasium
+
+from podrace.config import ConfigError, EnvConfig
+from podrace.envs.base import BatchedEnv
+from podrace.envs.factory import env_spec, make_env
+from podrace.envs.gymnasium_backend import dependency_checked
+from podrace.envs.resolve import resolve_backend
+from podrace.envs.vector_adapter import VectorEnvAdapter
+from podrace.types import EnvSpec
+
+EnvFactory = Callable[[int, int], Union[BatchedEnv, gymnasium.vector.VectorEnv]]
+"""(num_envs, seed) -> num_envs envs, deterministic given seed."""
+
+
+def factory_name(factory: EnvFactory) -> str:
+    return getattr(factory, "__qualname__", None) or type(factory).__name__
+
+
+def from_factory(factory: EnvFactory, num_envs: int, seed: int) -> BatchedEnv:
+    """`factory(num_envs, seed)` as a BatchedEnv; ConfigError (one line) for what cannot run."""
+    name = factory_name(factory)
+    made = dependency_checked(name, lambda: factory(num_envs, seed))
+    try:
+        if isinstance(made, gymnasium.vector.VectorEnv):
+            env = VectorEnvAdapter(made, seed, name)
+        elif isinstance(made, BatchedEnv):
+            if not isinstance(made.spec, EnvSpec):
+                raise ConfigError(f"env factory {name!r}: BatchedEnv.spec must be a podrace.types.EnvSpec")
+            env = made
+        else:
+            hint = " (wrap it: gymnasium.vector.SyncVectorEnv)" if isinstance(made, gymnasium.Env) else ""
+            raise ConfigError(
+                f"env factory {name!r} returned {type(made).__name__}; expected a podrace BatchedEnv "
+                f"or a gymnasium.vector.VectorEnv{hint}"
+            )
+        if env.num_envs != num_envs:
+            raise ConfigError(f"env factory {name!r} was asked for {num_envs} envs and made {env.num_envs}")
+    except BaseException:
+        if hasattr(made, "close"):
+            made.close()
+        raise
+    return env
+
+
+@dataclass(frozen=True)
+class EnvSource:
+    """`cfg.id` through its backend, or `factory` when one is given (then `cfg.id` is unused).
+
+    Picklable when the factory is (cloudpickle handles closures), so a Ray worker can
+    build its own envs from it.
+    """
+
+    cfg: EnvConfig
+    factory: EnvFactory | None = None
+
+    def spec(self) -> EnvSpec:
+        """Check the envs can be built and acted in; a factory is called once for a probe."""
+        if self.factory is None:
+            resolve_backend(self.cfg)
+            return env_spec(self.cfg)
+        if not callable(self.factory):
+            raise ConfigError(f"env_factory must be callable, got {type(self.factory).__name__}")
+        probe = self.make(self.cfg.num_envs, 0)
+        try:
+            return probe.spec
+        finally:
+            probe.close()
+
+    def make(self, num_envs: int, seed: int) -> BatchedEnv:
+        """`num_envs` envs, deterministic given `seed` (a non-negative int)."""
+        if self.factory is None:
+            return make_env(self.cfg, num_envs, seed)
+        if num_envs <= 0:
+            raise ConfigError(f"num_envs must be positive, got {num_envs}")
+        return from_factory(self.factory, num_envs, seed)

@@ -1,0 +1,37 @@
+"""`module:EnvId` env ids (Gymnasium's convention): import the module, then use the id.
+
+The full string stays in the config, so every process that builds envs from it (actor
+threads, Ray workers, a resumed run) imports the module again before looking the id up.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from podrace.config import ConfigError
+
+
+def split_env_id(env_id: str) -> tuple[str | None, str]:
+    """('my_module', 'MyEnv-v0') for 'my_module:MyEnv-v0'; (None, env_id) without a module."""
+    module, sep, name = env_id.rpartition(":")
+    if not sep:
+        return None, env_id
+    if not module or not name:
+        raise ConfigError(f"env.id {env_id!r} must be 'module:EnvId' or a registered env id")
+    return module, name
+
+
+def import_env_module(env_id: str) -> str:
+    """Import the module named by `env_id` (if any) so it can register its envs; returns the
+    id without the module part.
+
+    Only a missing module is a config error; any other exception raised while importing it
+    is a bug in that module and keeps its traceback.
+    """
+    module, name = split_env_id(env_id)
+    if module is not None:
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            raise ConfigError(f"env.id {env_id!r}: cannot import module {module!r} ({error})") from None
+    return name

@@ -1,0 +1,81 @@
+"""Any Gymnasium vector env in next-step autoreset mode, as a podrace BatchedEnv.
+
+Gymnasium's NEXT_STEP mode (the default of `SyncVectorEnv`, `AsyncVectorEnv` and
+`gymnasium.make_vec`) matches podrace's convention: the step after a done one resets,
+ignores its action and reports reward 0, terminated/truncated False. The other modes
+cannot be converted without stepping an env that should only have been reset, so they
+are refused. Episode statistics are counted here, so the vector env needs no wrappers.
+"""
+
+from __future__ import annotations
+
+import gymnasium
+import numpy as np
+
+from podrace.config import ConfigError
+from podrace.envs.base import env_seeds
+from podrace.envs.episode_stats import EpisodeStats
+from podrace.envs.spaces import ActionPreparer, spec_from_spaces
+from podrace.types import EnvStep
+
+
+def check_next_step_autoreset(env: gymnasium.vector.VectorEnv, name: str) -> None:
+    """ConfigError unless `env` autoresets on the step after a done one."""
+    mode = env.metadata.get("autoreset_mode", gymnasium.vector.AutoresetMode.NEXT_STEP)
+    if mode != gymnasium.vector.AutoresetMode.NEXT_STEP:
+        raise ConfigError(
+            f"env {name!r}: vector env autoreset_mode is {mode}; podrace needs "
+            "gymnasium.vector.AutoresetMode.NEXT_STEP (Gymnasium's default)"
+        )
+
+
+class VectorEnvAdapter:
+    """BatchedEnv over a Gymnasium VectorEnv; takes ownership (closes it)."""
+
+    def __init__(self, env: gymnasium.vector.VectorEnv, seed: int, name: str) -> None:
+        check_next_step_autoreset(env, name)
+        self._env = env
+        self.num_envs = int(env.num_envs)
+        self.spec = spec_from_spaces(name, env.single_observation_space, env.single_action_space)
+        self._prepare = ActionPreparer(self.spec, self.num_envs, env.single_action_space.dtype)
+        self._seeds: list[int] | None = env_seeds(seed, self.num_envs)
+        self._stats = EpisodeStats(self.num_envs)
+        self._started = False
+        self._closed = False
+
+    def reset(self) -> np.ndarray:
+        # Seed only the first reset; later resets continue each env's random stream.
+        obs, _ = self._env.reset(seed=self._seeds)
+        self._seeds = None
+        self._stats.reset()
+        self._started = True
+        return self._own(obs)
+
+    def step(self, actions: np.ndarray) -> EnvStep:
+        if not self._started:
+            raise RuntimeError("call reset() before step()")
+        obs, reward, terminated, truncated, _ = self._env.step(self._prepare(actions))
+        terminated = np.array(terminated, bool)
+        truncated = np.array(truncated, bool)
+        episode_done = terminated | truncated
+        episode_return, episode_length = self._stats.update(
+            np.asarray(reward), terminated, truncated, episode_done
+        )
+        return EnvStep(
+            obs=self._own(obs),
+            reward=np.array(reward, np.float32),
+            terminated=terminated,
+            truncated=truncated,
+            episode_done=episode_done,
+            episode_return=episode_return,
+            episode_length=episode_length,
+        )
+
+    def _own(self, obs) -> np.ndarray:
+        """A fresh array in the spec's dtype: vector envs may reuse one obs buffer (copy=False)."""
+        return np.array(obs, dtype=self.spec.obs_dtype, copy=True)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._env.close()

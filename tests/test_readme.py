@@ -1,0 +1,36 @@
+"""The README's library example runs as written."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def library_example() -> str:
+    section = README.read_text().split("## Use it as a library", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 1, "the library section has one complete script"
+    return blocks[0]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_library_example_trains_beyond_random(tmp_path):
+    script = tmp_path / "train_match.py"
+    script.write_text(library_example())
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(README.parent), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = re.search(r"final greedy return ([\d.]+) of 8", proc.stdout)
+    assert found, proc.stdout
+    assert float(found.group(1)) >= 6.0  # a random policy gets 2
+    assert list((tmp_path / "runs").glob("match-ppo-*/metrics.jsonl"))
