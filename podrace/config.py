@@ -7,6 +7,7 @@ which XLA flags (e.g. forced CPU device count) to set before JAX is imported.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -175,6 +176,16 @@ class SafetyConfig:
 
 
 @dataclass(frozen=True)
+class CheckpointConfig:
+    """When the run saves its state (into <run dir>/checkpoints) and how many it keeps."""
+
+    every_updates: int = 0
+    """Save every N learner updates (0: only at the end and when stopped by a signal)."""
+    keep: int = 3
+    """Checkpoints kept; older ones are deleted only after a newer one is complete."""
+
+
+@dataclass(frozen=True)
 class LogConfig:
     run_dir: str = "runs"
     """Parent folder of run directories."""
@@ -212,6 +223,7 @@ class TrainConfig:
     layout: LayoutConfig = field(default_factory=LayoutConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     safety: SafetyConfig = field(default_factory=SafetyConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
     # Derived sizes -------------------------------------------------------------------
@@ -252,6 +264,30 @@ def replace(cfg, **changes):
     return dataclasses.replace(cfg, **flat)
 
 
+def config_from_dict(data: dict, cls: type = TrainConfig, where: str = "config"):
+    """Rebuild a config dataclass from `dataclasses.asdict` output (e.g. a run's config.json).
+
+    Missing fields keep their defaults (configs written by older versions); unknown fields
+    are a ConfigError, as is anything that is not a mapping where a section belongs.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"{where} has unknown field(s): {', '.join(unknown)}")
+    values = {}
+    for name, value in data.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            value = config_from_dict(value, hint, f"{where}.{name}")
+        elif isinstance(value, list):
+            value = tuple(value)  # JSON has no tuples; every sequence field is a tuple
+        values[name] = value
+    return cls(**values)
+
+
 def validate(cfg: TrainConfig) -> None:
     """Raise ConfigError for anything that cannot run; needs no devices and no JAX."""
 
@@ -270,6 +306,9 @@ def validate(cfg: TrainConfig) -> None:
     positive("eval.num_envs", cfg.eval.num_envs)
     positive("log.interval_s", cfg.log.interval_s)
     positive("safety.watchdog_s", cfg.safety.watchdog_s)
+    positive("checkpoint.keep", cfg.checkpoint.keep)
+    if cfg.checkpoint.every_updates < 0:
+        raise ConfigError(f"checkpoint.every_updates must be >= 0, got {cfg.checkpoint.every_updates}")
     if cfg.eval.every_updates < 0:
         raise ConfigError(f"eval.every_updates must be >= 0, got {cfg.eval.every_updates}")
     if cfg.layout.max_policy_lag < 0:
