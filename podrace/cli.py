@@ -16,7 +16,9 @@ from typing import Sequence
 from podrace.config import ConfigError, TrainConfig, validate
 from podrace.runtime.lifetime import ComponentError
 
-USAGE = """usage: podrace train <preset> [--flags]   (podrace train --help lists presets and flags)"""
+USAGE = """usage: podrace train <preset> [--flags]   (podrace train --help lists presets and flags)
+       podrace eval RUN_DIR [--checkpoint STEP] [--episodes N] [--stochastic] [--video PATH]
+       podrace plot RUN_DIR [RUN_DIR ...] -o out.png"""
 
 
 def _error(message: str) -> int:
@@ -99,6 +101,22 @@ def train_command(args: Sequence[str]) -> int:
     return 0
 
 
+def eval_command(args: Sequence[str]) -> int:
+    """`podrace eval RUN_DIR`: a checkpoint's policy on fresh envs (see podrace.eval_command)."""
+    import tyro
+
+    from podrace.eval_command import EvalOptions, evaluate_run, summary
+
+    warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
+    opts = tyro.cli(EvalOptions, prog="podrace eval", args=list(args))
+    try:
+        result = evaluate_run(opts)
+    except ConfigError as error:
+        return _error(str(error))
+    print(summary(result))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -107,6 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command == "train":
         return train_command(rest)
+    if command == "eval":
+        return eval_command(rest)
     return _error(f"unknown command '{command}'\n{USAGE}")
 
 
