@@ -117,6 +117,22 @@ def eval_command(args: Sequence[str]) -> int:
     return 0
 
 
+def plot_command(args: Sequence[str]) -> int:
+    """`podrace plot RUN_DIR [RUN_DIR ...] -o out.png` (see podrace.metrics.plot)."""
+    import tyro
+
+    from podrace.metrics.plot import PlotOptions, check_output, plot_runs, save_figure
+
+    opts = tyro.cli(PlotOptions, prog="podrace plot", args=list(args))
+    try:
+        check_output(opts.output)
+        save_figure(plot_runs(opts.run_dirs), opts.output)
+    except ConfigError as error:
+        return _error(str(error))
+    print(f"wrote {opts.output}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -127,6 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return train_command(rest)
     if command == "eval":
         return eval_command(rest)
+    if command == "plot":
+        return plot_command(rest)
     return _error(f"unknown command '{command}'\n{USAGE}")
 
 
