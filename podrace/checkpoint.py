@@ -121,7 +121,9 @@ class Checkpointer:
         self.wait()
         if state.version in checkpoint_steps(self.directory):
             return time.perf_counter() - start
-        arrays = jax.device_get(state.arrays())
+        # An owned copy: on CPU device_get may return views of the device buffers, which a
+        # learner that donates its state could reuse while the write is still reading them.
+        arrays = jax.tree.map(lambda x: np.array(x, copy=True), jax.device_get(state.arrays()))
         meta = {
             **self._meta,
             "version": int(state.version),
