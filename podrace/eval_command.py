@@ -37,7 +37,7 @@ VIDEO_FPS = 30
 class EvalOptions:
     """Evaluate a checkpoint of a run on fresh environments."""
 
-    run_dir: tyro.conf.Positional[Path]
+    run_dir: Annotated[tyro.conf.Positional[Path], tyro.conf.arg(metavar="RUN_DIR")]
     """Run directory written by `podrace train`."""
     checkpoint: int | None = None
     """Checkpoint step (learner updates) to load; default: the latest."""

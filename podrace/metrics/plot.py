@@ -46,7 +46,7 @@ OTHER = "other (rollout)"
 class PlotOptions:
     """Learning curves and a time breakdown of one or several runs, in one image."""
 
-    run_dirs: tyro.conf.Positional[tuple[Path, ...]]
+    run_dirs: Annotated[tyro.conf.Positional[tuple[Path, ...]], tyro.conf.arg(metavar="RUN_DIR")]
     """Run directories written by `podrace train`."""
     output: Annotated[Path, tyro.conf.arg(aliases=("-o",))]
     """Image to write (.png, .pdf, .svg, ...); replaced if it exists."""
@@ -145,6 +145,8 @@ def _title(runs: Sequence[RunData]) -> str:
 
 def plot_runs(run_dirs: Sequence[Path]) -> Figure:
     """The figure `podrace plot` saves: returns vs env steps and vs wall-clock, time bars."""
+    if not run_dirs:
+        raise ConfigError("name at least one run directory to plot")
     runs = [load_run(d) for d in run_dirs]
     fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
     grid = fig.add_gridspec(2, 2)

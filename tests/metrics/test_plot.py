@@ -136,3 +136,9 @@ def test_cli_plot_writes_the_image_and_exits_2_on_errors(tmp_path):
     assert bad.returncode == 2
     assert len(bad.stderr.strip().splitlines()) == 1 and bad.stderr.startswith("podrace: error: cannot write")
     assert not (tmp_path / "out.xyz").exists()
+
+
+@pytest.mark.timeout(30)
+def test_no_run_directory_is_a_config_error():
+    with pytest.raises(ConfigError, match="at least one run directory"):
+        plot_runs([])
