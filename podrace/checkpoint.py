@@ -106,6 +106,7 @@ class Checkpointer:
         self._manager = ocp.CheckpointManager(self.directory, options=options)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
         self._pending: Future | None = None
+        self._last_version: int | None = None
 
     def due(self, version: int) -> bool:
         """True when `version` is a multiple of checkpoint.every_updates."""
@@ -114,12 +115,12 @@ class Checkpointer:
     def save(self, state: RunState) -> float:
         """Copy `state` to the host now, write it in the background; returns seconds blocked.
 
-        A version that is already saved is skipped (e.g. the final save right after a
-        periodic one).
+        The version this Checkpointer saved last is skipped (e.g. the final save right
+        after a periodic one); any other existing version is orbax's error, never replaced.
         """
         start = time.perf_counter()
         self.wait()
-        if state.version in checkpoint_steps(self.directory):
+        if state.version == self._last_version:
             return time.perf_counter() - start
         # An owned copy: on CPU device_get may return views of the device buffers, which a
         # learner that donates its state could reuse while the write is still reading them.
@@ -133,6 +134,7 @@ class Checkpointer:
             "saved_at": time.time(),
         }
         self._pending = self._executor.submit(self._write, int(state.version), arrays, meta)
+        self._last_version = state.version
         blocked = time.perf_counter() - start
         self.metrics.add("checkpoint/blocked_s", blocked)
         return blocked

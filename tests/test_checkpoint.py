@@ -103,6 +103,15 @@ def test_keeps_the_last_k_and_skips_a_version_already_saved(tmp_path):
     assert restored.version == 2
 
 
+@pytest.mark.timeout(120)
+def test_a_version_saved_by_an_earlier_run_is_never_replaced(tmp_path):
+    cfg = tiny_config()
+    save_versions(tmp_path, cfg, [1, 2])
+    with pytest.raises(Exception, match="already exists"):
+        save_versions(tmp_path, cfg, [2])  # e.g. a run resumed from 1 reaching 2 again
+    assert_same_arrays(restore(tmp_path, fresh_state(cfg), env_spec(cfg.env)), fresh_state(cfg, seed=2, version=2))
+
+
 @pytest.mark.timeout(30)
 def test_due_every_n_updates(tmp_path):
     def due_versions(every: int) -> list[int]:
