@@ -88,7 +88,8 @@ class Checkpointer:
     """Saves RunStates of one run: every `cfg.checkpoint.every_updates`, keeping the last K.
 
     One write at a time: `save` first waits for the previous write (and re-raises its
-    error). Metrics: `checkpoint/blocked_s` (caller's time: waiting + device_get),
+    error). Call save/wait/close from one thread at a time (the learner's, then the
+    main thread's after the others are joined). Metrics: `checkpoint/blocked_s` (caller's time: waiting + device_get),
     `checkpoint/write_s` (background write), `checkpoint/version` (last one complete).
     """
 
