@@ -17,7 +17,9 @@ from podrace.config import ConfigError, TrainConfig, validate
 from podrace.metrics.loggers import SinkError
 from podrace.runtime.lifetime import ComponentError
 
-USAGE = """usage: podrace train <preset> [--flags]   (podrace train --help lists presets and flags)"""
+USAGE = """usage: podrace train <preset> [--flags]   (podrace train --help lists presets and flags)
+       podrace eval RUN_DIR [--checkpoint STEP] [--episodes N] [--stochastic] [--video PATH]
+       podrace plot RUN_DIR [RUN_DIR ...] -o out.png"""
 
 
 def _error(message: str) -> int:
@@ -120,6 +122,38 @@ def train_command(args: Sequence[str]) -> int:
     return 0
 
 
+def eval_command(args: Sequence[str]) -> int:
+    """`podrace eval RUN_DIR`: a checkpoint's policy on fresh envs (see podrace.eval_command)."""
+    import tyro
+
+    from podrace.eval_command import EvalOptions, evaluate_run, summary
+
+    warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
+    opts = tyro.cli(EvalOptions, prog="podrace eval", args=list(args))
+    try:
+        result = evaluate_run(opts)
+    except ConfigError as error:
+        return _error(str(error))
+    print(summary(result))
+    return 0
+
+
+def plot_command(args: Sequence[str]) -> int:
+    """`podrace plot RUN_DIR [RUN_DIR ...] -o out.png` (see podrace.metrics.plot)."""
+    import tyro
+
+    from podrace.metrics.plot import PlotOptions, check_output, plot_runs, save_figure
+
+    opts = tyro.cli(PlotOptions, prog="podrace plot", args=list(args))
+    try:
+        check_output(opts.output)
+        save_figure(plot_runs(opts.run_dirs), opts.output)
+    except ConfigError as error:
+        return _error(str(error))
+    print(f"wrote {opts.output}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -128,6 +162,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command == "train":
         return train_command(rest)
+    if command == "eval":
+        return eval_command(rest)
+    if command == "plot":
+        return plot_command(rest)
     return _error(f"unknown command '{command}'\n{USAGE}")
 
 

@@ -181,6 +181,16 @@ class SafetyConfig:
 
 
 @dataclass(frozen=True)
+class CheckpointConfig:
+    """When the run saves its state (into <run dir>/checkpoints) and how many it keeps."""
+
+    every_updates: int = 0
+    """Save every N learner updates (0: only at the end and when stopped by a signal)."""
+    keep: int = 3
+    """Checkpoints kept; older ones are deleted only after a newer one is complete."""
+
+
+@dataclass(frozen=True)
 class LogConfig:
     """Where metrics go: the run directory (config.json, metrics.jsonl), console, loggers."""
 
@@ -225,6 +235,7 @@ class TrainConfig:
     layout: LayoutConfig = field(default_factory=LayoutConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     safety: SafetyConfig = field(default_factory=SafetyConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
     # Derived sizes -------------------------------------------------------------------
@@ -339,6 +350,30 @@ def _optimizer_steps_per_update(cfg: TrainConfig) -> int:
     return cfg.impala.num_minibatches
 
 
+def config_from_dict(data: dict, cls: type = TrainConfig, where: str = "config"):
+    """Rebuild a config dataclass from `dataclasses.asdict` output (e.g. a run's config.json).
+
+    Missing fields keep their defaults (configs written by older versions); unknown fields
+    are a ConfigError, as is anything that is not a mapping where a section belongs.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"{where} has unknown field(s): {', '.join(unknown)}")
+    values = {}
+    for name, value in data.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            value = config_from_dict(value, hint, f"{where}.{name}")
+        elif isinstance(value, list):
+            value = tuple(value)  # JSON has no tuples; every sequence field is a tuple
+        values[name] = value
+    return cls(**values)
+
+
 def validate(cfg: TrainConfig) -> None:
     """Raise ConfigError for anything that cannot run; needs no devices and no JAX."""
 
@@ -383,6 +418,8 @@ def validate(cfg: TrainConfig) -> None:
         _check_folder_name("log.run_name", cfg.log.run_name)
     if not cfg.log.wandb_project.strip():
         raise ConfigError("log.wandb_project must not be empty")
+    positive("checkpoint.keep", cfg.checkpoint.keep)
+    non_negative("checkpoint.every_updates", cfg.checkpoint.every_updates)
     non_negative("eval.every_updates", cfg.eval.every_updates)
     non_negative("layout.max_policy_lag", cfg.layout.max_policy_lag)
     if not cfg.env.id.strip():

@@ -1,0 +1,349 @@
+"""Checkpoints: everything a stopped run needs to continue, written atomically with orbax.
+
+`<run dir>/checkpoints/<version>/` holds two orbax items, `arrays` (train state, keys,
+normalizer statistics: host copies) and `meta` (JSON: counters, next sequence numbers, the
+resolved config, the env spec), plus `podrace_manifest.json` (size and SHA-256 of every
+file). orbax writes a step into `<version>.orbax-checkpoint-tmp-*` and renames it only when
+complete, so only integer-named directories are checkpoints and a write killed halfway
+never hides or damages the previous one (tests/test_checkpoint.py kills a writer to check
+this rather than trusting it). The manifest exists because orbax's array chunks carry no
+checksum: a flipped byte would otherwise load as silently wrong weights.
+
+Writing: `Checkpointer.save(state)` copies the state to the host on the caller's thread and
+writes it on a background thread. Reading: `restore(directory, like, spec)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from podrace.algos.base import TrainState
+from podrace.config import ConfigError, TrainConfig, config_from_dict
+from podrace.metrics.registry import Metrics
+from podrace.types import EnvSpec, PyTree
+
+FORMAT = 1
+MANIFEST = "podrace_manifest.json"
+CHECKPOINT_DIR = "checkpoints"
+
+
+@dataclass(frozen=True)
+class RunState:
+    """The state of a run that must survive a stop; one checkpoint holds exactly this."""
+
+    train_state: TrainState
+    """Params, optimizer state and update count (the learning-rate schedule reads it)."""
+    learner_keys: Any
+    """Raw uint32 learner keys, one per env: [num_actors * num_envs, 2]."""
+    actor_keys: Any
+    """Raw uint32 key of every actor thread: [num_actors, 2]."""
+    actor_next_seq: tuple[int, ...]
+    """Sequence number of the next rollout of every actor."""
+    version: int
+    """Params version (= learner updates applied); also the checkpoint's step."""
+    env_steps: int
+    episodes: int
+    normalizer: PyTree | None = None
+    """Observation/return normalizer statistics; None while podrace has none."""
+
+    def arrays(self) -> dict:
+        tree = {"train_state": self.train_state, "learner_keys": self.learner_keys, "actor_keys": self.actor_keys}
+        if self.normalizer is not None:
+            tree["normalizer"] = self.normalizer
+        return tree
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / CHECKPOINT_DIR
+
+
+def spec_json(spec: EnvSpec) -> dict:
+    """The parts of an EnvSpec a network's shapes depend on, as JSON."""
+    return {
+        "obs_shape": list(spec.obs_shape),
+        "obs_dtype": np.dtype(spec.obs_dtype).name,
+        "num_actions": spec.num_actions,
+        "action_shape": list(spec.action_shape),
+    }
+
+
+# Writing ----------------------------------------------------------------------------
+
+
+class Checkpointer:
+    """Saves RunStates of one run: every `cfg.checkpoint.every_updates`, keeping the last K.
+
+    One write at a time: `save` first waits for the previous write (and re-raises its
+    error). Call save/wait/close from one thread at a time (the learner's, then the
+    main thread's after the others are joined). Metrics: `checkpoint/blocked_s` (caller's time: waiting + device_get),
+    `checkpoint/write_s` (background write), `checkpoint/version` (last one complete).
+    """
+
+    def __init__(self, directory: Path, cfg: TrainConfig, spec: EnvSpec, metrics: Metrics | None = None):
+        self.directory = Path(directory).absolute()
+        self.every_updates = cfg.checkpoint.every_updates
+        self.metrics = metrics if metrics is not None else Metrics()
+        self._meta = {"format": FORMAT, "config": dataclasses.asdict(cfg), "env_spec": spec_json(spec)}
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=cfg.checkpoint.keep,
+            enable_async_checkpointing=False,  # our own thread writes; see save()
+            cleanup_tmp_directories=True,  # leftovers of a killed write
+            create=True,
+        )
+        self._manager = ocp.CheckpointManager(self.directory, options=options)
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
+        self._pending: Future | None = None
+        self._last_version: int | None = None
+
+    def due(self, version: int) -> bool:
+        """True when `version` is a multiple of checkpoint.every_updates."""
+        return self.every_updates > 0 and version > 0 and version % self.every_updates == 0
+
+    def save(self, state: RunState) -> float:
+        """Copy `state` to the host now, write it in the background; returns seconds blocked.
+
+        The version this Checkpointer saved last is skipped (e.g. the final save right
+        after a periodic one); any other existing version is orbax's error, never replaced.
+        """
+        start = time.perf_counter()
+        self.wait()
+        if state.version == self._last_version:
+            return time.perf_counter() - start
+        # An owned copy: on CPU device_get may return views of the device buffers, which a
+        # learner that donates its state could reuse while the write is still reading them.
+        arrays = jax.tree.map(lambda x: np.array(x, copy=True), jax.device_get(state.arrays()))
+        meta = {
+            **self._meta,
+            "version": int(state.version),
+            "env_steps": int(state.env_steps),
+            "episodes": int(state.episodes),
+            "actor_next_seq": [int(s) for s in state.actor_next_seq],
+            "saved_at": time.time(),
+        }
+        self._pending = self._executor.submit(self._write, int(state.version), arrays, meta)
+        self._last_version = state.version
+        blocked = time.perf_counter() - start
+        self.metrics.add("checkpoint/blocked_s", blocked)
+        return blocked
+
+    def _write(self, step: int, arrays: dict, meta: dict) -> None:
+        start = time.perf_counter()
+        args = ocp.args.Composite(arrays=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta))
+        self._manager.save(step, args=args, force=True)
+        self._manager.wait_until_finished()
+        write_manifest(self.directory / str(step))
+        self.metrics.add("checkpoint/write_s", time.perf_counter() - start)
+        self.metrics.set("checkpoint/version", step)
+
+    def wait(self) -> None:
+        """Block until the write in progress (if any) is complete; re-raise its error."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        """Finish the write in progress, then release the writer thread."""
+        try:
+            self.wait()
+        finally:
+            self._executor.shutdown(wait=True)
+            self._manager.close()
+
+
+def write_manifest(step_dir: Path) -> None:
+    """Record size and SHA-256 of every file of a complete step (atomically replaced)."""
+    files = {}
+    for path in sorted(p for p in step_dir.rglob("*") if p.is_file() and p.name != MANIFEST):
+        files[path.relative_to(step_dir).as_posix()] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+    tmp = step_dir / f".{MANIFEST}.tmp"
+    tmp.write_text(json.dumps({"format": FORMAT, "files": files}, indent=1) + "\n")
+    os.replace(tmp, step_dir / MANIFEST)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# Reading ----------------------------------------------------------------------------
+
+
+def checkpoint_steps(directory: Path) -> list[int]:
+    """Steps of the complete checkpoints in `directory`, ascending (temp dirs excluded)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def latest_step(directory: Path) -> int | None:
+    steps = checkpoint_steps(directory)
+    return steps[-1] if steps else None
+
+
+def resolve_step(directory: Path, step: int | None = None) -> int:
+    """`step`, or the latest one; ConfigError when there is no such checkpoint."""
+    steps = checkpoint_steps(directory)
+    if not steps:
+        raise ConfigError(f"no checkpoint in {directory}")
+    if step is None:
+        return steps[-1]
+    if step not in steps:
+        raise ConfigError(f"no checkpoint for step {step} in {directory} (saved: {', '.join(map(str, steps))})")
+    return step
+
+
+def verify_manifest(step_dir: Path) -> None:
+    """ConfigError naming the first file that is missing, truncated or altered."""
+    manifest_path = step_dir / MANIFEST
+    if not manifest_path.exists():
+        # Killed between orbax's rename and the manifest: complete but unverifiable.
+        logging.getLogger(__name__).warning("checkpoint %s has no %s; not verified", step_dir, MANIFEST)
+        return
+    try:
+        files = json.loads(manifest_path.read_text())["files"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise ConfigError(f"corrupt checkpoint: {manifest_path} is not a valid manifest ({error})") from None
+    for name, expected in files.items():
+        path = step_dir / name
+        if not path.is_file():
+            raise ConfigError(f"corrupt checkpoint: {path} is missing")
+        size = path.stat().st_size
+        if size != expected["bytes"]:
+            raise ConfigError(f"corrupt checkpoint: {path} has {size} bytes, {expected['bytes']} were written")
+        if _sha256(path) != expected["sha256"]:
+            raise ConfigError(f"corrupt checkpoint: {path} differs from what was written (SHA-256 mismatch)")
+
+
+def _corrupt(step_dir: Path, item: str, error: Exception) -> ConfigError:
+    """One-line ConfigError naming the damaged file (from tensorstore's message when it says)."""
+    text = " ".join(str(error).split())
+    files = re.findall(r'local file "([^"]+)"', text)
+    where = files[-1] if files else str(step_dir / item)
+    what = text.split("[tensorstore_spec")[0]
+    what = what.rsplit(f'"{where}":', 1)[-1].strip(" :;") if files else f"{type(error).__name__}: {what}"
+    return ConfigError(f"corrupt checkpoint: {where}: {what[:300]}")
+
+
+def _checkpointer() -> ocp.Checkpointer:
+    handlers = {"arrays": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}
+    return ocp.Checkpointer(ocp.CompositeCheckpointHandler(**handlers))
+
+
+def read_meta(directory: Path, step: int | None = None) -> tuple[int, dict]:
+    """(step, meta JSON) of a checkpoint, after verifying its files."""
+    directory = Path(directory).absolute()
+    step = resolve_step(directory, step)
+    step_dir = directory / str(step)
+    verify_manifest(step_dir)
+    try:
+        meta = _checkpointer().restore(step_dir, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    except Exception as error:  # orbax/tensorstore raise many types; all mean "unreadable"
+        raise _corrupt(step_dir, "meta", error) from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else None
+        raise ConfigError(f"checkpoint {step_dir} has format {found}, this podrace reads format {FORMAT}")
+    return step, meta
+
+
+def read_config(directory: Path, step: int | None = None) -> tuple[int, TrainConfig]:
+    """(step, the resolved config the checkpoint was saved with)."""
+    step, meta = read_meta(directory, step)
+    return step, config_from_dict(meta["config"], where=f"config of checkpoint {Path(directory) / str(step)}")
+
+
+def _flat_shapes(tree: PyTree) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """{dotted path: (shape, dtype)} with orbax's naming (dict keys, field names, indices)."""
+
+    def part(key) -> str:
+        for attr in ("key", "name", "idx"):
+            if hasattr(key, attr):
+                return str(getattr(key, attr))
+        return str(key)
+
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {".".join(part(k) for k in path): (tuple(x.shape), np.dtype(x.dtype)) for path, x in leaves}
+
+
+def _check_fits(step_dir: Path, meta: dict, like: RunState, spec: EnvSpec) -> None:
+    stored, current = meta["env_spec"], spec_json(spec)
+    for name, value in stored.items():
+        if current.get(name) != value:
+            raise ConfigError(
+                f"checkpoint {step_dir} was saved for env {meta['config']['env']['id']!r} with {name} {value}, "
+                f"the config's env has {current.get(name)}"
+            )
+    try:
+        metadata = _checkpointer().metadata(step_dir).item_metadata["arrays"]
+    except Exception as error:
+        raise _corrupt(step_dir, "arrays", error) from None
+    saved = {
+        m.name: (tuple(m.shape), np.dtype(m.dtype))
+        for m in jax.tree.leaves(getattr(metadata, "tree", metadata))
+        if hasattr(m, "shape")
+    }
+    wanted = _flat_shapes(like.arrays())
+    problems = []
+    for name, (shape, dtype) in wanted.items():
+        if name not in saved:
+            problems.append(f"{name} is missing from the checkpoint")
+        elif saved[name] != (shape, dtype):
+            s_shape, s_dtype = saved[name]
+            problems.append(f"{name} is {s_dtype.name}{list(s_shape)} in the checkpoint, {dtype.name}{list(shape)} under this config")
+    problems += [f"{name} is in the checkpoint but not in this config" for name in saved if name not in wanted]
+    if problems:
+        more = f" (and {len(problems) - 1} more differences)" if len(problems) > 1 else ""
+        raise ConfigError(f"checkpoint {step_dir} does not fit this config: {problems[0]}{more}")
+
+
+def restore(directory: Path, like: RunState, spec: EnvSpec, step: int | None = None) -> RunState:
+    """The checkpoint at `step` (default: latest) as a RunState shaped and placed like `like`.
+
+    `like`'s array leaves (arrays or jax.ShapeDtypeStruct) give shapes, dtypes and, where
+    they have one, the sharding to restore onto; other leaves come back as NumPy arrays.
+    ConfigError (one line) when there is no checkpoint, it is corrupt, or it does not fit
+    `like` or `spec`.
+    """
+    step, meta = read_meta(directory, step)
+    step_dir = Path(directory).absolute() / str(step)
+    _check_fits(step_dir, meta, like, spec)
+
+    def target(x):
+        sharding = getattr(x, "sharding", None)
+        if isinstance(x, np.ndarray) or sharding is None:
+            return np.zeros(x.shape, x.dtype)  # restored as a NumPy array
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+    template = jax.tree.map(target, like.arrays())
+    try:
+        arrays = _checkpointer().restore(step_dir, args=ocp.args.Composite(arrays=ocp.args.StandardRestore(template)))
+    except Exception as error:
+        raise _corrupt(step_dir, "arrays", error) from None
+    arrays = arrays["arrays"]
+    return RunState(
+        train_state=TrainState(*arrays["train_state"]),
+        learner_keys=arrays["learner_keys"],
+        actor_keys=arrays["actor_keys"],
+        actor_next_seq=tuple(meta["actor_next_seq"]),
+        version=meta["version"],
+        env_steps=meta["env_steps"],
+        episodes=meta["episodes"],
+        normalizer=arrays.get("normalizer"),
+    )

@@ -1,0 +1,278 @@
+"""`podrace eval RUN_DIR`: a checkpoint's policy on fresh envs; statistics, JSON, a video.
+
+Every input is checked (run directory, checkpoint, output and video paths, encoder) before
+any env is built, so a mistake costs nothing and never overwrites a file. Each env plays a
+fixed share of the episodes (its first ones), so short episodes are not over-counted the
+way "the first N episodes to finish" would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tyro
+
+from podrace.checkpoint import RunState, checkpoint_dir, read_config, restore
+from podrace.config import ConfigError, EnvConfig, TrainConfig
+from podrace.envs import BatchedEnv, env_spec, make_env, resolve_backend
+from podrace.learner import make_algorithm
+from podrace.networks import make_network
+from podrace.types import EnvSpec
+
+MAX_EVAL_ENVS = 16
+MAX_VIDEO_FRAMES = 3000
+VIDEO_FPS = 30
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    """Evaluate a checkpoint of a run on fresh environments."""
+
+    run_dir: Annotated[tyro.conf.Positional[Path], tyro.conf.arg(metavar="RUN_DIR")]
+    """Run directory written by `podrace train`."""
+    checkpoint: int | None = None
+    """Checkpoint step (learner updates) to load; default: the latest."""
+    episodes: int = 10
+    """Episodes to play."""
+    stochastic: bool = False
+    """Sample actions from the policy instead of taking its most likely action."""
+    video: Path | None = None
+    """Also record one episode to this .gif (or .mp4, needs ffmpeg on PATH)."""
+    seed: int = 0
+    """Seed of the evaluation envs (and of sampled actions with --stochastic)."""
+    output: Annotated[Path | None, tyro.conf.arg(aliases=("-o",))] = None
+    """JSON file for the results; default RUN_DIR/eval-<step>.json (never overwritten)."""
+
+
+def _free_path(path: Path) -> Path:
+    """`path`, or `name-2.json`, `name-3.json`, ... if it exists."""
+    candidate, n = path, 1
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.stem}-{n}{path.suffix}")
+    return candidate
+
+
+def _check_options(opts: EvalOptions) -> None:
+    if opts.episodes <= 0:
+        raise ConfigError(f"--episodes must be positive, got {opts.episodes}")
+    if not opts.run_dir.is_dir():
+        raise ConfigError(f"run directory {opts.run_dir} does not exist")
+    if opts.output is not None and opts.output.exists():
+        raise ConfigError(f"{opts.output} already exists; choose another --output")
+    if opts.output is not None and not opts.output.absolute().parent.is_dir():
+        raise ConfigError(f"cannot write {opts.output}: {opts.output.absolute().parent} is not a directory")
+    if opts.video is not None:
+        suffix = opts.video.suffix.lower()
+        if suffix not in (".gif", ".mp4"):
+            raise ConfigError(f"--video must end in .gif or .mp4, got {opts.video}")
+        if opts.video.exists():
+            raise ConfigError(f"{opts.video} already exists; choose another --video")
+        if not opts.video.absolute().parent.is_dir():
+            raise ConfigError(f"cannot write {opts.video}: {opts.video.absolute().parent} is not a directory")
+        if suffix == ".mp4" and shutil.which("ffmpeg") is None:
+            raise ConfigError("writing an MP4 needs ffmpeg on PATH, which was not found; use a .gif path")
+
+
+def abstract_run_state(cfg: TrainConfig, spec: EnvSpec) -> RunState:
+    """Shapes and dtypes of a run's RunState (no arrays are computed): a restore template."""
+    network = make_network(cfg.network, spec)
+    obs = jax.ShapeDtypeStruct((1,) + tuple(spec.obs_shape), spec.obs_dtype)
+    params = jax.eval_shape(network.init, jax.random.PRNGKey(0), obs)
+    train_state = jax.eval_shape(make_algorithm(cfg, network.apply).init, params)
+
+    def keys(n: int) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct((n, 2), jnp.uint32)
+
+    n = cfg.num_actors
+    return RunState(train_state, keys(n * cfg.env.num_envs), keys(n), (0,) * n, 0, 0, 0)
+
+
+def make_actor(apply_fn: Callable, params, stochastic: bool, seed: int) -> Callable[[np.ndarray], np.ndarray]:
+    """obs (host) -> actions (host): the policy's mode, or a sample with its own key stream."""
+
+    @jax.jit
+    def act(params, obs, key):
+        dist = apply_fn(params, obs)[0]
+        key, sample_key = jax.random.split(key)
+        return (dist.sample(sample_key) if stochastic else dist.mode()), key
+
+    device = jax.devices()[0]
+    params = jax.device_put(params, device)
+    state = {"key": jax.device_put(jax.random.PRNGKey(seed), device)}
+
+    def policy(obs: np.ndarray) -> np.ndarray:
+        action, state["key"] = act(params, jax.device_put(obs, device), state["key"])
+        return np.asarray(jax.device_get(action))
+
+    return policy
+
+
+def play_episodes(env: BatchedEnv, policy: Callable, episodes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Returns and lengths of `episodes` episodes: env i plays the first quota[i] of its own."""
+    n = env.num_envs
+    quota = episodes // n + (np.arange(n) < episodes % n)
+    finished = np.zeros(n, int)
+    returns, lengths = [], []
+    obs = env.reset()
+    while (finished < quota).any():
+        step = env.step(policy(obs))
+        counted = step.episode_done & (finished < quota)
+        returns.extend(step.episode_return[counted].tolist())
+        lengths.extend(step.episode_length[counted].tolist())
+        finished += step.episode_done
+        obs = step.obs
+    return np.asarray(returns, float), np.asarray(lengths, float)
+
+
+def _stats(values: np.ndarray) -> dict[str, float]:
+    return {"mean": float(values.mean()), "std": float(values.std()), "min": float(values.min()), "max": float(values.max())}
+
+
+# Video --------------------------------------------------------------------------------
+
+
+def record_episode(cfg: EnvConfig, policy: Callable, seed: int) -> list[np.ndarray]:
+    """RGB frames of one episode in an env of `cfg.id` made with render_mode='rgb_array'."""
+    if resolve_backend(cfg) == "envpool":
+        import envpool
+
+        from podrace.envs.envpool_backend import make_kwargs
+        from podrace.envs.resolve import is_envpool_atari
+
+        try:
+            env = envpool.make(cfg.id, env_type="gymnasium", num_envs=1, batch_size=1, seed=seed,
+                               render_mode="rgb_array", **make_kwargs(cfg))
+        except Exception as error:
+            raise ConfigError(f"env {cfg.id!r} cannot be rendered by envpool: {error}") from None
+        atari = is_envpool_atari(cfg.id)
+
+        def render() -> np.ndarray:
+            return env.render()[0]
+
+        def step(action):
+            obs, _, terminated, truncated, info = env.step(action)
+            over = info["terminated"] if atari else terminated  # Atari: game over, not a lost life
+            return obs, bool(over[0] or truncated[0])
+
+        obs = env.reset()[0]
+    else:
+        import gymnasium
+
+        from podrace.envs.gymnasium_backend import make_kwargs
+
+        try:
+            env = gymnasium.make(cfg.id, render_mode="rgb_array", **make_kwargs(cfg))
+            obs = env.reset(seed=seed)[0][None]
+            env.render()
+        except Exception as error:  # e.g. DependencyNotInstalled (pygame) for classic control
+            raise ConfigError(f"env {cfg.id!r} cannot be rendered by Gymnasium: {' '.join(str(error).split())}") from None
+
+        def render() -> np.ndarray:
+            return env.render()
+
+        def step(action):
+            obs, _, terminated, truncated, _ = env.step(action[0])
+            return obs[None], bool(terminated or truncated)
+
+    try:
+        frames, done = [render()], False
+        while not done and len(frames) < MAX_VIDEO_FRAMES:
+            obs, done = step(policy(obs))
+            frames.append(render())
+    finally:
+        env.close()
+    return frames
+
+
+def write_video(frames: list[np.ndarray], path: Path) -> None:
+    """GIF with Pillow or MP4 with ffmpeg; written to a temp file, then renamed."""
+    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
+    try:
+        if path.suffix.lower() == ".gif":
+            from PIL import Image
+
+            images = [Image.fromarray(np.asarray(f, np.uint8)) for f in frames]
+            images[0].save(tmp, format="GIF", save_all=True, append_images=images[1:],
+                           duration=round(1000 / VIDEO_FPS), loop=0)
+        else:
+            height, width = frames[0].shape[:2]
+            command = ["ffmpeg", "-loglevel", "error", "-y", "-f", "rawvideo", "-pix_fmt", "rgb24",
+                       "-s", f"{width}x{height}", "-r", str(VIDEO_FPS), "-i", "-",
+                       "-vf", "pad=ceil(iw/2)*2:ceil(ih/2)*2", "-pix_fmt", "yuv420p", str(tmp)]
+            data = b"".join(np.ascontiguousarray(f, np.uint8).tobytes() for f in frames)
+            result = subprocess.run(command, input=data, capture_output=True)
+            if result.returncode:
+                message = " ".join(result.stderr.decode(errors="replace").split())
+                raise ConfigError(f"ffmpeg could not write {path}: {message[:300]}")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+# The command --------------------------------------------------------------------------
+
+
+def evaluate_run(opts: EvalOptions) -> dict:
+    """Load, play, print, write JSON (and a video). ConfigError for every user mistake."""
+    _check_options(opts)
+    step, cfg = read_config(checkpoint_dir(opts.run_dir), opts.checkpoint)
+    output = opts.output or _free_path(opts.run_dir / f"eval-{step}.json")
+    resolve_backend(cfg.env)
+    spec = env_spec(cfg.env)
+    state = restore(checkpoint_dir(opts.run_dir), abstract_run_state(cfg, spec), spec, step)
+    network = make_network(cfg.network, spec)
+    policy = make_actor(network.apply, state.train_state.params, opts.stochastic, opts.seed)
+
+    env = make_env(cfg.env, min(opts.episodes, MAX_EVAL_ENVS), opts.seed)
+    try:
+        returns, lengths = play_episodes(env, policy, opts.episodes)
+    finally:
+        env.close()
+    result = {
+        "run_dir": str(opts.run_dir),
+        "checkpoint": step,
+        "env_steps": state.env_steps,
+        "env_id": cfg.env.id,
+        "algo": cfg.algo,
+        "policy": "stochastic" if opts.stochastic else "deterministic",
+        "seed": opts.seed,
+        "episodes": opts.episodes,
+        "return": _stats(returns),
+        "length": _stats(lengths),
+        "returns": returns.tolist(),
+        "lengths": lengths.tolist(),
+    }
+    if opts.video is not None:
+        frames = record_episode(cfg.env, make_actor(network.apply, state.train_state.params, opts.stochastic, opts.seed),
+                                opts.seed)
+        write_video(frames, opts.video)
+        result["video"] = str(opts.video)
+        result["video_frames"] = len(frames)
+    tmp = output.with_name(f".{output.name}.tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    os.replace(tmp, output)
+    result["output"] = str(output)
+    return result
+
+
+def summary(result: dict) -> str:
+    """What `podrace eval` prints."""
+    lines = [f"{result['env_id']} ({result['algo']}), checkpoint {result['checkpoint']} "
+             f"({result['env_steps']:,} env steps): {result['episodes']} episodes, {result['policy']} policy"]
+    for name in ("return", "length"):
+        s = result[name]
+        lines.append(f"  {name:<7} mean {s['mean']:10,.2f}  std {s['std']:9,.2f}  min {s['min']:10,.2f}  max {s['max']:10,.2f}")
+    if "video" in result:
+        lines.append(f"video: {result['video']} ({result['video_frames']} frames)")
+    lines.append(f"results: {result['output']}")
+    return "\n".join(lines)

@@ -1,0 +1,229 @@
+"""`podrace plot`: learning curves and where the time went, for one or several runs.
+
+Reads what a run writes (config.json, metrics.jsonl). Each metrics line holds interval
+means of per-rollout (actor) and per-update (learner) timers, so the seconds a component
+took over a line's interval are its mean times the updates in that interval; summed over
+the run that is the time one actor thread, or the learner thread, spent in it.
+`actor/params_wait` is left out: it is a mean over waits only, not over rollouts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Sequence
+
+import tyro
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter
+
+from podrace.config import ConfigError, TrainConfig, config_from_dict
+
+FIGSIZE = (12.0, 9.0)
+DPI = 100
+
+# (metric, label) in stacking order; "other" is the rest of actor/rollout.
+ACTOR_PARTS = (
+    ("actor/env_step", "env step"),
+    ("actor/inference", "inference"),
+    ("actor/device_to_host", "device→host"),
+    ("actor/to_learner", "to learner devices"),
+)
+ACTOR_WAITS = (("actor/queue_put_wait", "queue put wait"),)
+LEARNER_PARTS = (
+    ("learner/step", "learner step"),
+    ("learner/queue_get_wait", "queue get wait"),
+    ("learner/publish", "publish"),
+)
+OTHER = "other (rollout)"
+
+
+@dataclass(frozen=True)
+class PlotOptions:
+    """Learning curves and a time breakdown of one or several runs, in one image."""
+
+    run_dirs: Annotated[tyro.conf.Positional[tuple[Path, ...]], tyro.conf.arg(metavar="RUN_DIR")]
+    """Run directories written by `podrace train`."""
+    output: Annotated[Path, tyro.conf.arg(aliases=("-o",))]
+    """Image to write (.png, .pdf, .svg, ...); replaced if it exists."""
+
+
+@dataclass(frozen=True)
+class RunData:
+    name: str
+    cfg: TrainConfig
+    lines: list[dict]
+
+
+def load_run(run_dir: Path) -> RunData:
+    """config.json and metrics.jsonl of a run; a truncated last line (killed run) is skipped."""
+    run_dir = Path(run_dir)
+    config_path, metrics_path = run_dir / "config.json", run_dir / "metrics.jsonl"
+    for path in (config_path, metrics_path):
+        if not path.is_file():
+            raise ConfigError(f"{path} not found: is {run_dir} a podrace run directory?")
+    try:
+        cfg = config_from_dict(json.loads(config_path.read_text()), where=str(config_path))
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{config_path} is not valid JSON: {error}") from None
+    raw = metrics_path.read_text().splitlines()
+    lines = []
+    for number, text in enumerate(raw, 1):
+        try:
+            lines.append(json.loads(text))
+        except json.JSONDecodeError as error:
+            if number < len(raw):
+                raise ConfigError(f"{metrics_path}:{number} is not valid JSON: {error}") from None
+    if not lines:
+        raise ConfigError(f"{metrics_path} has no metric lines yet")
+    return RunData(run_dir.absolute().name, cfg, lines)
+
+
+def _value(line: dict, key: str) -> float | None:
+    value = line.get(key)
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def return_curve(run: RunData) -> tuple[list[float], list[float], list[float]]:
+    """(env steps, wall-clock seconds, mean episode return) of every line that has one."""
+    points = [(_value(l, "env_steps"), _value(l, "time_s"), _value(l, "episode/return")) for l in run.lines]
+    points = [p for p in points if None not in p]
+    return [p[0] for p in points], [p[1] for p in points], [p[2] for p in points]
+
+
+def eval_curve(run: RunData) -> tuple[list[float], list[float], list[float]]:
+    """(env steps of the evaluated params, wall-clock seconds, evaluation return), once each."""
+    steps, times, returns, seen = [], [], [], None
+    for line in run.lines:
+        version, value, t = _value(line, "eval/version"), _value(line, "eval/return"), _value(line, "time_s")
+        if None in (version, value, t) or version == seen:
+            continue
+        seen = version
+        steps.append(version * run.cfg.steps_per_update)
+        times.append(t)
+        returns.append(value)
+    return steps, times, returns
+
+
+def time_breakdown(run: RunData) -> dict[str, dict[str, float]]:
+    """Seconds per component over the run: {"actor": {label: s}, "learner": {label: s}}."""
+    totals: dict[str, float] = {}
+    previous = 0.0
+    for line in run.lines:
+        version = _value(line, "version")
+        if version is None:
+            continue
+        updates, previous = version - previous, version
+        for key in ("actor/rollout",) + tuple(k for k, _ in ACTOR_PARTS + ACTOR_WAITS + LEARNER_PARTS):
+            mean = _value(line, key)
+            if mean is not None:
+                totals[key] = totals.get(key, 0.0) + mean * updates
+    actor = {label: totals.get(key, 0.0) for key, label in ACTOR_PARTS}
+    actor[OTHER] = max(0.0, totals.get("actor/rollout", 0.0) - sum(actor.values()))
+    actor.update({label: totals.get(key, 0.0) for key, label in ACTOR_WAITS})
+    learner = {label: totals.get(key, 0.0) for key, label in LEARNER_PARTS}
+    return {"actor": actor, "learner": learner}
+
+
+def _number(x: float, _=None) -> str:
+    """Tick label with thousands separators: 20,000 and 2.5 (not 2e+04, not 2 for 2.5)."""
+    return f"{x:,.0f}" if x == round(x) else f"{x:,.2f}".rstrip("0")
+
+
+def _thousands(axis) -> None:
+    axis.set_major_formatter(FuncFormatter(_number))
+
+
+def _title(runs: Sequence[RunData]) -> str:
+    kinds = sorted({(r.cfg.env.id, r.cfg.algo.upper()) for r in runs})
+    return " · ".join(kinds[0]) if len(kinds) == 1 else "; ".join(" · ".join(k) for k in kinds)
+
+
+def plot_runs(run_dirs: Sequence[Path]) -> Figure:
+    """The figure `podrace plot` saves: returns vs env steps and vs wall-clock, time bars."""
+    if not run_dirs:
+        raise ConfigError("name at least one run directory to plot")
+    runs = [load_run(d) for d in run_dirs]
+    fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
+    grid = fig.add_gridspec(2, 2)
+    by_steps, by_time, bars = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1]), fig.add_subplot(grid[1, :])
+    fig.suptitle(_title(runs), fontsize=14)
+    label_kind = len({(r.cfg.env.id, r.cfg.algo) for r in runs}) > 1
+
+    for i, run in enumerate(runs):
+        color = f"C{i % 10}"
+        label = f"{run.name} ({run.cfg.env.id}, {run.cfg.algo})" if label_kind else run.name
+        steps, times, returns = return_curve(run)
+        e_steps, e_times, e_returns = eval_curve(run)
+        by_steps.plot(steps, returns, color=color, label=label)
+        by_time.plot(times, returns, color=color, label=label)
+        by_steps.plot(e_steps, e_returns, color=color, linestyle="--", marker="o", markersize=4)
+        by_time.plot(e_times, e_returns, color=color, linestyle="--", marker="o", markersize=4)
+
+    style = [Line2D([], [], color="grey", label="training episodes"),
+             Line2D([], [], color="grey", linestyle="--", marker="o", markersize=4, label="evaluation (greedy)")]
+    for ax, xlabel, title in ((by_steps, "env steps", "Return vs env steps"),
+                              (by_time, "wall-clock time (s)", "Return vs wall-clock time")):
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("episode return")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        _thousands(ax.xaxis)
+        _thousands(ax.yaxis)
+        handles, _ = ax.get_legend_handles_labels()
+        ax.legend(handles=handles + style, fontsize=8, loc="best")
+
+    _time_bars(bars, runs)
+    return fig
+
+
+def _time_bars(ax, runs: Sequence[RunData]) -> None:
+    labels = [label for _, label in ACTOR_PARTS] + [OTHER] + [label for _, label in ACTOR_WAITS] + [
+        label for _, label in LEARNER_PARTS]
+    colors = {label: f"C{i % 10}" for i, label in enumerate(labels)}
+    ticks, names = [], []
+    drawn: set[str] = set()
+    for i, run in enumerate(runs):
+        breakdown = time_breakdown(run)
+        for j, thread in enumerate(("actor", "learner")):
+            x = i * 3 + j
+            bottom = 0.0
+            for label, seconds in breakdown[thread].items():
+                ax.bar(x, seconds, bottom=bottom, color=colors[label], width=0.8,
+                       label=None if label in drawn else label)
+                drawn.add(label)
+                bottom += seconds
+            ticks.append(x)
+            names.append(f"{run.name}\n{'one actor thread' if thread == 'actor' else 'learner thread'}")
+    ax.set_xticks(ticks, names, fontsize=8)
+    ax.set_ylabel("seconds (per thread, whole run)")
+    ax.set_title("Where the time went")
+    ax.grid(axis="y", alpha=0.3)
+    _thousands(ax.yaxis)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+
+
+def check_output(path: Path) -> None:
+    """ConfigError unless matplotlib can write `path`'s format into an existing directory."""
+    formats = Figure().canvas.get_supported_filetypes()
+    if path.suffix.lower().lstrip(".") not in formats:
+        raise ConfigError(f"cannot write {path}: use one of {', '.join('.' + f for f in sorted(formats))}")
+    if not path.absolute().parent.is_dir():
+        raise ConfigError(f"cannot write {path}: {path.absolute().parent} is not a directory")
+
+
+def save_figure(fig: Figure, path: Path) -> None:
+    """Write the figure (format from the suffix) to a temp file, then rename it over `path`."""
+    path = Path(path)
+    check_output(path)
+    suffix = path.suffix.lower().lstrip(".")
+    tmp = path.with_name(f".{path.name}.tmp.{suffix}")
+    try:
+        fig.savefig(tmp, dpi=DPI)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -1,0 +1,144 @@
+"""`podrace plot`: learning curves and the time breakdown read from a run's files."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from podrace.config import ConfigError, TrainConfig, replace
+from podrace.metrics.plot import DPI, FIGSIZE, load_run, plot_runs, save_figure, time_breakdown
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def synthetic_run(run_dir: Path, env_id: str = "CartPole-v1", scale: float = 1.0) -> TrainConfig:
+    """A run directory as `podrace train` writes it: 3 metric lines, 10 updates apart."""
+    cfg = replace(TrainConfig(), **{"env.id": env_id})
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
+    lines = []
+    for i, version in enumerate((10, 20, 30)):
+        lines.append({
+            "version": version,
+            "env_steps": float(version * cfg.steps_per_update),
+            "time_s": 1.5 * (i + 1),
+            "episode/return": scale * 100.0 * (i + 1),
+            "eval/return": scale * 50.0,  # the same evaluation is repeated until a new one
+            "eval/version": 10,
+            "actor/env_step": 0.01,
+            "actor/inference": 0.02,
+            "actor/device_to_host": 0.001,
+            "actor/to_learner": 0.004,
+            "actor/rollout": 0.04,
+            "actor/queue_put_wait": 0.003,
+            "learner/step": 0.1,
+            "learner/queue_get_wait": 0.02,
+            "learner/publish": 0.001,
+        })
+    lines[-1]["eval/version"], lines[-1]["eval/return"] = 30, scale * 400.0
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return cfg
+
+
+@pytest.mark.timeout(60)
+def test_time_breakdown_is_mean_times_updates_per_interval(tmp_path):
+    synthetic_run(tmp_path / "run")
+    breakdown = time_breakdown(load_run(tmp_path / "run"))
+    assert breakdown["learner"] == pytest.approx({"learner step": 3.0, "queue get wait": 0.6, "publish": 0.03})
+    assert breakdown["actor"] == pytest.approx({
+        "env step": 0.3, "inference": 0.6, "device→host": 0.03, "to learner devices": 0.12,
+        "other (rollout)": 0.15, "queue put wait": 0.09,
+    })
+
+
+@pytest.mark.timeout(60)
+def test_figure_has_curves_per_run_labelled_axes_and_a_time_bar_per_thread(tmp_path):
+    cfg = synthetic_run(tmp_path / "first")
+    synthetic_run(tmp_path / "second", scale=2.0)
+    fig = plot_runs([tmp_path / "first", tmp_path / "second"])
+    fig.canvas.draw()
+    by_steps, by_time, bars = fig.axes
+
+    assert fig._suptitle.get_text() == "CartPole-v1 · PPO"
+    assert (by_steps.get_title(), by_steps.get_xlabel(), by_steps.get_ylabel()) == (
+        "Return vs env steps", "env steps", "episode return")
+    assert (by_time.get_title(), by_time.get_xlabel()) == ("Return vs wall-clock time", "wall-clock time (s)")
+    assert (bars.get_title(), bars.get_ylabel()) == ("Where the time went", "seconds (per thread, whole run)")
+
+    legend = [t.get_text() for t in by_steps.get_legend().get_texts()]
+    assert legend == ["first", "second", "training episodes", "evaluation (greedy)"]
+    train_line, eval_line = by_steps.get_lines()[:2]
+    assert list(train_line.get_xdata()) == [v * cfg.steps_per_update for v in (10, 20, 30)]
+    assert list(train_line.get_ydata()) == [100.0, 200.0, 300.0]
+    assert list(eval_line.get_xdata()) == [10 * cfg.steps_per_update, 30 * cfg.steps_per_update]  # once each
+    assert list(eval_line.get_ydata()) == [50.0, 400.0]
+    assert list(by_time.get_lines()[0].get_xdata()) == [1.5, 3.0, 4.5]
+
+    assert any("," in t.get_text() for t in by_steps.get_xticklabels())  # e.g. 10,000
+    assert [t.get_text() for t in bars.get_xticklabels()] == [
+        "first\none actor thread", "first\nlearner thread", "second\none actor thread", "second\nlearner thread"]
+    assert len(bars.patches) == 2 * (6 + 3)  # per run: 6 actor parts, 3 learner parts
+
+
+@pytest.mark.timeout(60)
+def test_runs_of_different_envs_name_env_and_algo(tmp_path):
+    synthetic_run(tmp_path / "a")
+    synthetic_run(tmp_path / "b", env_id="Pendulum-v1")
+    fig = plot_runs([tmp_path / "a", tmp_path / "b"])
+    assert fig._suptitle.get_text() == "CartPole-v1 · PPO; Pendulum-v1 · PPO"
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert legend[:2] == ["a (CartPole-v1, ppo)", "b (Pendulum-v1, ppo)"]
+
+
+@pytest.mark.timeout(60)
+def test_png_is_a_valid_image_of_the_figure_size(tmp_path):
+    synthetic_run(tmp_path / "run")
+    out = tmp_path / "out.png"
+    save_figure(plot_runs([tmp_path / "run"]), out)
+    image = Image.open(out)
+    assert image.format == "PNG"
+    assert image.size == (round(FIGSIZE[0] * DPI), round(FIGSIZE[1] * DPI))
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp file left
+
+
+@pytest.mark.timeout(60)
+def test_a_killed_runs_truncated_last_line_is_skipped_but_damage_elsewhere_is_an_error(tmp_path):
+    synthetic_run(tmp_path / "run")
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    with open(metrics, "a") as f:
+        f.write('{"version": 40, "env_st')
+    assert len(load_run(tmp_path / "run").lines) == 3
+    metrics.write_text('{"broken\n' + metrics.read_text())
+    with pytest.raises(ConfigError, match=r"metrics.jsonl:1 is not valid JSON"):
+        load_run(tmp_path / "run")
+    with pytest.raises(ConfigError, match="is .* a podrace run directory"):
+        load_run(tmp_path / "missing")
+
+
+@pytest.mark.timeout(120)
+def test_cli_plot_writes_the_image_and_exits_2_on_errors(tmp_path):
+    synthetic_run(tmp_path / "a")
+    synthetic_run(tmp_path / "b", scale=2.0)
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    command = [sys.executable, "-m", "podrace.cli", "plot", str(tmp_path / "a"), str(tmp_path / "b")]
+    ok = subprocess.run(command + ["-o", str(tmp_path / "out.png")], capture_output=True, text=True, env=env, timeout=100)
+    assert ok.returncode == 0, ok.stderr
+    assert Image.open(tmp_path / "out.png").format == "PNG"
+
+    bad = subprocess.run(command + ["-o", str(tmp_path / "out.xyz")], capture_output=True, text=True, env=env, timeout=100)
+    assert bad.returncode == 2
+    assert len(bad.stderr.strip().splitlines()) == 1 and bad.stderr.startswith("podrace: error: cannot write")
+    assert not (tmp_path / "out.xyz").exists()
+
+
+@pytest.mark.timeout(30)
+def test_no_run_directory_is_a_config_error():
+    with pytest.raises(ConfigError, match="at least one run directory"):
+        plot_runs([])

@@ -1,0 +1,295 @@
+"""Checkpoints: round trip, keep K, atomicity under SIGKILL and write errors, clear errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from orbax.checkpoint._src.path import atomicity
+
+from podrace.checkpoint import (
+    MANIFEST,
+    Checkpointer,
+    RunState,
+    checkpoint_steps,
+    latest_step,
+    read_config,
+    restore,
+)
+from podrace.config import ConfigError, TrainConfig, config_from_dict, replace, validate
+from podrace.envs import env_spec
+from podrace.learner import make_algorithm
+from podrace.networks import make_network
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def tiny_config(**changes) -> TrainConfig:
+    return replace(TrainConfig(), **{"network.hidden_sizes": (8,), "checkpoint.keep": 3, **changes})
+
+
+def fresh_state(cfg: TrainConfig, seed: int = 0, version: int = 0) -> RunState:
+    """A RunState built the way a run starts (network init, algorithm init, keys)."""
+    spec = env_spec(cfg.env)
+    network = make_network(cfg.network, spec)
+    params = network.init(jax.random.PRNGKey(seed), np.zeros((1,) + spec.obs_shape, spec.obs_dtype))
+    train_state = make_algorithm(cfg, network.apply).init(params)
+    return RunState(
+        train_state=train_state,
+        learner_keys=jax.random.split(jax.random.PRNGKey(seed + 1), cfg.num_actors * cfg.env.num_envs),
+        actor_keys=np.asarray(jax.random.split(jax.random.PRNGKey(seed + 2), cfg.num_actors)),
+        actor_next_seq=tuple(range(version, version + cfg.num_actors)),
+        version=version,
+        env_steps=version * cfg.steps_per_update,
+        episodes=3 * version,
+    )
+
+
+def assert_same_arrays(a: RunState, b: RunState) -> None:
+    leaves_a, leaves_b = jax.tree.leaves(a.arrays()), jax.tree.leaves(b.arrays())
+    assert len(leaves_a) == len(leaves_b)
+    for x, y in zip(leaves_a, leaves_b):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def save_versions(directory: Path, cfg: TrainConfig, versions) -> dict[int, RunState]:
+    states = {v: fresh_state(cfg, seed=v, version=v) for v in versions}
+    checkpointer = Checkpointer(directory, cfg, env_spec(cfg.env))
+    try:
+        for v in versions:
+            checkpointer.save(states[v])
+    finally:
+        checkpointer.close()
+    return states
+
+
+@pytest.mark.timeout(120)
+def test_round_trip_restores_every_field_onto_the_template_sharding(tmp_path):
+    cfg = tiny_config()
+    states = save_versions(tmp_path, cfg, [4])
+    like = fresh_state(cfg, seed=99)
+    mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:2]), ("learner",))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("learner"))
+    like = dataclasses.replace(like, learner_keys=jax.device_put(like.learner_keys, sharding))
+
+    restored = restore(tmp_path, like, env_spec(cfg.env))
+
+    assert_same_arrays(restored, states[4])
+    assert (restored.version, restored.env_steps, restored.episodes) == (4, 4 * cfg.steps_per_update, 12)
+    assert restored.actor_next_seq == states[4].actor_next_seq
+    assert restored.learner_keys.sharding == sharding
+    assert type(restored.train_state.opt_state) is type(states[4].train_state.opt_state)
+    assert read_config(tmp_path) == (4, cfg)
+
+
+@pytest.mark.timeout(120)
+def test_keeps_the_last_k_and_skips_a_version_already_saved(tmp_path):
+    cfg = tiny_config(**{"checkpoint.keep": 2})
+    save_versions(tmp_path, cfg, [1, 2, 3, 3])
+    assert checkpoint_steps(tmp_path) == [2, 3]
+    assert latest_step(tmp_path) == 3
+    restored = restore(tmp_path, fresh_state(cfg), env_spec(cfg.env), step=2)
+    assert restored.version == 2
+
+
+@pytest.mark.timeout(120)
+def test_a_version_saved_by_an_earlier_run_is_never_replaced(tmp_path):
+    cfg = tiny_config()
+    save_versions(tmp_path, cfg, [1, 2])
+    with pytest.raises(Exception, match="already exists"):
+        save_versions(tmp_path, cfg, [2])  # e.g. a run resumed from 1 reaching 2 again
+    assert_same_arrays(restore(tmp_path, fresh_state(cfg), env_spec(cfg.env)), fresh_state(cfg, seed=2, version=2))
+
+
+@pytest.mark.timeout(30)
+def test_due_every_n_updates(tmp_path):
+    def due_versions(every: int) -> list[int]:
+        cfg = tiny_config(**{"checkpoint.every_updates": every})
+        checkpointer = Checkpointer(tmp_path / str(every), cfg, env_spec(cfg.env))
+        checkpointer.close()
+        return [v for v in range(10) if checkpointer.due(v)]
+
+    assert due_versions(3) == [3, 6, 9]
+    assert due_versions(0) == []
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "changes,message",
+    [({"checkpoint.keep": 0}, "checkpoint.keep must be positive"),
+     ({"checkpoint.every_updates": -1}, "checkpoint.every_updates must be >= 0")],
+)
+def test_checkpoint_settings_are_validated(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(replace(TrainConfig(), **changes))
+
+
+@pytest.mark.timeout(30)
+def test_config_round_trips_through_json_and_rejects_unknown_fields():
+    cfg = tiny_config(**{"layout.actor_device_ids": (0, 1), "checkpoint.every_updates": 5})
+    data = json.loads(json.dumps(dataclasses.asdict(cfg)))
+    assert config_from_dict(data) == cfg
+    data["ppo"]["no_such_field"] = 1
+    with pytest.raises(ConfigError, match=r"config.ppo has unknown field\(s\): no_such_field"):
+        config_from_dict(data)
+
+
+# Atomicity ----------------------------------------------------------------------------
+
+KILLED_WRITER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from orbax.checkpoint._src.path import atomicity
+    from podrace.checkpoint import Checkpointer
+    from tests.test_checkpoint import fresh_state, tiny_config
+
+    directory, marker = Path(sys.argv[1]), Path(sys.argv[2])
+    cfg = tiny_config()
+    checkpointer = Checkpointer(directory, cfg, __import__("podrace.envs").envs.env_spec(cfg.env))
+    checkpointer.save(fresh_state(cfg, seed=1, version=1))
+    checkpointer.wait()
+
+    async def slow_finalize(self):  # every file written, not yet committed: worst moment
+        marker.write_text("writing")
+        time.sleep(600)
+
+    for cls in (atomicity.AtomicRenameTemporaryPath, atomicity.CommitFileTemporaryPath):
+        cls.finalize = slow_finalize
+    checkpointer.save(fresh_state(cfg, seed=2, version=2))
+    checkpointer.wait()
+    """
+)
+
+
+@pytest.mark.timeout(240)
+def test_sigkill_during_a_write_leaves_the_previous_checkpoint_loadable(tmp_path):
+    directory, marker = tmp_path / "checkpoints", tmp_path / "marker"
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(directory), str(marker)], env=env, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 200
+        while not marker.exists():
+            assert proc.poll() is None, "writer exited before the slow write"
+            assert time.monotonic() < deadline, "writer never reached the write"
+            time.sleep(0.1)
+        written = [p for p in directory.iterdir() if p.name.startswith("2")]
+        array_files = [q for p in written for q in p.rglob("d/*")]
+        assert array_files, "the kill must hit a write in progress (array data on disk, not committed)"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+
+    cfg = tiny_config()
+    assert latest_step(directory) == 1
+    restored = restore(directory, fresh_state(cfg), env_spec(cfg.env))
+    assert_same_arrays(restored, fresh_state(cfg, seed=1, version=1))
+
+    # The next writer (a resumed run) saves version 2 and clears the leftover.
+    save_versions(directory, cfg, [2])
+    assert sorted(p.name for p in directory.iterdir()) == ["1", "2"]
+    assert restore(directory, fresh_state(cfg), env_spec(cfg.env)).version == 2
+
+
+@pytest.mark.timeout(120)
+def test_a_failed_write_such_as_disk_full_surfaces_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
+    cfg = tiny_config()
+    checkpointer = Checkpointer(tmp_path, cfg, env_spec(cfg.env))
+    try:
+        checkpointer.save(fresh_state(cfg, seed=1, version=1))
+        checkpointer.wait()
+
+        async def disk_full(self):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", disk_full)
+        checkpointer.save(fresh_state(cfg, seed=2, version=2))
+        with pytest.raises(OSError, match="No space left"):
+            checkpointer.wait()
+    finally:
+        checkpointer.close()
+    assert checkpoint_steps(tmp_path) == [1]
+    assert_same_arrays(restore(tmp_path, fresh_state(cfg), env_spec(cfg.env)), fresh_state(cfg, seed=1, version=1))
+
+
+# Clear errors ---------------------------------------------------------------------------
+
+
+def _largest_array_file(step_dir: Path) -> Path:
+    return max((p for p in (step_dir / "arrays").rglob("*") if p.is_file() and "/d/" in p.as_posix()),
+               key=lambda p: p.stat().st_size)
+
+
+def _flip_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x55
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("damage,message", [
+    (_flip_byte, "SHA-256 mismatch"),
+    (lambda p: os.truncate(p, 10), "has 10 bytes"),
+    (os.remove, "is missing"),
+])
+def test_a_corrupt_checkpoint_names_the_file_and_what_is_wrong(tmp_path, damage, message):
+    cfg = tiny_config()
+    save_versions(tmp_path, cfg, [1])
+    victim = _largest_array_file(tmp_path / "1")
+    damage(victim)
+    with pytest.raises(ConfigError) as error:
+        restore(tmp_path, fresh_state(cfg), env_spec(cfg.env))
+    text = str(error.value)
+    assert str(victim) in text and message in text and "\n" not in text
+
+
+@pytest.mark.timeout(120)
+def test_without_a_manifest_damage_is_still_reported_with_the_file(tmp_path):
+    cfg = tiny_config()
+    save_versions(tmp_path, cfg, [1])
+    (tmp_path / "1" / MANIFEST).unlink()
+    (tmp_path / "1" / "meta" / "metadata").write_text('{"format": 1, "conf')
+    with pytest.raises(ConfigError, match=r"corrupt checkpoint: .*1/meta"):
+        restore(tmp_path, fresh_state(cfg), env_spec(cfg.env))
+
+
+@pytest.mark.timeout(120)
+def test_a_checkpoint_of_another_network_or_env_does_not_load(tmp_path):
+    cfg = tiny_config()
+    save_versions(tmp_path, cfg, [1])
+    wider = tiny_config(**{"network.hidden_sizes": (16,)})
+    with pytest.raises(ConfigError, match=r"does not fit this config: train_state.params.params.policy_head.kernel is float32\[8, 2\] in the checkpoint, float32\[16, 2\] under this config \(and 17 more"):
+        restore(tmp_path, fresh_state(wider), env_spec(wider.env))
+    more_actors = tiny_config(**{"layout.actors_per_device": 3})
+    with pytest.raises(ConfigError, match=r"actor_keys is uint32\[2, 2\] in the checkpoint, uint32\[3, 2\] under this config \(and 1 more"):
+        restore(tmp_path, fresh_state(more_actors), env_spec(more_actors.env))
+    other_env = env_spec(dataclasses.replace(cfg.env, id="Pendulum-v1"))
+    with pytest.raises(ConfigError, match=r"saved for env 'CartPole-v1' with obs_shape \[4\], the config's env has \[3\]"):
+        restore(tmp_path, fresh_state(cfg), other_env)
+
+
+@pytest.mark.timeout(60)
+def test_no_checkpoint_or_unknown_step_is_a_config_error(tmp_path):
+    cfg = tiny_config()
+    with pytest.raises(ConfigError, match=f"no checkpoint in {tmp_path}"):
+        restore(tmp_path, fresh_state(cfg), env_spec(cfg.env))
+    (tmp_path / "7.orbax-checkpoint-tmp-123").mkdir()  # a killed write is not a checkpoint
+    with pytest.raises(ConfigError, match="no checkpoint in"):
+        restore(tmp_path, fresh_state(cfg), env_spec(cfg.env))
+    save_versions(tmp_path, cfg, [1, 2])
+    with pytest.raises(ConfigError, match=r"no checkpoint for step 5 .*\(saved: 1, 2\)"):
+        restore(tmp_path, fresh_state(cfg), env_spec(cfg.env), step=5)
