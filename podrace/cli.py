@@ -14,8 +14,8 @@ import warnings
 from typing import Sequence
 
 from podrace.config import ConfigError, TrainConfig, validate
+from podrace.control import ComponentError
 from podrace.metrics.loggers import SinkError
-from podrace.runtime.lifetime import ComponentError
 
 USAGE = """usage: podrace train <preset> [--flags]   (podrace train --help lists presets and flags)
        podrace eval RUN_DIR [--checkpoint STEP] [--episodes N] [--stochastic] [--video PATH]

@@ -119,7 +119,7 @@ def test_final_line_reports_skipped_updates(capsys, tmp_path, monkeypatch):
 def test_named_failures_are_one_line_and_exit_1(capsys, tmp_path, monkeypatch, component, error, message):
     from podrace.learner import TooManySkippedUpdates
     from podrace.metrics.loggers import SinkError
-    from podrace.runtime.lifetime import ComponentError
+    from podrace.control import ComponentError
 
     cause = (TooManySkippedUpdates("63 of 625 updates skipped as non-finite") if error == "skipped"
              else SinkError("cannot write metrics to m.jsonl: No space left on device"))

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import pytest
 
 from podrace.learner import TooManySkippedUpdates
-from podrace.runtime.lifetime import ComponentError
+from podrace.control import ComponentError
 from podrace.runtime.single_host import prepare
 from tests.runtime.test_single_host import small
 
