@@ -26,6 +26,7 @@ from podrace.sync.base import (
     Snapshot,
     SyncError,
     SyncTimeout,
+    wait_limit,
 )
 from podrace.sync.push import PushFanout
 from podrace.sync.spec import TreeSpec
@@ -119,6 +120,7 @@ class BackgroundPublisher(Publisher):
                 self._push.offer(self._latest, self._latest.version, only=name)
 
     def flush(self, timeout: float | None = None) -> None:
+        timeout = wait_limit(timeout)
         with self._cond:
             done = self._cond.wait_for(
                 lambda: self._closed or self._failure is not None or self._settled == self._versions.latest,

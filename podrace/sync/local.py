@@ -27,6 +27,7 @@ from podrace.sync.base import (
     Snapshot,
     Subscriber,
     SyncTimeout,
+    wait_limit,
 )
 from podrace.sync.placement import Placement, placement_name
 from podrace.sync.push import PushFanout
@@ -226,6 +227,7 @@ class LocalSubscriber(Subscriber):
 
     def get(self, min_version: int, timeout: float | None = None) -> Snapshot:
         self._check_open()
+        timeout = wait_limit(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         want = min_version
         while True:

@@ -44,6 +44,7 @@ from podrace.sync.base import (
     Subscriber,
     SyncError,
     SyncTimeout,
+    wait_limit,
 )
 from podrace.sync.placement import DeviceKey, device_from_key, device_key
 from podrace.sync.spec import TreeSpec, unreadable_tree
@@ -390,6 +391,7 @@ class RaySubscriber(Subscriber):
             return self._accept(latest)
 
     def get(self, min_version: int, timeout: float | None = None) -> Snapshot:
+        timeout = wait_limit(timeout)
         self._start()
         with self._cond:
             ready = lambda: (  # noqa: E731

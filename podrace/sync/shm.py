@@ -26,7 +26,7 @@ import jax
 import numpy as np
 
 from podrace.sync.background import BackgroundPublisher
-from podrace.sync.base import ChannelClosed, PublisherGone, PyTree, Snapshot, Subscriber, SyncTimeout
+from podrace.sync.base import ChannelClosed, PublisherGone, PyTree, Snapshot, Subscriber, SyncTimeout, wait_limit
 from podrace.sync.doorbell import Doorbell, DoorbellClient
 from podrace.sync.placement import DeviceKey, device_from_key, device_key
 from podrace.sync.shm_layout import ALIGN, CLOSED_CLOSED, CLOSED_FAILED, CLOSED_OPEN, SlotReader, SlotWriter
@@ -207,6 +207,7 @@ class ShmSubscriber(Subscriber):
             return self._accept(snapshot)
 
     def get(self, min_version: int, timeout: float | None = None) -> Snapshot:
+        timeout = wait_limit(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:
