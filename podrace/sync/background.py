@@ -49,7 +49,7 @@ class BackgroundPublisher(Publisher):
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self._label = label
-        self._stage = TransformStage(transform, label, finish=_to_host)
+        self._stage = TransformStage(transform, label, finish=lambda params: self._check_host(_to_host(params)))
         self._cond = threading.Condition()
         self._versions = VersionCounter(first_version)
         self._pending: Published | None = None
@@ -71,6 +71,11 @@ class BackgroundPublisher(Publisher):
     # -- transport hooks --------------------------------------------------------------
     def _check(self, params: PyTree) -> None:
         """Reject params the transport cannot carry, in the learner's thread (metadata only)."""
+
+    def _check_host(self, host: PyTree) -> PyTree:
+        """Reject a transformed version the transport cannot carry (it raises; runs in the
+        transform stage, so only that version fails, not the channel). Returns `host`."""
+        return host
 
     @abstractmethod
     def _deliver(self, version: int, host: PyTree, spec: TreeSpec) -> None:

@@ -58,6 +58,7 @@ class ShmPublisher(BackgroundPublisher):
         super().__init__(transform, keep, first_version, label="shm")
         self.name = name or f"podrace_{os.getpid()}_{secrets.token_hex(4)}"
         self._raw_spec: TreeSpec | None = None
+        self._host_spec: TreeSpec | None = None  # of transformed versions: the slot layout
         self._spec_lock = threading.Lock()
         swept = sweep_shm()  # segments leaked by publishers that died (see shm_leaks)
         if swept:
@@ -81,6 +82,18 @@ class ShmPublisher(BackgroundPublisher):
                 self._raw_spec = spec
             else:
                 self._raw_spec.check_spec(spec, "published params")
+
+    def _check_host(self, host: PyTree) -> PyTree:
+        # A transform that returns another structure, shape or dtype than the first
+        # version's fails that version (counted in transform/failures), as if it had
+        # raised: the slots' layout is fixed, and the channel goes on.
+        spec = TreeSpec.of(host)
+        with self._spec_lock:
+            if self._host_spec is None:
+                self._host_spec = spec
+            else:
+                self._host_spec.check_spec(spec, "transformed params")
+        return host
 
     def _deliver(self, version: int, host: PyTree, spec: TreeSpec) -> None:
         self._writer.write(version, jax.tree_util.tree_leaves(host), spec)

@@ -427,3 +427,25 @@ def test_a_type_from_the_publishers_main_gives_a_clear_error():
         proc.stdin.close()
         proc.wait(30)
         proc.stdout.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_transform_that_changes_the_layout_fails_only_its_version():
+    def transform(params):  # version 1 comes out with another structure, version 2 another shape
+        v = int(params["x"][0])
+        if v == 1:
+            return {**params, "extra": params["x"]}
+        if v == 2:
+            return {**params, "w": params["w"][:2]}
+        return params
+
+    pub = ShmPublisher(transform=transform)
+    sub = pub.subscribe()
+    for v in range(4):
+        pub.publish(workers.stamped_params(v, 8))
+        pub.flush(timeout=10)  # used to raise: the first mismatch closed the channel for good
+    snap = sub.get(3, timeout=10)
+    assert snap.version == 3 and workers.stamp_of(snap.params) == 3
+    m = pub.metrics()
+    assert m["transform/failures"] == 2 and m["failed"] == 0
+    pub.close()
