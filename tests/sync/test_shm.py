@@ -449,3 +449,60 @@ def test_a_transform_that_changes_the_layout_fails_only_its_version():
     m = pub.metrics()
     assert m["transform/failures"] == 2 and m["failed"] == 0
     pub.close()
+
+
+_SMALL_SHM_SCRIPT = """
+import numpy as np
+from podrace.sync import PublisherGone, ShmPublisher, SyncError
+with ShmPublisher(keep=1) as pub:
+    sub = pub.subscribe()
+    try:
+        for v in range(2):  # the second version fills the second slot: 2 x 12 MiB > 16 MiB
+            pub.publish({"w": np.full(3 * 2**20, v, np.float32)})
+            pub.flush(timeout=30)
+    except SyncError:
+        pass
+    try:
+        sub.get(0, timeout=10)
+    except PublisherGone as exc:
+        assert "/dev/shm" in str(exc), exc
+        print("reported")
+"""
+
+
+@pytest.mark.timeout(60)
+def test_too_small_dev_shm_is_an_error_not_a_sigbus_of_the_learner():
+    """Docker's default /dev/shm is 64 MB: the first write past it used to SIGBUS the learner."""
+    import subprocess
+    import sys
+
+    mount = "mount -t tmpfs -o size=16m tmpfs /dev/shm"
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", mount], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("needs `unshare -m` and mount rights to give the test its own small /dev/shm")
+    env = {**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run(
+        ["unshare", "-m", "sh", "-c", f'{mount} && exec "$0" -c "$1"', sys.executable, _SMALL_SHM_SCRIPT],
+        capture_output=True, text=True, env=env, timeout=50,
+    )
+    assert proc.returncode == 0, f"rc {proc.returncode} (-7/135: SIGBUS): {proc.stderr[-2000:]}"
+    assert "reported" in proc.stdout
+
+
+@pytest.mark.timeout(30)
+def test_no_room_in_dev_shm_fails_the_channel_with_the_reason(monkeypatch):
+    import errno
+
+    def no_room(fd, offset, length):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    pub = ShmPublisher()
+    sub = pub.subscribe()
+    monkeypatch.setattr(os, "posix_fallocate", no_room)  # only the data segment is left to create
+    pub.publish(workers.stamped_params(0, 8))
+    with pytest.raises(Exception):
+        pub.flush(timeout=10)
+    with pytest.raises(ChannelClosed, match=r"/dev/shm cannot supply it"):
+        sub.get(0, timeout=10)
+    pub.close()
+    assert not segment_exists(pub.name + "_d")
