@@ -20,6 +20,7 @@ import secrets
 import sys
 import threading
 import time
+import weakref
 from typing import Any, Callable
 
 import jax
@@ -177,11 +178,17 @@ class ShmSubscriber(Subscriber):
         self._read_time = RunningStat()
         self._pool = _BufferPool()
         self._reader = SlotReader(channel)
+        me = weakref.ref(self)  # the doorbell thread must not keep a dropped subscriber alive
         try:
-            self._bell = DoorbellClient(channel, self.name, self._on_ring, self._on_gone)
+            self._bell = DoorbellClient(
+                channel, self.name, lambda: _call(me, "_on_ring"), lambda: _call(me, "_on_gone")
+            )
         except ConnectionError as exc:
             self._reader.close()
             raise ChannelClosed(f"shm channel {channel!r}: publisher is gone") from exc
+        # A subscriber dropped without close() (e.g. one unpickled per pool task) releases its
+        # thread, socket, mappings and buffers when collected, instead of leaking them.
+        self._release = weakref.finalize(self, _release, self._bell, self._reader)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_reattach, (self.channel, device_key(self._device), self._expect, self.name))
@@ -302,11 +309,21 @@ class ShmSubscriber(Subscriber):
                 return
             self._closed = True
             self._cond.notify_all()
-        self._bell.close()
         with self._lock:
             self._last = None
             self._pool.clear()
-            self._reader.close()
+            self._release()  # the doorbell, then the mappings; once
+
+
+def _call(ref: "weakref.ref[ShmSubscriber]", method: str) -> None:
+    sub = ref()
+    if sub is not None:
+        getattr(sub, method)()
+
+
+def _release(bell: DoorbellClient, reader: SlotReader) -> None:
+    bell.close()
+    reader.close()
 
 
 def _reattach(channel: str, device: DeviceKey, expect: Any, name: str) -> ShmSubscriber:
