@@ -515,3 +515,23 @@ def test_get_and_flush_take_an_infinite_timeout(harness, new_pub):
         sub.get(1, timeout=float("nan"))  # would wait forever on shm
     with pytest.raises(SyncTimeout):
         sub.get(1, timeout=-1)
+
+
+@pytest.mark.timeout(60)
+def test_a_push_target_may_close_its_publisher(harness, new_pub):
+    pub = new_pub()
+    sub = harness.subscribe(pub)
+    errors, closed = [], threading.Event()
+
+    def evaluator(snap):  # e.g. ends the run once a version is good enough
+        if snap.version == 1:
+            pub.close()
+            closed.set()
+
+    pub.add_push_target(evaluator, "evaluator", on_error=lambda name, exc: errors.append(exc))
+    pub.publish(make_params(0))
+    pub.publish(make_params(1))
+    assert closed.wait(10), errors  # close() raised "cannot join current thread" in the target
+    assert errors == [] and pub.closed
+    with pytest.raises(ChannelClosed):
+        sub.get(2, timeout=10)
