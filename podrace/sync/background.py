@@ -193,13 +193,15 @@ class BackgroundPublisher(Publisher):
                 if self._closed:
                     return
                 entry, self._pending = self._pending, None
-            snapshot = self._host(entry)
-            if snapshot is None:  # its transform failed: this version is skipped, not the channel
-                with self._cond:
-                    self._settled = entry.version
-                    self._cond.notify_all()
-                continue
             try:
+                # an Exception in the transform fails that version only (None); anything
+                # else (SystemExit, ...) fails the channel below, never the thread silently
+                snapshot = self._host(entry)
+                if snapshot is None:  # its transform failed: this version is skipped, not the channel
+                    with self._cond:
+                        self._settled = entry.version
+                        self._cond.notify_all()
+                    continue
                 spec = TreeSpec.of(snapshot.params)
                 self._bytes = spec.nbytes
                 start = time.perf_counter()

@@ -536,3 +536,29 @@ def test_a_dropped_subscriber_releases_its_thread_socket_and_buffers():
     with pytest.raises(ChannelClosed):
         kept.get(1, timeout=10)
     kept.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_transform_that_raises_systemexit_fails_the_channel_loudly():
+    """Not an Exception, so not a skipped version: it used to end the delivery thread
+    silently (publish went on succeeding, readers waited forever, metrics said failed=0)."""
+    import sys
+
+    from podrace.sync.base import PublisherGone, SyncError
+
+    def transform(params):
+        if int(params["x"][0]) == 1:
+            sys.exit("transform gave up")
+        return params
+
+    pub = ShmPublisher(transform=transform)
+    sub = pub.subscribe()
+    pub.publish(workers.stamped_params(0, 8))
+    pub.flush(timeout=10)
+    pub.publish(workers.stamped_params(1, 8))
+    with pytest.raises(SyncError, match="delivery failed"):
+        pub.flush(timeout=10)
+    with pytest.raises(PublisherGone, match="SystemExit: transform gave up"):
+        sub.get(1, timeout=10)
+    assert pub.metrics()["failed"] == 1
+    pub.close()
