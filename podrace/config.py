@@ -92,12 +92,18 @@ class PPOConfig:
 
 @dataclass(frozen=True)
 class ImpalaConfig:
-    """IMPALA / V-trace hyperparameters (used when `algo` is `impala`)."""
+    """IMPALA / V-trace hyperparameters (used when `algo` is `impala`).
+
+    The defaults are Cleanba's cleanba_impala.py. The optimizer sees the gradient of the
+    loss SUMMED over a minibatch's valid samples, as in the paper, scalable_agent, TorchBeast
+    and Cleanba, so rmsprop_eps and max_grad_norm mean what they mean there whatever the
+    batch size (the reported losses are means).
+    """
 
     learning_rate: float = 6e-4
     """RMSProp step size (start value when annealed)."""
     anneal_lr: bool = True
-    """Linearly decay the learning rate to zero over the run."""
+    """Decay the learning rate linearly to zero over the run, one step per update (Cleanba)."""
     gamma: float = 0.99
     """Discount factor."""
     vtrace_lambda: float = 1.0
@@ -111,17 +117,16 @@ class ImpalaConfig:
     ent_coef: float = 0.01
     """Weight of the entropy bonus."""
     max_grad_norm: float = 40.0
-    """Global gradient-norm clipping threshold. podrace's loss is a mean over samples, so
-    the paper's value for a summed loss (40) corresponds to 40 / N for N samples per
-    minibatch (presets.mean_loss_rmsprop converts)."""
+    """Global-norm clip of the summed-loss gradient (paper and Cleanba: 40)."""
     rmsprop_decay: float = 0.99
     """RMSProp decay of the squared-gradient average."""
     rmsprop_eps: float = 0.01
-    """RMSProp epsilon (inside the square root). With podrace's mean loss the paper's
-    summed-loss eps (0.01) corresponds to 0.01 / N**2 for N samples per minibatch; larger
-    values make eps dominate and steps tiny (presets.mean_loss_rmsprop converts)."""
+    """RMSProp epsilon, on the summed-loss scale (paper and Cleanba: 0.01)."""
+    rmsprop_style: Literal["tf", "torch"] = "torch"
+    """torch: g / (sqrt(ms) + eps), ms from 0 (PyTorch; Cleanba, TorchBeast). tf: g / sqrt(ms
+    + eps), ms from 1 (TF1 RMSPropOptimizer; the paper's scalable_agent)."""
     num_minibatches: int = 1
-    """Minibatches per update, per learner shard (one pass over the data)."""
+    """Minibatches per update (whole env sequences; one pass over the data)."""
 
 
 @dataclass(frozen=True)
@@ -310,15 +315,28 @@ def validate(cfg: TrainConfig) -> None:
                 f"({cfg.rollout_length}): every env deals its steps evenly to the minibatches"
             )
     else:
-        positive("impala.num_minibatches", cfg.impala.num_minibatches)
-        if envs_per_shard % cfg.impala.num_minibatches:
-            raise ConfigError(
-                f"impala.num_minibatches ({cfg.impala.num_minibatches}) must divide the envs per "
-                f"learner shard ({envs_per_shard})"
-            )
+        _validate_impala(cfg.impala, envs_per_shard)
     for name in ("learning_rate",):
         positive(f"{cfg.algo}.{name}", getattr(cfg.ppo if cfg.algo == "ppo" else cfg.impala, name))
     if not 0 <= cfg.env.sticky_action_prob <= 1:
         raise ConfigError(f"env.sticky_action_prob must be in [0, 1], got {cfg.env.sticky_action_prob}")
     if not cfg.network.hidden_sizes or any(h <= 0 for h in cfg.network.hidden_sizes):
         raise ConfigError(f"network.hidden_sizes must be positive widths, got {list(cfg.network.hidden_sizes)}")
+
+
+def _validate_impala(imp: ImpalaConfig, envs_per_shard: int) -> None:
+    if imp.num_minibatches <= 0:
+        raise ConfigError(f"impala.num_minibatches must be positive, got {imp.num_minibatches}")
+    if envs_per_shard % imp.num_minibatches:
+        raise ConfigError(
+            f"impala.num_minibatches ({imp.num_minibatches}) must divide the envs per learner "
+            f"shard ({envs_per_shard}): every minibatch takes whole env sequences from every shard"
+        )
+    if imp.max_grad_norm <= 0:
+        raise ConfigError(f"impala.max_grad_norm must be positive, got {imp.max_grad_norm}")
+    if imp.rmsprop_eps < 0:
+        raise ConfigError(f"impala.rmsprop_eps must be >= 0, got {imp.rmsprop_eps}")
+    if not 0 <= imp.rmsprop_decay < 1:
+        raise ConfigError(f"impala.rmsprop_decay must be in [0, 1), got {imp.rmsprop_decay}")
+    if imp.rmsprop_style not in ("tf", "torch"):
+        raise ConfigError(f"impala.rmsprop_style must be 'tf' or 'torch', got {imp.rmsprop_style!r}")
