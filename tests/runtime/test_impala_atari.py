@@ -59,7 +59,7 @@ TINY = {
 @pytest.mark.parametrize(
     "name,env_id,num_actions",
     [
-        ("atari-impala", "Breakout-v5", 4),
+        ("atari-impala", "Breakout-v5", 18),  # Cleanba's envs: the full action set
         # Alien scores 10 per egg within a few dozen random steps: reported returns must be
         # raw game scores while the learner sees rewards clipped to [-1, 1]. Also shows
         # that the game is overridable.
