@@ -153,7 +153,7 @@ def _bandit_rollout(net, params, key):
 def test_learns_a_bandit(name):
     net, _ = small_network(True)
     params = net.init(jax.random.PRNGKey(0), jnp.zeros((OBS_DIM,)))
-    # RMSProp's eps=0.01 sits inside the sqrt, so with these small gradients it needs a larger lr.
+    # One rate per algorithm, each learning this bandit within 30 updates.
     lr = 3e-3 if name == "ppo" else 3e-2
     algo = _algo(name, net, num_updates=30, gamma=0.0, learning_rate=lr, anneal_lr=False)
     update = jax.jit(algo.update)
