@@ -1,13 +1,20 @@
 """Versioned weight synchronization: one contract (base), several transports.
 
-`local` (threads in one process) is imported eagerly; `shm` and `ray` are imported from
-their modules (`podrace.sync.shm`, `podrace.sync.ray_transport`) so that Ray stays optional.
-Transforms for publishers live in `podrace.sync.transforms`.
+* `LocalPublisher`: actors are threads of the learner's process (snapshots by reference).
+* `ShmPublisher` / `ShmSubscriber`: actor processes on the learner's host (shared memory).
+* `RayPublisher` / `RaySubscriber`: Ray workers anywhere in the cluster. Ray is imported
+  only when one is created, so `import podrace.sync` works without it.
+
+`Relay` republishes one subscriber into another publisher (one hop per node), the
+transforms (`select`, `cast`, `compose`) run once per version on the publishing side, and
+`sweep_shm()` removes shared memory left by publishers that died. See the README's
+"Weight sync API" section for examples.
 """
 
 from podrace.sync.base import (
     ChannelClosed,
     Publisher,
+    PublisherGone,
     Snapshot,
     SnapshotMismatch,
     Subscriber,
@@ -15,19 +22,32 @@ from podrace.sync.base import (
     SyncTimeout,
 )
 from podrace.sync.local import LocalPublisher, LocalSubscriber
+from podrace.sync.ray_transport import RayPublisher, RaySubscriber
 from podrace.sync.relay import Relay
+from podrace.sync.shm import ShmPublisher, ShmSubscriber
+from podrace.sync.shm_sweep import sweep_shm
 from podrace.sync.spec import TreeSpec
+from podrace.sync.transforms import cast, compose, select
 
 __all__ = [
     "ChannelClosed",
     "LocalPublisher",
     "LocalSubscriber",
     "Publisher",
+    "PublisherGone",
+    "RayPublisher",
+    "RaySubscriber",
     "Relay",
+    "ShmPublisher",
+    "ShmSubscriber",
     "Snapshot",
     "SnapshotMismatch",
     "Subscriber",
     "SyncError",
     "SyncTimeout",
     "TreeSpec",
+    "cast",
+    "compose",
+    "select",
+    "sweep_shm",
 ]

@@ -30,7 +30,7 @@ from podrace.sync.base import (
 from podrace.sync.push import PushFanout
 from podrace.sync.spec import TreeSpec
 from podrace.sync.stats import RunningStat
-from podrace.sync.versions import Published, VersionCounter, release_later
+from podrace.sync.versions import Published, TransformStage, VersionCounter, release_later
 
 _log = logging.getLogger(__name__)
 
@@ -48,16 +48,17 @@ class BackgroundPublisher(Publisher):
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self._label = label
-        self._transform = transform
+        self._stage = TransformStage(transform, label, finish=_to_host)
         self._cond = threading.Condition()
         self._versions = VersionCounter(first_version)
         self._pending: Published | None = None
         self._latest: Published | None = None  # for push targets added late
         self._visible: int | None = None
+        self._settled: int | None = None  # newest version delivered or failed
         self._closed = False
         self._failure: BaseException | None = None
         self._push = PushFanout(resolve=self._host)
-        self._stats = {k: RunningStat() for k in ("publish", "transform", "deliver", "visible")}
+        self._stats = {k: RunningStat() for k in ("publish", "deliver", "visible")}
         self._coalesced = 0
         self._bytes = 0
         self._thread = threading.Thread(target=self._deliver_loop, name=f"podrace-{label}-delivery", daemon=True)
@@ -75,12 +76,13 @@ class BackgroundPublisher(Publisher):
         """Make `host` (NumPy leaves) visible to subscribers as `version`."""
 
     @abstractmethod
-    def _fail(self) -> None:
-        """Tell subscribers that delivery failed (they raise ChannelClosed)."""
+    def _fail(self, reason: str) -> None:
+        """Tell subscribers that delivery failed (they raise PublisherGone with `reason`)."""
 
     @abstractmethod
-    def _shutdown(self, failed: bool) -> None:
-        """Release the transport after the delivery thread stopped."""
+    def _shutdown(self, error: str | None) -> None:
+        """Release the transport after the delivery thread stopped; subscribers raise
+        ChannelClosed, or PublisherGone with `error` if given."""
 
     def _transport_metrics(self) -> dict[str, float | int]:
         return {}
@@ -119,7 +121,7 @@ class BackgroundPublisher(Publisher):
     def flush(self, timeout: float | None = None) -> None:
         with self._cond:
             done = self._cond.wait_for(
-                lambda: self._closed or self._failure is not None or self._visible == self._versions.latest,
+                lambda: self._closed or self._failure is not None or self._settled == self._versions.latest,
                 timeout,
             )
             if self._failure is not None:
@@ -130,7 +132,7 @@ class BackgroundPublisher(Publisher):
                     f"(visible: {self._visible})"
                 )
 
-    def close(self) -> None:
+    def close(self, error: str | None = None) -> None:
         with self._cond:
             if self._closed:
                 return
@@ -138,7 +140,9 @@ class BackgroundPublisher(Publisher):
             self._pending = self._latest = None
             self._cond.notify_all()
         self._thread.join(60)  # at most one delivery in progress
-        self._shutdown(failed=self._failure is not None)
+        if error is None and self._failure is not None:
+            error = self._failure_reason()
+        self._shutdown(error)
         self._push.close()
 
     @property
@@ -160,25 +164,19 @@ class BackgroundPublisher(Publisher):
         }
         for key, stat in self._stats.items():
             out.update(stat.report(f"{key}/seconds"))
+        out.update(self._stage.metrics())
         out.update(self._transport_metrics())
         out.update(self._push.metrics())
         return out
 
+    def _failure_reason(self) -> str:
+        return f"{self._label} delivery failed: {type(self._failure).__name__}: {self._failure}"
+
     # -- delivery thread ------------------------------------------------------------------
-    def _host(self, entry: Published) -> Snapshot:
-        """`entry` transformed and in host memory; computed once, shared with push targets."""
-
-        def compute() -> Snapshot:
-            params = entry.raw
-            if self._transform is not None:
-                start = time.perf_counter()
-                params = self._transform(params)
-                self._stats["transform"].add(time.perf_counter() - start)
-            host = jax.tree_util.tree_map(np.asarray, jax.device_get(params))
-            entry.raw = None
-            return Snapshot(entry.version, host)
-
-        return entry.derived("host", compute)
+    def _host(self, entry: Published) -> Snapshot | None:
+        """`entry` transformed and in host memory (None if that failed); computed once,
+        shared with push targets."""
+        return self._stage.apply(entry)
 
     def _deliver_loop(self) -> None:
         while True:
@@ -188,8 +186,13 @@ class BackgroundPublisher(Publisher):
                 if self._closed:
                     return
                 entry, self._pending = self._pending, None
+            snapshot = self._host(entry)
+            if snapshot is None:  # its transform failed: this version is skipped, not the channel
+                with self._cond:
+                    self._settled = entry.version
+                    self._cond.notify_all()
+                continue
             try:
-                snapshot = self._host(entry)
                 spec = TreeSpec.of(snapshot.params)
                 self._bytes = spec.nbytes
                 start = time.perf_counter()
@@ -198,7 +201,7 @@ class BackgroundPublisher(Publisher):
                 self._stats["deliver"].add(done - start)
                 self._stats["visible"].add(done - entry.published_at)  # type: ignore[attr-defined]
                 with self._cond:
-                    self._visible = entry.version
+                    self._visible = self._settled = entry.version
                     self._cond.notify_all()
             except BaseException as exc:  # noqa: BLE001 - kept, re-raised by publish()/flush()
                 _log.error("%s delivery failed; channel closed", self._label, exc_info=exc)
@@ -206,7 +209,11 @@ class BackgroundPublisher(Publisher):
                     self._failure = exc
                     self._cond.notify_all()
                 try:
-                    self._fail()
+                    self._fail(self._failure_reason())
                 except Exception:  # noqa: BLE001 - best effort: the transport may be broken
                     _log.exception("%s: could not tell subscribers about the failure", self._label)
                 return
+
+
+def _to_host(params: PyTree) -> PyTree:
+    return jax.tree_util.tree_map(np.asarray, jax.device_get(params))

@@ -35,6 +35,11 @@ class ChannelClosed(SyncError):
     """The publisher was closed or went away; raised by every pending and later call."""
 
 
+class PublisherGone(ChannelClosed):
+    """Not an orderly close: the publisher's process died, its delivery failed, or it was
+    closed with an error (e.g. a relay whose upstream died). The message says which."""
+
+
 class SnapshotMismatch(SyncError):
     """A snapshot's tree structure, shapes or dtypes differ from what was expected."""
 
@@ -57,7 +62,8 @@ class Subscriber(ABC):
         Returns at once (the same snapshot again, if nothing is newer) when already
         satisfied. Cross-process transports make a publish visible a moment after
         `publish()` returns (`Publisher.flush()` waits for that). Raises SyncTimeout after
-        `timeout` seconds, ChannelClosed if the publisher closes or goes away (or had).
+        `timeout` seconds, ChannelClosed if the publisher closes (PublisherGone if it died
+        or failed).
         """
 
     @property
@@ -88,8 +94,11 @@ class Publisher(ABC):
         """Make `params` the latest snapshot and return its version.
 
         Versions count from `first_version` in steps of one; a relay passes `version`
-        explicitly to keep its upstream's numbering (it must exceed the latest).
-        The caller must not mutate or donate `params` afterwards.
+        explicitly to keep its upstream's numbering (it must exceed the latest). Versions
+        are never negative (ValueError). The caller must not mutate or donate `params`
+        afterwards. If the publisher's transform raises on a version, that version is
+        skipped by every subscriber and push target, counted in `metrics()` as
+        `transform/failures`, and the channel goes on with the next one.
         """
 
     @abstractmethod
@@ -107,15 +116,20 @@ class Publisher(ABC):
         """
 
     def flush(self, timeout: float | None = None) -> None:
-        """Wait until the latest published version is visible to subscribers.
+        """Wait until the latest published version is visible to subscribers (or skipped,
+        if its transform failed).
 
         Transports that copy in the background (shm, ray) override this; the learner need
         not call it, but a synchronous (lag 0) loop or an orderly shutdown may.
         """
 
     @abstractmethod
-    def close(self) -> None:
-        """Stop publishing (idempotent); every waiting and later `get()` raises ChannelClosed."""
+    def close(self, error: str | None = None) -> None:
+        """Stop publishing (idempotent); every waiting and later `get()` raises ChannelClosed.
+
+        With `error` (why the params stopped coming, e.g. a relay's upstream died), they
+        raise PublisherGone carrying it instead, so the failure is not mistaken for an end.
+        """
 
     @property
     @abstractmethod

@@ -21,6 +21,7 @@ from podrace.sync.base import (
     ChannelClosed,
     ErrorHook,
     Publisher,
+    PublisherGone,
     PushTarget,
     PyTree,
     Snapshot,
@@ -31,7 +32,7 @@ from podrace.sync.placement import Placement, placement_name
 from podrace.sync.push import PushFanout
 from podrace.sync.spec import TreeSpec
 from podrace.sync.stats import RunningStat, tree_nbytes
-from podrace.sync.versions import Published, VersionCounter, release_later
+from podrace.sync.versions import Published, TransformStage, VersionCounter, release_later
 
 class LocalPublisher(Publisher):
     """In-process publisher; see the module docstring.
@@ -50,17 +51,17 @@ class LocalPublisher(Publisher):
     ) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
-        self._transform = transform
+        self._stage = TransformStage(transform, "local", finish=self._count_bytes)
         self._cond = threading.Condition()
         self._keep = keep
         self._entries: deque[Published] = deque()
         self._versions = VersionCounter(first_version)
         self._closed = False
+        self._error: str | None = None
         self._subscribers: weakref.WeakValueDictionary[str, LocalSubscriber] = weakref.WeakValueDictionary()
         self._names = itertools.count()
         self._push = PushFanout(resolve=lambda entry: self._snapshot(entry, None))
         self._publish_time = RunningStat()
-        self._transform_time = RunningStat()
         self._place_time: dict[str, RunningStat] = {}
         self._stat_lock = threading.Lock()
         self._bytes = 0
@@ -108,11 +109,12 @@ class LocalPublisher(Publisher):
             if self._entries:  # a late target starts from the current version
                 self._push.offer(self._entries[-1], self._entries[-1].version, only=name)
 
-    def close(self) -> None:
+    def close(self, error: str | None = None) -> None:
         with self._cond:
             if self._closed:
                 return
             self._closed = True
+            self._error = error
             self._entries.clear()
             self._cond.notify_all()
         self._push.close()
@@ -133,7 +135,7 @@ class LocalPublisher(Publisher):
             "versions_alive": len(self._entries),
         }
         out.update(self._publish_time.report("publish/seconds"))
-        out.update(self._transform_time.report("transform/seconds"))
+        out.update(self._stage.metrics())
         with self._stat_lock:
             for where, stat in self._place_time.items():
                 out.update(stat.report(f"place/{where}/seconds"))
@@ -145,13 +147,19 @@ class LocalPublisher(Publisher):
         return out
 
     # -- consumer side (called from subscriber threads) --------------------------------
-    def _latest(self) -> Published | None:
+    def _closed_error(self, what: str) -> ChannelClosed:
+        if self._error is not None:
+            return PublisherGone(f"local publisher failed ({what}): {self._error}")
+        return ChannelClosed(f"publisher closed ({what})")
+
+    def _newest_first(self) -> list[Published]:
         with self._cond:
             if self._closed:
-                raise ChannelClosed("publisher is closed")
-            return self._entries[-1] if self._entries else None
+                raise self._closed_error("reading the latest version")
+            return list(reversed(self._entries))
 
-    def _wait(self, min_version: int, timeout: float | None, sub: "LocalSubscriber") -> None:
+    def _wait(self, min_version: int, timeout: float | None, sub: "LocalSubscriber") -> int:
+        """Block until a version >= min_version is published; return the latest version."""
         def ready() -> bool:
             return self._closed or sub._closed or (bool(self._entries) and self._entries[-1].version >= min_version)
 
@@ -163,30 +171,28 @@ class LocalPublisher(Publisher):
                     f"(latest is {latest})"
                 )
             if self._closed:
-                raise ChannelClosed(f"publisher closed while {sub.name!r} awaited version >= {min_version}")
+                raise self._closed_error(f"while {sub.name!r} awaited version >= {min_version}")
             if sub._closed:
                 raise ChannelClosed(f"subscriber {sub.name!r} is closed")
+            return self._entries[-1].version
 
     def _wake_all(self) -> None:
         with self._cond:
             self._cond.notify_all()
 
-    def _snapshot(self, entry: Published, where: Placement) -> Snapshot:
-        """The snapshot of `entry` placed at `where`, computed once and shared."""
-        host: Snapshot = entry.derived(None, lambda: self._transformed(entry))
+    def _snapshot(self, entry: Published, where: Placement) -> Snapshot | None:
+        """The snapshot of `entry` placed at `where`, computed once and shared; None if
+        the version failed (its transform raised)."""
+        host = self._stage.apply(entry)
+        if host is None:
+            return None
         if where is None:
             return host
         return entry.derived(where, lambda: self._place(host, where))
 
-    def _transformed(self, entry: Published) -> Snapshot:
-        params = entry.raw
-        if self._transform is not None:
-            start = time.perf_counter()
-            params = self._transform(params)
-            self._transform_time.add(time.perf_counter() - start)
+    def _count_bytes(self, params: PyTree) -> PyTree:
         self._bytes = tree_nbytes(params)
-        entry.raw = None  # the host snapshot now holds what consumers need
-        return Snapshot(entry.version, params)
+        return params
 
     def _place(self, host: Snapshot, where: Placement) -> Snapshot:
         start = time.perf_counter()
@@ -216,25 +222,33 @@ class LocalSubscriber(Subscriber):
     def poll(self) -> Snapshot | None:
         self._check_open()
         with self._lock:
-            entry = self._pub._latest()
-            if entry is None or (self._acked is not None and entry.version <= self._acked):
-                return None
-            return self._take(entry)
+            return self._newest(-1 if self._acked is None else self._acked + 1)
 
     def get(self, min_version: int, timeout: float | None = None) -> Snapshot:
         self._check_open()
-        self._pub._wait(min_version, timeout, self)
-        with self._lock:
-            entry = self._pub._latest()
-            assert entry is not None
-            return self._take(entry)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        want = min_version
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            latest = self._pub._wait(want, remaining, self)
+            with self._lock:
+                snapshot = self._newest(min_version)
+            if snapshot is not None:
+                return snapshot
+            want = latest + 1  # every version >= min_version failed: wait for a newer one
 
-    def _take(self, entry: Published) -> Snapshot:
-        snapshot = self._pub._snapshot(entry, self._where)
-        if self._expect is not None:
-            self._expect.check(snapshot.params, f"version {snapshot.version} for {self.name!r}")
-        self._acked = snapshot.version
-        return snapshot
+    def _newest(self, min_version: int) -> Snapshot | None:
+        """The newest deliverable snapshot of version >= min_version (failed ones skipped)."""
+        for entry in self._pub._newest_first():
+            if entry.version < min_version:
+                return None
+            snapshot = self._pub._snapshot(entry, self._where)
+            if snapshot is not None:
+                if self._expect is not None:
+                    self._expect.check(snapshot.params, f"version {snapshot.version} for {self.name!r}")
+                self._acked = snapshot.version
+                return snapshot
+        return None
 
     def _check_open(self) -> None:
         if self._closed:

@@ -17,7 +17,7 @@ from podrace.sync.stats import RunningStat
 
 _log = logging.getLogger(__name__)
 
-Resolve = Callable[[Any], Snapshot]
+Resolve = Callable[[Any], Snapshot | None]
 
 
 class _PushWorker:
@@ -62,11 +62,11 @@ class _PushWorker:
                 self._busy_since = time.perf_counter()
             try:
                 snapshot = self._resolve(item)
-                self._target(snapshot)
+                if snapshot is not None:  # None: the version failed (its transform): skip it
+                    self._target(snapshot)
+                    self.delivered_version = snapshot.version
             except BaseException as exc:  # reported, never allowed to kill the fan-out
                 self._report(exc)
-            else:
-                self.delivered_version = snapshot.version
             finally:
                 with self._cond:
                     self.call_time.add(time.perf_counter() - (self._busy_since or 0.0))

@@ -37,6 +37,7 @@ import jax
 from podrace.sync.background import BackgroundPublisher
 from podrace.sync.base import (
     ChannelClosed,
+    PublisherGone,
     PyTree,
     Snapshot,
     SnapshotMismatch,
@@ -45,7 +46,7 @@ from podrace.sync.base import (
     SyncTimeout,
 )
 from podrace.sync.placement import DeviceKey, device_from_key, device_key
-from podrace.sync.spec import TreeSpec
+from podrace.sync.spec import TreeSpec, unreadable_tree
 from podrace.sync.stats import RunningStat
 
 _names = itertools.count()
@@ -60,12 +61,24 @@ def _ray() -> Any:
 
 
 class _Channel:
-    __slots__ = ("version", "refs", "acks")
+    __slots__ = ("version", "refs", "acks", "alive_until")
 
     def __init__(self) -> None:
         self.version: int | None = None
         self.refs: list[Any] | None = None
         self.acks: dict[str, int] = {}
+        self.alive_until: dict[str, float] = {}  # subscriber -> when its next wait is overdue
+
+    def heard_from(self, name: str, grace: float) -> None:
+        self.alive_until[name] = max(self.alive_until.get(name, 0.0), time.monotonic() + grace)
+
+    def drop_silent(self) -> None:
+        """Forget subscribers overdue for their next wait: their process died (as on shm,
+        where the doorbell's socket closes, a dead subscriber is no longer reported)."""
+        now = time.monotonic()
+        for name in [n for n, until in self.alive_until.items() if until < now]:
+            del self.alive_until[name]
+            self.acks.pop(name, None)
 
 
 class _Board:
@@ -73,11 +86,14 @@ class _Board:
 
     One board serves every publisher of a process and is owned by that process, so it
     dies with it: that is how subscribers learn that a publisher went away. A channel it
-    does not know (never opened, or closed) reads as closed.
+    does not know (never opened, or closed) reads as closed. Each wait is also a
+    subscriber's heartbeat: one that stops waiting for longer than its `grace` is dropped
+    from the acknowledged versions.
     """
 
     def __init__(self) -> None:
         self._channels: dict[str, _Channel] = {}
+        self._errors: dict[str, str] = {}  # channels closed with an error: why
         self._cond: asyncio.Condition | None = None
 
     def _condition(self) -> asyncio.Condition:
@@ -96,10 +112,14 @@ class _Board:
             self._condition().notify_all()
 
     async def wait(
-        self, channel: str, min_version: int, timeout: float
-    ) -> tuple[str, int | None, list[Any] | None]:
-        """("ok", version, [ref]) once version >= min_version; ("timeout"|"closed", ...) otherwise."""
+        self, channel: str, min_version: int, timeout: float, name: str = "", grace: float = 0.0
+    ) -> tuple[str, int | None, Any]:
+        """("ok", version, [ref]) once version >= min_version; ("timeout", latest, None) or
+        ("closed", None, error or None) otherwise."""
         cond = self._condition()
+        state = self._channels.get(channel)
+        if state is not None and name:
+            state.heard_from(name, timeout + grace)
 
         def ready() -> bool:
             state = self._channels.get(channel)
@@ -113,27 +133,36 @@ class _Board:
                 return "timeout", None if state is None else state.version, None
             state = self._channels.get(channel)
             if state is None:
-                return "closed", None, None
+                return "closed", None, self._errors.get(channel)
+            if name:
+                state.heard_from(name, grace)
             return "ok", state.version, state.refs
 
-    async def close(self, channel: str) -> None:
+    async def close(self, channel: str, error: str | None = None) -> None:
         async with self._condition():
+            if error is not None and channel in self._channels:
+                self._errors[channel] = error
             self._channels.pop(channel, None)
             self._condition().notify_all()
 
-    async def ack(self, channel: str, name: str, version: int) -> None:
+    async def ack(self, channel: str, name: str, version: int, grace: float = 60.0) -> None:
         state = self._channels.get(channel)
         if state is not None:
             state.acks[name] = max(state.acks.get(name, -1), version)
+            state.heard_from(name, grace)
 
     async def forget(self, channel: str, name: str) -> None:
         state = self._channels.get(channel)
         if state is not None:
             state.acks.pop(name, None)
+            state.alive_until.pop(name, None)
 
     async def acks(self, channel: str) -> dict[str, int]:
         state = self._channels.get(channel)
-        return {} if state is None else dict(state.acks)
+        if state is None:
+            return {}
+        state.drop_silent()
+        return dict(state.acks)
 
 
 _board_lock = threading.Lock()
@@ -180,26 +209,26 @@ class RayPublisher(BackgroundPublisher):
         self._start()
 
     def subscribe(
-        self, device: Any = None, *, expect: Any = None, name: str | None = None
+        self, device: Any = None, *, expect: Any = None, name: str | None = None, long_poll: float = 5.0
     ) -> "RaySubscriber":
-        """A subscriber; it pickles, so pass it to Ray tasks and actors."""
+        """A subscriber (see RaySubscriber); it pickles, so pass it to Ray tasks and actors."""
         if self.closed:
             raise ChannelClosed("subscribe() on a closed publisher")
-        return RaySubscriber(self.board, self.channel, device, expect=expect, name=name)
+        return RaySubscriber(self.board, self.channel, device, expect=expect, name=name, long_poll=long_poll)
 
     def _deliver(self, version: int, host: PyTree, spec: TreeSpec) -> None:
         ref = self._ray.put(host)  # the one object of this version
         self._ray.get(self.board.set.remote(self.channel, version, [ref]))  # in a list: stays a reference
         self._refs.append(ref)  # the oldest falls out: Ray frees it once readers let go
 
-    def _fail(self) -> None:
-        self.board.close.remote(self.channel)
+    def _fail(self, reason: str) -> None:
+        self.board.close.remote(self.channel, reason)
 
-    def _shutdown(self, failed: bool) -> None:
+    def _shutdown(self, error: str | None) -> None:
         # Wakes every waiting subscriber with "closed" and drops the board's reference;
         # best effort, since the board may already be gone with its process.
         with contextlib.suppress(Exception):
-            self._ray.get(self.board.close.remote(self.channel), timeout=10)
+            self._ray.get(self.board.close.remote(self.channel, error), timeout=10)
         self._refs.clear()
 
     def _transport_metrics(self) -> dict[str, float | int]:
@@ -226,7 +255,8 @@ class RaySubscriber(Subscriber):
       expect: a params-like pytree or TreeSpec every snapshot must match.
       name: label in the publisher's metrics.
       long_poll: seconds one board wait may last (how long the fetch thread can outlive
-        close() if cancelling its wait fails).
+        close() if cancelling its wait fails). A subscriber silent for 2 x long_poll + 5 s
+        (its process died) is dropped from the publisher's metrics.
     """
 
     def __init__(
@@ -245,11 +275,12 @@ class RaySubscriber(Subscriber):
         self._device = device
         self._expect = None if expect is None else TreeSpec.of(expect)
         self._long_poll = long_poll
+        self._grace = 2 * long_poll + 5.0  # between two waits: one fetch and placement
         self._cond = threading.Condition()
         self._latest: Snapshot | None = None
         self._acked: int | None = None
         self._closed = False
-        self._ended: ChannelClosed | None = None  # publisher closed or gone
+        self._ended: SyncError | None = None  # publisher closed or gone, or unreadable
         self._error: SyncError | None = None  # e.g. SnapshotMismatch of the newest version
         self._thread: threading.Thread | None = None
         self._call: Any = None
@@ -282,8 +313,10 @@ class RaySubscriber(Subscriber):
                 with self._cond:  # close() cancels exactly the call issued before it
                     if self._closed:
                         return
-                    self._call = call = self._board.wait.remote(self.channel, last + 1, self._long_poll)
-                status, version, refs = ray.get(call)
+                    self._call = call = self._board.wait.remote(
+                        self.channel, last + 1, self._long_poll, self.name, self._grace
+                    )
+                status, version, refs = ray.get(call)  # refs: the error text when "closed"
                 del call
                 with self._cond:
                     self._call = None
@@ -292,10 +325,17 @@ class RaySubscriber(Subscriber):
                 if status == "timeout":
                     continue
                 if status == "closed":
-                    self._end(ChannelClosed(f"ray channel closed by its publisher (subscriber {self.name!r})"))
+                    if refs is not None:
+                        self._end(PublisherGone(f"ray channel: publisher failed: {refs}"))
+                    else:
+                        self._end(ChannelClosed(f"ray channel closed by its publisher (subscriber {self.name!r})"))
                     return
                 start = time.perf_counter()
-                params = ray.get(refs[0])
+                try:
+                    params = ray.get(refs[0])
+                except ray.exceptions.RaySystemError as exc:  # e.g. the params' type is not importable here
+                    self._end(unreadable_tree(f"ray subscriber {self.name!r}, version {version}", exc))
+                    return
                 if self._device is not None:
                     params = jax.block_until_ready(jax.device_put(params, self._device))
                 self._transfer_time.add(time.perf_counter() - start)
@@ -303,7 +343,7 @@ class RaySubscriber(Subscriber):
                 return  # close() interrupted the long poll
             except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
                 if not self._closed:
-                    self._end(ChannelClosed(f"ray channel: publisher went away ({type(exc).__name__})"))
+                    self._end(PublisherGone(f"ray channel: publisher went away ({type(exc).__name__})"))
                 return
             except BaseException as exc:  # noqa: BLE001 - surfaced by the next poll()/get()
                 self._end(ChannelClosed(f"ray subscriber {self.name!r} fetch failed: {exc!r}"))
@@ -321,7 +361,7 @@ class RaySubscriber(Subscriber):
                 self._cond.notify_all()
             last = version
 
-    def _end(self, reason: ChannelClosed) -> None:
+    def _end(self, reason: SyncError) -> None:
         with self._cond:
             self._ended = reason
             self._cond.notify_all()
@@ -337,7 +377,7 @@ class RaySubscriber(Subscriber):
     def _accept(self, snapshot: Snapshot) -> Snapshot:
         if snapshot.version != self._acked:
             self._acked = snapshot.version
-            self._board.ack.remote(self.channel, self.name, snapshot.version)  # fire and forget
+            self._board.ack.remote(self.channel, self.name, snapshot.version, self._grace)  # fire and forget
         return snapshot
 
     def poll(self) -> Snapshot | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 
-from podrace.sync.base import ChannelClosed, Publisher, Subscriber
+from podrace.sync.base import ChannelClosed, Publisher, PublisherGone, Subscriber
 from podrace.sync.stats import RunningStat
 
 _ANY_VERSION = -(2**62)
@@ -22,8 +22,9 @@ class Relay:
 
     Coalesces like any subscriber (a slow target skips to the newest version). When the
     source closes, the relay closes the target (if `close_target`), so downstream
-    readers never wait on a dead upstream. A failure is kept in `error`, closes the
-    target too, and is re-raised by `join()`.
+    readers never wait on a dead upstream. A failure, the upstream's death included, is
+    kept in `error`, re-raised by `join()`, and closes the target with that error, so
+    downstream readers raise PublisherGone saying why.
     """
 
     def __init__(self, source: Subscriber, target: Publisher, *, name: str = "relay", close_target: bool = True):
@@ -49,12 +50,16 @@ class Relay:
                 self.relayed += 1
                 self.last_version = snapshot.version
                 want = snapshot.version + 1
+        except PublisherGone as exc:  # the upstream died or failed: not a normal end
+            self.error = exc
         except ChannelClosed:
             pass  # upstream closed, relay closed, or downstream closed: a normal end
         except BaseException as exc:  # noqa: BLE001 - kept and re-raised by join()
             self.error = exc
         finally:
-            if self._close_target or self.error is not None:
+            if self.error is not None:
+                self.target.close(error=f"relay {self.name!r} stopped: {type(self.error).__name__}: {self.error}")
+            elif self._close_target:
                 self.target.close()
 
     @property

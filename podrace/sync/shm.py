@@ -14,6 +14,7 @@ publisher's own process (handy for tests and relays), and subscribers pickle by 
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import secrets
 import sys
@@ -25,14 +26,16 @@ import jax
 import numpy as np
 
 from podrace.sync.background import BackgroundPublisher
-from podrace.sync.base import ChannelClosed, PyTree, Snapshot, Subscriber, SyncTimeout
+from podrace.sync.base import ChannelClosed, PublisherGone, PyTree, Snapshot, Subscriber, SyncTimeout
 from podrace.sync.doorbell import Doorbell, DoorbellClient
 from podrace.sync.placement import DeviceKey, device_from_key, device_key
-from podrace.sync.shm_layout import CLOSED_CLOSED, CLOSED_FAILED, CLOSED_OPEN, W_CLOSED, SlotReader, SlotWriter
+from podrace.sync.shm_layout import ALIGN, CLOSED_CLOSED, CLOSED_FAILED, CLOSED_OPEN, SlotReader, SlotWriter
+from podrace.sync.shm_sweep import sweep_shm
 from podrace.sync.spec import TreeSpec
 from podrace.sync.stats import RunningStat
 
 _names = itertools.count()
+_log = logging.getLogger(__name__)
 
 
 class ShmPublisher(BackgroundPublisher):
@@ -52,12 +55,13 @@ class ShmPublisher(BackgroundPublisher):
         first_version: int = 0,
         name: str | None = None,
     ) -> None:
-        if first_version < 0:
-            raise ValueError(f"shm versions must be >= 0, got first_version={first_version}")
         super().__init__(transform, keep, first_version, label="shm")
         self.name = name or f"podrace_{os.getpid()}_{secrets.token_hex(4)}"
         self._raw_spec: TreeSpec | None = None
         self._spec_lock = threading.Lock()
+        swept = sweep_shm()  # segments leaked by publishers that died (see shm_sweep)
+        if swept:
+            _log.warning("removed %d shared-memory segments of dead publishers: %s", len(swept), ", ".join(swept))
         self._writer = SlotWriter(self.name, nslots=keep + 1)
         self._doorbell = Doorbell(self.name)
         self._start()
@@ -82,12 +86,13 @@ class ShmPublisher(BackgroundPublisher):
         self._writer.write(version, jax.tree_util.tree_leaves(host), spec)
         self._doorbell.ring(version)
 
-    def _fail(self) -> None:
-        self._writer.ctl[W_CLOSED] = CLOSED_FAILED
+    def _fail(self, reason: str) -> None:
+        self._writer.mark_closed(CLOSED_FAILED, reason)
         self._doorbell.ring(-1)
 
-    def _shutdown(self, failed: bool) -> None:
-        self._writer.close(CLOSED_FAILED if failed else CLOSED_CLOSED)  # before readers see EOF
+    def _shutdown(self, error: str | None) -> None:
+        # marked before readers see the doorbell's EOF, so they report why
+        self._writer.close(CLOSED_CLOSED if error is None else CLOSED_FAILED, error or "")
         self._doorbell.close()
 
     def _transport_metrics(self) -> dict[str, float | int]:
@@ -104,27 +109,34 @@ class _BufferPool:
 
     A fresh 256 MB buffer costs ~65k page faults, about as long as the copy itself; a
     buffer is reused only when its reference count shows that every array viewing it is
-    gone (NumPy views keep their base alive), so a snapshot a caller still holds is never
-    overwritten.
+    gone (NumPy views keep their owner alive, and so do jax arrays placed from them
+    without a copy), so a snapshot a caller still holds is never overwritten.
+    Buffers are ALIGN-aligned: on CPU, `device_put` then places a leaf without a copy,
+    where an unaligned one takes a much slower copy (see benchmarks/shm_device_read.py).
     """
 
     def __init__(self, max_buffers: int = 4) -> None:
-        self._bufs: list[np.ndarray] = []
+        self._owners: list[np.ndarray] = []
         self._max = max_buffers
 
     def take(self, nbytes: int) -> np.ndarray:
-        for buf in self._bufs:
-            # references: the list, `buf`, getrefcount's argument -> nothing else views it
-            if buf.nbytes == nbytes and sys.getrefcount(buf) <= 3:
-                buf.flags.writeable = True
-                return buf
-        buf = np.empty(nbytes, dtype=np.uint8)
-        if len(self._bufs) < self._max:
-            self._bufs.append(buf)
-        return buf
+        for owner in self._owners:
+            # references: the list, `owner`, getrefcount's argument -> nothing else views it
+            if owner.nbytes == nbytes + ALIGN and sys.getrefcount(owner) <= 3:
+                return _aligned(owner, nbytes)
+        owner = np.empty(nbytes + ALIGN, dtype=np.uint8)
+        if len(self._owners) < self._max:
+            self._owners.append(owner)
+        return _aligned(owner, nbytes)
 
     def clear(self) -> None:
-        self._bufs = []
+        self._owners = []
+
+
+def _aligned(owner: np.ndarray, nbytes: int) -> np.ndarray:
+    """`nbytes` of `owner` starting at an ALIGN boundary (a writable view of it)."""
+    start = -owner.ctypes.data % ALIGN
+    return owner[start : start + nbytes]
 
 
 class ShmSubscriber(Subscriber):
@@ -132,8 +144,8 @@ class ShmSubscriber(Subscriber):
 
     Args:
       channel: the publisher's `name`.
-      device: a jax Device/Sharding to place snapshots on (one copy out of shared memory,
-        straight to the device), or None for read-only host NumPy arrays.
+      device: a jax Device/Sharding to place snapshots on (a private host copy out of
+        shared memory, then `device_put`), or None for read-only host NumPy arrays.
       expect: a params-like pytree or TreeSpec every snapshot must match.
       name: label in the publisher's metrics.
     """
@@ -143,7 +155,6 @@ class ShmSubscriber(Subscriber):
         self.name = name or f"pid{os.getpid()}-{next(_names)}"
         self._device = device
         self._expect = None if expect is None else TreeSpec.of(expect)
-        self._expect_checked = False
         self._cond = threading.Condition()
         self._lock = threading.Lock()
         self._closed = False
@@ -180,9 +191,9 @@ class ShmSubscriber(Subscriber):
         if state == CLOSED_CLOSED:
             raise ChannelClosed(f"shm channel {self.channel!r} was closed by its publisher")
         if state == CLOSED_FAILED:
-            raise ChannelClosed(f"shm channel {self.channel!r}: the publisher's writer failed")
+            raise PublisherGone(f"shm channel {self.channel!r}: publisher failed: {self._reader.closed_reason()}")
         if state != CLOSED_OPEN or self._gone:
-            raise ChannelClosed(f"shm channel {self.channel!r}: publisher went away")
+            raise PublisherGone(f"shm channel {self.channel!r}: publisher went away (its process ended)")
 
     def poll(self) -> Snapshot | None:
         with self._lock:
@@ -233,27 +244,31 @@ class ShmSubscriber(Subscriber):
         reader = self._reader
         start = time.perf_counter()
 
-        def consume(slot: np.ndarray) -> list[Any]:
+        def copy_out(slot: np.ndarray) -> np.ndarray:
             layout = reader.layout
             assert layout is not None
-            if self._device is None:
-                buf = self._pool.take(layout.used_bytes)
-                np.copyto(buf, slot[: layout.used_bytes])
-                buf.flags.writeable = False  # snapshots are immutable
-                return layout.views(buf)
-            placed = jax.device_put(layout.views(slot), self._device, may_alias=False)
-            return jax.block_until_ready(placed)
+            buf = self._pool.take(layout.used_bytes)
+            np.copyto(buf, slot[: layout.used_bytes])
+            return buf
 
-        got = reader.read(consume, attempts)
+        got = reader.read(copy_out, attempts)
         if got is None:
             return None
-        assert reader.layout is not None
-        if self._expect is not None and not self._expect_checked:
-            self._expect.check_spec(reader.layout.spec, f"shm channel {self.channel!r}")
-            self._expect_checked = True
-        version, leaves = got
+        layout = reader.layout
+        assert layout is not None
+        version, buf = got
+        # Only a private copy, validated by the seqlock, is handed on: `device_put` of a
+        # NumPy array may alias it on CPU, so placing straight from the slot would return
+        # arrays that the writer rewrites later.
+        buf.flags.writeable = False  # snapshots are immutable
+        leaves: list[Any] = layout.views(buf)  # the pool reuses `buf` once no array views it
+        if self._device is not None:
+            leaves = jax.block_until_ready(jax.device_put(leaves, self._device))
+        params = jax.tree_util.tree_unflatten(layout.spec.treedef, leaves)
+        if self._expect is not None:
+            self._expect.check(params, f"shm version {version} for {self.name!r}")
         self._read_time.add(time.perf_counter() - start)
-        return Snapshot(version, jax.tree_util.tree_unflatten(reader.layout.spec.treedef, leaves))
+        return Snapshot(version, params)
 
     @property
     def acked_version(self) -> int | None:

@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from podrace.sync.base import ChannelClosed
-from podrace.sync.spec import TreeSpec
+from podrace.sync.spec import TreeSpec, unreadable_tree
 
 MAGIC = 0x706F64726163  # "podrac"
 CTL_BYTES = 4096
@@ -40,7 +40,9 @@ PAGE = 4096
 # control words
 W_MAGIC, W_CLOSED, W_LATEST, W_NSLOTS, W_DATA_BYTES, W_SLOT_BYTES, W_SPEC_LEN, W_SLOT0 = range(8)
 W_WRITER_PID = 8
+W_REASON_LEN = 9  # bytes of UTF-8 at REASON_AT: why the channel failed
 W_SEQ0 = 16  # slot i: sequence at W_SEQ0 + 2 i, version at W_SEQ0 + 2 i + 1
+REASON_AT, REASON_MAX = 3584, 512  # after the last slot's words (W_SEQ0 + 2 MAX_SLOTS)
 
 CLOSED_OPEN, CLOSED_CLOSED, CLOSED_FAILED = 0, 1, 2
 
@@ -171,12 +173,21 @@ class SlotWriter:
         fence()
         self.ctl[W_LATEST] = pack_latest(version, slot)
 
-    def close(self, state: int = CLOSED_CLOSED) -> None:
+    def mark_closed(self, state: int, reason: str = "") -> None:
+        """Set the closed flag, with the reason readers report (written first)."""
+        data = reason.encode("utf-8")[:REASON_MAX]
+        raw = self.ctl.words.view(np.uint8)
+        raw[REASON_AT : REASON_AT + len(data)] = np.frombuffer(data, dtype=np.uint8)
+        self.ctl[W_REASON_LEN] = len(data)
+        fence()
+        self.ctl[W_CLOSED] = state
+        fence()
+
+    def close(self, state: int = CLOSED_CLOSED, reason: str = "") -> None:
         """Mark the channel closed and unlink both segments (readers keep their mappings)."""
         if self.ctl.words is None:
             return
-        self.ctl[W_CLOSED] = state
-        fence()
+        self.mark_closed(state, reason)
         self.ctl.release()
         self._slots = []
         for shm in (self._data_shm, self._ctl_shm):
@@ -219,6 +230,11 @@ class SlotReader:
     def closed_state(self) -> int:
         return self.ctl[W_CLOSED]
 
+    def closed_reason(self) -> str:
+        fence()
+        n = min(max(self.ctl[W_REASON_LEN], 0), REASON_MAX)
+        return self.ctl.words.view(np.uint8)[REASON_AT : REASON_AT + n].tobytes().decode("utf-8", "replace")
+
     def _ensure_data(self) -> bool:
         if self.layout is not None:
             return True
@@ -228,7 +244,10 @@ class SlotReader:
         fence()
         self._data_map = _map_readonly(self.name + "_d")
         data = np.frombuffer(self._data_map, dtype=np.uint8, count=size)
-        spec, offsets, used = pickle.loads(data[: self.ctl[W_SPEC_LEN]].tobytes())
+        try:
+            spec, offsets, used = pickle.loads(data[: self.ctl[W_SPEC_LEN]].tobytes())
+        except (AttributeError, ImportError, pickle.UnpicklingError) as exc:
+            raise unreadable_tree(f"shm channel {self.name!r}", exc) from exc
         slot0, slot_bytes = self.ctl[W_SLOT0], self.ctl[W_SLOT_BYTES]
         nslots = self.ctl[W_NSLOTS]
         self._slots = [data[slot0 + i * slot_bytes : slot0 + (i + 1) * slot_bytes] for i in range(nslots)]

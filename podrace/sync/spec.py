@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from podrace.sync.base import SnapshotMismatch
+from podrace.sync.base import SnapshotMismatch, SyncError
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,16 @@ class TreeSpec:
                 raise SnapshotMismatch(
                     f"{what} leaf {path}: expected {ed.name}{list(es)}, got {gd.name}{list(gs)}"
                 )
+
+
+def unreadable_tree(what: str, exc: BaseException) -> SyncError:
+    """The error of a reader that cannot rebuild the params' tree from another program."""
+    return SyncError(
+        f"{what}: cannot rebuild the params tree in this process ({type(exc).__name__}: "
+        f"{str(exc).splitlines()[0] if str(exc) else ''}). Its node types travel by reference, so "
+        "the reader must be able to import them: define them in a module (not in the "
+        "publisher's __main__ script), or publish plain dicts/lists (e.g. transform=select('params'))."
+    )
 
 
 def _leaf_paths(treedef: Any) -> list[str]:

@@ -39,6 +39,8 @@ def cast(dtype: Any, floating_only: bool = True) -> Transform:
 
     def convert(tree: PyTree) -> PyTree:
         def one(x: Any) -> Any:
+            if not hasattr(x, "dtype"):  # a Python scalar leaf
+                x = np.asarray(x)
             if floating_only and not np.issubdtype(np.dtype(x.dtype), np.floating):
                 return x
             return x.astype(target)

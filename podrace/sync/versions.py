@@ -7,11 +7,16 @@ computed once, by the first thread that needs it, and shared by everyone after.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
+import time
 from typing import Any, Callable
 
-from podrace.sync.base import PyTree, SyncError
+from podrace.sync.base import PyTree, Snapshot, SyncError
+from podrace.sync.stats import RunningStat
+
+_log = logging.getLogger(__name__)
 
 
 class Once:
@@ -56,9 +61,15 @@ class Published:
 
 
 class VersionCounter:
-    """Assigns versions: `first_version`, then +1, or an explicit, strictly newer one."""
+    """Assigns versions: `first_version`, then +1, or an explicit, strictly newer one.
+
+    Versions are never negative on any transport (shm packs them into a word, readers use
+    -1 for "none yet"), so a negative one is rejected here, before anything is published.
+    """
 
     def __init__(self, first_version: int = 0) -> None:
+        if first_version < 0:
+            raise ValueError(f"versions must be >= 0, got first_version={first_version}")
         self._next = first_version
         self.latest: int | None = None
 
@@ -66,12 +77,66 @@ class VersionCounter:
         """Claim the next version (callers serialize; publish holds its lock)."""
         if explicit is None:
             version = self._next
+        elif explicit < 0:
+            raise ValueError(f"versions must be >= 0, got publish(version={explicit})")
         elif self.latest is not None and explicit <= self.latest:
             raise SyncError(f"publish(version={explicit}) is not newer than latest {self.latest}")
         else:
             version = int(explicit)
         self.latest, self._next = version, version + 1
         return version
+
+
+class TransformStage:
+    """Turns a published version into what consumers get, once: transform, then `finish`.
+
+    A failure fails that version only: the outcome (None) is kept with the version, so the
+    transform is not retried and every consumer skips it alike; it is counted and logged,
+    and later versions are unaffected.
+    """
+
+    def __init__(
+        self,
+        transform: Callable[[PyTree], PyTree] | None,
+        label: str,
+        finish: Callable[[PyTree], PyTree] = lambda params: params,
+    ) -> None:
+        self._transform = transform
+        self._finish = finish
+        self._label = label
+        self._lock = threading.Lock()
+        self._time = RunningStat()
+        self.failures = 0
+        self.last_failed_version = -1
+
+    def apply(self, entry: "Published") -> Snapshot | None:
+        """The consumers' snapshot of `entry`, or None if preparing it failed."""
+        return entry.derived("host", lambda: self._compute(entry))
+
+    def _compute(self, entry: "Published") -> Snapshot | None:
+        params, entry.raw = entry.raw, None  # what consumers need is derived from here on
+        try:
+            if self._transform is not None:
+                start = time.perf_counter()
+                params = self._transform(params)
+                self._time.add(time.perf_counter() - start)
+            params = self._finish(params)
+        except Exception as exc:  # noqa: BLE001 - fails this version only; counted, logged
+            with self._lock:
+                self.failures += 1
+                self.last_failed_version = max(self.last_failed_version, entry.version)
+            _log.error("%s: transform of version %d failed; version skipped", self._label, entry.version, exc_info=exc)
+            return None
+        return Snapshot(entry.version, params)
+
+    def metrics(self) -> dict[str, float | int]:
+        with self._lock:
+            out: dict[str, float | int] = {
+                "transform/failures": self.failures,
+                "transform/last_failed_version": self.last_failed_version,
+            }
+        out.update(self._time.report("transform/seconds"))
+        return out
 
 
 class _Reaper:

@@ -336,3 +336,152 @@ def test_publish_and_placed_get_are_clean_under_disallow_transfer_guard(harness,
         snap = sub.get(version, timeout=10)
         assert snap.params["x"].devices() == {devs[1]}
     assert check_params(snap.params) == 4
+
+
+@pytest.mark.timeout(120)
+def test_kept_device_snapshots_never_change_while_the_publisher_races(harness, new_pub):
+    """A snapshot owns its memory: a reader may keep it while later versions are written."""
+    import jax
+
+    devs = jax.devices()
+    pub = new_pub(keep=1)  # the fewest slots/objects: reuse of memory comes soonest
+    subs = [harness.subscribe(pub, device=devs[1 + i % 2]) for i in range(2)]
+    n = 4096
+    pub.publish(make_params(0, n))
+    for sub in subs:
+        sub.get(0, timeout=30)
+    final = 60
+    kept: list[list[Snapshot]] = [[] for _ in subs]
+    done = threading.Event()
+    errors = []
+
+    def read(i: int) -> None:
+        try:
+            while not done.is_set():
+                snap = subs[i].poll() or subs[i].get(kept[i][-1].version + 1 if kept[i] else 0, timeout=30)
+                kept[i].append(snap)
+                if snap.version >= final:
+                    return
+        except Exception as exc:  # noqa: BLE001 - re-raised in the test thread
+            errors.append(exc)
+
+    readers = [threading.Thread(target=read, args=(i,)) for i in range(len(subs))]
+    for t in readers:
+        t.start()
+    for v in range(1, final + 1):
+        pub.publish(make_params(v, n))
+        if v % 3 == 0:
+            pub.flush(timeout=30)
+    for t in readers:
+        t.join(60)
+    done.set()
+    assert not errors, errors
+    for v in range(final + 1, final + 4):  # every slot / buffer is rewritten at least once more
+        pub.publish(make_params(v, n))
+        pub.flush(timeout=30)
+    assert all(k and k[-1].version == final for k in kept)
+    for snaps in kept:
+        for snap in snaps:
+            assert snap.params["x"].devices() <= set(devs[1:3])
+            assert check_params(snap.params) == snap.version  # unchanged since it was returned
+
+
+def test_negative_versions_are_rejected(harness, new_pub):
+    with pytest.raises(ValueError, match="first_version=-1"):
+        harness.publisher(first_version=-1)
+    pub = new_pub()
+    with pytest.raises(ValueError, match=r">= 0.*version=-3"):
+        pub.publish(make_params(0), version=-3)
+    assert pub.latest_version is None
+    assert pub.publish(make_params(0)) == 0
+    assert harness.subscribe(pub).get(0, timeout=10).version == 0
+
+
+def test_a_failing_transform_fails_only_its_version(harness, new_pub):
+    def transform(params):
+        if int(np.asarray(params["x"])[0]) == 1:
+            raise ValueError("cannot transform version 1")
+        return params
+
+    pub = new_pub(transform=transform)
+    sub = harness.subscribe(pub)
+    pushed = []
+    pub.add_push_target(lambda snap: pushed.append(snap.version), "rec")
+    pub.publish(make_params(0))
+    assert sub.get(0, timeout=10).version == 0
+    pub.publish(make_params(1))  # never raises in the learner
+    pub.flush(timeout=10)  # settles (as skipped) rather than hanging
+    assert sub.get(0, timeout=10).version == 0  # still satisfied by version 0
+    wait_until(lambda: pub.metrics()["transform/failures"] == 1)
+    with pytest.raises(SyncTimeout):
+        sub.get(1, timeout=0.3)  # version 1 never appears
+    assert pub.publish(make_params(2)) == 2
+    snap = sub.get(1, timeout=10)
+    assert snap.version == 2 and check_params(snap.params) == 2
+    assert check_params(harness.subscribe(pub).get(2, timeout=10).params) == 2
+    wait_until(lambda: pushed and pushed[-1] == 2)
+    m = pub.metrics()
+    assert m["transform/failures"] == 1 and m["transform/last_failed_version"] == 1
+    assert 1 not in pushed and m["push/rec/failures"] == 0  # skipped, not a target failure
+
+
+def _unlink_segments(name: str) -> None:
+    from multiprocessing import shared_memory
+
+    for seg in (name, name + "_d"):  # a killed publisher could not unlink them
+        try:
+            shared_memory.SharedMemory(name=seg).unlink()
+        except FileNotFoundError:
+            pass
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_relay_reports_its_upstream_death_downstream(harness, new_pub):
+    """The upstream (an shm publisher process) is killed: an error, not a normal close."""
+    import multiprocessing as mp
+
+    from podrace.sync.base import PublisherGone
+    from podrace.sync.relay import Relay
+    from podrace.sync.shm import ShmSubscriber
+    from tests.sync import workers
+
+    ctx = mp.get_context("spawn")
+    names = ctx.Queue()
+    proc = ctx.Process(target=workers.shm_publisher_then_hang, args=(names,), daemon=True)
+    proc.start()
+    name = None
+    try:
+        name = names.get(timeout=60)
+        downstream = new_pub()
+        relay = Relay(ShmSubscriber(name), downstream, name="node0")
+        sub = harness.subscribe(downstream)
+        assert workers.stamp_of(sub.get(0, timeout=30).params) == 0
+        proc.kill()
+        with pytest.raises(PublisherGone, match=r"relay 'node0'.*went away"):
+            sub.get(1, timeout=30)
+        with pytest.raises(PublisherGone, match="went away"):
+            relay.join(10)
+        assert isinstance(relay.error, PublisherGone) and not relay.running
+    finally:
+        proc.kill()
+        proc.join(10)
+        if name is not None:
+            _unlink_segments(name)
+
+
+def test_expect_describes_the_snapshot_as_returned(harness, new_pub):
+    """One rule: `expect` is checked against what get() returns (after placement)."""
+    import jax
+
+    dev = jax.devices()[1]
+    placed = jax.device_put(make_params(0), dev)
+    if placed["x"].dtype == make_params(0)["x"].dtype:
+        pytest.skip("jax_enable_x64 is on: placement keeps every dtype, nothing to tell apart")
+    pub = new_pub()
+    pub.publish(make_params(3))
+    as_placed = harness.subscribe(pub, device=dev, expect=placed)
+    assert check_params(as_placed.get(0, timeout=10).params) == 3
+    as_published = harness.subscribe(pub, device=dev, expect=make_params(0))
+    with pytest.raises(SnapshotMismatch, match=r"\['sum'\]: expected int64\[\], got int32\[\]"):
+        as_published.get(0, timeout=10)

@@ -152,3 +152,69 @@ def test_relay_gives_a_node_one_transfer(ray_session):
     upstream.close()
     relay.join(30)
     assert node.closed
+
+
+@ray.remote(num_cpus=0)
+class _Reader:
+    """Holds a subscriber in a worker process that the test kills."""
+
+    def __init__(self, sub) -> None:
+        self.sub = sub
+
+    def read(self, min_version: int) -> int:
+        return self.sub.get(min_version, timeout=30).version
+
+
+def test_dead_subscribers_are_dropped_from_metrics(ray_session):
+    from podrace.sync.ray_transport import RayPublisher
+
+    pub = RayPublisher()
+    live = pub.subscribe(name="live", long_poll=0.5)
+    reader = _Reader.remote(pub.subscribe(name="doomed", long_poll=0.5))
+    pub.publish(workers.stamped_params(0, 8))
+    assert ray.get(reader.read.remote(0), timeout=60) == 0 and live.get(0, timeout=30).version == 0
+
+    def wait_for(predicate) -> None:
+        deadline = time.monotonic() + 60
+        while not predicate(pub.metrics()):
+            assert time.monotonic() < deadline, pub.metrics()
+            time.sleep(0.1)
+
+    wait_for(lambda m: m.get("subscriber/doomed/acked_version") == 0 and "subscriber/live/acked_version" in m)
+    ray.kill(reader, no_restart=True)
+    wait_for(lambda m: "subscriber/doomed/acked_version" not in m)
+    m = pub.metrics()
+    assert "subscriber/doomed/lag" not in m and m["subscriber/live/acked_version"] == 0  # alive: kept
+    live.close()
+    pub.close()
+
+
+@ray.remote(num_cpus=0)
+def _read_error(sub) -> tuple[str, str]:
+    try:
+        sub.get(0, timeout=30)
+    except Exception as exc:  # noqa: BLE001 - returned for the assertion
+        return type(exc).__name__, str(exc)
+    finally:
+        sub.close()
+    return "", ""
+
+
+def test_a_type_the_reader_cannot_import_gives_a_clear_error(ray_session):
+    import types
+
+    from podrace.sync.ray_transport import RayPublisher
+
+    mod = types.ModuleType("podrace_driver_only_types")  # importable in this process only
+    exec("from typing import NamedTuple\nclass Params(NamedTuple):\n    w: object\n", mod.__dict__)
+    sys.modules[mod.__name__] = mod
+    try:
+        pub = RayPublisher()
+        pending = _read_error.remote(pub.subscribe(name="remote"))
+        pub.publish(mod.Params(np.ones(3)))
+        kind, message = ray.get(pending, timeout=60)
+        assert kind == "SyncError", (kind, message)
+        assert "podrace_driver_only_types" in message and "not in the publisher's __main__" in message
+        pub.close()
+    finally:
+        del sys.modules[mod.__name__]

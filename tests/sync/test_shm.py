@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import pickle
@@ -18,6 +19,7 @@ from tests.sync import workers
 
 pytestmark = pytest.mark.timeout(90)
 ctx = mp.get_context("spawn")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def segment_exists(name: str) -> bool:
@@ -280,3 +282,148 @@ def test_read_buffers_are_reused_only_when_no_snapshot_views_them():
     assert len(buffers) == 2  # the other six versions alternated between two buffers
     pub.close()
     sub.close()
+
+
+def test_seqlock_rejects_a_slot_rewritten_between_lookup_and_copy():
+    """The writer laps the reader after it read LATEST but before it read the slot's counter:
+    the counter is even and steady across the copy, so only the slot's version tells."""
+    from podrace.sync.shm_layout import W_LATEST
+
+    writer, reader, spec = _layout_pair(nslots=2)
+    writer.write(0, _leaves(0), spec)
+    real_ctl, lapped = reader.ctl, []
+
+    class LapAfterLookup:
+        def __getitem__(self, i):
+            value = real_ctl[i]
+            if i == W_LATEST and not lapped:
+                lapped.append(1)
+                writer.write(1, _leaves(1), spec)  # slot 1
+                writer.write(2, _leaves(2), spec)  # slot 0 again: the slot LATEST named
+            return value
+
+    reader.ctl = LapAfterLookup()
+    got = reader.read(lambda slot: [x.copy() for x in reader.layout.views(slot)], attempts=5)
+    reader.ctl = real_ctl
+    assert lapped and got is not None
+    version, leaves = got
+    assert workers.stamp_of(_unflatten(reader, leaves)) == version == 2
+    assert reader.retries == 1
+    reader.close()
+    writer.close()
+
+
+def _start_publisher_group():
+    """A publisher in a process group of its own (with its resource tracker), and its name."""
+    import subprocess
+    import sys
+
+    code = (
+        "import time; from podrace.sync.shm import ShmPublisher; from tests.sync.workers import stamped_params\n"
+        "p = ShmPublisher(); p.publish(stamped_params(0, 8)); p.flush(30); print(p.name, flush=True); time.sleep(600)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True, cwd=REPO)
+    return proc, proc.stdout.readline().strip()
+
+
+def _kill_group(proc) -> None:
+    import signal
+
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    proc.stdout.close()
+
+
+@pytest.mark.slow
+def test_sweep_removes_what_a_sigkilled_publisher_group_leaked():
+    import subprocess
+    import sys
+
+    from podrace.sync import sweep_shm
+
+    live = ShmPublisher()
+    live.publish(workers.stamped_params(0, 8))
+    live.flush(10)
+    proc, name = _start_publisher_group()
+    try:
+        assert name and segment_exists(name) and segment_exists(name + "_d")
+    finally:
+        _kill_group(proc)
+    time.sleep(0.5)  # nothing (no resource tracker) is left to clean up
+    assert segment_exists(name) and segment_exists(name + "_d")
+    listed = subprocess.run([sys.executable, "-m", "podrace.sync.shm_sweep", "--dry-run"],
+                            capture_output=True, text=True, timeout=60, check=True, cwd=REPO).stdout
+    assert f"would remove /dev/shm/{name}\n" in listed and segment_exists(name)
+    assert live.name not in listed
+    assert set(sweep_shm()) >= {name, name + "_d"}
+    assert not segment_exists(name) and not segment_exists(name + "_d")
+    sub = live.subscribe()  # a live publisher's channel is never swept
+    assert workers.stamp_of(sub.get(0, timeout=10).params) == 0
+    sub.close()
+    live.close()
+
+
+@pytest.mark.slow
+def test_a_new_publisher_sweeps_segments_of_dead_ones():
+    proc, name = _start_publisher_group()
+    _kill_group(proc)
+    assert segment_exists(name)
+    pub = ShmPublisher()
+    assert not segment_exists(name) and not segment_exists(name + "_d")
+    pub.close()
+
+
+@pytest.mark.slow
+def test_dead_subscribers_are_dropped_from_metrics():
+    pub = ShmPublisher()
+    live = pub.subscribe(name="live")
+    pub.publish(workers.stamped_params(0, 8))
+    ready = ctx.Event()
+    proc = ctx.Process(target=workers.shm_ack_then_hang, args=(pub.name, "doomed", ready), daemon=True)
+    proc.start()
+    try:
+        assert ready.wait(60) and live.get(0, timeout=10).version == 0
+        deadline = time.monotonic() + 30
+        while pub.metrics().get("subscriber/doomed/acked_version") != 0:
+            assert time.monotonic() < deadline, pub.metrics()
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.join(30)
+    while "subscriber/doomed/acked_version" in pub.metrics():
+        assert time.monotonic() < deadline, pub.metrics()
+        time.sleep(0.05)
+    m = pub.metrics()
+    assert "subscriber/doomed/lag" not in m and m["subscriber/live/acked_version"] == 0
+    live.close()
+    pub.close()
+
+
+@pytest.mark.slow
+def test_a_type_from_the_publishers_main_gives_a_clear_error():
+    import subprocess
+    import sys
+
+    from podrace.sync.base import SyncError
+
+    code = (
+        "import sys, numpy as np\nfrom typing import NamedTuple\n"
+        "class Params(NamedTuple):\n    w: np.ndarray\n"
+        "from podrace.sync.shm import ShmPublisher\n"
+        "p = ShmPublisher(); p.publish(Params(np.ones(3))); p.flush(30); print(p.name, flush=True)\n"
+        "sys.stdin.read(); p.close()\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, cwd=REPO)
+    try:
+        name = proc.stdout.readline().strip()
+        sub = ShmSubscriber(name)
+        with pytest.raises(SyncError, match=r"Can't get attribute 'Params'.*not in the publisher's __main__"):
+            sub.get(0, timeout=10)
+        sub.close()
+    finally:
+        proc.stdin.close()
+        proc.wait(30)
+        proc.stdout.close()

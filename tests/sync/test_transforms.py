@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import jax
+import pytest
 import jax.numpy as jnp
 import numpy as np
 
 from podrace.sync.local import LocalPublisher
 from podrace.sync.transforms import cast, compose, select
+
+pytestmark = pytest.mark.timeout(60)
 
 
 def test_select_and_cast_bf16_on_the_learner_device():
@@ -28,3 +31,10 @@ def test_select_by_index_and_attribute():
 
     assert select("params", 1, "b")(State())[0] == 1.0
     assert cast(np.float16, floating_only=False)({"i": np.arange(2)})["i"].dtype == np.float16
+
+
+def test_cast_handles_python_scalar_leaves():
+    out = cast(np.float16)({"lr": 0.5, "step": 3, "w": np.ones(2)})
+    assert np.asarray(out["lr"]).dtype == np.float16 and float(out["lr"]) == 0.5
+    assert out["step"] == 3 and out["w"].dtype == np.float16
+    assert np.asarray(cast(np.float16, floating_only=False)({"step": 3})["step"]).dtype == np.float16

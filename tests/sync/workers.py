@@ -84,3 +84,11 @@ def read_remote(sub: Any, min_version: int) -> tuple[int, int | None, int]:
     snap = sub.get(min_version, timeout=30)
     sub.close()
     return snap.version, stamp_of(snap.params), os.getpid()
+
+
+def shm_ack_then_hang(channel: str, name: str, ready: Any) -> None:
+    from podrace.sync.shm import ShmSubscriber
+
+    ShmSubscriber(channel, name=name).get(0, timeout=30)
+    ready.set()
+    time.sleep(600)  # killed by the test
