@@ -77,7 +77,13 @@ def train_command(args: Sequence[str]) -> int:
             append_xla_flag("--xla_gpu_deterministic_ops", "true")
         resolve_backend(cfg.env)
         check_run_dir(cfg)
-        from podrace.runtime.single_host import train
+        if cfg.runtime == "ray":
+            # Ray's C++ crash handler also catches SIGTERM and re-raises it after ours, which
+            # made one SIGTERM look like two; stack traces of real crashes stay in Ray's logs.
+            os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
+            from podrace.runtime.ray_run import train
+        else:
+            from podrace.runtime.single_host import train
 
         result = train(cfg)
     except ConfigError as error:
