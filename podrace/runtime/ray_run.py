@@ -258,7 +258,8 @@ class RayRun:
                 self.metrics.add_many(record)
             self.metrics.count(f"ray/worker-{slot.worker_id}/rollouts")
             self.metrics.count(f"ray/node/{slot.node}/rollouts")
-            self.sink.put(rollout)
+            self.sink.put(rollout)  # placed on the learner mesh, then queued (may wait)
+            self.metrics.add("actor/to_learner", rollout.timings["to_learner"])
             slot.next_seq += 1
 
     def worker_pids(self) -> list[int]:
