@@ -1,0 +1,123 @@
+"""Ray runtime benchmark: CartPole PPO with 2 Ray workers against the thread runtime.
+
+All runs happen in this one invocation, each in a fresh child process, one after the other:
+  threads       `cartpole-ppo` with 2 actor threads (ENVS envs each), env steps/s while learning;
+  ray           the same run with 2 Ray workers instead of the threads (a private local Ray);
+  ray-actors-N  N Ray workers with the learner's update replaced by a no-op (params are still
+                published every batch): what the workers and the Ray sink deliver alone,
+                for N = 1 and 2 (how it scales).
+Steps/s count env steps consumed by the learner divided by the seconds from starting the
+loops to the last update (compile and Ray start-up excluded; reported apart).
+`ray_over_threads` is the ratio the issue asks for (target on 2 cores: >= 0.7); the
+object-store bytes are those in use when training ended (workers still alive) and the
+largest value sampled at each metrics line during the run.
+
+    python benchmarks/ray_runtime.py [--out benchmarks/results/ray_runtime.json] [--steps N] [flags...]
+
+Extra arguments are passed to every run as `podrace train` flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PRESET = "cartpole-ppo"
+ENVS = 32
+
+
+def child(mode: str, steps: int, overrides: list[str]) -> dict:
+    from podrace.cli import force_cpu_devices, parse_train
+
+    common = [PRESET, "--total-steps", str(steps), "--env.num-envs", str(ENVS), "--log.console", "none",
+              "--log.run-dir", tempfile.mkdtemp(prefix="podrace-bench-"), "--eval.episodes", "8"]
+    if mode == "threads":
+        flags = ["--layout.actors-per-device", "2"]
+    else:
+        workers = 2 if mode == "ray" else int(mode.rsplit("-", 1)[1])
+        flags = ["--runtime", "ray", "--ray.num-workers", str(workers)]
+        os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
+    cfg = parse_train(common + flags + overrides)
+    force_cpu_devices(cfg.layout.cpu_devices)
+    if mode == "threads":
+        from podrace.runtime.single_host import prepare
+    else:
+        from podrace.runtime.ray_run import prepare
+
+    start = time.perf_counter()
+    run = prepare(cfg)
+    if mode.startswith("ray-actors"):
+        run.learner.update_fn = lambda state, trajs, keys: (state, keys, {"finite": True})
+    result = run.run()
+    out = {
+        "mode": mode,
+        "wall_s": time.perf_counter() - start,
+        "compile_s": result.compile_s,
+        "learn_s": result.learn_s,
+        "env_steps": result.env_steps,
+        "updates": result.updates,
+        "sps": result.env_steps / result.learn_s,
+        "final_eval_return": result.final_eval.mean_return if result.final_eval else None,
+        "max_policy_lag": result.max_policy_lag,
+    }
+    if mode != "threads":
+        lines = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+        out.update(
+            object_store_bytes_end=result.object_store_bytes,
+            object_store_bytes_max=max(line.get("ray/object_store_bytes", -1) for line in lines),
+            restarts=result.restarts,
+        )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="benchmarks/results/ray_runtime.json")
+    parser.add_argument("--steps", type=int, default=200_000, help="env steps per run")
+    parser.add_argument("--mode", help=argparse.SUPPRESS)
+    args, overrides = parser.parse_known_args()
+    if args.mode:
+        print(json.dumps(child(args.mode, args.steps, overrides)))
+        return
+    runs = {}
+    for mode in ("threads", "ray", "ray-actors-1", "ray-actors-2"):
+        done = subprocess.run(
+            [sys.executable, __file__, "--mode", mode, "--steps", str(args.steps), *overrides],
+            capture_output=True, text=True,
+        )
+        if done.returncode:
+            sys.exit(f"{mode} failed:\n{done.stderr[-4000:]}")
+        runs[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+        print(f"{mode}: {json.dumps(runs[mode])}", file=sys.stderr)
+    ratio = runs["ray"]["sps"] / runs["threads"]["sps"]
+    report = {
+        "benchmark": "ray_runtime",
+        "preset": PRESET,
+        "envs_per_actor": ENVS,
+        "steps": args.steps,
+        "overrides": overrides,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()},
+        "runs": runs,
+        "ray_over_threads": ratio,
+        "actor_only_sps": {"1": runs["ray-actors-1"]["sps"], "2": runs["ray-actors-2"]["sps"]},
+        "actor_only_scaling_2_over_1": runs["ray-actors-2"]["sps"] / runs["ray-actors-1"]["sps"],
+        "object_store_bytes_end": runs["ray"]["object_store_bytes_end"],
+        "object_store_bytes_max_during_run": runs["ray"]["object_store_bytes_max"],
+        "targets": {"ray_over_threads>=0.7": ratio >= 0.7},
+    }
+    path = Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
