@@ -78,9 +78,13 @@ def train_command(args: Sequence[str]) -> int:
         resolve_backend(cfg.env)
         check_run_dir(cfg)
         if cfg.runtime == "ray":
+            from podrace.runtime.ray_cluster import check_auth_not_disabled, import_ray
+
             # Ray's C++ crash handler also catches SIGTERM and re-raises it after ours, which
             # made one SIGTERM look like two; stack traces of real crashes stay in Ray's logs.
             os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
+            import_ray()  # a missing Ray is a one-line error before JAX starts
+            check_auth_not_disabled()
             from podrace.runtime.ray_run import train
         else:
             from podrace.runtime.single_host import train

@@ -206,3 +206,38 @@ def test_ray_config_errors_are_one_line():
         with pytest.raises(ConfigError, match=expected) as caught:
             validate(replace(base, **changes))
         assert "\n" not in str(caught.value)
+
+
+@pytest.mark.timeout(120)
+def test_cli_without_ray_or_with_auth_disabled_is_a_one_line_error(tmp_path):
+    cli = ["train", "cartpole-ppo", "--runtime", "ray", "--log.run-dir", str(tmp_path)]
+    no_ray = f"import sys; sys.modules['ray'] = None; from podrace.cli import main; sys.exit(main({cli!r}))"
+    env = ray_helpers.base_env("/tmp")
+    done = subprocess.run([sys.executable, "-c", no_ray], env=env, capture_output=True, text=True, timeout=100)
+    assert done.returncode == 2 and done.stderr.strip() == (
+        "podrace: error: --runtime ray needs Ray: pip install 'podrace[ray]'"
+    ), done.stderr
+    env["RAY_AUTH_MODE"] = "disabled"
+    done = subprocess.run([sys.executable, "-m", "podrace.cli", *cli], env=env, capture_output=True, text=True, timeout=100)
+    assert done.returncode == 2 and done.stderr.startswith("podrace: error: RAY_AUTH_MODE=disabled"), done.stderr
+    assert done.stderr.count("\n") == 1 and not list(tmp_path.iterdir())
+
+
+@pytest.mark.timeout(300)
+def test_learner_error_stops_every_worker(tmp_path):
+    from podrace.runtime.ray_run import prepare
+
+    run = prepare(small(tmp_path))
+    update, calls = run.learner.update_fn, []
+
+    def failing_update(state, trajs, keys):
+        calls.append(1)
+        if len(calls) == 3:
+            raise FloatingPointError("injected learner failure")
+        return update(state, trajs, keys)
+
+    run.learner.update_fn = failing_update
+    pids = run.worker_pids()
+    with pytest.raises(ComponentError, match="learner failed: FloatingPointError: injected learner failure"):
+        run.run()
+    assert not process_tree(run.cluster.temp_dir) and not any(os.path.exists(f"/proc/{p}") for p in pids)
