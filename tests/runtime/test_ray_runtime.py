@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -177,6 +178,7 @@ def test_sigterm_stops_cleanly_and_leaves_no_process(tmp_path):
     while (left := ray_helpers.leftovers(marker)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, left
+    shutil.rmtree(marker, ignore_errors=True)
 
 
 @pytest.mark.timeout(120)
