@@ -194,6 +194,7 @@ def test_thread_runtime_never_imports_ray(tmp_path):
     subprocess.run([sys.executable, "-c", code], env=ray_helpers.base_env("/tmp"), check=True, timeout=110)
 
 
+@pytest.mark.timeout(60)
 def test_ray_config_errors_are_one_line():
     from podrace.config import validate
 
@@ -243,3 +244,29 @@ def test_learner_error_stops_every_worker(tmp_path):
     with pytest.raises(ComponentError, match="learner failed: FloatingPointError: injected learner failure"):
         run.run()
     assert not process_tree(run.cluster.temp_dir) and not any(os.path.exists(f"/proc/{p}") for p in pids)
+
+
+@pytest.mark.timeout(60)
+def test_restart_seeds_are_fresh_and_derived():
+    import numpy as np
+
+    from podrace.runtime.build import env_seed, seed_key
+    from podrace.runtime.ray_worker import worker_seeds
+
+    key0, env0 = worker_seeds(7, 1, 0)
+    assert env0 == env_seed(7, 0, 1) and np.array_equal(key0, seed_key(7, 2, 1))  # = thread actor 1
+    seeds = {(w, r): worker_seeds(7, w, r) for w in range(3) for r in range(3)}
+    assert len({env for _, env in seeds.values()}) == 9
+    assert len({tuple(np.asarray(key).tolist()) for key, _ in seeds.values()}) == 9
+    assert worker_seeds(7, 2, 2)[1] == seeds[(2, 2)][1] and worker_seeds(8, 2, 2)[1] != seeds[(2, 2)][1]
+
+
+@pytest.mark.timeout(60)
+def test_envs_per_worker_sets_each_workers_envs():
+    from podrace.config import resolved, validate
+
+    cfg = replace(PRESETS["cartpole-ppo"][1], runtime="ray", **{"ray.num_workers": 3, "ray.envs_per_worker": 4})
+    validate(cfg)
+    cfg = resolved(cfg)
+    assert (cfg.env.num_envs, cfg.num_actors, cfg.steps_per_update) == (4, 3, 3 * 4 * cfg.rollout_length)
+    assert replace(cfg, runtime="threads").num_actors == 1  # the thread layout is untouched
