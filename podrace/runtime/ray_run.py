@@ -6,8 +6,9 @@ runtime, publishes version 0 through the `ray` weight-sync transport and starts 
 `RayRun.run` then runs, in threads of this process, one pump per worker, the learner, the
 evaluator and the logger. A pump pulls its worker's rollouts (host arrays) one at a time,
 places each on the learner mesh exactly as the thread runtime's sink does, and queues it
-in the same per-actor pipeline; so a worker has at most `queue_size + 1` rollouts in
-flight and the object store holds no backlog.
+in the same per-actor pipeline, asking for the next one before placing the current one;
+so at most `queue_size` rollouts wait in a worker plus one on its way, and the object
+store holds no backlog.
 
 Data order and restarts: update k consumes rollout seq k of every worker, in worker order,
 as in the thread runtime. When a worker dies (process killed, node lost, its loop raised),
@@ -235,9 +236,11 @@ class RayRun:
 
     def _pump(self, slot: _Slot) -> None:
         """Deliver rollouts seq next_seq.. of one worker to the pipeline, restarting it."""
-        ray = self._ray
-        while slot.next_seq < self.cfg.num_updates:
+        ray, last = self._ray, self.cfg.num_updates
+        ahead = None  # the request for the next rollout, sent before this one is placed
+        while slot.next_seq < last:
             if slot.handle is None:
+                ahead = None
                 try:
                     slot.node, slot.pid = ray.get(self._spawn(slot), timeout=self.cfg.ray.start_timeout_s)
                 except ray.exceptions.GetTimeoutError as error:
@@ -245,14 +248,18 @@ class RayRun:
                 except ray.exceptions.RayError as error:
                     self._failed(slot, error)
                     continue
+            request, ahead = ahead or slot.handle.next.remote(), None
             try:
-                shipment: Shipment = ray.get(slot.handle.next.remote())
+                shipment: Shipment = ray.get(request)
             except ray.exceptions.RayError as error:
                 self._failed(slot, error)
                 continue
+            del request
             rollout = shipment.rollout
             if rollout.seq != slot.next_seq:
                 raise RuntimeError(f"worker {slot.worker_id} sent seq {rollout.seq}, expected {slot.next_seq}")
+            if slot.next_seq + 1 < last:
+                ahead = slot.handle.next.remote()  # its reply travels while this one is placed
             slot.produced_until = shipment.produced_until
             for record in shipment.records:
                 self.metrics.add_many(record)
