@@ -30,7 +30,7 @@ from podrace.sync.base import ChannelClosed, PublisherGone, PyTree, Snapshot, Su
 from podrace.sync.doorbell import Doorbell, DoorbellClient
 from podrace.sync.placement import DeviceKey, device_from_key, device_key
 from podrace.sync.shm_layout import ALIGN, CLOSED_CLOSED, CLOSED_FAILED, CLOSED_OPEN, SlotReader, SlotWriter
-from podrace.sync.shm_sweep import sweep_shm
+from podrace.sync.shm_leaks import sweep_shm
 from podrace.sync.spec import TreeSpec
 from podrace.sync.stats import RunningStat
 
@@ -59,7 +59,7 @@ class ShmPublisher(BackgroundPublisher):
         self.name = name or f"podrace_{os.getpid()}_{secrets.token_hex(4)}"
         self._raw_spec: TreeSpec | None = None
         self._spec_lock = threading.Lock()
-        swept = sweep_shm()  # segments leaked by publishers that died (see shm_sweep)
+        swept = sweep_shm()  # segments leaked by publishers that died (see shm_leaks)
         if swept:
             _log.warning("removed %d shared-memory segments of dead publishers: %s", len(swept), ", ".join(swept))
         self._writer = SlotWriter(self.name, nslots=keep + 1)
