@@ -98,6 +98,8 @@ class _Signals:
 EXIT_GRACE_S = 1.5
 """After a signal, seconds the run gets to stop and write its last line before the process
 exits regardless (a thread stuck in native code, a long compile)."""
+RAY_EXIT_GRACE_S = 30.0
+"""The same for `--runtime ray`: killing workers and stopping a local Ray take seconds."""
 
 
 class _Training:
@@ -106,6 +108,7 @@ class _Training:
     def __init__(self, args: Sequence[str], signals: _Signals):
         self.args, self.signals = args, signals
         self.lifetime = None  # the run's Lifetime, once JAX is imported
+        self.grace_s = EXIT_GRACE_S
         self.run = None
         self.outcome: list = []
 
@@ -132,7 +135,20 @@ class _Training:
             resolve_backend(cfg.env)
             check_run_dir(cfg)
             from podrace.control import Lifetime, Stopped
-            from podrace.runtime.single_host import prepare
+
+            if cfg.runtime == "ray":
+                from podrace.runtime.ray_cluster import check_auth_not_disabled, import_ray
+
+                # Ray's C++ crash handler also catches SIGTERM and re-raises it after ours,
+                # which made one SIGTERM look like two; crash stack traces stay in Ray's logs.
+                os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
+                import_ray()  # a missing Ray is a one-line error before JAX starts
+                check_auth_not_disabled()
+                from podrace.runtime.ray_run import prepare
+
+                self.grace_s = RAY_EXIT_GRACE_S
+            else:
+                from podrace.runtime.single_host import prepare
 
             self.lifetime = lifetime = Lifetime()
             if self.signals.received:
@@ -194,7 +210,7 @@ def _supervise(training: _Training, signals: _Signals) -> int:
         if signals.received and deadline is None:
             if training.lifetime is None:  # still parsing and validating: nothing written yet
                 _exit_now(training.stopped())
-            deadline = time.monotonic() + EXIT_GRACE_S
+            deadline = time.monotonic() + training.grace_s
             training.lifetime.stop(f"{signals.name} received")
         if deadline is not None and worker.is_alive() and time.monotonic() > deadline:
             print("podrace: threads still busy in native code are left behind", file=sys.stderr)

@@ -158,6 +158,26 @@ class LayoutConfig:
 
 
 @dataclass(frozen=True)
+class RayConfig:
+    """The Ray runtime (`--runtime ray`): actors as Ray workers on any node of a cluster."""
+
+    num_workers: int = 2
+    """Ray workers, each one actor (its own envs, policy on its own CPU device)."""
+    address: str | None = None
+    """Cluster to join (`HOST:PORT` of a `ray start --head`); None starts a local Ray on
+    127.0.0.1 for this run and stops it at the end. A joined cluster is left running."""
+    envs_per_worker: int | None = None
+    """Envs stepped together by one worker; None uses env.num_envs."""
+    worker_resources: tuple[str, ...] = ()
+    """Custom resources each worker needs, `NAME=AMOUNT` (e.g. `actor_node=1`): workers run
+    only on nodes started with them (`ray start --resources '{"actor_node": 4}'`)."""
+    max_restarts: int = 3
+    """Restarts allowed per worker; one more failure stops the run with that worker's error."""
+    start_timeout_s: float = 120.0
+    """Seconds a worker may take to be placed on a node and compile its policy."""
+
+
+@dataclass(frozen=True)
 class EvalConfig:
     """The evaluator thread: deterministic policy on its own envs and device."""
 
@@ -222,6 +242,9 @@ class TrainConfig:
 
     name: str = "custom"
     """Preset name (used in the run directory name)."""
+    runtime: Literal["threads", "ray"] = "threads"
+    """Where actors run: threads of this process, or Ray workers (`pip install podrace[ray]`,
+    settings under --ray.*)."""
     algo: Literal["ppo", "impala"] = "ppo"
     """Learning algorithm; its hyperparameters are under --ppo.* or --impala.*."""
     seed: int = 1
@@ -242,10 +265,13 @@ class TrainConfig:
     safety: SafetyConfig = field(default_factory=SafetyConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
 
     # Derived sizes -------------------------------------------------------------------
     @property
     def num_actors(self) -> int:
+        if self.runtime == "ray":
+            return self.ray.num_workers
         return len(self.layout.actor_device_ids) * self.layout.actors_per_device
 
     @property
@@ -282,8 +308,11 @@ def replace(cfg, **changes):
 
 
 def resolved(cfg: TrainConfig) -> TrainConfig:
-    """The config as the run will use it: what `deterministic` implies written into the
-    layout (synchronous, lag bound 0), so that config.json says what actually ran."""
+    """The config as the run will use it, so that config.json says what actually ran: what
+    `deterministic` implies written into the layout (synchronous, lag bound 0), and the
+    shorthand `--ray.envs-per-worker` written as env.num_envs."""
+    if cfg.runtime == "ray" and cfg.ray.envs_per_worker is not None:
+        cfg = replace(cfg, **{"env.num_envs": cfg.ray.envs_per_worker, "ray.envs_per_worker": None})
     return replace(cfg, **{"layout.synchronous": cfg.synchronous, "layout.max_policy_lag": cfg.max_policy_lag})
 
 
@@ -379,8 +408,44 @@ def config_from_dict(data: dict, cls: type = TrainConfig, where: str = "config")
     return cls(**values)
 
 
+def worker_resources(ray: RayConfig) -> dict[str, float]:
+    """`--ray.worker-resources` as a dict; ConfigError for a malformed entry."""
+    out: dict[str, float] = {}
+    for entry in ray.worker_resources:
+        name, sep, amount = entry.partition("=")
+        try:
+            value = float(amount)
+        except ValueError:
+            value = -1.0
+        if not sep or not name or value <= 0 or name in ("CPU", "GPU", "memory"):
+            raise ConfigError(
+                f"ray.worker_resources entries must be NAME=AMOUNT with a custom resource name and a "
+                f"positive amount, got {entry!r}"
+            )
+        out[name] = value
+    return out
+
+
+def _validate_ray(cfg: TrainConfig) -> None:
+    ray = cfg.ray
+    if ray.num_workers <= 0:
+        raise ConfigError(f"ray.num_workers must be positive, got {ray.num_workers}")
+    if ray.envs_per_worker is not None and ray.envs_per_worker <= 0:
+        raise ConfigError(f"ray.envs_per_worker must be positive, got {ray.envs_per_worker}")
+    if ray.max_restarts < 0:
+        raise ConfigError(f"ray.max_restarts must be >= 0, got {ray.max_restarts}")
+    if ray.start_timeout_s <= 0:
+        raise ConfigError(f"ray.start_timeout_s must be positive, got {ray.start_timeout_s}")
+    if ray.address is not None and ":" not in ray.address:
+        raise ConfigError(f"ray.address must be HOST:PORT of a Ray head node, got {ray.address!r}")
+    worker_resources(ray)
+
+
 def validate(cfg: TrainConfig) -> None:
     """Raise ConfigError for anything that cannot run; needs no devices and no JAX."""
+    if cfg.runtime == "ray":
+        _validate_ray(cfg)
+    cfg = resolved(cfg)
 
     def positive(name: str, value: float) -> None:
         if value <= 0:
