@@ -32,8 +32,8 @@ FULL_STEPS = 1_000_000
 # 1M steps, mean +- std of the final episodic return over seeds.
 CLEANRL = {"env": "HalfCheetah-v4", "steps": FULL_STEPS, "return_mean": 1442.64, "return_std": 46.03}
 VARIANTS = {
-    "plain": [],
-    "normalized": ["--normalize.obs", "--normalize.reward"],  # clips: the defaults, 10 as in CleanRL
+    "plain": ["--normalize.no-obs", "--normalize.no-reward"],
+    "normalized": ["--normalize.obs", "--normalize.reward"],  # the preset's setting, clips 10 as in CleanRL
 }
 
 
