@@ -60,18 +60,20 @@ def test_each_rollout_is_normalized_with_its_behaviour_statistics():
 
 
 @pytest.mark.timeout(120)
-def test_sharded_normalization_equals_one_device():
+@pytest.mark.parametrize(
+    "cfg", [BOTH, NormalizeConfig(obs=True), NormalizeConfig(reward=True)], ids=["both", "obs", "reward"]
+)
+def test_sharded_normalization_equals_one_device(cfg):
     """Two learner shards compute the statistics of the whole batch (psum), not of a half."""
-    cfg = BOTH
     trajs = (trajectory(2), trajectory(3))
-    behaviour = (stats(100.0, 4.0), stats(100.0, 4.0))
+    behaviour = (stats(100.0, 4.0), stats(100.0, 4.0)) if cfg.obs else ()
     one = init_normalizer(cfg, (D,), 2 * B)
     ref, ref_out = normalize_batch(one, trajs, behaviour, cfg, 0.9)
     mesh = make_mesh(jax.devices()[:2])
     two = place_normalizer(init_normalizer(cfg, (D,), 2 * B), mesh)
     fn = make_normalize_fn(cfg, 0.9, mesh, two, num_actors=2)
     got, got_out = fn(two, trajs, behaviour)
-    for a, b in zip(ref.obs + ref.returns, got.obs + got.returns):
+    for a, b in zip(jax.tree.leaves((ref.obs, ref.returns)), jax.tree.leaves((got.obs, got.returns)), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5)
     for r, g in zip(ref_out, got_out):
         np.testing.assert_allclose(r.obs, g.obs, rtol=1e-5)
