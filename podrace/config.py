@@ -133,6 +133,26 @@ class ImpalaConfig:
 
 
 @dataclass(frozen=True)
+class NormalizeConfig:
+    """Observation normalization and reward scaling, both computed by the learner.
+
+    Observation statistics (running mean and variance) are published with the params in
+    the same versioned snapshot, so every actor and the evaluator acting with version v
+    normalize with version v's statistics. Reward scaling only changes what the learner
+    trains on (rewards divided by the running std of each env's discounted return).
+    """
+
+    obs: bool = False
+    """Normalize observations: (obs - running mean) / running std, then clip."""
+    obs_clip: float = 10.0
+    """Normalized observations are clipped to [-obs_clip, obs_clip]."""
+    reward: bool = False
+    """Scale rewards by the running std of the discounted return (gamma of the algorithm)."""
+    reward_clip: float = 10.0
+    """Scaled rewards are clipped to [-reward_clip, reward_clip]."""
+
+
+@dataclass(frozen=True)
 class LayoutConfig:
     """Where actors and learners run. Device ids index `jax.devices(platform)`."""
 
@@ -260,6 +280,7 @@ class TrainConfig:
     network: NetworkConfig = field(default_factory=NetworkConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
     impala: ImpalaConfig = field(default_factory=ImpalaConfig)
+    normalize: NormalizeConfig = field(default_factory=NormalizeConfig)
     layout: LayoutConfig = field(default_factory=LayoutConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     safety: SafetyConfig = field(default_factory=SafetyConfig)
@@ -286,6 +307,11 @@ class TrainConfig:
     @property
     def max_policy_lag(self) -> int:
         return 0 if self.synchronous else self.layout.max_policy_lag
+
+    @property
+    def gamma(self) -> float:
+        """Discount factor of the configured algorithm."""
+        return self.ppo.gamma if self.algo == "ppo" else self.impala.gamma
 
     @property
     def synchronous(self) -> bool:
@@ -488,6 +514,8 @@ def validate(cfg: TrainConfig) -> None:
         _check_folder_name("log.run_name", cfg.log.run_name)
     if not cfg.log.wandb_project.strip():
         raise ConfigError("log.wandb_project must not be empty")
+    positive("normalize.obs_clip", cfg.normalize.obs_clip)
+    positive("normalize.reward_clip", cfg.normalize.reward_clip)
     positive("checkpoint.keep", cfg.checkpoint.keep)
     non_negative("checkpoint.every_updates", cfg.checkpoint.every_updates)
     non_negative("eval.every_updates", cfg.eval.every_updates)

@@ -20,8 +20,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from podrace.algos.base import Algorithm, TrainState
 from podrace.algos.impala import make_impala
+from podrace.algos.normalization import ReturnTracker, RunningStats
+from podrace.algos.normalizer import Normalizer, acting_params, normalize_batch
 from podrace.algos.ppo import make_ppo
-from podrace.config import TrainConfig
+from podrace.config import NormalizeConfig, TrainConfig
 from podrace.control import Lifetime
 from podrace.metrics.registry import Metrics
 from podrace.pipeline import Pipeline
@@ -148,6 +150,36 @@ def make_update_fn(algo: Algorithm, mesh: Mesh, num_actors: int) -> Callable:
     return jax.jit(sharded)
 
 
+def normalizer_specs(normalizer: Normalizer) -> Normalizer:
+    """Statistics replicated, the per-env return tracker split along envs like the data."""
+    return Normalizer(
+        obs=None if normalizer.obs is None else P(),
+        returns=None if normalizer.returns is None else P(),
+        tracker=None if normalizer.tracker is None else ReturnTracker(P(AXIS)),
+    )
+
+
+def place_normalizer(normalizer: Normalizer, mesh: Mesh) -> Normalizer:
+    shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), normalizer_specs(normalizer))
+    return jax.device_put(normalizer, shardings)
+
+
+def make_normalize_fn(cfg: NormalizeConfig, gamma: float, mesh: Mesh, normalizer: Normalizer, num_actors: int) -> Callable:
+    """jit(shard_map(normalize_batch)): (normalizer, per-actor trajectories, behaviour obs
+    statistics per actor) -> (normalizer, trajectories as the update consumes them)."""
+
+    def body(norm: Normalizer, trajs: tuple[Trajectory, ...], behaviour: tuple[RunningStats, ...]):
+        return normalize_batch(norm, trajs, behaviour, cfg, gamma, AXIS)
+
+    specs = normalizer_specs(normalizer)
+    trajs_spec = (TRAJECTORY_SPEC,) * num_actors
+    behaviour_spec = (P(),) * num_actors if cfg.obs else ()
+    sharded = jax.shard_map(
+        body, mesh=mesh, in_specs=(specs, trajs_spec, behaviour_spec), out_specs=(specs, trajs_spec)
+    )
+    return jax.jit(sharded)
+
+
 @dataclass(frozen=True)
 class LearnerSettings:
     num_updates: int
@@ -157,6 +189,9 @@ class LearnerSettings:
     """Skip (and count) a non-finite update instead of failing the run."""
     max_skipped: int = 0
     """With skip_nonfinite: fail the run once more updates than this were skipped."""
+    max_policy_lag: int = 1
+    """Oldest behaviour version a batch may hold, as versions behind the learner: the
+    observation statistics of that many past versions are kept to train on their rollouts."""
 
 
 class Learner:
@@ -164,6 +199,13 @@ class Learner:
 
     `update_fn(state, trajectories, keys) -> (state, keys, metrics)` is the jitted sharded
     step (or a fake); `pipeline.next_batch(version)` supplies rollouts already on the mesh.
+
+    With normalization, `normalizer` is its state (one pytree, checkpointable) and
+    `normalize_fn` (see `make_normalize_fn`) prepares each batch before the update: every
+    rollout is normalized with the observation statistics of the version stamped on it,
+    which the learner remembers for the last `max_policy_lag` versions. The normalizer
+    changes only with an accepted (finite) update, and what is published is
+    `acting_params(params, normalizer)`.
     """
 
     def __init__(
@@ -177,6 +219,8 @@ class Learner:
         metrics: Metrics,
         lifetime: Lifetime,
         on_update: Callable[[int], None] | None = None,
+        normalizer: Normalizer | None = None,
+        normalize_fn: Callable | None = None,
     ):
         self.settings = settings
         self.skipped = 0
@@ -189,7 +233,40 @@ class Learner:
         self.metrics = metrics
         self.lifetime = lifetime
         self.on_update = on_update
-        self.version = publisher.publish(state.params)
+        self.normalizer = normalizer
+        self.normalize_fn = normalize_fn
+        self._obs_stats: dict[int, RunningStats] = {}
+        """Observation statistics published with each recent version (behaviour statistics)."""
+        self.version = self._publish()
+
+    def acting_params(self):
+        """The pytree actors and the evaluator act with (what `publish` sends)."""
+        return acting_params(self.state.params, self.normalizer)
+
+    def _publish(self) -> int:
+        version = self.publisher.publish(self.acting_params())
+        if self.normalizer is not None and self.normalizer.obs is not None:
+            self._obs_stats[version] = self.normalizer.obs
+            oldest = version - self.settings.max_policy_lag
+            for old in [v for v in self._obs_stats if v < oldest]:
+                del self._obs_stats[old]
+        return version
+
+    def prepare(self, trajs: tuple[Trajectory, ...], versions: Sequence[int]):
+        """(normalizer after this batch, the batch as the update consumes it); `versions`
+        are the behaviour versions of `trajs`. Without normalization: (None, trajs)."""
+        if self.normalize_fn is None:
+            return self.normalizer, trajs
+        behaviour = ()
+        if self.normalizer.obs is not None:
+            missing = sorted(set(versions) - set(self._obs_stats))
+            if missing:
+                raise RuntimeError(
+                    f"no observation statistics kept for behaviour version(s) {missing} (kept: "
+                    f"{sorted(self._obs_stats)}); the lag bound is {self.settings.max_policy_lag}"
+                )
+            behaviour = tuple(self._obs_stats[v] for v in versions)
+        return self.normalize_fn(self.normalizer, trajs, behaviour)
 
     def run(self) -> None:
         for _ in range(self.settings.num_updates):
@@ -200,13 +277,14 @@ class Learner:
         rollouts, lag = self.pipeline.next_batch(self.version)
         start = time.perf_counter()
         trajs = tuple(r.trajectory for r in rollouts)
+        normalizer, trajs = self.prepare(trajs, [r.policy_version for r in rollouts])
         state, keys, metrics = self.update_fn(self.state, trajs, self.keys)
         jax.block_until_ready(state.params)
         learner_step = time.perf_counter() - start
         metrics = jax.device_get(metrics)
         self.keys = keys
         if metrics.pop("finite"):
-            self.state = state
+            self.state, self.normalizer = state, normalizer
         elif self.settings.skip_nonfinite:
             # Republish the old params under the next version so actors keep their pace.
             self.skipped += 1
@@ -223,7 +301,7 @@ class Learner:
                 f"(loss={metrics.get('loss')}); params not published"
             )
         start = time.perf_counter()
-        self.version = self.publisher.publish(self.state.params)
+        self.version = self._publish()
         publish = time.perf_counter() - start
 
         m = self.metrics

@@ -16,9 +16,10 @@ import jax
 import numpy as np
 
 from podrace.actor import Actor, ActorSettings, PolicyFns, RolloutSink
+from podrace.algos.normalizer import init_normalizer
 from podrace.config import TrainConfig
 from podrace.control import Control, Lifetime
-from podrace.envs import make_env
+from podrace.envs import EnvSource
 from podrace.evaluate import Evaluator
 from podrace.learner import (
     Learner,
@@ -27,7 +28,9 @@ from podrace.learner import (
     env_keys,
     make_algorithm,
     make_mesh,
+    make_normalize_fn,
     make_update_fn,
+    place_normalizer,
     trajectory_shardings,
 )
 from podrace.metrics.registry import Metrics
@@ -58,8 +61,9 @@ def build_learner(
     metrics: Metrics,
     lifetime: Lifetime,
 ) -> tuple[Learner, LearnerPlacement]:
-    """The learner on its mesh (initial params published as version 0) and the placement
-    that puts a rollout's arrays onto that mesh."""
+    """The learner on its mesh (initial params, with the initial observation statistics when
+    normalizing, published as version 0) and the placement that puts a rollout's arrays
+    onto that mesh."""
     mesh = make_mesh(devices)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     dummy_obs = np.zeros((1,) + spec.obs_shape, spec.obs_dtype)
@@ -71,7 +75,13 @@ def build_learner(
         steps_per_update=cfg.steps_per_update,
         skip_nonfinite=cfg.safety.on_nonfinite == "skip",
         max_skipped=math.floor(cfg.safety.max_skipped_fraction * cfg.num_updates),
+        max_policy_lag=cfg.max_policy_lag,
     )
+    normalizer = init_normalizer(cfg.normalize, spec.obs_shape, cfg.num_actors * cfg.env.num_envs)
+    normalize_fn = None
+    if normalizer is not None:
+        normalizer = place_normalizer(normalizer, mesh)
+        normalize_fn = make_normalize_fn(cfg.normalize, cfg.gamma, mesh, normalizer, cfg.num_actors)
     learner = Learner(
         settings,
         state=state,
@@ -81,6 +91,8 @@ def build_learner(
         publisher=publisher,
         metrics=metrics,
         lifetime=lifetime,
+        normalizer=normalizer,
+        normalize_fn=normalize_fn,
     )
     return learner, LearnerPlacement(*trajectory_shardings(mesh))
 
@@ -93,8 +105,10 @@ def build_actor(
     out: RolloutSink,
     control: Control,
     first_seq: int = 0,
+    envs: EnvSource | None = None,
 ) -> Actor:
-    """Actor `actor_id` with its own envs and key; `policy.device` is where it acts."""
+    """Actor `actor_id` with its own envs (from `envs`, default `cfg.env`'s id) and key;
+    `policy.device` is where it acts."""
     settings = ActorSettings(
         actor_id=actor_id,
         rollout_length=cfg.rollout_length,
@@ -103,14 +117,22 @@ def build_actor(
         key=seed_key(cfg.seed, 2, actor_id),
         first_seq=first_seq,
     )
-    env = make_env(cfg.env, cfg.env.num_envs, env_seed(cfg.seed, 0, actor_id))
+    envs = envs or EnvSource(cfg.env)
+    env = envs.make(cfg.env.num_envs, env_seed(cfg.seed, 0, actor_id))
     return Actor(settings, env, policy, params, out, control)
 
 
 def build_evaluator(
-    cfg: TrainConfig, greedy: Callable, device: jax.Device, params: Subscriber, metrics: Metrics, control: Control
+    cfg: TrainConfig,
+    greedy: Callable,
+    device: jax.Device,
+    params: Subscriber,
+    metrics: Metrics,
+    control: Control,
+    envs: EnvSource | None = None,
 ) -> Evaluator:
-    env = make_env(cfg.env, cfg.eval.num_envs, env_seed(cfg.seed, 1, 0))
+    envs = envs or EnvSource(cfg.env)
+    env = envs.make(cfg.eval.num_envs, env_seed(cfg.seed, 1, 0))
     return Evaluator(env, device, greedy, params, cfg.eval.episodes, metrics, control)
 
 
@@ -125,7 +147,8 @@ def dummy_trajectory(cfg: TrainConfig, spec: EnvSpec, device: jax.Device) -> Tra
 
 
 def warm_up_policy(cfg: TrainConfig, spec: EnvSpec, policy: PolicyFns, params) -> None:
-    """Compile an actor's jitted functions on its device (results discarded)."""
+    """Compile an actor's jitted functions on its device (results discarded); `params` as
+    published (`Learner.acting_params()`)."""
     T = cfg.rollout_length
     params = jax.device_put(params, policy.device)
     obs = jax.device_put(np.zeros((cfg.env.num_envs,) + spec.obs_shape, spec.obs_dtype), policy.device)
@@ -136,8 +159,10 @@ def warm_up_policy(cfg: TrainConfig, spec: EnvSpec, policy: PolicyFns, params) -
 
 
 def warm_up_learner(learner: Learner, trajs: Sequence[Trajectory]) -> None:
-    """Compile the update on placed dummy trajectories (state and keys are not changed)."""
-    jax.block_until_ready(learner.update_fn(learner.state, tuple(trajs), learner.keys))
+    """Compile the batch preparation (normalization) and the update on placed dummy
+    trajectories (state, normalizer and keys are not changed)."""
+    _, trajs = learner.prepare(tuple(trajs), [learner.version] * len(trajs))
+    jax.block_until_ready(learner.update_fn(learner.state, trajs, learner.keys))
 
 
 def warm_up_greedy(cfg: TrainConfig, spec: EnvSpec, greedy: Callable, params, device: jax.Device) -> None:

@@ -20,9 +20,10 @@ from pathlib import Path
 
 
 from podrace.actor import make_policy_fns
+from podrace.algos.normalizer import acting_apply
 from podrace.config import TrainConfig, replace, resolved, validate
 from podrace.control import Control, Lifetime, Watchdog
-from podrace.envs import env_spec, resolve_backend
+from podrace.envs import EnvSource
 from podrace.evaluate import EvalResult, make_greedy_policy
 from podrace.metrics.loggers import Sink, check_sinks, make_sinks
 from podrace.metrics.registry import Metrics
@@ -63,30 +64,31 @@ class TrainResult:
     """Updates skipped as non-finite (safety.on_nonfinite=skip)."""
 
 
-def train(cfg: TrainConfig, lifetime: Lifetime | None = None) -> TrainResult:
+def train(cfg: TrainConfig, lifetime: Lifetime | None = None, envs: EnvSource | None = None) -> TrainResult:
     """Train with the single-host thread runtime; raises ConfigError before anything starts."""
-    return prepare(cfg, lifetime).run()
+    return prepare(cfg, lifetime, envs).run()
 
 
-def prepare(cfg: TrainConfig, lifetime: Lifetime | None = None) -> "SingleHostRun":
+def prepare(cfg: TrainConfig, lifetime: Lifetime | None = None, envs: EnvSource | None = None) -> "SingleHostRun":
     """Validate, build and compile everything; no thread is started yet.
 
     `lifetime` lets a caller stop the run from outside (a signal); a stop during
-    preparation raises `Stopped` between steps.
+    preparation raises `Stopped` between steps. `envs` is where actors and the evaluator
+    get their envs (a user's env factory); by default `cfg.env.id` through its backend.
     """
     lifetime = lifetime or Lifetime()
+    envs = envs or EnvSource(cfg.env)
     validate(cfg)
-    resolve_backend(cfg.env)
+    spec = envs.spec()  # the backend (or the factory) is checked first
     check_sinks(cfg.log)
     devices = resolve_devices(cfg)
-    spec = env_spec(cfg.env)
     check_fits(cfg, make_network(cfg.network, spec), spec, devices)
     lifetime.check()
     run_dir = create_run_dir(cfg)  # last: nothing is written unless every check passed
     try:
         effective = replace(resolved(cfg), **{"log.run_name": run_dir.name})
         write_config(run_dir, effective)
-        return SingleHostRun(effective, spec, devices, run_dir, lifetime)
+        return SingleHostRun(effective, spec, devices, run_dir, lifetime, envs)
     except BaseException:
         remove_run_dir(run_dir)
         raise
@@ -95,7 +97,7 @@ def prepare(cfg: TrainConfig, lifetime: Lifetime | None = None) -> "SingleHostRu
 class SingleHostRun:
     """Every component of one run, wired together; `run()` starts the threads."""
 
-    def __init__(self, cfg: TrainConfig, spec, devices, run_dir: Path, lifetime: Lifetime):
+    def __init__(self, cfg: TrainConfig, spec, devices, run_dir: Path, lifetime: Lifetime, envs: EnvSource):
         self.cfg, self.run_dir = cfg, run_dir
         self.lifetime = lifetime
         self.metrics = metrics = Metrics()
@@ -112,18 +114,22 @@ class SingleHostRun:
         )
         self.learner.on_update = self._after_update
         sink = PlacingSink(pipeline, placement.place)
-        fns, greedy = make_policy_fns(network.apply), make_greedy_policy(network.apply)
+        # Actors and the evaluator act with published snapshots; with observation
+        # normalization these carry the statistics, applied inside the jitted policy.
+        apply = acting_apply(network.apply, cfg.normalize)
+        fns, greedy = make_policy_fns(apply), make_greedy_policy(apply)
+        published = self.learner.acting_params()
 
         compile_start = time.perf_counter()
         dummies = {}
         for device in devices.actors:
             lifetime.check()
-            warm_up_policy(cfg, spec, fns.on(device), self.learner.state.params)
+            warm_up_policy(cfg, spec, fns.on(device), published)
             dummies[device] = placement.place(dummy_trajectory(cfg, spec, device))
         lifetime.check()
         warm_up_learner(self.learner, [dummies[devices.actors[0]]] * cfg.num_actors)
         lifetime.check()
-        warm_up_greedy(cfg, spec, greedy, self.learner.state.params, devices.evaluator)
+        warm_up_greedy(cfg, spec, greedy, published, devices.evaluator)
         self.compile_s = time.perf_counter() - compile_start
 
         def control(name: str) -> Control:
@@ -134,9 +140,12 @@ class SingleHostRun:
             lifetime.check()
             device = devices.actors[actor_id // cfg.layout.actors_per_device]
             params = publisher.subscribe(device=device, name=f"actor-{actor_id}")
-            self.actors.append(build_actor(cfg, actor_id, fns.on(device), params, sink, control(f"actor-{actor_id}")))
+            actor_control = control(f"actor-{actor_id}")
+            self.actors.append(build_actor(cfg, actor_id, fns.on(device), params, sink, actor_control, envs=envs))
         params = publisher.subscribe(device=devices.evaluator, name="evaluator")
-        self.evaluator = build_evaluator(cfg, greedy, devices.evaluator, params, metrics, control("evaluator"))
+        self.evaluator = build_evaluator(
+            cfg, greedy, devices.evaluator, params, metrics, control("evaluator"), envs=envs
+        )
 
     def _after_update(self, version: int) -> None:
         every = self.cfg.eval.every_updates
