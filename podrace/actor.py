@@ -64,7 +64,10 @@ class LearnerPlacement:
     def __init__(self, time_sharding: NamedSharding, env_sharding: NamedSharding):
         self.time_sharding = time_sharding  # for [T, B, ...] leaves: P(None, axis)
         self.env_sharding = env_sharding  # for [B, ...] leaves: P(axis)
-        self.devices = list(time_sharding.mesh.devices.flat)
+        mesh = time_sharding.mesh
+        # This process's learner devices, in mesh order; other processes feed the rest.
+        self.devices = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
+        self.num_shards = mesh.devices.size
         n = len(self.devices)
 
         def split(traj: Trajectory):
@@ -90,7 +93,7 @@ class LearnerPlacement:
             shards = [getattr(t, name) for t in per_device]
             local = shards[0].shape
             axis = 1 if time_major else 0
-            shape = local[:axis] + (local[axis] * len(shards),) + local[axis + 1 :]
+            shape = local[:axis] + (local[axis] * self.num_shards,) + local[axis + 1 :]
             sharding = self.time_sharding if time_major else self.env_sharding
             return jax.make_array_from_single_device_arrays(shape, sharding, shards)
 

@@ -10,6 +10,7 @@ are blocked on, checked finite, and only then published (version = updates appli
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Callable, Sequence
 
 import jax
@@ -52,22 +53,34 @@ def trajectory_shardings(mesh: Mesh) -> tuple[NamedSharding, NamedSharding]:
 
 
 def env_keys(key: jax.Array, num_actors: int, envs_per_actor: int, mesh: Mesh) -> jax.Array:
-    """One raw key per env, [num_actors * envs_per_actor, 2], sharded along the mesh axis.
+    """One raw key per env of every process, [processes * num_actors * envs_per_actor, 2],
+    sharded along the mesh axis; `num_actors` counts the actors of one process.
 
-    Env (actor a, env j) always gets key number a * envs_per_actor + j; the rows are laid
-    out in the order the learner shards see their columns (each shard: its slice of every
-    actor's envs, actor by actor), so shard d holds the keys of exactly its own envs.
+    Env j of actor a of process p is global env g = (p * num_actors + a) * envs_per_actor + j
+    and always gets key number g, however the mesh is split over processes and devices.
+    Rows are laid out in the order the learner shards see their columns (each shard: its
+    slice of every local actor's envs, actor by actor), so each shard holds the keys of
+    exactly its own envs. Each process places only the rows of its own devices.
     """
-    shards = mesh.devices.size
-    per_shard = envs_per_actor // shards
-    order = [
-        a * envs_per_actor + j
-        for d in range(shards)
-        for a in range(num_actors)
-        for j in range(d * per_shard, (d + 1) * per_shard)
-    ]
-    keys = jax.random.split(key, num_actors * envs_per_actor)[np.asarray(order)]
-    return jax.device_put(keys, NamedSharding(mesh, P(AXIS)))
+    devices = list(mesh.devices.flat)
+    per_process = Counter(d.process_index for d in devices)
+    local_shards = per_process[devices[0].process_index]
+    if set(per_process.values()) != {local_shards}:
+        raise ValueError(f"every process needs the same number of learner devices, got {dict(per_process)}")
+    per_shard = envs_per_actor // local_shards
+    order = []
+    rank: Counter = Counter()
+    for device in devices:
+        p, d = device.process_index, rank[device.process_index]
+        rank[p] += 1
+        order += [
+            (p * num_actors + a) * envs_per_actor + j
+            for a in range(num_actors)
+            for j in range(d * per_shard, (d + 1) * per_shard)
+        ]
+    total = len(per_process) * num_actors * envs_per_actor
+    keys = np.asarray(jax.device_get(jax.random.split(key, total)))[np.asarray(order)]
+    return jax.make_array_from_callback(keys.shape, NamedSharding(mesh, P(AXIS)), lambda index: keys[index])
 
 
 def concat_actors(trajs: Sequence[Trajectory]) -> Trajectory:
