@@ -60,12 +60,20 @@ class _Signals:
         raise KeyboardInterrupt
 
 
+def distributed_requested(cfg: TrainConfig) -> bool:
+    """Run multi-host: a --distributed.* flag is set, or JAX's coordinator variable is
+    (then JAX also detects the process count and id from SLURM, Open MPI, Kubernetes...)."""
+    return cfg.distributed.requested or bool(os.environ.get("JAX_COORDINATOR_ADDRESS"))
+
+
 def train_command(args: Sequence[str]) -> int:
     # envpool builds Gymnasium Box spaces from float64 bounds; the warning is noise to users.
     warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
     cfg = parse_train(args)
     signals = _Signals()
     signals.install()
+    if distributed_requested(cfg):
+        _exit_now(_train_distributed(cfg, signals))
     try:
         validate(cfg)
         from podrace.envs import resolve_backend
@@ -97,6 +105,68 @@ def train_command(args: Sequence[str]) -> int:
         f"(+{result.compile_s:.1f}s compile), {evaluation}\nrun directory: {result.run_dir}"
     )
     return 0
+
+
+def _train_distributed(cfg: TrainConfig, signals: _Signals) -> int:
+    """One process of a multi-host run; every process of the run gets the same exit code
+    for a config error (2), and a clear line naming the lost process for a failure."""
+    ok = False
+    try:
+        validate(cfg)
+        if cfg.layout.platform in (None, "cpu"):
+            force_cpu_devices(cfg.layout.cpu_devices)
+        if cfg.deterministic:
+            append_xla_flag("--xla_gpu_deterministic_ops", "true")
+        from podrace.runtime import multi_host
+
+        from podrace.runtime.distributed import RunRefused
+
+        try:
+            run = multi_host.prepare(cfg)
+        except RunRefused:
+            ok = True  # every process stops here together: leave jax.distributed cleanly
+            raise
+        run.received_signal = lambda: signals.received
+        result = run.run()
+        ok = True
+    except ConfigError as error:
+        code = _error(str(error))
+    except ComponentError as error:
+        from podrace.runtime.peers import PeerLost, PeerStopped
+
+        if isinstance(error.error, PeerStopped):
+            print(f"podrace: {error.error}, stopped", file=sys.stderr)
+            code = 128 + error.error.signum
+        else:
+            if not isinstance(error.error, PeerLost):
+                traceback.print_exception(error.error, file=sys.stderr)
+            print(f"podrace: error: {error}", file=sys.stderr)
+            code = 1
+    except KeyboardInterrupt:
+        name = signal.Signals(signals.received).name
+        print(f"podrace: {name} received, stopped cleanly (every process stops)", file=sys.stderr)
+        code = 128 + signals.received
+    else:
+        final = result.final_eval
+        evaluation = f"final eval return {final.mean_return:.1f}" if final else "no final evaluation (process > 0)"
+        print(
+            f"done: {result.env_steps:,} env steps, {result.updates} updates in {result.train_s:.1f}s "
+            f"(+{result.compile_s:.1f}s compile), {evaluation}\nrun directory: {result.run_dir}"
+        )
+        code = 0
+    if "jax" in sys.modules:
+        from podrace.runtime.multi_host import shutdown
+
+        shutdown(ok)
+    return code
+
+
+def _exit_now(code: int) -> None:
+    """Leave without atexit handlers: after a lost peer, jax.distributed's own shutdown
+    would wait for it, and threads stuck in a collective must not block the exit."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

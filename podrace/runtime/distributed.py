@@ -29,6 +29,11 @@ _CONFIG_KEY = "podrace/config/{}"
 _PER_PROCESS = ("distributed.process_id", "distributed.coordinator", "log.run_name")
 
 
+class RunRefused(ConfigError):
+    """A ConfigError raised on every process alike (each saw the same posts), so all of
+    them can leave jax.distributed together."""
+
+
 @dataclass(frozen=True)
 class Cluster:
     """This process's place in a joined run."""
@@ -121,7 +126,7 @@ def agree(cluster: Cluster, cfg: TrainConfig, check: Callable[[TrainConfig], Tra
         post = {"ok": True, "hash": config_hash(cfg), "fields": shared_fields(cfg), "run_name": cfg.log.run_name}
         error = None
     except ConfigError as local:
-        post, error = {"ok": False, "error": str(local)}, local
+        post, error = {"ok": False, "error": str(local)}, RunRefused(str(local))
     cluster.store.key_value_set(_CONFIG_KEY.format(me), json.dumps(post))
     if error is not None:
         raise error
@@ -131,9 +136,9 @@ def agree(cluster: Cluster, cfg: TrainConfig, check: Callable[[TrainConfig], Tra
             continue
         theirs = json.loads(cluster.get(_CONFIG_KEY.format(other)))
         if not theirs["ok"]:
-            raise ConfigError(f"process {other} cannot run: {theirs['error']}")
+            raise RunRefused(f"process {other} cannot run: {theirs['error']}")
         if theirs["hash"] != post["hash"]:
-            raise ConfigError(_mismatch(me, post, other, theirs))
+            raise RunRefused(_mismatch(me, post, other, theirs))
         if other == 0:
             run_name = theirs["run_name"]
     return replace(cfg, **{"log.run_name": run_name})
@@ -185,6 +190,7 @@ def host_of(address: str) -> str:
 
 __all__ = [
     "Cluster",
+    "RunRefused",
     "agree",
     "config_hash",
     "global_learner_devices",

@@ -74,12 +74,13 @@ class _Conn:
 
 
 class PeerLink:
-    """This process's end of the side channel. `on_lost` is called once, from a link thread,
-    with the first PeerLost (this process should then stop)."""
+    """This process's end of the side channel: `open` connects, `start(on_lost)` starts
+    listening; `on_lost` is called once, from a link thread, with the first PeerLost
+    (this process should then stop)."""
 
-    def __init__(self, process_id: int, num_processes: int, timeout_s: float, on_lost: OnLost):
+    def __init__(self, process_id: int, num_processes: int, timeout_s: float):
         self.process_id, self.num_processes, self.timeout_s = process_id, num_processes, timeout_s
-        self._on_lost = on_lost
+        self._on_lost: OnLost = lambda lost: None
         self._conns: list[_Conn] = []
         self._lost: PeerLost | None = None
         self._event = threading.Event()
@@ -90,11 +91,11 @@ class PeerLink:
 
     # -- setup --------------------------------------------------------------------------
     @classmethod
-    def open(cls, cluster, timeout_s: float, on_lost: OnLost) -> "PeerLink":
+    def open(cls, cluster, timeout_s: float) -> "PeerLink":
         """Connect every process to process 0; returns once all are connected."""
         from podrace.runtime.distributed import host_of
 
-        link = cls(cluster.process_id, cluster.num_processes, timeout_s, on_lost)
+        link = cls(cluster.process_id, cluster.num_processes, timeout_s)
         if cluster.process_id == 0:
             server = socket.create_server(("", 0), backlog=cluster.num_processes)
             link._server = server
@@ -123,7 +124,16 @@ class PeerLink:
             conn.sock.settimeout(timeout_s)
         return link
 
-    def start(self) -> None:
+    def on_lost(self, callback: OnLost) -> None:
+        """Call `callback` instead on a loss from now on (at once if one already happened)."""
+        with self._lock:
+            self._on_lost = callback
+            lost = self._lost
+        if lost is not None:
+            callback(lost)
+
+    def start(self, on_lost: OnLost) -> None:
+        self._on_lost = on_lost
         for conn in self._conns:
             self._spawn(f"peer-{conn.process}", lambda c=conn: self._read(c))
         self._spawn("peer-beat", self._beat)
@@ -165,14 +175,15 @@ class PeerLink:
             if self._lost is not None or self._closed.is_set():
                 return
             self._lost = error
+            on_lost = self._on_lost
         if self.process_id == 0:  # relay to every other spoke
             kind = "stop" if isinstance(error, PeerStopped) else "fail"
             extra = {"signum": error.signum} if isinstance(error, PeerStopped) else {}
             for conn in self._conns:
                 if conn is not relay_from:
                     conn.send(kind=kind, origin=error.process, message=str(error), relayed=True, **extra)
+        on_lost(error)  # first: the run records this loss before anyone woken below
         self._event.set()
-        self._on_lost(error)
 
     def _read(self, conn: _Conn) -> None:
         who = conn.process

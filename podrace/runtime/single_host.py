@@ -31,6 +31,7 @@ from podrace.runtime.lifetime import Lifetime
 from podrace.runtime.rundir import create_run_dir
 from podrace.runtime.threads import ThreadGroup
 from podrace.runtime.watchdog import Watchdog
+from podrace.runtime.distributed import local_copy
 from podrace.sync.local import LocalPublisher
 from podrace.types import Trajectory
 
@@ -96,6 +97,9 @@ class SingleHostRun:
         self.cfg, self.run_dir = cfg, run_dir
         self.lifetime = lifetime = Lifetime()
         self.metrics = metrics = Metrics()
+        # Seeds follow the global actor id; only process 0 of a multi-host run evaluates.
+        first_actor = (cfg.distributed.process_id or 0) * cfg.num_actors
+        self.evaluates = not cfg.distributed.process_id
         self.watchdog = watchdog = Watchdog(lifetime, cfg.safety.watchdog_s)
         network = make_network(cfg.network, spec)
         apply_fn = network.apply
@@ -109,7 +113,8 @@ class SingleHostRun:
         keys = env_keys(_seed_key(cfg.seed, 1), cfg.num_actors, cfg.env.num_envs, mesh)
 
         self.pipeline = pipeline = Pipeline(cfg.num_actors, cfg.layout.queue_size, cfg.max_policy_lag, lifetime)
-        self.publisher = publisher = LocalPublisher()
+        # Actors get this process's copy of the (possibly multi-process) replicated params.
+        self.publisher = publisher = LocalPublisher(transform=local_copy)
         lifetime.on_stop(publisher.close)
         placement = LearnerPlacement(*trajectory_shardings(mesh))
         policy = make_policy_fns(apply_fn)
@@ -122,9 +127,9 @@ class SingleHostRun:
         self.actors = [
             Actor(
                 actor_id=actor_id,
-                env=make_env(cfg.env, cfg.env.num_envs, _env_seed(cfg.seed, 0, actor_id)),
+                env=make_env(cfg.env, cfg.env.num_envs, _env_seed(cfg.seed, 0, first_actor + actor_id)),
                 device=devices.actors[actor_id // cfg.layout.actors_per_device],
-                key=_seed_key(cfg.seed, 2, actor_id),
+                key=_seed_key(cfg.seed, 2, first_actor + actor_id),
                 policy=policy,
                 subscriber=publisher.subscribe(
                     device=devices.actors[actor_id // cfg.layout.actors_per_device], name=f"actor-{actor_id}"
@@ -166,7 +171,7 @@ class SingleHostRun:
 
     def _after_update(self, version: int) -> None:
         every = self.cfg.eval.every_updates
-        if every and version % every == 0 and version < self.cfg.num_updates:
+        if self.evaluates and every and version % every == 0 and version < self.cfg.num_updates:
             self.evaluator.request(version)
 
     def run(self) -> TrainResult:
@@ -177,7 +182,8 @@ class SingleHostRun:
         def learn() -> None:
             self.learner.run()
             learned.append(time.perf_counter() - train_start)
-            final.append(self.evaluator.evaluate_final(self.learner.version))
+            if self.evaluates:
+                final.append(self.evaluator.evaluate_final(self.learner.version))
             lifetime.stop("finished")
 
         sinks: list[Sink] = [JsonlSink(self.run_dir / "metrics.jsonl")]
@@ -191,7 +197,8 @@ class SingleHostRun:
         try:
             for actor in self.actors:
                 group.spawn(f"actor-{actor.actor_id}", actor.run)
-            group.spawn("evaluator", self.evaluator.run)
+            if self.evaluates:
+                group.spawn("evaluator", self.evaluator.run)
             group.spawn("learner", learn)
             group.spawn("watchdog", self.watchdog.run, guard_transfers=False)
             _log_until_stopped(self, sinks, train_start)
@@ -224,7 +231,7 @@ class SingleHostRun:
 def _warm_up(cfg, spec, state, keys, update_fn, policy, greedy, placement, devices) -> None:
     """Compile every jitted function of the loops on dummy data (results discarded)."""
     for device in devices.actors:
-        params = jax.device_put(state.params, device)
+        params = jax.device_put(local_copy(state.params), device)
         obs = jax.device_put(np.zeros((cfg.env.num_envs,) + spec.obs_shape, spec.obs_dtype), device)
         key = jax.device_put(jax.random.PRNGKey(0), device)
         action, logprob, value, _ = policy.step(params, obs, key)
@@ -234,7 +241,7 @@ def _warm_up(cfg, spec, state, keys, update_fn, policy, greedy, placement, devic
         traj = placement.place(_dummy_trajectory(cfg, spec, cfg.env.num_envs, device))
     trajs = (traj,) * cfg.num_actors
     jax.block_until_ready(update_fn(state, trajs, keys))
-    eval_params = jax.device_put(state.params, devices.evaluator)
+    eval_params = jax.device_put(local_copy(state.params), devices.evaluator)
     eval_obs = jax.device_put(np.zeros((cfg.eval.num_envs,) + spec.obs_shape, spec.obs_dtype), devices.evaluator)
     jax.block_until_ready(greedy(eval_params, eval_obs))
 

@@ -45,15 +45,15 @@ def open_links(n: int, timeout_s: float = 5.0):
     links: dict[int, PeerLink] = {}
 
     def open_one(i):
-        links[i] = PeerLink.open(FakeCluster(i, n, store), timeout_s, seen[i].append)
+        links[i] = PeerLink.open(FakeCluster(i, n, store), timeout_s)
 
     threads = [threading.Thread(target=open_one, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(10)
-    for link in links.values():
-        link.start()
+    for i, link in links.items():
+        link.start(seen[i].append)
     return links, seen
 
 
