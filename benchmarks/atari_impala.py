@@ -212,7 +212,7 @@ def _fixed_rollouts(run, seq: int, version: int, host_traj) -> list:
 
     rollouts = []
     for actor in run.actors:
-        traj = actor.placement.place(jax.device_put(host_traj, actor.device))
+        traj = actor.out.place(jax.device_put(host_traj, actor.policy.device))
         rollouts.append(
             Rollout(actor_id=actor.actor_id, seq=seq, policy_version=version, trajectory=traj,
                     episode_returns=np.zeros(0), episode_lengths=np.zeros(0, np.int64), timings={})

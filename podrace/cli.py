@@ -14,7 +14,7 @@ import warnings
 from typing import Sequence
 
 from podrace.config import ConfigError, TrainConfig, validate
-from podrace.runtime.lifetime import ComponentError
+from podrace.control import ComponentError
 
 USAGE = """usage: podrace train <preset> [--flags]   (podrace train --help lists presets and flags)"""
 

@@ -18,8 +18,7 @@ import numpy as np
 from podrace.envs import BatchedEnv
 from podrace.metrics.registry import Metrics
 from podrace.pipeline import BoundedQueue
-from podrace.runtime.lifetime import Lifetime
-from podrace.runtime.watchdog import Heartbeat
+from podrace.control import Control
 from podrace.sync.base import Subscriber
 
 
@@ -50,20 +49,20 @@ def run_episodes(
     params,
     device: jax.Device,
     episodes: int,
-    heartbeat: Heartbeat | None = None,
+    control: Control,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Step `env` with the greedy policy until `episodes` episodes have ended."""
-    obs = env.reset()
-    returns, lengths = [], []
+    """Step `env` with the greedy policy until `episodes` episodes have ended.
+
+    Every env call (the reset too) is watched by the heartbeat and preceded by a stop check,
+    so a stop is seen within one env step however long the evaluation is.
+    """
     steps = 0
+    obs = control.call("evaluation env.reset", steps, env.reset)
+    returns, lengths = [], []
     while len(returns) < episodes:
         action = jax.device_get(policy(params, jax.device_put(obs, device)))
         steps += 1
-        if heartbeat is not None:
-            heartbeat.enter("evaluation env.step", steps)
-        step = env.step(action)
-        if heartbeat is not None:
-            heartbeat.exit()
+        step = control.call("evaluation env.step", steps, env.step, action)
         done = step.episode_done
         if done.any():
             returns.extend(step.episode_return[done].tolist())
@@ -81,17 +80,16 @@ class Evaluator:
         subscriber: Subscriber,
         episodes: int,
         metrics: Metrics,
-        lifetime: Lifetime,
-        heartbeat: Heartbeat,
+        control: Control,
     ):
-        self.heartbeat = heartbeat
+        self.control = control
+        self.lifetime = lifetime = control.lifetime
         self.env = env
         self.device = device
         self.policy = policy
         self.subscriber = subscriber
         self.episodes = episodes
         self.metrics = metrics
-        self.lifetime = lifetime
         self.requests: BoundedQueue[_Request] = BoundedQueue(1, lifetime)
         self.results: list[EvalResult] = []
 
@@ -115,7 +113,7 @@ class Evaluator:
             snapshot = self.subscriber.get(min_version=request.version)
             start = time.perf_counter()
             returns, lengths = run_episodes(
-                self.env, self.policy, snapshot.params, self.device, self.episodes, self.heartbeat
+                self.env, self.policy, snapshot.params, self.device, self.episodes, self.control
             )
             result = EvalResult(
                 version=snapshot.version,

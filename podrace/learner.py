@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import jax
@@ -24,7 +25,7 @@ from podrace.algos.ppo import make_ppo
 from podrace.config import TrainConfig
 from podrace.metrics.registry import Metrics
 from podrace.pipeline import Pipeline
-from podrace.runtime.lifetime import Lifetime
+from podrace.control import Lifetime
 from podrace.sync.base import Publisher
 from podrace.types import Trajectory
 
@@ -83,6 +84,57 @@ def env_keys(key: jax.Array, num_actors: int, envs_per_actor: int, mesh: Mesh) -
     return jax.make_array_from_callback(keys.shape, NamedSharding(mesh, P(AXIS)), lambda index: keys[index])
 
 
+class LearnerPlacement:
+    """Splits an actor-device Trajectory along the env axis onto the learner devices.
+
+    Each learner device receives only its own slice (one explicit device_put per device);
+    the slices are then assembled into arrays sharded over the learner mesh, without ever
+    replicating the whole batch.
+    """
+
+    def __init__(self, time_sharding: NamedSharding, env_sharding: NamedSharding):
+        self.time_sharding = time_sharding  # for [T, B, ...] leaves: P(None, axis)
+        self.env_sharding = env_sharding  # for [B, ...] leaves: P(axis)
+        mesh = time_sharding.mesh
+        # This process's learner devices, in mesh order; other processes feed the rest.
+        self.devices = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
+        self.num_shards = mesh.devices.size
+        n = len(self.devices)
+
+        def split(traj: Trajectory):
+            def cut(x, axis):
+                return tuple(jnp.split(x, n, axis=axis))
+
+            return Trajectory(
+                *(cut(getattr(traj, f), 1) for f in Trajectory._fields[:8]),
+                last_obs=cut(traj.last_obs, 0),
+                last_value=cut(traj.last_value, 0),
+            )
+
+        self._split = jax.jit(split)
+
+    def place(self, traj: Trajectory) -> Trajectory:
+        pieces = self._split(traj)  # per field: tuple of n arrays on the actor device
+        per_device = [
+            jax.device_put(Trajectory(*(field[i] for field in pieces)), device)
+            for i, device in enumerate(self.devices)
+        ]
+
+        def assemble(name: str, time_major: bool):
+            shards = [getattr(t, name) for t in per_device]
+            local = shards[0].shape
+            axis = 1 if time_major else 0
+            shape = local[:axis] + (local[axis] * self.num_shards,) + local[axis + 1 :]
+            sharding = self.time_sharding if time_major else self.env_sharding
+            return jax.make_array_from_single_device_arrays(shape, sharding, shards)
+
+        return Trajectory(
+            *(assemble(f, True) for f in Trajectory._fields[:8]),
+            last_obs=assemble("last_obs", False),
+            last_value=assemble("last_value", False),
+        )
+
+
 def concat_actors(trajs: Sequence[Trajectory]) -> Trajectory:
     """Concatenate per-actor (local) trajectories along the env axis."""
     time_major = [jnp.concatenate([getattr(t, f) for t in trajs], axis=1) for f in Trajectory._fields[:8]]
@@ -110,11 +162,25 @@ def make_update_fn(algo: Algorithm, mesh: Mesh, num_actors: int) -> Callable:
     return jax.jit(sharded)
 
 
+@dataclass(frozen=True)
+class LearnerSettings:
+    num_updates: int
+    steps_per_update: int
+    """Env steps consumed by one update (all actors together), for the `env_steps` counter."""
+    skip_nonfinite: bool = False
+    """Skip (and count) a non-finite update instead of failing the run."""
+
+
 class Learner:
-    """Consumes one rollout per actor per update, updates, and publishes the new params."""
+    """Consumes one rollout per actor per update, updates, and publishes the new params.
+
+    `update_fn(state, trajectories, keys) -> (state, keys, metrics)` is the jitted sharded
+    step (or a fake); `pipeline.next_batch(version)` supplies rollouts already on the mesh.
+    """
 
     def __init__(
         self,
+        settings: LearnerSettings,
         state: TrainState,
         keys: jax.Array,
         update_fn: Callable,
@@ -122,12 +188,9 @@ class Learner:
         publisher: Publisher,
         metrics: Metrics,
         lifetime: Lifetime,
-        num_updates: int,
-        steps_per_update: int,
-        skip_nonfinite: bool = False,
         on_update: Callable[[int], None] | None = None,
     ):
-        self.skip_nonfinite = skip_nonfinite
+        self.settings = settings
         self.state = state
         self.keys = keys
         self.update_fn = update_fn
@@ -135,13 +198,11 @@ class Learner:
         self.publisher = publisher
         self.metrics = metrics
         self.lifetime = lifetime
-        self.num_updates = num_updates
-        self.steps_per_update = steps_per_update
         self.on_update = on_update
         self.version = publisher.publish(state.params)
 
     def run(self) -> None:
-        for _ in range(self.num_updates):
+        for _ in range(self.settings.num_updates):
             self.lifetime.check()
             self.step()
 
@@ -156,7 +217,7 @@ class Learner:
         self.keys = keys
         if metrics.pop("finite"):
             self.state = state
-        elif self.skip_nonfinite:
+        elif self.settings.skip_nonfinite:
             # Republish the old params under the next version so actors keep their pace.
             self.metrics.count("learner/skipped_nonfinite")
             metrics = {}
@@ -181,7 +242,7 @@ class Learner:
         )
         m.set("lag/max_seen", max(m.last("lag/max_seen", 0.0), lag["lag_max"]))
         m.set("version", self.version)
-        m.count("env_steps", self.steps_per_update)
+        m.count("env_steps", self.settings.steps_per_update)
         for r in rollouts:
             m.add_values("episode/return", r.episode_returns)
             m.add_values("episode/length", r.episode_lengths)

@@ -9,12 +9,15 @@ honours the run's stop signal and is timed, so a slow stage shows up in the metr
 from __future__ import annotations
 
 import collections
+import dataclasses
 import threading
 import time
-from typing import Generic, TypeVar
+from typing import Callable, Generic, TypeVar
 
-from podrace.runtime.lifetime import Lifetime, Stopped
-from podrace.types import Rollout
+import jax
+
+from podrace.control import Lifetime, Stopped
+from podrace.types import Rollout, Trajectory
 
 T = TypeVar("T")
 
@@ -75,10 +78,10 @@ class LagExceeded(RuntimeError):
 class Pipeline:
     """One queue per actor; `next_batch` returns one rollout per actor, in actor order."""
 
-    def __init__(self, num_actors: int, capacity: int, max_policy_lag: int, lifetime: Lifetime):
+    def __init__(self, num_actors: int, capacity: int, max_policy_lag: int, lifetime: Lifetime, first_seq: int = 0):
         self.queues = [BoundedQueue[Rollout](capacity, lifetime) for _ in range(num_actors)]
         self.max_policy_lag = max_policy_lag
-        self._expected_seq = [0] * num_actors
+        self._expected_seq = [first_seq] * num_actors
 
     def put(self, rollout: Rollout) -> float:
         return self.queues[rollout.actor_id].put(rollout)
@@ -116,4 +119,23 @@ class Pipeline:
         return batch, stats
 
 
-__all__ = ["BoundedQueue", "LagExceeded", "Pipeline", "Stopped"]
+class PlacingSink:
+    """The in-process RolloutSink: places each rollout on the learner mesh, then queues it.
+
+    Placement runs in the actor's thread (off the learner's critical path) and is timed as
+    `to_learner` in the rollout's timings; `put` returns the seconds waited on the queue.
+    """
+
+    def __init__(self, pipeline: Pipeline, place: Callable[[Trajectory], Trajectory]):
+        self.pipeline = pipeline
+        self.place = place
+
+    def put(self, rollout: Rollout) -> float:
+        start = time.perf_counter()
+        placed = self.place(rollout.trajectory)
+        jax.block_until_ready(placed)
+        rollout.timings["to_learner"] = time.perf_counter() - start
+        return self.pipeline.put(dataclasses.replace(rollout, trajectory=placed))
+
+
+__all__ = ["BoundedQueue", "LagExceeded", "Pipeline", "PlacingSink", "Stopped"]

@@ -79,7 +79,8 @@ class Rollout:
     policy_version: int
     """Params version that chose every action of this rollout."""
     trajectory: Trajectory
-    """Arrays already placed on the learner mesh, sharded along the env axis."""
+    """Arrays on the actor's device (or host), as the actor made them; the learner side
+    places them on its mesh (in this process: `pipeline.PlacingSink`)."""
     episode_returns: np.ndarray
     """Raw returns of episodes that ended during the rollout (host)."""
     episode_lengths: np.ndarray

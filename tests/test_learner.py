@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from podrace.actor import LearnerPlacement
+from podrace.learner import LearnerPlacement
 from podrace.config import EnvConfig, NetworkConfig, PPOConfig, TrainConfig, LayoutConfig, ImpalaConfig
 from podrace.envs import env_spec
 from podrace.learner import AXIS, make_algorithm, make_mesh, make_update_fn, env_keys, trajectory_shardings
@@ -97,3 +97,101 @@ def test_an_envs_key_does_not_depend_on_the_learner_count():
                 row = d * ACTORS * per_shard + a * per_shard + j
                 np.testing.assert_array_equal(four[row], one[a * B + d * per_shard + j])
     assert len({tuple(k) for k in one.tolist()}) == ACTORS * B
+
+
+# --- Learner.run alone, with fakes --------------------------------------------------------
+
+from typing import NamedTuple  # noqa: E402
+
+from podrace.control import Lifetime  # noqa: E402
+from podrace.learner import Learner, LearnerSettings, NonFiniteUpdate  # noqa: E402
+from podrace.metrics.registry import Metrics  # noqa: E402
+from podrace.pipeline import Pipeline  # noqa: E402
+from podrace.sync.local import LocalPublisher  # noqa: E402
+from podrace.types import Rollout  # noqa: E402
+
+
+class FakeState(NamedTuple):
+    params: dict
+
+
+def stamped(actor_id, seq, version, traj=None):
+    return Rollout(actor_id, seq, version, trajectory=traj, episode_returns=np.array([1.0]),
+                   episode_lengths=np.array([3]), timings={})
+
+
+def fake_learner(update_fn, updates=3, actors=1, skip=False, state=None, keys=None):
+    lifetime = Lifetime()
+    pipeline = Pipeline(actors, capacity=updates, max_policy_lag=1, lifetime=lifetime)
+    publisher = LocalPublisher()
+    learner = Learner(LearnerSettings(updates, steps_per_update=10, skip_nonfinite=skip),
+                      state or FakeState({"w": np.zeros(())}), keys if keys is not None else np.zeros(2),
+                      update_fn, pipeline, publisher, Metrics(), lifetime)
+    return learner, pipeline, publisher
+
+
+@pytest.mark.timeout(60)
+def test_learner_run_consumes_updates_publishes_and_counts():
+    seen = []
+
+    def update(state, trajs, keys):
+        seen.append(trajs)
+        return FakeState({"w": state.params["w"] + 1}), keys + 1, {"finite": True, "loss": 0.5}
+
+    learner, pipeline, publisher = fake_learner(update)
+    for seq in range(3):
+        for actor in (0,):
+            pipeline.put(stamped(actor, seq, max(seq - 1, 0), traj=f"traj-{seq}"))
+    learner.run()
+    assert [t for (t,) in seen] == ["traj-0", "traj-1", "traj-2"]
+    assert learner.version == 3 and publisher.latest_version == 3
+    assert learner.state.params["w"] == 3
+    assert learner.metrics.total("env_steps") == 30 and learner.metrics.total("episodes") == 3
+    assert learner.metrics.last("lag/max_seen") == 1
+
+
+@pytest.mark.timeout(60)
+def test_learner_never_publishes_a_nonfinite_update():
+    def update(state, trajs, keys):
+        return FakeState({"w": np.nan}), keys, {"finite": False, "loss": np.nan}
+
+    learner, pipeline, publisher = fake_learner(update)
+    pipeline.put(stamped(0, 0, 0))
+    with pytest.raises(NonFiniteUpdate, match="update 1"):
+        learner.run()
+    assert publisher.latest_version == 0 and learner.state.params["w"] == 0
+
+
+@pytest.mark.timeout(120)
+def test_learner_advances_its_keys_between_updates():
+    """Each update draws fresh keys (minibatch shuffles differ), with the real sharded update."""
+    cfg = TrainConfig(
+        env=EnvConfig(id="CartPole-v1", num_envs=B), network=NetworkConfig(hidden_sizes=(8,)),
+        ppo=PPOConfig(num_epochs=1, num_minibatches=2), layout=LayoutConfig(actors_per_device=1),
+        rollout_length=T, total_steps=T * B * 10,
+    )
+    spec = env_spec(cfg.env)
+    network = make_network(cfg.network, spec)
+    mesh = make_mesh(jax.devices()[:2])
+    replicated = jax.sharding.NamedSharding(mesh, P())
+    params = jax.jit(network.init, out_shardings=replicated)(jax.random.PRNGKey(0), np.zeros((1, 4), np.float32))
+    algo = make_algorithm(cfg, network.apply)
+    update = make_update_fn(algo, mesh, 1)
+    used = []
+
+    def recording(state, trajs, keys):
+        used.append(np.asarray(jax.device_get(keys)))
+        return update(state, trajs, keys)
+
+    learner, pipeline, _ = fake_learner(
+        recording, state=jax.jit(algo.init, out_shardings=replicated)(params),
+        keys=env_keys(jax.random.PRNGKey(1), 1, B, mesh))
+    placement = LearnerPlacement(*trajectory_shardings(mesh))
+    traj = placement.place(jax.device_put(random_trajectory(np.random.default_rng(0), spec), jax.devices()[0]))
+    for seq in range(3):
+        pipeline.put(stamped(0, seq, max(seq - 1, 0), traj=traj))
+    learner.run()
+    assert len(used) == 3
+    for i in range(3):
+        for j in range(i):
+            assert not (used[i] == used[j]).any(), (i, j)

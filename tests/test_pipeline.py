@@ -4,8 +4,8 @@ import time
 import numpy as np
 import pytest
 
-from podrace.pipeline import BoundedQueue, LagExceeded, Pipeline
-from podrace.runtime.lifetime import Lifetime, Stopped
+from podrace.pipeline import BoundedQueue, LagExceeded, Pipeline, PlacingSink
+from podrace.control import Lifetime, Stopped
 from podrace.types import Rollout
 
 
@@ -68,3 +68,22 @@ def test_pipeline_rejects_out_of_sequence_rollout():
     pipe.put(rollout(0, 1, 0))
     with pytest.raises(RuntimeError, match="expected 0"):
         pipe.next_batch(learner_version=0)
+
+
+@pytest.mark.timeout(30)
+def test_pipeline_rejects_rollout_newer_than_the_learner():
+    """A behaviour policy newer than the learner's params (negative lag) is a broken contract."""
+    pipe = Pipeline(num_actors=1, capacity=1, max_policy_lag=1, lifetime=Lifetime())
+    pipe.put(rollout(0, 0, 3))
+    with pytest.raises(LagExceeded, match="lag -1"):
+        pipe.next_batch(learner_version=2)
+
+
+@pytest.mark.timeout(30)
+def test_placing_sink_places_then_queues_and_times_it():
+    pipe = Pipeline(num_actors=1, capacity=1, max_policy_lag=1, lifetime=Lifetime())
+    sink = PlacingSink(pipe, place=lambda traj: ("placed", traj))
+    r = Rollout(0, 0, 0, trajectory="raw", episode_returns=np.zeros(0), episode_lengths=np.zeros(0), timings={})
+    assert sink.put(r) >= 0
+    (got,), _ = pipe.next_batch(learner_version=0)
+    assert got.trajectory == ("placed", "raw") and "to_learner" in r.timings

@@ -4,19 +4,27 @@
     inject(run, FaultPlan(env_hang=(0, 50)))
     run.run()   # fails within the watchdog timeout, naming actor-0 and the step
 
-Each fault goes through the same code paths as a real one: a raising or hanging env is
-a wrapped env, a NaN loss comes from NaN rewards in the batch, a slow stage really sleeps.
+Each fault goes through the interfaces a real one would: a raising or hanging env is a
+wrapped env, a failing actor has a params subscriber that raises, a NaN loss comes from
+NaN rewards in the batch, a slow stage really sleeps.
 """
 
 from __future__ import annotations
 
+import errno
+import threading
 import time
 from dataclasses import dataclass, field
 
 import jax
 import jax.numpy as jnp
 
-from podrace.runtime.lifetime import Lifetime, Stopped
+from podrace.control import Lifetime, Stopped
+from podrace.sync.base import Snapshot, Subscriber
+
+STUCK = threading.Event()
+"""What a non-cooperative hang blocks on. Nothing in a run sets it; a test may set it to
+free the threads it left behind (then clear it)."""
 
 
 class InjectedFault(RuntimeError):
@@ -29,64 +37,142 @@ class FaultPlan:
     """(actor id, env step): that actor's env.step raises at that step (1-based)."""
     env_hang: tuple[int, int] | None = None
     """(actor id, env step): that actor's env.step never returns (until the run stops)."""
+    env_stuck: tuple[int, int] | None = None
+    """(actor id, env step): that actor's env.step blocks and ignores the stop, like a call
+    stuck in native code (the thread is left behind; see `STUCK`)."""
+    reset_hang: str | None = None
+    """`actor-N` or `evaluator`: that component's first env.reset never returns (until the
+    run stops)."""
     nan_at_update: int | None = None
     """Learner update (1-based) whose batch gets NaN rewards, so its loss is NaN."""
     actor_raise: tuple[int, int] | None = None
-    """(actor id, rollout seq): the actor thread raises before that rollout."""
+    """(actor id, rollout seq): the actor raises before that rollout (its params source fails)."""
     evaluator_raise: bool = False
     """The evaluator's env raises on its first step (first evaluation)."""
     slow: dict[str, float] = field(default_factory=dict)
     """Extra seconds per call of a stage: `env_step`, `learner_step`."""
+    sink_raise_at: int | None = None
+    """A metrics sink raises ENOSPC on its n-th line (1-based), as on a full disk."""
 
 
+@dataclass
 class FaultyEnv:
-    """Wraps a BatchedEnv: raise, hang or slow down at given steps."""
+    """Wraps a BatchedEnv: raise, hang (cooperatively or not) or slow down at given calls."""
 
-    def __init__(self, env, lifetime: Lifetime, raise_at=None, hang_at=None, delay_s: float = 0.0):
-        self.env, self.lifetime = env, lifetime
-        self.raise_at, self.hang_at, self.delay_s = raise_at, hang_at, delay_s
-        self.steps = 0
+    env: object
+    lifetime: Lifetime
+    raise_at: int | None = None
+    hang_at: int | None = None
+    stuck_at: int | None = None
+    hang_reset: bool = False
+    delay_s: float = 0.0
+    steps: int = 0
+    stuck_since: float | None = None
+    """time.monotonic() when the non-cooperative hang began."""
+    closed: bool = False
+
+    def close(self) -> None:
+        self.closed = True
+        self.env.close()
 
     def __getattr__(self, name):
         return getattr(self.env, name)
+
+    def reset(self):
+        if self.hang_reset:
+            self.hang_reset = False
+            self._hang()
+        return self.env.reset()
 
     def step(self, actions):
         self.steps += 1
         if self.steps == self.raise_at:
             raise InjectedFault(f"injected env error at step {self.steps}")
         if self.steps == self.hang_at:
-            self.lifetime.wait()  # "hung" until the run is stopped (so it can be joined)
-            raise Stopped("hung env released by shutdown")
+            self._hang()
+        if self.steps == self.stuck_at:
+            self.stuck_since = time.monotonic()
+            STUCK.wait()  # ignores the run's stop, as a call into native code would
         if self.delay_s:
             time.sleep(self.delay_s)
         return self.env.step(actions)
+
+    def _hang(self) -> None:
+        self.lifetime.wait()  # "hung" until the run is stopped (so it can be joined)
+        raise Stopped("hung env released by shutdown")
+
+
+class FailingSubscriber(Subscriber):
+    """A params source whose n-th request (one per rollout) raises."""
+
+    def __init__(self, inner: Subscriber, fail_at_call: int):
+        self.inner, self.fail_at_call, self.calls = inner, fail_at_call, 0
+
+    def _count(self) -> None:
+        self.calls += 1
+        if self.calls == self.fail_at_call:
+            raise InjectedFault(f"injected actor error before rollout {self.calls - 1}")
+
+    def poll(self) -> Snapshot | None:
+        self._count()
+        return self.inner.poll()
+
+    def get(self, min_version: int, timeout: float | None = None) -> Snapshot:
+        self._count()
+        return self.inner.get(min_version, timeout)
+
+    @property
+    def acked_version(self) -> int | None:
+        return self.inner.acked_version
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class FullDiskSink:
+    """A metrics sink that fails with ENOSPC from its n-th line on."""
+
+    def __init__(self, fail_at_line: int):
+        self.fail_at_line, self.lines = fail_at_line, 0
+
+    def write(self, line: dict[str, float]) -> None:
+        self.lines += 1
+        if self.lines >= self.fail_at_line:
+            raise OSError(errno.ENOSPC, "No space left on device (injected)")
+
+    def close(self) -> None:
+        pass
 
 
 def inject(run, plan: FaultPlan) -> None:
     """Apply `plan` to a prepared SingleHostRun (before `run.run()`)."""
     for actor in run.actors:
-        raise_at = plan.env_raise[1] if plan.env_raise and plan.env_raise[0] == actor.actor_id else None
-        hang_at = plan.env_hang[1] if plan.env_hang and plan.env_hang[0] == actor.actor_id else None
-        delay = plan.slow.get("env_step", 0.0)
-        if raise_at or hang_at or delay:
-            actor.env = FaultyEnv(actor.env, run.lifetime, raise_at, hang_at, delay)
+        mine = lambda fault: fault[1] if fault and fault[0] == actor.actor_id else None  # noqa: E731
+        faulty = FaultyEnv(
+            actor.env,
+            run.lifetime,
+            raise_at=mine(plan.env_raise),
+            hang_at=mine(plan.env_hang),
+            stuck_at=mine(plan.env_stuck),
+            hang_reset=plan.reset_hang == f"actor-{actor.actor_id}",
+            delay_s=plan.slow.get("env_step", 0.0),
+        )
+        if faulty.raise_at or faulty.hang_at or faulty.stuck_at or faulty.hang_reset or faulty.delay_s:
+            actor.env = faulty
         if plan.actor_raise and plan.actor_raise[0] == actor.actor_id:
-            _raise_before_rollout(actor, plan.actor_raise[1])
-    if plan.evaluator_raise:
-        run.evaluator.env = FaultyEnv(run.evaluator.env, run.lifetime, raise_at=1)
+            # The actor asks for params exactly once per rollout, starting at rollout 0.
+            actor.params = FailingSubscriber(actor.params, plan.actor_raise[1] + 1)
+    if plan.evaluator_raise or plan.reset_hang == "evaluator":
+        run.evaluator.env = FaultyEnv(
+            run.evaluator.env,
+            run.lifetime,
+            raise_at=1 if plan.evaluator_raise else None,
+            hang_reset=plan.reset_hang == "evaluator",
+        )
+    if plan.sink_raise_at is not None:
+        run.extra_sinks.append(FullDiskSink(plan.sink_raise_at))
     if plan.nan_at_update is not None or "learner_step" in plan.slow:
         _wrap_update(run.learner, plan.nan_at_update, plan.slow.get("learner_step", 0.0))
-
-
-def _raise_before_rollout(actor, seq: int) -> None:
-    refresh = actor._refresh_params
-
-    def failing_refresh(s: int) -> None:
-        if s == seq:
-            raise InjectedFault(f"injected actor error before rollout {s}")
-        refresh(s)
-
-    actor._refresh_params = failing_refresh
 
 
 def _wrap_update(learner, nan_at: int | None, delay_s: float) -> None:

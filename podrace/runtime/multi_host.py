@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 from podrace.config import TrainConfig, replace, validate
+from podrace.control import Lifetime
 from podrace.envs import env_spec, resolve_backend
 from podrace.runtime.devices import resolve_devices
 from podrace.runtime.distributed import Cluster, agree, global_learner_devices, join, resolved
@@ -45,12 +46,13 @@ COLLECTIVE_GRACE_S = 5.0
 process was lost (the link hears of a killed process at once)."""
 
 
-def prepare(cfg: TrainConfig) -> "MultiHostRun":
+def prepare(cfg: TrainConfig, lifetime: Lifetime | None = None) -> "MultiHostRun":
     """Join the other processes, agree on the config, build and compile; no thread started.
 
     From the moment the peer link is open, a lost peer ends this process at once (printing
     which one) until `run()` takes over; a local error is told to the others.
     """
+    lifetime = lifetime or Lifetime()
     validate(cfg)
     cluster = join(cfg.distributed)
     cfg = agree(cluster, resolved(cfg, cluster), _check)
@@ -67,7 +69,7 @@ def prepare(cfg: TrainConfig) -> "MultiHostRun":
             run_dir = run_dir_path(cfg) / f"process-{cluster.process_id}"
             run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
-        local = SingleHostRun(cfg, env_spec(cfg.env), devices, run_dir)
+        local = SingleHostRun(cfg, env_spec(cfg.env), devices, run_dir, lifetime)
     except BaseException as error:
         link.report_failure(f"while preparing: {type(error).__name__}: {error}".splitlines()[0])
         link.close()

@@ -1,9 +1,15 @@
-"""One host, threads: build every component, check it, then run actors, learner, evaluator.
+"""The thread topology (one host): actors, learner and evaluator as threads of one process.
 
-Everything that can fail because of the config (devices, env ids, sizes, run directory)
-fails here before any thread starts. Steady-state loops run in threads under
-`jax.transfer_guard("disallow")`; jitted functions are compiled (warmed up) first so the
-compile time is reported apart from training time.
+`prepare` validates, builds every component with the factories of `runtime.build` and
+compiles the jitted functions (so compile time is reported apart from training time);
+`SingleHostRun.run` starts the threads and logs until the run finishes, fails or is
+stopped. Everything that can fail because of the config fails before any thread starts.
+
+Shutdown: on a stop (end of training, a failure, a signal) every thread is given
+`STOP_GRACE_S` to return. A thread still alive after that is stuck in foreign code (an env
+call that ignores the stop): it is left behind as a daemon thread, its envs are not closed
+(closing an env under a running call can crash the process), and its name is kept in
+`SingleHostRun.stuck` so that a CLI can exit the process without waiting for it.
 """
 
 from __future__ import annotations
@@ -14,28 +20,33 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import jax
-import numpy as np
 
-from podrace.actor import Actor, LearnerPlacement, make_policy_fns
 from podrace.config import TrainConfig, validate
-from podrace.envs import env_spec, make_env, resolve_backend
-from podrace.evaluate import EvalResult, Evaluator, make_greedy_policy
-from podrace.learner import Learner, make_algorithm, make_mesh, make_update_fn, env_keys, trajectory_shardings
+from podrace.control import Control, Lifetime, Watchdog
+from podrace.envs import env_spec, resolve_backend
+from podrace.evaluate import EvalResult, make_greedy_policy
+from podrace.actor import make_policy_fns
 from podrace.metrics.loggers import ConsoleSink, JsonlSink, Sink, TensorBoardSink
 from podrace.metrics.registry import Metrics
 from podrace.networks import make_network
-from podrace.pipeline import Pipeline
+from podrace.pipeline import Pipeline, PlacingSink
+from podrace.runtime.build import (
+    build_actor,
+    build_evaluator,
+    build_learner,
+    dummy_trajectory,
+    warm_up_greedy,
+    warm_up_learner,
+    warm_up_policy,
+)
 from podrace.runtime.devices import resolve_devices
-from podrace.runtime.lifetime import Lifetime
 from podrace.runtime.rundir import create_run_dir
 from podrace.runtime.threads import ThreadGroup
-from podrace.runtime.watchdog import Watchdog
 from podrace.runtime.distributed import local_copy
 from podrace.sync.local import LocalPublisher
-from podrace.types import Trajectory
 
-JOIN_TIMEOUT_S = 20.0
+STOP_GRACE_S = 1.0
+"""Seconds every thread gets to return after a stop before it is considered stuck."""
 
 
 @dataclass(frozen=True)
@@ -52,122 +63,76 @@ class TrainResult:
     max_policy_lag: float
 
 
-def _seed_key(seed: int, *path: int) -> jax.Array:
-    key = jax.random.PRNGKey(seed)
-    for i in path:
-        key = jax.random.fold_in(key, i)
-    return key
-
-
-def _env_seed(seed: int, stream: int, actor_id: int) -> int:
-    """Distinct, reproducible env seeds per (run seed, stream, actor)."""
-    return int(np.random.SeedSequence([seed, stream, actor_id]).generate_state(1)[0] & 0x7FFFFFFF)
-
-
-def _dummy_trajectory(cfg: TrainConfig, spec, num_envs: int, device: jax.Device) -> Trajectory:
-    T, B = cfg.rollout_length, num_envs
-    action = np.zeros((T, B) + spec.action_shape, np.int32 if spec.discrete else np.float32)
-    obs = np.zeros((T, B) + spec.obs_shape, spec.obs_dtype)
-    f = np.zeros((T, B), np.float32)
-    b = np.zeros((T, B), bool)
-    host = Trajectory(obs, action, f, f, f, b, b, b, obs[0], f[0])
-    return jax.device_put(host, device)
-
-
-def train(cfg: TrainConfig) -> TrainResult:
+def train(cfg: TrainConfig, lifetime: Lifetime | None = None) -> TrainResult:
     """Train with the single-host thread runtime; raises ConfigError before anything starts."""
-    return prepare(cfg).run()
+    return prepare(cfg, lifetime).run()
 
 
-def prepare(cfg: TrainConfig) -> "SingleHostRun":
-    """Validate, build and compile everything; no thread is started yet."""
+def prepare(cfg: TrainConfig, lifetime: Lifetime | None = None) -> "SingleHostRun":
+    """Validate, build and compile everything; no thread is started yet.
+
+    `lifetime` lets a caller stop the run from outside (a signal); a stop during
+    preparation raises `Stopped` between steps.
+    """
+    lifetime = lifetime or Lifetime()
     validate(cfg)
     resolve_backend(cfg.env)
     devices = resolve_devices(cfg)
     spec = env_spec(cfg.env)
+    lifetime.check()
     run_dir = create_run_dir(cfg)
     (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
-    return SingleHostRun(cfg, spec, devices, run_dir)
+    return SingleHostRun(cfg, spec, devices, run_dir, lifetime)
 
 
 class SingleHostRun:
     """Every component of one run, wired together; `run()` starts the threads."""
 
-    def __init__(self, cfg: TrainConfig, spec, devices, run_dir: Path):
+    def __init__(self, cfg: TrainConfig, spec, devices, run_dir: Path, lifetime: Lifetime):
         self.cfg, self.run_dir = cfg, run_dir
-        self.lifetime = lifetime = Lifetime()
+        self.lifetime = lifetime
         self.metrics = metrics = Metrics()
-        # Seeds follow the global actor id; only process 0 of a multi-host run evaluates.
-        first_actor = (cfg.distributed.process_id or 0) * cfg.num_actors
-        self.evaluates = not cfg.distributed.process_id
         self.watchdog = watchdog = Watchdog(lifetime, cfg.safety.watchdog_s)
+        self.stuck: list[str] = []
+        self.evaluates = not cfg.distributed.process_id
+        """Only process 0 of a multi-host run evaluates (and every single-host run)."""
+        self.extra_sinks: list[Sink] = []
+        """Metrics sinks a caller adds before `run()` (after the configured ones)."""
         network = make_network(cfg.network, spec)
-        apply_fn = network.apply
-        mesh = make_mesh(devices.learners)
-        replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-        dummy_obs = np.zeros((1,) + spec.obs_shape, spec.obs_dtype)
-        params = jax.jit(network.init, out_shardings=replicated)(_seed_key(cfg.seed, 0), dummy_obs)
-        algo = make_algorithm(cfg, apply_fn)
-        state = jax.jit(algo.init, out_shardings=replicated)(params)
-        update_fn = make_update_fn(algo, mesh, cfg.num_actors)
-        keys = env_keys(_seed_key(cfg.seed, 1), cfg.num_actors, cfg.env.num_envs, mesh)
-
         self.pipeline = pipeline = Pipeline(cfg.num_actors, cfg.layout.queue_size, cfg.max_policy_lag, lifetime)
         # Actors get this process's copy of the (possibly multi-process) replicated params.
         self.publisher = publisher = LocalPublisher(transform=local_copy)
         lifetime.on_stop(publisher.close)
-        placement = LearnerPlacement(*trajectory_shardings(mesh))
-        policy = make_policy_fns(apply_fn)
-        greedy = make_greedy_policy(apply_fn)
+        self.learner, placement = build_learner(
+            cfg, spec, network, devices.learners, pipeline, publisher, metrics, lifetime
+        )
+        self.learner.on_update = self._after_update
+        sink = PlacingSink(pipeline, placement.place)
+        fns, greedy = make_policy_fns(network.apply), make_greedy_policy(network.apply)
 
         compile_start = time.perf_counter()
-        _warm_up(cfg, spec, state, keys, update_fn, policy, greedy, placement, devices)
+        dummies = {}
+        for device in devices.actors:
+            lifetime.check()
+            warm_up_policy(cfg, spec, fns.on(device), local_copy(self.learner.state.params))
+            dummies[device] = placement.place(dummy_trajectory(cfg, spec, device))
+        lifetime.check()
+        warm_up_learner(self.learner, [dummies[devices.actors[0]]] * cfg.num_actors)
+        lifetime.check()
+        warm_up_greedy(cfg, spec, greedy, local_copy(self.learner.state.params), devices.evaluator)
         self.compile_s = time.perf_counter() - compile_start
 
-        self.actors = [
-            Actor(
-                actor_id=actor_id,
-                env=make_env(cfg.env, cfg.env.num_envs, _env_seed(cfg.seed, 0, first_actor + actor_id)),
-                device=devices.actors[actor_id // cfg.layout.actors_per_device],
-                key=_seed_key(cfg.seed, 2, first_actor + actor_id),
-                policy=policy,
-                subscriber=publisher.subscribe(
-                    device=devices.actors[actor_id // cfg.layout.actors_per_device], name=f"actor-{actor_id}"
-                ),
-                placement=placement,
-                pipeline=pipeline,
-                metrics=metrics,
-                lifetime=lifetime,
-                rollout_length=cfg.rollout_length,
-                num_rollouts=cfg.num_updates,
-                max_policy_lag=cfg.max_policy_lag,
-                heartbeat=watchdog.heartbeat(f"actor-{actor_id}"),
-            )
-            for actor_id in range(cfg.num_actors)
-        ]
-        self.evaluator = Evaluator(
-            env=make_env(cfg.env, cfg.eval.num_envs, _env_seed(cfg.seed, 1, 0)),
-            device=devices.evaluator,
-            policy=greedy,
-            subscriber=publisher.subscribe(device=devices.evaluator, name="evaluator"),
-            episodes=cfg.eval.episodes,
-            metrics=metrics,
-            lifetime=lifetime,
-            heartbeat=watchdog.heartbeat("evaluator"),
-        )
-        self.learner = Learner(
-            state=state,
-            keys=keys,
-            update_fn=update_fn,
-            pipeline=pipeline,
-            publisher=publisher,
-            metrics=metrics,
-            lifetime=lifetime,
-            num_updates=cfg.num_updates,
-            steps_per_update=cfg.steps_per_update,
-            skip_nonfinite=cfg.safety.on_nonfinite == "skip",
-            on_update=self._after_update,
-        )
+        def control(name: str) -> Control:
+            return Control(lifetime, watchdog.heartbeat(name), metrics.add_many)
+
+        self.actors = []
+        for actor_id in range(cfg.num_actors):
+            lifetime.check()
+            device = devices.actors[actor_id // cfg.layout.actors_per_device]
+            params = publisher.subscribe(device=device, name=f"actor-{actor_id}")
+            self.actors.append(build_actor(cfg, actor_id, fns.on(device), params, sink, control(f"actor-{actor_id}")))
+        params = publisher.subscribe(device=devices.evaluator, name="evaluator")
+        self.evaluator = build_evaluator(cfg, greedy, devices.evaluator, params, metrics, control("evaluator"))
 
     def _after_update(self, version: int) -> None:
         every = self.cfg.eval.every_updates
@@ -191,6 +156,7 @@ class SingleHostRun:
             sinks.append(TensorBoardSink(self.run_dir / "tensorboard"))
         if cfg.log.console != "none":
             sinks.append(ConsoleSink(cfg.log.console, cfg.total_steps))
+        sinks.extend(self.extra_sinks)
 
         group = ThreadGroup(lifetime)
         train_start = time.perf_counter()
@@ -201,19 +167,21 @@ class SingleHostRun:
                 group.spawn("evaluator", self.evaluator.run)
             group.spawn("learner", learn)
             group.spawn("watchdog", self.watchdog.run, guard_transfers=False)
-            _log_until_stopped(self, sinks, train_start)
+            self._log_until_stopped(sinks, train_start)
         finally:  # also on KeyboardInterrupt: stop, join, flush, then let it propagate
             lifetime.stop("shutdown")
-            stuck = group.join(JOIN_TIMEOUT_S)
+            self.stuck = stuck = group.join(STOP_GRACE_S)
             train_s = time.perf_counter() - train_start
-            _write_line(self, sinks, train_start, final=True)
+            self._write_line(sinks, train_start, final=True)
             for sink in sinks:
-                sink.close()
+                self._logging(sink.close)
             for actor in self.actors:
-                actor.env.close()
-            self.evaluator.env.close()
-            if stuck and lifetime.failure is None:
-                lifetime.fail("runtime", TimeoutError(f"threads did not stop within {JOIN_TIMEOUT_S}s: {stuck}"))
+                if f"actor-{actor.actor_id}" not in stuck:
+                    actor.env.close()
+            if "evaluator" not in stuck:
+                self.evaluator.env.close()
+            if stuck and lifetime.stop_reason == "finished":
+                lifetime.fail("runtime", TimeoutError(f"threads did not stop within {STOP_GRACE_S}s: {stuck}"))
         if lifetime.failure is not None:
             raise lifetime.failure
         return TrainResult(
@@ -227,37 +195,29 @@ class SingleHostRun:
             max_policy_lag=float(metrics.last("lag/max_seen", 0.0)),
         )
 
+    def _logging(self, fn, *args) -> bool:
+        """Run one sink call; any exception fails the run as component `logger`."""
+        try:
+            fn(*args)
+            return True
+        except Exception as error:  # noqa: BLE001 - becomes the run's failure
+            self.lifetime.fail("logger", error)
+            return False
 
-def _warm_up(cfg, spec, state, keys, update_fn, policy, greedy, placement, devices) -> None:
-    """Compile every jitted function of the loops on dummy data (results discarded)."""
-    for device in devices.actors:
-        params = jax.device_put(local_copy(state.params), device)
-        obs = jax.device_put(np.zeros((cfg.env.num_envs,) + spec.obs_shape, spec.obs_dtype), device)
-        key = jax.device_put(jax.random.PRNGKey(0), device)
-        action, logprob, value, _ = policy.step(params, obs, key)
-        policy.value(params, obs)
-        steps = (obs,) * cfg.rollout_length
-        policy.stack(steps, (action,) * cfg.rollout_length, (logprob,) * cfg.rollout_length, (value,) * cfg.rollout_length)
-        traj = placement.place(_dummy_trajectory(cfg, spec, cfg.env.num_envs, device))
-    trajs = (traj,) * cfg.num_actors
-    jax.block_until_ready(update_fn(state, trajs, keys))
-    eval_params = jax.device_put(local_copy(state.params), devices.evaluator)
-    eval_obs = jax.device_put(np.zeros((cfg.eval.num_envs,) + spec.obs_shape, spec.obs_dtype), devices.evaluator)
-    jax.block_until_ready(greedy(eval_params, eval_obs))
+    def _write_line(self, sinks: list[Sink], start: float, final: bool = False) -> bool:
+        line = self.metrics.collect()
+        line.update({f"sync/{k}": v for k, v in self.publisher.metrics().items()})
+        elapsed = time.perf_counter() - start
+        line["time_s"] = elapsed
+        line["sps"] = line.get("env_steps", 0.0) / max(elapsed, 1e-9)
+        if final:
+            line["final"] = 1
+        return all([self._logging(sink.write, line) for sink in sinks])
 
-
-def _write_line(run: SingleHostRun, sinks, start: float, final: bool = False) -> None:
-    line = run.metrics.collect()
-    line.update({f"sync/{k}": v for k, v in run.publisher.metrics().items()})
-    elapsed = time.perf_counter() - start
-    line["time_s"] = elapsed
-    line["sps"] = line.get("env_steps", 0.0) / max(elapsed, 1e-9)
-    if final:
-        line["final"] = 1
-    for sink in sinks:
-        sink.write(line)
+    def _log_until_stopped(self, sinks: list[Sink], start: float) -> None:
+        while not self.lifetime.wait(self.cfg.log.interval_s):
+            if not self._write_line(sinks, start):
+                return
 
 
-def _log_until_stopped(run: SingleHostRun, sinks, start: float) -> None:
-    while not run.lifetime.wait(run.cfg.log.interval_s):
-        _write_line(run, sinks, start)
+__all__ = ["STOP_GRACE_S", "SingleHostRun", "TrainResult", "prepare", "train"]

@@ -12,7 +12,7 @@ from typing import Callable
 
 import jax
 
-from podrace.runtime.lifetime import Lifetime, Stopped
+from podrace.control import Lifetime, Stopped
 from podrace.sync.base import ChannelClosed
 
 

@@ -8,9 +8,9 @@ import pytest
 
 from podrace.learner import NonFiniteUpdate
 from podrace.runtime.faults import FaultPlan, InjectedFault, inject
-from podrace.runtime.lifetime import ComponentError
+from podrace.control import ComponentError
 from podrace.runtime.single_host import prepare
-from podrace.runtime.watchdog import HangDetected
+from podrace.control import HangDetected
 from tests.runtime.test_single_host import podrace_threads, small
 
 BOUND_S = 30

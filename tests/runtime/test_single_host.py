@@ -10,7 +10,7 @@ import pytest
 
 from podrace.config import ConfigError, replace
 from podrace.presets import PRESETS
-from podrace.runtime.lifetime import ComponentError
+from podrace.control import ComponentError
 from podrace.runtime.single_host import prepare, train
 
 

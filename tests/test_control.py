@@ -2,7 +2,7 @@ import threading
 
 import pytest
 
-from podrace.runtime.lifetime import ComponentError, Lifetime, Stopped
+from podrace.control import ComponentError, Lifetime, Stopped
 
 
 def test_first_failure_wins_and_stops():

@@ -1,0 +1,169 @@
+"""Control primitives every loop may import: the run's lifetime, heartbeats, the watchdog.
+
+A `Lifetime` is one stop signal that every blocking wait honours, plus the first failure.
+Blocking waits (queue put/get, waiting for fresh params) register their Condition here so
+that `stop()` wakes them at once: no polling, no sleeps. The first exception recorded wins;
+later ones are usually echoes of the shutdown.
+
+A thread stuck inside a foreign call (`env.step`, `env.reset`) can neither raise nor be
+interrupted. Such calls are bracketed by a `Heartbeat`; the `Watchdog` fails the run when
+one has been inside a call for longer than its timeout, naming the component, the call
+and the step.
+
+`Control` is what a loop receives: a stop check, its heartbeat and a way to record
+metrics. It holds nothing a remote worker could not have its own copy of.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+
+class Stopped(Exception):
+    """Raised inside a component when the run is stopping; not an error by itself."""
+
+
+class ComponentError(RuntimeError):
+    """A component (thread) of the run failed; the original exception is the __cause__."""
+
+    def __init__(self, component: str, error: BaseException):
+        super().__init__(f"{component} failed: {type(error).__name__}: {error}")
+        self.component = component
+        self.error = error
+
+
+class HangDetected(TimeoutError):
+    """A component stayed inside one call for longer than the watchdog timeout."""
+
+
+class Lifetime:
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
+        self.failure: ComponentError | None = None
+        self.stop_reason: str | None = None
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def on_stop(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once when the run stops (immediately if it already has)."""
+        with self._lock:
+            if not self._stop.is_set():
+                self._callbacks.append(callback)
+                return
+        callback()
+
+    def notify_on_stop(self, condition: threading.Condition) -> None:
+        """Wake every waiter of `condition` when the run stops."""
+
+        def wake() -> None:
+            with condition:
+                condition.notify_all()
+
+        self.on_stop(wake)
+
+    def stop(self, reason: str = "stopped") -> None:
+        with self._lock:
+            if self._stop.is_set():
+                return
+            self.stop_reason = reason
+            self._stop.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def fail(self, component: str, error: BaseException) -> None:
+        """Record the first failure and stop the run."""
+        with self._lock:
+            if self.failure is None:
+                failure = ComponentError(component, error)
+                failure.__cause__ = error
+                self.failure = failure
+        self.stop(f"{component} failed")
+
+    def check(self) -> None:
+        """Raise Stopped if the run is stopping (for loops between blocking calls)."""
+        if self._stop.is_set():
+            raise Stopped(self.stop_reason)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._stop.wait(timeout)
+
+
+class Heartbeat:
+    """Where one component is: inside `what` (since when, at which step) or idle."""
+
+    def __init__(self, component: str):
+        self.component = component
+        self._what: str | None = None
+        self._step = 0
+        self._since = 0.0
+
+    def enter(self, what: str, step: int) -> None:
+        self._what, self._step, self._since = what, step, time.monotonic()
+
+    def exit(self) -> None:
+        self._what = None
+
+    def overdue(self, now: float, timeout_s: float) -> str | None:
+        what, since, step = self._what, self._since, self._step
+        if what is not None and now - since > timeout_s:
+            return f"{what} did not return within {timeout_s:g}s (step {step})"
+        return None
+
+
+class Watchdog:
+    """Fails the run when any heartbeat stays inside one call for more than `timeout_s`."""
+
+    def __init__(self, lifetime: Lifetime, timeout_s: float):
+        self.lifetime = lifetime
+        self.timeout_s = timeout_s
+        self.heartbeats: list[Heartbeat] = []
+        self._lock = threading.Lock()
+
+    def heartbeat(self, component: str) -> Heartbeat:
+        beat = Heartbeat(component)
+        with self._lock:
+            self.heartbeats.append(beat)
+        return beat
+
+    def run(self) -> None:
+        # A fine period: a hang reaches the caller within the timeout plus a fraction of a second.
+        period = min(0.25, self.timeout_s / 4)
+        while not self.lifetime.wait(period):
+            now = time.monotonic()
+            with self._lock:
+                beats = list(self.heartbeats)
+            for beat in beats:
+                message = beat.overdue(now, self.timeout_s)
+                if message:
+                    self.lifetime.fail(beat.component, HangDetected(message))
+                    return
+
+
+@dataclass(frozen=True)
+class Control:
+    """What a loop may do besides its work: see the stop, mark foreign calls, record metrics."""
+
+    lifetime: Lifetime
+    heartbeat: Heartbeat
+    record: Callable[[Mapping[str, float]], None]
+
+    def check(self) -> None:
+        """Raise Stopped if the run is stopping."""
+        self.lifetime.check()
+
+    def call(self, what: str, step: int, fn: Callable, *args):
+        """`fn(*args)` watched by the heartbeat, after checking for a stop (one env call)."""
+        self.lifetime.check()
+        self.heartbeat.enter(what, step)
+        try:
+            return fn(*args)
+        finally:
+            self.heartbeat.exit()

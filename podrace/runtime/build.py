@@ -1,0 +1,148 @@
+"""Factories every topology calls: the learner side, one actor, the evaluator, warm-ups.
+
+A topology (threads on one host today; Ray workers later) decides where each piece runs
+and how they are connected; these functions decide what each piece is, from the config
+alone, so that an actor built in a remote worker is the actor a thread would run. Seeds
+and keys derive from (run seed, stream, id) only.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import jax
+import numpy as np
+
+from podrace.actor import Actor, ActorSettings, PolicyFns, RolloutSink
+from podrace.config import TrainConfig
+from podrace.control import Control
+from podrace.envs import make_env
+from podrace.evaluate import Evaluator
+from podrace.learner import (
+    Learner,
+    LearnerPlacement,
+    LearnerSettings,
+    env_keys,
+    make_algorithm,
+    make_mesh,
+    make_update_fn,
+    trajectory_shardings,
+)
+from podrace.metrics.registry import Metrics
+from podrace.pipeline import Pipeline
+from podrace.control import Lifetime
+from podrace.sync.base import Publisher, Subscriber
+from podrace.types import EnvSpec, Trajectory
+
+
+def seed_key(seed: int, *path: int) -> jax.Array:
+    key = jax.random.PRNGKey(seed)
+    for i in path:
+        key = jax.random.fold_in(key, i)
+    return key
+
+
+def env_seed(seed: int, stream: int, actor_id: int) -> int:
+    """Distinct, reproducible env seeds per (run seed, stream, actor)."""
+    return int(np.random.SeedSequence([seed, stream, actor_id]).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+def build_learner(
+    cfg: TrainConfig,
+    spec: EnvSpec,
+    network,
+    devices: Sequence[jax.Device],
+    pipeline: Pipeline,
+    publisher: Publisher,
+    metrics: Metrics,
+    lifetime: Lifetime,
+) -> tuple[Learner, LearnerPlacement]:
+    """The learner on its mesh (initial params published as version 0) and the placement
+    that puts a rollout's arrays onto that mesh."""
+    mesh = make_mesh(devices)
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    dummy_obs = np.zeros((1,) + spec.obs_shape, spec.obs_dtype)
+    params = jax.jit(network.init, out_shardings=replicated)(seed_key(cfg.seed, 0), dummy_obs)
+    algo = make_algorithm(cfg, network.apply)
+    state = jax.jit(algo.init, out_shardings=replicated)(params)
+    settings = LearnerSettings(
+        num_updates=cfg.num_updates,
+        steps_per_update=cfg.steps_per_update,
+        skip_nonfinite=cfg.safety.on_nonfinite == "skip",
+    )
+    learner = Learner(
+        settings,
+        state=state,
+        keys=env_keys(seed_key(cfg.seed, 1), cfg.num_actors, cfg.env.num_envs, mesh),
+        update_fn=make_update_fn(algo, mesh, cfg.num_actors),
+        pipeline=pipeline,
+        publisher=publisher,
+        metrics=metrics,
+        lifetime=lifetime,
+    )
+    return learner, LearnerPlacement(*trajectory_shardings(mesh))
+
+
+def build_actor(
+    cfg: TrainConfig,
+    actor_id: int,
+    policy: PolicyFns,
+    params: Subscriber,
+    out: RolloutSink,
+    control: Control,
+    first_seq: int = 0,
+) -> Actor:
+    """Actor `actor_id` with its own envs and key; `policy.device` is where it acts.
+
+    Key and env seeds follow the global actor id (process id x actors per process + id):
+    the processes of a multi-host run never share seeds.
+    """
+    global_id = (cfg.distributed.process_id or 0) * cfg.num_actors + actor_id
+    settings = ActorSettings(
+        actor_id=actor_id,
+        rollout_length=cfg.rollout_length,
+        num_rollouts=cfg.num_updates - first_seq,
+        max_policy_lag=cfg.max_policy_lag,
+        key=seed_key(cfg.seed, 2, global_id),
+        first_seq=first_seq,
+    )
+    env = make_env(cfg.env, cfg.env.num_envs, env_seed(cfg.seed, 0, global_id))
+    return Actor(settings, env, policy, params, out, control)
+
+
+def build_evaluator(
+    cfg: TrainConfig, greedy: Callable, device: jax.Device, params: Subscriber, metrics: Metrics, control: Control
+) -> Evaluator:
+    env = make_env(cfg.env, cfg.eval.num_envs, env_seed(cfg.seed, 1, 0))
+    return Evaluator(env, device, greedy, params, cfg.eval.episodes, metrics, control)
+
+
+def dummy_trajectory(cfg: TrainConfig, spec: EnvSpec, device: jax.Device) -> Trajectory:
+    """Zeros shaped like one actor's rollout, on `device` (for compiling)."""
+    T, B = cfg.rollout_length, cfg.env.num_envs
+    action = np.zeros((T, B) + spec.action_shape, np.int32 if spec.discrete else np.float32)
+    obs = np.zeros((T, B) + spec.obs_shape, spec.obs_dtype)
+    f = np.zeros((T, B), np.float32)
+    b = np.zeros((T, B), bool)
+    return jax.device_put(Trajectory(obs, action, f, f, f, b, b, b, obs[0], f[0]), device)
+
+
+def warm_up_policy(cfg: TrainConfig, spec: EnvSpec, policy: PolicyFns, params) -> None:
+    """Compile an actor's jitted functions on its device (results discarded)."""
+    T = cfg.rollout_length
+    params = jax.device_put(params, policy.device)
+    obs = jax.device_put(np.zeros((cfg.env.num_envs,) + spec.obs_shape, spec.obs_dtype), policy.device)
+    key = jax.device_put(jax.random.PRNGKey(0), policy.device)
+    action, logprob, value, _ = policy.step(params, obs, key)
+    policy.value(params, obs)
+    jax.block_until_ready(policy.stack((obs,) * T, (action,) * T, (logprob,) * T, (value,) * T))
+
+
+def warm_up_learner(learner: Learner, trajs: Sequence[Trajectory]) -> None:
+    """Compile the update on placed dummy trajectories (state and keys are not changed)."""
+    jax.block_until_ready(learner.update_fn(learner.state, tuple(trajs), learner.keys))
+
+
+def warm_up_greedy(cfg: TrainConfig, spec: EnvSpec, greedy: Callable, params, device: jax.Device) -> None:
+    obs = jax.device_put(np.zeros((cfg.eval.num_envs,) + spec.obs_shape, spec.obs_dtype), device)
+    jax.block_until_ready(greedy(jax.device_put(params, device), obs))

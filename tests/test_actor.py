@@ -1,0 +1,203 @@
+"""The actor loop alone, with fakes: a scripted env, a fake params source, a list sink."""
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from podrace.actor import Actor, ActorSettings, EnvError, PolicyFns
+from podrace.control import Control, Heartbeat, Lifetime, Stopped
+from podrace.sync.base import ChannelClosed, Snapshot, Subscriber
+from podrace.types import EnvSpec, EnvStep
+
+B = 2
+
+
+class ScriptedEnv:
+    """B envs whose episodes end at scripted steps, with next-step autoreset.
+
+    `ends[b]` maps a 1-based step number to "terminated" or "truncated" for env b; the step
+    after an end is the autoreset step (reward 0, first obs of the next episode).
+    """
+
+    spec = EnvSpec(obs_shape=(1,), obs_dtype=np.float32, num_actions=2, action_shape=())
+    num_envs = B
+
+    def __init__(self, ends: list[dict[int, str]], on_step=None, on_reset=None):
+        self.ends, self.on_step, self.on_reset = ends, on_step, on_reset
+        self.steps = 0
+        self.closed = False
+
+    def reset(self):
+        if self.on_reset:
+            self.on_reset()
+        return np.zeros((B, 1), np.float32)
+
+    def step(self, actions):
+        self.steps += 1
+        if self.on_step:
+            self.on_step(self.steps)
+        kind = [self.ends[b].get(self.steps) for b in range(B)]
+        terminated = np.array([k == "terminated" for k in kind])
+        truncated = np.array([k == "truncated" for k in kind])
+        done = terminated | truncated
+        return EnvStep(
+            obs=np.full((B, 1), self.steps, np.float32),
+            reward=np.ones(B, np.float32),
+            terminated=terminated,
+            truncated=truncated,
+            episode_done=done,
+            episode_return=np.where(done, float(self.steps), 0.0),
+            episode_length=np.where(done, self.steps, 0),
+        )
+
+    def close(self):
+        self.closed = True
+
+
+class FakeParams(Subscriber):
+    """Always has `version`; records the min_version of every blocking get."""
+
+    def __init__(self, version: int = 0):
+        self.version, self.gets, self.closed = version, [], False
+
+    def poll(self):
+        if self.closed:
+            raise ChannelClosed("closed")
+        return Snapshot(self.version, {"w": jnp.zeros(())})
+
+    def get(self, min_version, timeout=None):
+        if self.closed:
+            raise ChannelClosed("closed")
+        self.gets.append(min_version)
+        return Snapshot(max(self.version, min_version), {"w": jnp.zeros(())})
+
+    @property
+    def acked_version(self):
+        return self.version
+
+
+class ListSink:
+    def __init__(self):
+        self.rollouts = []
+
+    def put(self, rollout):
+        self.rollouts.append(rollout)
+        return 0.0
+
+
+def fake_policy() -> PolicyFns:
+    def step(params, obs, key):
+        key, _ = jax.random.split(key)
+        zeros = jnp.zeros(obs.shape[0])
+        return zeros.astype(jnp.int32), zeros + params["w"], zeros, key
+
+    def stack(*fields):
+        return tuple(jnp.stack(f) for f in fields)
+
+    return PolicyFns(step=jax.jit(step), value=jax.jit(lambda p, obs: jnp.zeros(obs.shape[0])),
+                     stack=jax.jit(stack), device=jax.devices()[0])
+
+
+def make_actor(env, T=4, rollouts=3, lag=1, first_seq=0, params=None, lifetime=None):
+    settings = ActorSettings(actor_id=0, rollout_length=T, num_rollouts=rollouts, max_policy_lag=lag,
+                             key=jax.random.PRNGKey(0), first_seq=first_seq)
+    recorded = []
+    control = Control(lifetime or Lifetime(), Heartbeat("actor-0"), recorded.append)
+    sink = ListSink()
+    actor = Actor(settings, env, fake_policy(), params or FakeParams(), sink, control)
+    return actor, sink, recorded
+
+
+@pytest.mark.timeout(60)
+def test_autoreset_steps_are_invalid_exactly():
+    # Episode ends at 1-based steps; the step after each
+    # end (0-based row == the 1-based end step) is the autoreset step, and only it is invalid.
+    ends = [{3: "terminated", 8: "truncated"}, {1: "truncated", 6: "terminated", 12: "terminated"}]
+    actor, sink, _ = make_actor(ScriptedEnv(ends), T=4, rollouts=3)
+    actor.run()
+    valid = np.concatenate([np.asarray(r.trajectory.valid) for r in sink.rollouts])  # [12, B]
+    expected = np.ones((12, B), bool)
+    for b, script in enumerate(ends):
+        for step in script:
+            if step < 12:
+                expected[step, b] = False
+    np.testing.assert_array_equal(valid, expected)
+    terminated = np.concatenate([np.asarray(r.trajectory.terminated) for r in sink.rollouts])
+    truncated = np.concatenate([np.asarray(r.trajectory.truncated) for r in sink.rollouts])
+    assert terminated[2, 0] and truncated[7, 0] and truncated[0, 1] and terminated[11, 1]
+    assert terminated.sum() + truncated.sum() == 5
+    # The reset step after an end at the last step of a rollout is invalid in the next one.
+    assert not sink.rollouts[2].trajectory.valid[0, 0]
+
+
+@pytest.mark.timeout(60)
+def test_rollouts_are_stamped_and_wait_for_the_lag_bound():
+    params = FakeParams(version=0)
+    actor, sink, recorded = make_actor(ScriptedEnv([{}, {}]), rollouts=3, lag=1, first_seq=5, params=params)
+    actor.run()
+    assert [r.seq for r in sink.rollouts] == [5, 6, 7]
+    assert [r.actor_id for r in sink.rollouts] == [0, 0, 0]
+    # Rollout 5 needs version >= 4, and the fake params source had only 0: a blocking get.
+    assert params.gets[0] == 4
+    assert all(r.policy_version >= r.seq - 1 for r in sink.rollouts)
+    assert sink.rollouts[0].trajectory.obs.shape == (4, B, 1)
+    assert any("actor/env_step" in line for line in recorded)
+
+
+@pytest.mark.timeout(60)
+def test_stop_is_seen_before_the_next_env_step():
+    lifetime = Lifetime()
+
+    def stop_at(step):
+        if step == 2:
+            lifetime.stop("test")
+
+    env = ScriptedEnv([{}, {}], on_step=stop_at)
+    actor, sink, _ = make_actor(env, T=100, rollouts=1, lifetime=lifetime)
+    with pytest.raises(Stopped):
+        actor.run()
+    assert env.steps == 2 and not sink.rollouts
+
+
+@pytest.mark.timeout(60)
+def test_env_errors_say_which_call_step_and_rollout():
+    def boom(step):
+        if step == 6:
+            raise ValueError("kaput")
+
+    actor, _, _ = make_actor(ScriptedEnv([{}, {}], on_step=boom), T=4)
+    with pytest.raises(EnvError, match=r"env.step raised at step 6 \(rollout 1\): ValueError: kaput"):
+        actor.run()
+
+    def bad_reset():
+        raise OSError("no display")
+
+    actor, _, _ = make_actor(ScriptedEnv([{}, {}], on_reset=bad_reset))
+    with pytest.raises(EnvError, match="env.reset raised at step 0: OSError: no display"):
+        actor.run()
+
+
+@pytest.mark.timeout(60)
+def test_reset_is_watched_by_the_heartbeat():
+    seen = []
+    actor = None
+
+    def in_reset():
+        seen.append(actor.control.heartbeat.overdue(time.monotonic() + 10, 1.0))
+
+    actor, _, _ = make_actor(ScriptedEnv([{}, {}], on_reset=in_reset), rollouts=1)
+    actor.run()
+    assert seen == ["env.reset did not return within 1s (step 0)"]
+
+
+@pytest.mark.timeout(60)
+def test_closed_params_channel_is_not_swallowed():
+    params = FakeParams()
+    actor, sink, _ = make_actor(ScriptedEnv([{}, {}], on_step=lambda s: s == 5 and setattr(params, "closed", True)),
+                                rollouts=5, params=params)
+    with pytest.raises(ChannelClosed):
+        actor.run()
+    assert len(sink.rollouts) == 2
