@@ -73,6 +73,10 @@ def train_command(args: Sequence[str]) -> int:
     signals = _Signals()
     signals.install()
     if distributed_requested(cfg):
+        try:
+            validate(cfg)
+        except ConfigError as error:  # nothing joined yet: a plain one-line error
+            return _error(str(error))
         _exit_now(_train_distributed(cfg, signals))
     try:
         validate(cfg)

@@ -72,7 +72,13 @@ def join(d: DistributedConfig) -> Cluster:
             shutdown_timeout_seconds=int(max(30, d.peer_timeout_s)),
         )
     except (ValueError, TypeError) as error:
-        raise ConfigError(f"distributed: {error}".splitlines()[0]) from None
+        hint = (
+            " (pass --distributed.num-processes and --distributed.process-id, or run where JAX "
+            "detects them: SLURM, Open MPI, Kubernetes, TPU pods)"
+            if d.num_processes is None
+            else ""
+        )
+        raise ConfigError(f"distributed: {str(error).splitlines()[0]}{hint}") from None
     except Exception as error:  # noqa: BLE001 - e.g. the coordinator never answered
         raise ConfigError(f"distributed: could not join the run: {str(error).splitlines()[0]}") from None
     from jax._src.distributed import global_state  # the only handle on the key-value store

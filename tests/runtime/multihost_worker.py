@@ -19,10 +19,16 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
-from podrace.actor import LearnerPlacement  # noqa: E402
 from podrace.config import EnvConfig, LayoutConfig, NetworkConfig, PPOConfig, TrainConfig, replace  # noqa: E402
 from podrace.envs import env_spec  # noqa: E402
-from podrace.learner import env_keys, make_algorithm, make_mesh, make_update_fn, trajectory_shardings  # noqa: E402
+from podrace.learner import (  # noqa: E402
+    LearnerPlacement,
+    env_keys,
+    make_algorithm,
+    make_mesh,
+    make_update_fn,
+    trajectory_shardings,
+)
 from podrace.networks import make_network  # noqa: E402
 from podrace.types import Trajectory  # noqa: E402
 
