@@ -11,7 +11,12 @@ Both layouts have the same global batch: 2 actor threads x N envs (one per proce
   allreduces_per_update  gradient all-reduces per update (epochs x minibatches);
   bytes_allreduced_per_update  params bytes x allreduces_per_update (gradients only; the
                          handful of scalar statistics reduced alongside are not counted);
-  allreduce_s_per_update allreduce_s x allreduces_per_update, and its share of the step.
+  allreduce_s_per_update allreduce_s x allreduces_per_update, and its share of the step;
+  scalar_allreduce_s     median time of one scalar all-reduce (latency);
+  hlo_allreduce_ops      all-reduce ops in the compiled update (nearly all inside the
+                         minibatch loop: gradients plus the global statistics PPO reduces);
+  collective_s_per_update_estimate  allreduces_per_update x (allreduce_s + (hlo_allreduce_ops
+                         - 1) x scalar_allreduce_s): all-reduce time per update, estimated.
 and the ratio of the 2-process sps to the 1-process sps.
 
     python benchmarks/multihost.py [--out benchmarks/results/multihost.json] [--total-steps N] [--num-envs N]
@@ -51,7 +56,12 @@ def child(args: argparse.Namespace, flags: list[str]) -> dict:
     cfg = replace(cfg, **{"log.run_dir": args.run_dir, "log.run_name": "run"})
     force_cpu_devices(cfg.layout.cpu_devices)
     import jax
-    from jax.sharding import PartitionSpec as P
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from podrace.envs import env_spec
+    from podrace.learner import LearnerPlacement, trajectory_shardings
+    from podrace.runtime.build import dummy_trajectory
 
     if args.processes > 1:
         from podrace.runtime import multi_host
@@ -70,18 +80,30 @@ def child(args: argparse.Namespace, flags: list[str]) -> dict:
     param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
     reduce = jax.jit(jax.shard_map(lambda t: jax.lax.psum(t, "learner"), mesh=mesh, in_specs=P(), out_specs=P(),
                                    check_vma=False))
-    jax.block_until_ready(reduce(params))
-    times = []
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(reduce(params))
-        times.append(time.perf_counter() - start)
+    scalar = jax.device_put(np.zeros((), np.float32), NamedSharding(mesh, P()))
+
+    def timed(tree) -> float:
+        jax.block_until_ready(reduce(tree))
+        times = []
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            jax.block_until_ready(reduce(tree))
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    allreduce_s, scalar_s = timed(params), timed(scalar)
+    # Static all-reduce ops of the compiled update (gradients and the global statistics of
+    # each minibatch: valid count, advantage mean and std, loss terms).
+    placement = LearnerPlacement(*trajectory_shardings(mesh))
+    traj = placement.place(dummy_trajectory(cfg, env_spec(cfg.env), jax.local_devices()[0]))
+    update = learner.update_fn if hasattr(learner.update_fn, "lower") else learner.update_fn.__wrapped__
+    hlo = update.lower(learner.state, (traj,) * cfg.num_actors, learner.keys).compile().as_text()
+    hlo_ops = sum(1 for line in hlo.splitlines() if " all-reduce(" in line or " all-reduce-start(" in line)
     result = run.run()
-    metrics_path = Path(args.run_dir) / "run" / "metrics.jsonl"
+    metrics_path = local.run_dir / "metrics.jsonl"
     steps = [json.loads(line).get("learner/step") for line in metrics_path.read_text().splitlines()]
     steps = [s for s in steps if s is not None]
     allreduces = cfg.ppo.num_epochs * cfg.ppo.num_minibatches
-    allreduce_s = statistics.median(times)
     step_s = statistics.mean(steps) if steps else float("nan")
     out = {
         "processes": args.processes,
@@ -99,6 +121,9 @@ def child(args: argparse.Namespace, flags: list[str]) -> dict:
         "allreduce_s": allreduce_s,
         "allreduce_s_per_update": allreduce_s * allreduces,
         "allreduce_share_of_step": allreduce_s * allreduces / step_s if steps else None,
+        "scalar_allreduce_s": scalar_s,
+        "hlo_allreduce_ops": hlo_ops,
+        "collective_s_per_update_estimate": allreduces * (allreduce_s + max(0, hlo_ops - 1) * scalar_s),
     }
     print(json.dumps(out), flush=True)
     if args.processes > 1:
@@ -118,9 +143,9 @@ def launch(processes: int, args: argparse.Namespace) -> dict:
     flags = layout_flags(processes, args.num_envs, args.total_steps)
     procs = []
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    run_dir = tempfile.mkdtemp(prefix="podrace-bench-mh-")  # shared: process 1 writes run/process-1/
     try:
         for process in range(processes):
-            run_dir = tempfile.mkdtemp(prefix="podrace-bench-mh-")
             command = [sys.executable, __file__, "--role", "child", "--processes", str(processes),
                        "--process-id", str(process), "--port", str(port), "--run-dir", run_dir,
                        "--repeats", str(args.repeats), "--", *flags]
@@ -143,7 +168,7 @@ def launch(processes: int, args: argparse.Namespace) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="benchmarks/results/multihost.json")
-    parser.add_argument("--total-steps", type=int, default=200_000)
+    parser.add_argument("--total-steps", type=int, default=100_000)
     parser.add_argument("--num-envs", type=int, default=32, help="envs per actor thread (2 actor threads in all)")
     parser.add_argument("--repeats", type=int, default=50, help="timed all-reduces per layout")
     parser.add_argument("--timeout-s", type=float, default=900)
@@ -172,6 +197,10 @@ def main() -> None:
         "two_processes_one_learner_device_each": two,
         "sps_ratio_two_processes_over_one": b["sps"] / a["sps"],
         "allreduce_s_ratio_two_processes_over_one": b["allreduce_s"] / a["allreduce_s"],
+        "learner_step_s_ratio_two_processes_over_one": b["learner_step_s"] / a["learner_step_s"],
+        # Same program, same data sizes: what the step gains across processes is (an upper
+        # bound on) the time its collectives spend crossing processes, under training load.
+        "cross_process_s_per_update_upper_bound": b["learner_step_s"] - a["learner_step_s"],
     }
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -118,6 +118,7 @@ class MultiHostRun:
                     raise lost from error
                 raise
 
+        update_or_name_the_lost_process.__wrapped__ = update  # the jitted step (for lowering)
         learner.update_fn = update_or_name_the_lost_process
 
     def run(self) -> TrainResult:
