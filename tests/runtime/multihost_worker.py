@@ -104,5 +104,32 @@ def main(out: str, process: int, num_processes: int, coordinator: str) -> None:
     jax.distributed.shutdown()
 
 
+def faulty_run(run_dir: str, process: int, num_processes: int, coordinator: str) -> int:
+    """A short CLI-equivalent run whose process 1 has an env that raises (fault injection)."""
+    from podrace.cli import _train_distributed, _Signals
+    from podrace.presets import PRESETS
+    from podrace.runtime import faults, multi_host
+
+    prepare = multi_host.prepare
+
+    def prepare_with_fault(cfg, lifetime=None):
+        run = prepare(cfg, lifetime)
+        if process == 1:
+            faults.inject(run.local, faults.FaultPlan(env_raise=(0, 200)))
+        return run
+
+    multi_host.prepare = prepare_with_fault
+    cfg = replace(PRESETS["cartpole-ppo"][1], total_steps=10**8, **{
+        "log.run_dir": run_dir, "log.run_name": "r", "log.console": "none",
+        "distributed.coordinator": coordinator, "distributed.num_processes": num_processes,
+        "distributed.process_id": process, "distributed.init_timeout_s": 60,
+    })
+    return _train_distributed(cfg, _Signals())
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "fault":
+        code = faulty_run(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
+        sys.stdout.flush(), sys.stderr.flush()
+        os._exit(code)
     main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])

@@ -172,6 +172,21 @@ def test_sigkill_of_process_1_fails_process_0_naming_it_within_60s(tmp_path):
 
 
 @pytest.mark.timeout(300)
+def test_an_error_in_process_1_fails_process_0_naming_it(tmp_path):
+    port = free_port()
+    commands = [
+        [sys.executable, "-m", "tests.runtime.multihost_worker", "fault", str(tmp_path), str(p), "2", f"127.0.0.1:{port}"]
+        for p in range(2)
+    ]
+    with processes(commands) as procs:
+        (code0, _, err0), (code1, _, err1) = finish(procs, 240)
+    assert code1 == 1 and "podrace: error: actor-0 failed: EnvError: env.step raised at step 200" in err1, err1[-3000:]
+    assert code0 == 1, err0[-3000:]
+    last = [line for line in err0.splitlines() if line.startswith("podrace: error:")][-1]
+    assert last.startswith("podrace: error: process-1 failed: PeerLost: process 1 failed: actor-0 failed: EnvError"), last
+
+
+@pytest.mark.timeout(300)
 def test_ctrl_c_on_one_process_stops_every_process(tmp_path):
     port = free_port()
     flags = ("--log.run-dir", str(tmp_path), "--log.run-name", "r", "--total-steps", "100000000",
