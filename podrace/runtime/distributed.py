@@ -24,6 +24,7 @@ from podrace.config import ConfigError, DistributedConfig, TrainConfig, replace
 from podrace.types import PyTree
 
 _CONFIG_KEY = "podrace/config/{}"
+SHUTDOWN_TIMEOUT_S = 600
 # Fields allowed to differ between processes: which process this is, and how it reaches
 # the coordinator; the run directory's name is process 0's.
 _PER_PROCESS = ("distributed.process_id", "distributed.coordinator", "log.run_name")
@@ -69,7 +70,9 @@ def join(d: DistributedConfig) -> Cluster:
             # Our own peer link notices a lost process first and exits with a clear error;
             # JAX's heartbeat (which aborts the process) is only the last resort.
             heartbeat_timeout_seconds=int(max(100, 3 * d.peer_timeout_s)),
-            shutdown_timeout_seconds=int(max(30, d.peer_timeout_s)),
+            # A finished process waits this long at the shutdown barrier for the others
+            # (process 0 may still be running its final evaluation).
+            shutdown_timeout_seconds=SHUTDOWN_TIMEOUT_S,
         )
     except (ValueError, TypeError) as error:
         hint = (

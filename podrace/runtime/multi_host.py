@@ -32,11 +32,13 @@ import signal
 from pathlib import Path
 from typing import Callable
 
+import jax
+
 from podrace.config import TrainConfig, replace, validate
 from podrace.control import Lifetime
 from podrace.envs import env_spec, resolve_backend
 from podrace.runtime.devices import resolve_devices
-from podrace.runtime.distributed import Cluster, agree, global_learner_devices, join, resolved
+from podrace.runtime.distributed import SHUTDOWN_TIMEOUT_S, Cluster, agree, global_learner_devices, join, resolved
 from podrace.runtime.peers import PeerLink, PeerLost, PeerStopped
 from podrace.runtime.rundir import check_run_dir, create_run_dir, run_dir_path
 from podrace.runtime.single_host import SingleHostRun, TrainResult
@@ -111,7 +113,8 @@ class MultiHostRun:
 
         def update_or_name_the_lost_process(*args):
             try:
-                return update(*args)
+                # A collective fails when its result is waited for, not at dispatch.
+                return jax.block_until_ready(update(*args))
             except Exception as error:
                 lost = link.wait_lost(COLLECTIVE_GRACE_S)
                 if lost is not None:
@@ -146,9 +149,11 @@ class MultiHostRun:
             link.report_stop(int(signum), signum.name)
 
 
-def shutdown(ok: bool, timeout_s: float = 60.0) -> None:
-    """Leave jax.distributed. After a success every process reaches the shutdown barrier;
-    after a failure a peer may be gone, so the barrier is skipped (the process exits)."""
+def shutdown(ok: bool, timeout_s: float = SHUTDOWN_TIMEOUT_S + 30) -> None:
+    """Leave jax.distributed. After a success every process reaches the shutdown barrier
+    (a finished process waits there for process 0's final evaluation: leaving early would
+    look like a dead process to the coordinator); after a failure a peer may be gone, so
+    the barrier is skipped (the caller exits)."""
     import threading
 
     import jax

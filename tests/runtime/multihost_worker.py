@@ -12,16 +12,13 @@ from __future__ import annotations
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=1").strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
-
-from podrace.config import EnvConfig, LayoutConfig, NetworkConfig, PPOConfig, TrainConfig, replace  # noqa: E402
-from podrace.envs import env_spec  # noqa: E402
-from podrace.learner import (  # noqa: E402
+from podrace.config import EnvConfig, LayoutConfig, NetworkConfig, PPOConfig, TrainConfig, replace
+from podrace.envs import env_spec
+from podrace.learner import (
     LearnerPlacement,
     env_keys,
     make_algorithm,
@@ -29,8 +26,8 @@ from podrace.learner import (  # noqa: E402
     make_update_fn,
     trajectory_shardings,
 )
-from podrace.networks import make_network  # noqa: E402
-from podrace.types import Trajectory  # noqa: E402
+from podrace.networks import make_network
+from podrace.types import Trajectory
 
 T, B, GLOBAL_ACTORS, UPDATES = 8, 8, 4, 3
 
@@ -128,6 +125,9 @@ def faulty_run(run_dir: str, process: int, num_processes: int, coordinator: str)
 
 
 if __name__ == "__main__":
+    # Before JAX creates its backend (importing jax does not); tests import this module too.
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=1").strip()
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
     if sys.argv[1] == "fault":
         code = faulty_run(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
         sys.stdout.flush(), sys.stderr.flush()
