@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
+import time
 import traceback
 import warnings
 from typing import Sequence
@@ -46,18 +48,109 @@ def parse_train(args: Sequence[str]) -> TrainConfig:
 
 
 class _Signals:
-    """SIGINT and SIGTERM both stop the run cleanly; the exit code is 128 + the signal."""
+    """SIGINT and SIGTERM stop the run cleanly; the exit code is 128 + the signal.
+
+    The handler only records the signal: raising inside whatever frame the main thread is
+    in (a callback from C++, a lock) can abort the process or be lost. The main thread only
+    supervises and acts on it. A second signal while stopping exits at once.
+    """
 
     def __init__(self) -> None:
-        self.received = signal.SIGINT
+        self.received: int | None = None
+        self._previous: dict[int, object] = {}
 
     def install(self) -> None:
         for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, self._handle)
+            self._previous[signum] = signal.signal(signum, self._handle)
+
+    def restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
+        if self.received is not None:
+            os.write(2, f"podrace: second {signal.Signals(signum).name}, exiting now\n".encode())
+            os._exit(128 + signum)
         self.received = signum
-        raise KeyboardInterrupt
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.received).name if self.received else ""
+
+
+EXIT_GRACE_S = 1.5
+"""After a signal, seconds the run gets to stop and write its last line before the process
+exits regardless (a thread stuck in native code, a long compile)."""
+
+
+class _Training:
+    """`podrace train` in a worker thread, so the main thread is always free to see signals."""
+
+    def __init__(self, args: Sequence[str], signals: _Signals):
+        self.args, self.signals = args, signals
+        self.lifetime = None  # the run's Lifetime, once JAX is imported
+        self.run = None
+        self.outcome: list = []
+
+    def __call__(self) -> None:
+        try:
+            self.outcome.append(self._train())
+        except BaseException as error:  # noqa: BLE001 - handed to the main thread
+            self.outcome.append(error)
+
+    def _train(self) -> int:
+        # envpool builds Gymnasium Box spaces from float64 bounds; the warning is noise to users.
+        warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
+        cfg = parse_train(self.args)
+        try:
+            validate(cfg)
+            from podrace.envs import resolve_backend
+            from podrace.runtime.rundir import check_run_dir
+
+            if cfg.layout.platform in (None, "cpu"):
+                force_cpu_devices(cfg.layout.cpu_devices)
+            if cfg.deterministic:
+                append_xla_flag("--xla_gpu_deterministic_ops", "true")
+            resolve_backend(cfg.env)
+            check_run_dir(cfg)
+            from podrace.control import Lifetime, Stopped
+            from podrace.runtime.single_host import prepare
+
+            self.lifetime = lifetime = Lifetime()
+            if self.signals.received:
+                lifetime.stop(f"{self.signals.name} received")
+            try:
+                self.run = prepare(cfg, lifetime)
+                result = self.run.run()
+            except Stopped:
+                result = None
+        except ConfigError as error:
+            return _error(str(error))
+        except ComponentError as error:
+            traceback.print_exception(error.error, file=sys.stderr)
+            print(f"podrace: error: {error}", file=sys.stderr)
+            return 1
+        if self.signals.received:
+            return self.stopped()
+        final = result.final_eval
+        evaluation = f"final eval return {final.mean_return:.1f}" if final else "no final evaluation"
+        print(
+            f"done: {result.env_steps:,} env steps, {result.updates} updates in {result.train_s:.1f}s "
+            f"(+{result.compile_s:.1f}s compile), {evaluation}\nrun directory: {result.run_dir}"
+        )
+        return 0
+
+    def stopped(self) -> int:
+        print(f"podrace: {self.signals.name} received, stopped cleanly", file=sys.stderr)
+        return 128 + self.signals.received
+
+
+def _exit_now(code: int) -> None:
+    """Leave without waiting for threads stuck in native code (no atexit, no finalizers:
+    a daemon thread inside C++ at interpreter shutdown can abort the process)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def distributed_requested(cfg: TrainConfig) -> bool:
@@ -67,9 +160,6 @@ def distributed_requested(cfg: TrainConfig) -> bool:
 
 
 def train_command(args: Sequence[str]) -> int:
-    # envpool builds Gymnasium Box spaces from float64 bounds; the warning is noise to users.
-    warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
-    cfg = parse_train(args)
     signals = _Signals()
     signals.install()
     if distributed_requested(cfg):
@@ -79,36 +169,32 @@ def train_command(args: Sequence[str]) -> int:
             return _error(str(error))
         _exit_now(_train_distributed(cfg, signals))
     try:
-        validate(cfg)
-        from podrace.envs import resolve_backend
-        from podrace.runtime.rundir import check_run_dir
+        return _supervise(_Training(args, signals), signals)
+    finally:
+        signals.restore()
 
-        if cfg.layout.platform in (None, "cpu"):
-            force_cpu_devices(cfg.layout.cpu_devices)
-        if cfg.deterministic:
-            append_xla_flag("--xla_gpu_deterministic_ops", "true")
-        resolve_backend(cfg.env)
-        check_run_dir(cfg)
-        from podrace.runtime.single_host import train
 
-        result = train(cfg)
-    except ConfigError as error:
-        return _error(str(error))
-    except ComponentError as error:
-        traceback.print_exception(error.error, file=sys.stderr)
-        print(f"podrace: error: {error}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        name = signal.Signals(signals.received).name
-        print(f"podrace: {name} received, stopped cleanly", file=sys.stderr)
-        return 128 + signals.received
-    final = result.final_eval
-    evaluation = f"final eval return {final.mean_return:.1f}" if final else "no final evaluation"
-    print(
-        f"done: {result.env_steps:,} env steps, {result.updates} updates in {result.train_s:.1f}s "
-        f"(+{result.compile_s:.1f}s compile), {evaluation}\nrun directory: {result.run_dir}"
-    )
-    return 0
+def _supervise(training: _Training, signals: _Signals) -> int:
+    worker = threading.Thread(target=training, name="podrace-train", daemon=True)
+    worker.start()
+    deadline = None
+    while worker.is_alive():
+        worker.join(0.05)
+        if signals.received and deadline is None:
+            if training.lifetime is None:  # still parsing and validating: nothing written yet
+                _exit_now(training.stopped())
+            deadline = time.monotonic() + EXIT_GRACE_S
+            training.lifetime.stop(f"{signals.name} received")
+        if deadline is not None and worker.is_alive() and time.monotonic() > deadline:
+            print("podrace: threads still busy in native code are left behind", file=sys.stderr)
+            _exit_now(training.stopped())
+    outcome = training.outcome[0]
+    if isinstance(outcome, BaseException):
+        raise outcome
+    if training.run is not None and training.run.stuck:
+        print(f"podrace: threads stuck in native code left behind: {', '.join(training.run.stuck)}", file=sys.stderr)
+        _exit_now(outcome)
+    return outcome
 
 
 def _train_distributed(cfg: TrainConfig, signals: _Signals) -> int:

@@ -23,9 +23,9 @@ from podrace.algos.base import Algorithm, TrainState
 from podrace.algos.impala import make_impala
 from podrace.algos.ppo import make_ppo
 from podrace.config import TrainConfig
+from podrace.control import Lifetime
 from podrace.metrics.registry import Metrics
 from podrace.pipeline import Pipeline
-from podrace.control import Lifetime
 from podrace.sync.base import Publisher
 from podrace.types import Trajectory
 

@@ -1,16 +1,25 @@
-"""The sharded learner step: 4 learner devices give the 1-device result; shard keys differ."""
+"""The sharded learner step (4 learner devices give the 1-device result; shard keys differ)
+and `Learner.run` alone with fakes."""
+
+from typing import NamedTuple
 
 import jax
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from podrace.learner import LearnerPlacement
 from podrace.config import EnvConfig, NetworkConfig, PPOConfig, TrainConfig, LayoutConfig, ImpalaConfig
+from podrace.control import Lifetime
 from podrace.envs import env_spec
-from podrace.learner import AXIS, make_algorithm, make_mesh, make_update_fn, env_keys, trajectory_shardings
+from podrace.learner import (
+    AXIS, Learner, LearnerPlacement, LearnerSettings, NonFiniteUpdate, env_keys, make_algorithm, make_mesh,
+    make_update_fn, trajectory_shardings,
+)
+from podrace.metrics.registry import Metrics
 from podrace.networks import make_network
-from podrace.types import Trajectory
+from podrace.pipeline import Pipeline
+from podrace.sync.local import LocalPublisher
+from podrace.types import Rollout, Trajectory
 
 T, B, ACTORS = 8, 8, 2
 
@@ -100,15 +109,6 @@ def test_an_envs_key_does_not_depend_on_the_learner_count():
 
 
 # --- Learner.run alone, with fakes --------------------------------------------------------
-
-from typing import NamedTuple  # noqa: E402
-
-from podrace.control import Lifetime  # noqa: E402
-from podrace.learner import Learner, LearnerSettings, NonFiniteUpdate  # noqa: E402
-from podrace.metrics.registry import Metrics  # noqa: E402
-from podrace.pipeline import Pipeline  # noqa: E402
-from podrace.sync.local import LocalPublisher  # noqa: E402
-from podrace.types import Rollout  # noqa: E402
 
 
 class FakeState(NamedTuple):

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+from podrace.actor import make_policy_fns
 from podrace.config import TrainConfig, validate
 from podrace.control import Control, Lifetime, Watchdog
 from podrace.envs import env_spec, resolve_backend
 from podrace.evaluate import EvalResult, make_greedy_policy
-from podrace.actor import make_policy_fns
 from podrace.metrics.loggers import ConsoleSink, JsonlSink, Sink, TensorBoardSink
 from podrace.metrics.registry import Metrics
 from podrace.networks import make_network

@@ -1,0 +1,88 @@
+"""Stops and hangs at awkward moments: the error or the stop reaches the caller quickly."""
+
+import json
+import threading
+import time
+
+import pytest
+
+from podrace.control import ComponentError, HangDetected, Lifetime
+from podrace.runtime.faults import STUCK, FaultPlan, inject
+from podrace.runtime.single_host import prepare
+from tests.runtime.test_single_host import podrace_threads, small
+
+
+def last_line(run):
+    return json.loads((run.run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("component,call", [("actor-1", "env.reset"), ("evaluator", "evaluation env.reset")])
+def test_hang_in_reset_is_caught_by_the_watchdog(tmp_path, component, call):
+    run = prepare(small(tmp_path, **{"safety.watchdog_s": 2.0}))
+    inject(run, FaultPlan(reset_hang=component))
+    with pytest.raises(ComponentError) as exc:
+        run.run()
+    assert exc.value.component == component and isinstance(exc.value.error, HangDetected)
+    assert f"{call} did not return within 2s (step 0)" in str(exc.value)
+    assert last_line(run)["final"] == 1
+    assert not podrace_threads()
+
+
+@pytest.mark.timeout(120)
+def test_non_cooperative_hang_in_step_reaches_the_caller_within_watchdog_plus_2s(tmp_path):
+    watchdog_s = 2.0
+    run = prepare(small(tmp_path, total_steps=10**7, **{"safety.watchdog_s": watchdog_s}))
+    inject(run, FaultPlan(env_stuck=(0, 25)))
+    try:
+        with pytest.raises(ComponentError) as exc:
+            run.run()
+        raised = time.monotonic()
+        stuck_env = run.actors[0].env
+        elapsed = raised - stuck_env.stuck_since
+        print(f"error reached the caller {elapsed:.2f}s after the hang began (watchdog {watchdog_s}s)")
+        assert elapsed <= watchdog_s + 2 + 2  # target watchdog + 2 s; slack for a loaded machine
+        assert exc.value.component == "actor-0" and "env.step did not return within 2s (step 25)" in str(exc.value)
+        assert run.stuck == ["actor-0"]
+        assert not stuck_env.closed  # closing an env under a running call could crash
+        assert last_line(run)["final"] == 1
+    finally:
+        STUCK.set()  # free the thread the run left behind
+        for thread in podrace_threads():
+            thread.join(10)
+        STUCK.clear()
+    assert not podrace_threads()
+
+
+@pytest.mark.timeout(120)
+def test_stop_mid_rollout_returns_within_seconds(tmp_path):
+    # One rollout takes 128 steps x 0.05 s = 6.4 s: a stop seen only between rollouts is late.
+    lifetime = Lifetime()
+    run = prepare(small(tmp_path, total_steps=10**7, rollout_length=128), lifetime)
+    inject(run, FaultPlan(slow={"env_step": 0.05}))
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (run.run(), done.set()), daemon=True)
+    worker.start()
+    deadline = time.monotonic() + 60
+    while run.actors[0].env_steps < 5:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    stopped = time.monotonic()
+    lifetime.stop("test")
+    assert done.wait(30)
+    elapsed = time.monotonic() - stopped
+    print(f"run returned {elapsed:.2f}s after the stop")
+    assert elapsed <= 4  # target <= 2 s; slack for a loaded machine
+    assert last_line(run)["final"] == 1
+    assert not podrace_threads()
+
+
+@pytest.mark.timeout(120)
+def test_metrics_sink_failure_fails_the_run_as_logger(tmp_path):
+    run = prepare(small(tmp_path, total_steps=10**7))
+    inject(run, FaultPlan(sink_raise_at=2))
+    with pytest.raises(ComponentError, match=r"^logger failed: OSError: .*No space left on device") as exc:
+        run.run()
+    assert exc.value.component == "logger"
+    assert last_line(run)["final"] == 1  # the other sinks still got the last line
+    assert not podrace_threads()
