@@ -91,6 +91,10 @@ class _Training:
         self.lifetime = None  # the run's Lifetime, once JAX is imported
         self.run = None
         self.outcome: list = []
+        self.distributed = False
+        self.leave_together = False
+        """Multi-host: every process ends the same way (finished, or refused the run), so
+        this one can wait for the others at jax.distributed's shutdown barrier."""
 
     def __call__(self) -> None:
         try:
@@ -111,10 +115,16 @@ class _Training:
                 force_cpu_devices(cfg.layout.cpu_devices)
             if cfg.deterministic:
                 append_xla_flag("--xla_gpu_deterministic_ops", "true")
-            resolve_backend(cfg.env)
-            check_run_dir(cfg)
+            self.distributed = distributed_requested(cfg)
+            if not self.distributed:  # multi-host: checked by every process, together
+                resolve_backend(cfg.env)
+                check_run_dir(cfg)
             from podrace.control import Lifetime, Stopped
-            from podrace.runtime.single_host import prepare
+
+            if self.distributed:
+                from podrace.runtime.multi_host import prepare
+            else:
+                from podrace.runtime.single_host import prepare
 
             self.lifetime = lifetime = Lifetime()
             if self.signals.received:
@@ -122,18 +132,31 @@ class _Training:
             try:
                 self.run = prepare(cfg, lifetime)
                 result = self.run.run()
+                self.leave_together = not self.signals.received  # finished, as every process
             except Stopped:
                 result = None
         except ConfigError as error:
+            if self.distributed:
+                from podrace.runtime.distributed import RunRefused
+
+                self.leave_together = isinstance(error, RunRefused)
             return _error(str(error))
         except ComponentError as error:
-            traceback.print_exception(error.error, file=sys.stderr)
+            from podrace.runtime.peers import PeerLost, PeerStopped
+
+            if isinstance(error.error, PeerStopped):  # Ctrl-C on another process
+                print(f"podrace: {error.error}, stopped", file=sys.stderr)
+                return 128 + error.error.signum
+            if not isinstance(error.error, PeerLost):
+                traceback.print_exception(error.error, file=sys.stderr)
             print(f"podrace: error: {error}", file=sys.stderr)
             return 1
         if self.signals.received:
             return self.stopped()
         final = result.final_eval
         evaluation = f"final eval return {final.mean_return:.1f}" if final else "no final evaluation"
+        if self.distributed and final is None:
+            evaluation += " (only process 0 evaluates)"
         print(
             f"done: {result.env_steps:,} env steps, {result.updates} updates in {result.train_s:.1f}s "
             f"(+{result.compile_s:.1f}s compile), {evaluation}\nrun directory: {result.run_dir}"
@@ -162,12 +185,6 @@ def distributed_requested(cfg: TrainConfig) -> bool:
 def train_command(args: Sequence[str]) -> int:
     signals = _Signals()
     signals.install()
-    if distributed_requested(cfg):
-        try:
-            validate(cfg)
-        except ConfigError as error:  # nothing joined yet: a plain one-line error
-            return _error(str(error))
-        _exit_now(_train_distributed(cfg, signals))
     try:
         return _supervise(_Training(args, signals), signals)
     finally:
@@ -191,72 +208,16 @@ def _supervise(training: _Training, signals: _Signals) -> int:
     outcome = training.outcome[0]
     if isinstance(outcome, BaseException):
         raise outcome
+    if training.distributed:
+        from podrace.runtime.multi_host import shutdown
+
+        shutdown(training.leave_together)
+        # Never wait at exit for a lost peer (atexit) or for threads left in a collective.
+        _exit_now(outcome)
     if training.run is not None and training.run.stuck:
         print(f"podrace: threads stuck in native code left behind: {', '.join(training.run.stuck)}", file=sys.stderr)
         _exit_now(outcome)
     return outcome
-
-
-def _train_distributed(cfg: TrainConfig, signals: _Signals) -> int:
-    """One process of a multi-host run; every process of the run gets the same exit code
-    for a config error (2), and a clear line naming the lost process for a failure."""
-    ok = False
-    try:
-        validate(cfg)
-        if cfg.layout.platform in (None, "cpu"):
-            force_cpu_devices(cfg.layout.cpu_devices)
-        if cfg.deterministic:
-            append_xla_flag("--xla_gpu_deterministic_ops", "true")
-        from podrace.runtime import multi_host
-
-        from podrace.runtime.distributed import RunRefused
-
-        try:
-            run = multi_host.prepare(cfg)
-        except RunRefused:
-            ok = True  # every process stops here together: leave jax.distributed cleanly
-            raise
-        run.received_signal = lambda: signals.received
-        result = run.run()
-        ok = True
-    except ConfigError as error:
-        code = _error(str(error))
-    except ComponentError as error:
-        from podrace.runtime.peers import PeerLost, PeerStopped
-
-        if isinstance(error.error, PeerStopped):
-            print(f"podrace: {error.error}, stopped", file=sys.stderr)
-            code = 128 + error.error.signum
-        else:
-            if not isinstance(error.error, PeerLost):
-                traceback.print_exception(error.error, file=sys.stderr)
-            print(f"podrace: error: {error}", file=sys.stderr)
-            code = 1
-    except KeyboardInterrupt:
-        name = signal.Signals(signals.received).name
-        print(f"podrace: {name} received, stopped cleanly (every process stops)", file=sys.stderr)
-        code = 128 + signals.received
-    else:
-        final = result.final_eval
-        evaluation = f"final eval return {final.mean_return:.1f}" if final else "no final evaluation (process > 0)"
-        print(
-            f"done: {result.env_steps:,} env steps, {result.updates} updates in {result.train_s:.1f}s "
-            f"(+{result.compile_s:.1f}s compile), {evaluation}\nrun directory: {result.run_dir}"
-        )
-        code = 0
-    if "jax" in sys.modules:
-        from podrace.runtime.multi_host import shutdown
-
-        shutdown(ok)
-    return code
-
-
-def _exit_now(code: int) -> None:
-    """Leave without atexit handlers: after a lost peer, jax.distributed's own shutdown
-    would wait for it, and threads stuck in a collective must not block the exit."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -30,7 +30,6 @@ import json
 import os
 import signal
 from pathlib import Path
-from typing import Callable
 
 import jax
 
@@ -66,6 +65,7 @@ def prepare(cfg: TrainConfig, lifetime: Lifetime | None = None) -> "MultiHostRun
         run_dir = create_run_dir(cfg)
     link = PeerLink.open(cluster, cfg.distributed.peer_timeout_s)
     link.start(_exit_while_preparing)
+    lifetime.on_stop(lambda: _tell_peers(lifetime, link))
     try:
         if cluster.process_id != 0:
             run_dir = run_dir_path(cfg) / f"process-{cluster.process_id}"
@@ -106,8 +106,6 @@ class MultiHostRun:
         self.cluster, self.link, self.local = cluster, link, local
         self.cfg, self.lifetime = local.cfg, local.lifetime
         self.run_dir: Path = local.run_dir
-        self.received_signal: Callable[[], int | None] = lambda: None
-        """The signal that stopped this process, if the caller knows it (told to the others)."""
         learner = local.learner
         update = learner.update_fn
 
@@ -124,29 +122,32 @@ class MultiHostRun:
         update_or_name_the_lost_process.__wrapped__ = update  # the jitted step (for lowering)
         learner.update_fn = update_or_name_the_lost_process
 
+    @property
+    def stuck(self) -> list[str]:
+        """Threads left behind at the end (e.g. a learner waiting in a collective)."""
+        return self.local.stuck
+
     def run(self) -> TrainResult:
         lifetime = self.lifetime
-        lifetime.on_stop(self._tell_peers)
         self.link.on_lost(lambda lost: lifetime.fail(f"process-{lost.process}", lost))
         try:
             return self.local.run()
         finally:
             self.link.close()
 
-    def _tell_peers(self) -> None:
-        """Called once when this process's run stops: say why, unless a peer told us."""
-        lifetime, link = self.lifetime, self.link
-        failure = lifetime.failure
-        if failure is not None:
-            if not isinstance(failure.error, PeerLost):
-                link.report_failure(str(failure))
-        elif lifetime.stop_reason == "finished":
-            link.report_done()
-        else:  # stopped from outside: a signal (the reason names it when the caller knows)
-            name = (lifetime.stop_reason or "").split(" ")[0]
-            signum = signal.Signals[name] if name in signal.Signals.__members__ else signal.SIGINT
-            signum = signal.Signals(self.received_signal() or signum)
-            link.report_stop(int(signum), signum.name)
+
+def _tell_peers(lifetime: Lifetime, link: PeerLink) -> None:
+    """Called once when this process's run stops: tell the others why, unless they told us."""
+    failure = lifetime.failure
+    if failure is not None:
+        if not isinstance(failure.error, PeerLost):
+            link.report_failure(str(failure))
+    elif lifetime.stop_reason == "finished":
+        link.report_done()
+    else:  # stopped from outside: the CLI's reason names the signal ("SIGINT received")
+        name = (lifetime.stop_reason or "").split(" ")[0]
+        signum = signal.Signals[name] if name in signal.Signals.__members__ else signal.SIGINT
+        link.report_stop(int(signum), signum.name)
 
 
 def shutdown(ok: bool, timeout_s: float = SHUTDOWN_TIMEOUT_S + 30) -> None:

@@ -102,9 +102,8 @@ def main(out: str, process: int, num_processes: int, coordinator: str) -> None:
 
 
 def faulty_run(run_dir: str, process: int, num_processes: int, coordinator: str) -> int:
-    """A short CLI-equivalent run whose process 1 has an env that raises (fault injection)."""
-    from podrace.cli import _train_distributed, _Signals
-    from podrace.presets import PRESETS
+    """`podrace train` (the CLI, in this process) whose process 1 has an env that raises."""
+    from podrace.cli import main as cli
     from podrace.runtime import faults, multi_host
 
     prepare = multi_host.prepare
@@ -116,12 +115,12 @@ def faulty_run(run_dir: str, process: int, num_processes: int, coordinator: str)
         return run
 
     multi_host.prepare = prepare_with_fault
-    cfg = replace(PRESETS["cartpole-ppo"][1], total_steps=10**8, **{
-        "log.run_dir": run_dir, "log.run_name": "r", "log.console": "none",
-        "distributed.coordinator": coordinator, "distributed.num_processes": num_processes,
-        "distributed.process_id": process, "distributed.init_timeout_s": 60,
-    })
-    return _train_distributed(cfg, _Signals())
+    return cli([
+        "train", "cartpole-ppo", "--total-steps", str(10**8), "--log.run-dir", run_dir, "--log.run-name", "r",
+        "--log.console", "none", "--distributed.coordinator", coordinator,
+        "--distributed.num-processes", str(num_processes), "--distributed.process-id", str(process),
+        "--distributed.init-timeout-s", "60",
+    ])
 
 
 if __name__ == "__main__":
