@@ -111,6 +111,10 @@ class _Training:
         self.grace_s = EXIT_GRACE_S
         self.run = None
         self.outcome: list = []
+        self.distributed = False
+        self.leave_together = False
+        """Multi-host: every process ends the same way (finished, or refused the run), so
+        this one can wait for the others at jax.distributed's shutdown barrier."""
 
     def __call__(self) -> None:
         try:
@@ -132,11 +136,15 @@ class _Training:
                 force_cpu_devices(cfg.layout.cpu_devices)
             if cfg.deterministic:
                 append_xla_flag("--xla_gpu_deterministic_ops", "true")
-            resolve_backend(cfg.env)
-            check_run_dir(cfg)
+            self.distributed = distributed_requested(cfg)
+            if not self.distributed:  # multi-host: checked by every process, together
+                resolve_backend(cfg.env)
+                check_run_dir(cfg)
             from podrace.control import Lifetime, Stopped
 
             if cfg.runtime == "ray":
+                if self.distributed:
+                    raise ConfigError("--runtime ray cannot be combined with --distributed.*: run one learner process")
                 from podrace.runtime.ray_cluster import check_auth_not_disabled, import_ray
 
                 # Ray's C++ crash handler also catches SIGTERM and re-raises it after ours,
@@ -147,6 +155,8 @@ class _Training:
                 from podrace.runtime.ray_run import prepare
 
                 self.grace_s = RAY_EXIT_GRACE_S
+            elif self.distributed:
+                from podrace.runtime.multi_host import prepare
             else:
                 from podrace.runtime.single_host import prepare
 
@@ -156,12 +166,22 @@ class _Training:
             try:
                 self.run = prepare(cfg, lifetime)
                 result = self.run.run()
+                self.leave_together = not self.signals.received  # finished, as every process
             except Stopped:
                 result = None
         except ConfigError as error:
+            if self.distributed:
+                from podrace.runtime.distributed import RunRefused
+
+                self.leave_together = isinstance(error, RunRefused)
             return _error(str(error))
         except ComponentError as error:
-            if not _explains_itself(error.error):
+            from podrace.runtime.peers import PeerLost, PeerStopped
+
+            if isinstance(error.error, PeerStopped):  # Ctrl-C on another process
+                print(f"podrace: {error.error}, stopped", file=sys.stderr)
+                return 128 + error.error.signum
+            if not isinstance(error.error, PeerLost) and not _explains_itself(error.error):
                 traceback.print_exception(error.error, file=sys.stderr)
             print(f"podrace: error: {error}", file=sys.stderr)
             return 1
@@ -173,6 +193,8 @@ class _Training:
         final = result.final_eval
         evaluation = f"final eval return {final.mean_return:.1f}" if final else "no final evaluation"
         skipped = f" ({result.skipped_updates} skipped as non-finite)" if result.skipped_updates else ""
+        if self.distributed and final is None:
+            evaluation += " (only process 0 evaluates)"
         print(
             f"done: {result.env_steps:,} env steps, {result.updates} updates{skipped} in {result.train_s:.1f}s "
             f"(+{result.compile_s:.1f}s compile), {evaluation}\nrun directory: {result.run_dir}"
@@ -190,6 +212,12 @@ def _exit_now(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def distributed_requested(cfg: TrainConfig) -> bool:
+    """Run multi-host: a --distributed.* flag is set, or JAX's coordinator variable is
+    (then JAX also detects the process count and id from SLURM, Open MPI, Kubernetes...)."""
+    return cfg.distributed.requested or bool(os.environ.get("JAX_COORDINATOR_ADDRESS"))
 
 
 def train_command(args: Sequence[str]) -> int:
@@ -218,6 +246,12 @@ def _supervise(training: _Training, signals: _Signals) -> int:
     outcome = training.outcome[0]
     if isinstance(outcome, BaseException):
         raise outcome
+    if training.distributed:
+        from podrace.runtime.multi_host import shutdown
+
+        shutdown(training.leave_together)
+        # Never wait at exit for a lost peer (atexit) or for threads left in a collective.
+        _exit_now(outcome)
     if training.run is not None and training.run.stuck:
         print(f"podrace: threads stuck in native code left behind: {', '.join(training.run.stuck)}", file=sys.stderr)
         _exit_now(outcome)

@@ -236,6 +236,34 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True)
+class DistributedConfig:
+    """Several processes (hosts) sharing one learner mesh through jax.distributed.
+
+    Give the same command to every process, changing only the process id. Unset fields
+    come from JAX's own sources: JAX_COORDINATOR_ADDRESS, or a cluster JAX detects
+    (SLURM, Open MPI, Kubernetes, TPU pods). Device ids in `layout` index each process's
+    local devices; every process runs `layout` (its own actors, learner shards).
+    """
+
+    coordinator: str | None = None
+    """HOST:PORT where process 0 serves jax.distributed (reachable from every process)."""
+    num_processes: int | None = None
+    """Processes in the run (one per host, typically)."""
+    process_id: int | None = None
+    """This process's index, 0 .. num_processes - 1; process 0 writes metrics and evaluates."""
+    init_timeout_s: int = 300
+    """Seconds to wait for every process to join (initialization and the config check)."""
+    peer_timeout_s: float = 30.0
+    """A process not heard from for this long is lost and the run stops (a process that
+    exits or is killed is noticed at once, from its closed connection)."""
+
+    @property
+    def requested(self) -> bool:
+        """Any field set: run distributed (the others may come from JAX's detection)."""
+        return any(v is not None for v in (self.coordinator, self.num_processes, self.process_id))
+
+
+@dataclass(frozen=True)
 class LogConfig:
     """Where metrics go: the run directory (config.json, metrics.jsonl), console, loggers."""
 
@@ -287,18 +315,24 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
     # Derived sizes -------------------------------------------------------------------
     @property
     def num_actors(self) -> int:
+        """Actor threads of this process."""
         if self.runtime == "ray":
             return self.ray.num_workers
         return len(self.layout.actor_device_ids) * self.layout.actors_per_device
 
     @property
+    def num_processes(self) -> int:
+        return self.distributed.num_processes or 1
+
+    @property
     def steps_per_update(self) -> int:
-        """Env steps consumed by one learner update (one rollout from every actor)."""
-        return self.num_actors * self.env.num_envs * self.rollout_length
+        """Env steps consumed by one learner update (one rollout from every actor of every process)."""
+        return self.num_processes * self.num_actors * self.env.num_envs * self.rollout_length
 
     @property
     def num_updates(self) -> int:
@@ -596,10 +630,12 @@ def _validate_sizes(cfg: TrainConfig) -> None:
             f"one update of {cfg.num_actors} actors x {cfg.env.num_envs} envs x {cfg.rollout_length} steps "
             f"= {cfg.steps_per_update:,} samples does not fit an int32 array"
         )
+    validate_distributed(cfg.distributed)
     if cfg.total_steps < cfg.steps_per_update:
+        processes = f"{cfg.num_processes} processes x " if cfg.num_processes > 1 else ""
         raise ConfigError(
             f"total_steps ({cfg.total_steps}) is less than one update "
-            f"({cfg.num_actors} actors x {cfg.env.num_envs} envs x {cfg.rollout_length} steps "
+            f"({processes}{cfg.num_actors} actors x {cfg.env.num_envs} envs x {cfg.rollout_length} steps "
             f"= {cfg.steps_per_update})"
         )
     optimizer_steps = cfg.num_updates * _optimizer_steps_per_update(cfg)
@@ -620,3 +656,23 @@ def _validate_sizes(cfg: TrainConfig) -> None:
             f"impala.num_minibatches ({cfg.impala.num_minibatches}) must divide the envs per "
             f"learner shard ({envs_per_shard}): every minibatch takes whole env sequences from every shard"
         )
+
+
+def validate_distributed(d: DistributedConfig) -> None:
+    """The distributed fields that are set must make sense; unset ones are JAX's to detect."""
+    if d.coordinator is not None:
+        host, _, port = d.coordinator.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"distributed.coordinator must be HOST:PORT, got '{d.coordinator}'")
+    if d.num_processes is not None and d.num_processes < 1:
+        raise ConfigError(f"distributed.num_processes must be positive, got {d.num_processes}")
+    if (d.num_processes is None) != (d.process_id is None):
+        raise ConfigError("distributed.num_processes and distributed.process_id must be given together")
+    if d.process_id is not None and not 0 <= d.process_id < d.num_processes:
+        raise ConfigError(
+            f"distributed.process_id must be in 0..{d.num_processes - 1}, got {d.process_id}"
+        )
+    if d.init_timeout_s <= 0:
+        raise ConfigError(f"distributed.init_timeout_s must be positive, got {d.init_timeout_s}")
+    if d.peer_timeout_s <= 0:
+        raise ConfigError(f"distributed.peer_timeout_s must be positive, got {d.peer_timeout_s}")

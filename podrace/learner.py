@@ -10,6 +10,7 @@ are blocked on, checked finite, and only then published (version = updates appli
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -59,15 +60,34 @@ def trajectory_shardings(mesh: Mesh) -> tuple[NamedSharding, NamedSharding]:
 
 
 def env_keys(key: jax.Array, num_actors: int, envs_per_actor: int, mesh: Mesh) -> jax.Array:
-    """One raw key per env, [num_actors * envs_per_actor, 2], sharded along the mesh axis.
+    """One raw key per env of every process, [processes * num_actors * envs_per_actor, 2],
+    sharded along the mesh axis; `num_actors` counts the actors of one process.
 
-    Env (actor a, env j) always gets key number a * envs_per_actor + j, in row
-    j * num_actors + a: the column order of concat_actors, so every shard holds the keys of
-    exactly its own envs.
+    Env j of actor a of process p is global env g = (p * num_actors + a) * envs_per_actor + j
+    and always gets key number g, however the mesh is split over processes and devices.
+    Rows are laid out in the order the learner shards see their columns (each shard: its
+    slice of every local actor's envs, interleaved as concat_actors does: env j of actor a
+    at column j * num_actors + a), so each shard holds the keys of exactly its own envs. Each process places only the rows of its own devices.
     """
-    order = [a * envs_per_actor + j for j in range(envs_per_actor) for a in range(num_actors)]
-    keys = jax.random.split(key, num_actors * envs_per_actor)[np.asarray(order)]
-    return jax.device_put(keys, NamedSharding(mesh, P(AXIS)))
+    devices = list(mesh.devices.flat)
+    per_process = Counter(d.process_index for d in devices)
+    local_shards = per_process[devices[0].process_index]
+    if set(per_process.values()) != {local_shards}:
+        raise ValueError(f"every process needs the same number of learner devices, got {dict(per_process)}")
+    per_shard = envs_per_actor // local_shards
+    order = []
+    rank: Counter = Counter()
+    for device in devices:
+        p, d = device.process_index, rank[device.process_index]
+        rank[p] += 1
+        order += [
+            (p * num_actors + a) * envs_per_actor + j
+            for j in range(d * per_shard, (d + 1) * per_shard)
+            for a in range(num_actors)
+        ]
+    total = len(per_process) * num_actors * envs_per_actor
+    keys = np.asarray(jax.device_get(jax.random.split(key, total)))[np.asarray(order)]
+    return jax.make_array_from_callback(keys.shape, NamedSharding(mesh, P(AXIS)), lambda index: keys[index])
 
 
 class LearnerPlacement:
@@ -81,7 +101,10 @@ class LearnerPlacement:
     def __init__(self, time_sharding: NamedSharding, env_sharding: NamedSharding):
         self.time_sharding = time_sharding  # for [T, B, ...] leaves: P(None, axis)
         self.env_sharding = env_sharding  # for [B, ...] leaves: P(axis)
-        self.devices = list(time_sharding.mesh.devices.flat)
+        mesh = time_sharding.mesh
+        # This process's learner devices, in mesh order; other processes feed the rest.
+        self.devices = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
+        self.num_shards = mesh.devices.size
         n = len(self.devices)
 
         def split(traj: Trajectory):
@@ -107,7 +130,7 @@ class LearnerPlacement:
             shards = [getattr(t, name) for t in per_device]
             local = shards[0].shape
             axis = 1 if time_major else 0
-            shape = local[:axis] + (local[axis] * len(shards),) + local[axis + 1 :]
+            shape = local[:axis] + (local[axis] * self.num_shards,) + local[axis + 1 :]
             sharding = self.time_sharding if time_major else self.env_sharding
             return jax.make_array_from_single_device_arrays(shape, sharding, shards)
 

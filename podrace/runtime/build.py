@@ -108,17 +108,22 @@ def build_actor(
     envs: EnvSource | None = None,
 ) -> Actor:
     """Actor `actor_id` with its own envs (from `envs`, default `cfg.env`'s id) and key;
-    `policy.device` is where it acts."""
+    `policy.device` is where it acts.
+
+    Key and env seeds follow the global actor id (process id x actors per process + id):
+    the processes of a multi-host run never share seeds.
+    """
+    global_id = (cfg.distributed.process_id or 0) * cfg.num_actors + actor_id
     settings = ActorSettings(
         actor_id=actor_id,
         rollout_length=cfg.rollout_length,
         num_rollouts=cfg.num_updates - first_seq,
         max_policy_lag=cfg.max_policy_lag,
-        key=seed_key(cfg.seed, 2, actor_id),
+        key=seed_key(cfg.seed, 2, global_id),
         first_seq=first_seq,
     )
     envs = envs or EnvSource(cfg.env)
-    env = envs.make(cfg.env.num_envs, env_seed(cfg.seed, 0, actor_id))
+    env = envs.make(cfg.env.num_envs, env_seed(cfg.seed, 0, global_id))
     return Actor(settings, env, policy, params, out, control)
 
 

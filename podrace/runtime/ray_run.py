@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 import jax
 
-from podrace.actor import make_policy_fns
+from podrace.algos.normalizer import acting_apply
 from podrace.config import TrainConfig, resolved, validate, worker_resources
 from podrace.control import ComponentError, Control, Lifetime, Stopped, Watchdog
 from podrace.envs import env_spec, resolve_backend
@@ -162,14 +162,14 @@ class RayRun:
         first = devices.learners[0]
         # Host arrays go to one learner device, then through the thread runtime's placement.
         self.sink = PlacingSink(self.pipeline, lambda traj: placement.place(jax.device_put(traj, first)))
-        greedy = make_greedy_policy(network.apply)
+        greedy = make_greedy_policy(acting_apply(network.apply, cfg.normalize))
 
         compile_start = time.perf_counter()
         self.slots = [_Slot(i) for i in range(cfg.num_actors)]
         starts = [self._spawn(slot) for slot in self.slots]  # workers compile meanwhile
         placed = placement.place(dummy_trajectory(cfg, spec, first))
         warm_up_learner(self.learner, [placed] * cfg.num_actors)
-        warm_up_greedy(cfg, spec, greedy, self.learner.state.params, devices.evaluator)
+        warm_up_greedy(cfg, spec, greedy, self.learner.acting_params(), devices.evaluator)
         for slot, start in zip(self.slots, starts):
             self._await_start(slot, start)
         self.compile_s = time.perf_counter() - compile_start

@@ -23,6 +23,7 @@ import jax
 import numpy as np
 
 from podrace.actor import Actor, ActorSettings, make_policy_fns
+from podrace.algos.normalizer import acting_apply
 from podrace.config import TrainConfig
 from podrace.control import Control, Lifetime, Stopped, Watchdog
 from podrace.envs import make_env
@@ -103,7 +104,9 @@ class RolloutWorker:
         self._records: list[dict[str, float]] = []
         self._lock = threading.Lock()
         device = jax.devices("cpu")[0]
-        policy = make_policy_fns(make_network(cfg.network, spec.env_spec).apply).on(device)
+        # Snapshots carry the observation statistics when normalizing (see algos.normalizer).
+        apply = acting_apply(make_network(cfg.network, spec.env_spec).apply, cfg.normalize)
+        policy = make_policy_fns(apply).on(device)
         self.params = RaySubscriber(
             spec.board, spec.channel, device, name=f"worker-{spec.worker_id}.{spec.restart}"
         )

@@ -42,6 +42,7 @@ from podrace.runtime.devices import resolve_devices
 from podrace.runtime.memory import check_fits
 from podrace.runtime.rundir import create_run_dir, remove_run_dir, write_config
 from podrace.runtime.threads import ThreadGroup
+from podrace.runtime.distributed import local_copy
 from podrace.sync.local import LocalPublisher
 
 STOP_GRACE_S = 1.0
@@ -103,11 +104,14 @@ class SingleHostRun:
         self.metrics = metrics = Metrics()
         self.watchdog = watchdog = Watchdog(lifetime, cfg.safety.watchdog_s)
         self.stuck: list[str] = []
+        self.evaluates = not cfg.distributed.process_id
+        """Only process 0 of a multi-host run evaluates (and every single-host run)."""
         self.extra_sinks: list[Sink] = []
         """Metrics sinks a caller adds before `run()` (after the configured ones)."""
         network = make_network(cfg.network, spec)
         self.pipeline = pipeline = Pipeline(cfg.num_actors, cfg.layout.queue_size, cfg.max_policy_lag, lifetime)
-        self.publisher = publisher = LocalPublisher()
+        # Actors get this process's copy of the (possibly multi-process) replicated params.
+        self.publisher = publisher = LocalPublisher(transform=local_copy)
         lifetime.on_stop(publisher.close)
         self.learner, placement = build_learner(
             cfg, spec, network, devices.learners, pipeline, publisher, metrics, lifetime
@@ -118,7 +122,7 @@ class SingleHostRun:
         # normalization these carry the statistics, applied inside the jitted policy.
         apply = acting_apply(network.apply, cfg.normalize)
         fns, greedy = make_policy_fns(apply), make_greedy_policy(apply)
-        published = self.learner.acting_params()
+        published = local_copy(self.learner.acting_params())
 
         compile_start = time.perf_counter()
         dummies = {}
@@ -149,7 +153,7 @@ class SingleHostRun:
 
     def _after_update(self, version: int) -> None:
         every = self.cfg.eval.every_updates
-        if every and version % every == 0 and version < self.cfg.num_updates:
+        if self.evaluates and every and version % every == 0 and version < self.cfg.num_updates:
             self.evaluator.request(version)
 
     def run(self) -> TrainResult:
@@ -160,7 +164,8 @@ class SingleHostRun:
         def learn() -> None:
             self.learner.run()
             learned.append(time.perf_counter() - train_start)
-            final.append(self.evaluator.evaluate_final(self.learner.version))
+            if self.evaluates:
+                final.append(self.evaluator.evaluate_final(self.learner.version))
             lifetime.stop("finished")
 
         sinks: list[Sink] = make_sinks(cfg, self.run_dir)
@@ -171,7 +176,8 @@ class SingleHostRun:
         try:
             for actor in self.actors:
                 group.spawn(f"actor-{actor.actor_id}", actor.run)
-            group.spawn("evaluator", self.evaluator.run)
+            if self.evaluates:
+                group.spawn("evaluator", self.evaluator.run)
             group.spawn("learner", learn)
             group.spawn("watchdog", self.watchdog.run, guard_transfers=False)
             self._log_until_stopped(sinks, train_start)
