@@ -35,7 +35,7 @@ import jax
 
 from podrace.config import TrainConfig, replace, validate
 from podrace.control import Lifetime
-from podrace.envs import env_spec, resolve_backend
+from podrace.envs import EnvSource, resolve_backend
 from podrace.runtime.devices import resolve_devices
 from podrace.runtime.distributed import SHUTDOWN_TIMEOUT_S, Cluster, agree, global_learner_devices, join, resolved
 from podrace.runtime.peers import PeerLink, PeerLost, PeerStopped
@@ -71,7 +71,8 @@ def prepare(cfg: TrainConfig, lifetime: Lifetime | None = None) -> "MultiHostRun
             run_dir = run_dir_path(cfg) / f"process-{cluster.process_id}"
             run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
-        local = SingleHostRun(cfg, env_spec(cfg.env), devices, run_dir, lifetime)
+        envs = EnvSource(cfg.env)
+        local = SingleHostRun(cfg, envs.spec(), devices, run_dir, lifetime, envs)
     except BaseException as error:
         link.report_failure(f"while preparing: {type(error).__name__}: {error}".splitlines()[0])
         link.close()
