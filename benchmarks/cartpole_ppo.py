@@ -15,7 +15,8 @@ Ratios: e2e_sps / actor_only_sps (how well the learner hides behind the actors) 
 over envpool_sps (how much of raw env speed the actor loop keeps). Every child also reports
 its process CPU seconds (user + system, all threads): on a shared, loaded machine the CPU
 seconds per env step move much less than wall-clock rates, and `load_avg` says how loaded
-the machine was. `--pythonpath DIR` runs the children against another checkout (A/B).
+the machine was. `--baseline DIR` also runs every child against another checkout (e.g.
+`git archive <commit> podrace | tar -x -C DIR`), interleaved, for a before/after comparison.
 
     python benchmarks/cartpole_ppo.py [--out benchmarks/results/cartpole_ppo.json] [overrides...]
 
@@ -150,6 +151,9 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/cartpole_ppo.json")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--pythonpath", help="PYTHONPATH of the children (another checkout, for A/B)")
+    parser.add_argument("--baseline", metavar="DIR",
+                        help="also run every child against the checkout in DIR, interleaved with this one "
+                             "(a before/after comparison under the same load); reported under 'baseline'")
     parser.add_argument("--compile-cache", metavar="DIR",
                         help="children use JAX's persistent compilation cache in DIR (fill it first: run twice)")
     parser.add_argument("--mode", choices=["e2e", "actor-only", "envpool"], help=argparse.SUPPRESS)
@@ -159,12 +163,15 @@ def main() -> None:
         return
     modes = ("envpool", "e2e", "actor-only")
     runs: dict[str, list[dict]] = {m: [] for m in modes}
+    baseline: dict[str, list[dict]] = {m: [] for m in modes}
     load = [os.getloadavg()[0]]
     for _ in range(args.repeats):
         for mode in modes:
-            runs[mode].append(run_child(mode, overrides, args.pythonpath, args.compile_cache))
-            load.append(os.getloadavg()[0])
-            print(f"{mode}: {json.dumps(runs[mode][-1])}", file=sys.stderr)
+            sides = [(baseline, args.baseline)] if args.baseline else []
+            for into, path in [*sides, (runs, args.pythonpath)]:
+                into[mode].append(run_child(mode, overrides, path, args.compile_cache))
+                load.append(os.getloadavg()[0])
+                print(f"{mode} ({path or 'this checkout'}): {json.dumps(into[mode][-1])}", file=sys.stderr)
     raw, e2e, actors = (median_run(runs[m]) for m in modes)
     startup = {
         "whole_process_s": e2e["whole_process_s"],
@@ -207,10 +214,33 @@ def main() -> None:
         },
         "runs": runs,
     }
+    if args.baseline:
+        b_raw, b_e2e, b_actors = (median_run(baseline[m]) for m in modes)
+        report["baseline"] = {
+            "pythonpath": args.baseline,
+            "envpool": b_raw,
+            "e2e": b_e2e,
+            "actor_only": b_actors,
+            "ratios": {
+                "e2e_over_actor_only": b_e2e["sps"] / b_actors["sps"],
+                "e2e_over_envpool": b_e2e["sps"] / b_raw["sps"],
+                "actor_only_over_envpool": b_actors["sps"] / b_raw["sps"],
+            },
+            "this_over_baseline": {
+                "e2e_sps": e2e["sps"] / b_e2e["sps"],
+                "actor_only_sps": actors["sps"] / b_actors["sps"],
+                "e2e_cpu_per_step": e2e["cpu_us_per_env_step"] / b_e2e["cpu_us_per_env_step"],
+                "actor_only_cpu_per_step": actors["cpu_us_per_env_step"] / b_actors["cpu_us_per_env_step"],
+                "whole_process_s": e2e["whole_process_s"] / b_e2e["whole_process_s"],
+            },
+            "runs": baseline,
+        }
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({k: report[k] for k in ("ratios", "startup", "targets")}, indent=2))
+    if args.baseline:
+        print(json.dumps({"this_over_baseline": report["baseline"]["this_over_baseline"]}, indent=2))
 
 
 if __name__ == "__main__":
