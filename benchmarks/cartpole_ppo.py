@@ -1,12 +1,22 @@
-"""CartPole PPO benchmark: the `cartpole-ppo` preset end to end, and its actors alone.
+"""CartPole PPO benchmark: the `cartpole-ppo` preset end to end, its actors alone, and raw envpool.
 
-Both measurements run in this one invocation, each in a fresh child process (so compile
-caches and peak RSS are not shared), one after the other:
+Every measurement runs in this one invocation, each in a fresh child process (so compile
+caches and peak RSS are not shared), one after the other, `--repeats` times interleaved
+(figures are medians over repeats):
   e2e         the preset trained to completion: wall-clock, compile time, env steps/s,
-              final evaluation return, peak RSS;
+              final evaluation return, peak RSS, and the whole process split into
+              import, prepare (build + compile), train, final eval + shutdown, and the
+              rest (interpreter start and exit: whole_process_s minus what the child saw);
   actor-only  the same actors and pipeline with the learner's update replaced by a no-op
-              (params are still published every batch, so actors pace exactly as in e2e).
-The ratio e2e_sps / actor_only_sps says how well the learner hides behind the actors.
+              (params are still published every batch, so actors pace exactly as in e2e);
+  envpool     raw envpool stepping of the preset's env id with the preset's env count per
+              actor (synchronous, random actions, no policy): the ceiling for the actors.
+Ratios: e2e_sps / actor_only_sps (how well the learner hides behind the actors) and each
+over envpool_sps (how much of raw env speed the actor loop keeps). Every child also reports
+its process CPU seconds (user + system, all threads): on a shared, loaded machine the CPU
+seconds per env step move much less than wall-clock rates, and `load_avg` says how loaded
+the machine was. `--baseline DIR` also runs every child against another checkout (e.g.
+`git archive <commit> podrace | tar -x -C DIR`), interleaved, for a before/after comparison.
 
     python benchmarks/cartpole_ppo.py [--out benchmarks/results/cartpole_ppo.json] [overrides...]
 
@@ -17,18 +27,56 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import resource
 import subprocess
 import sys
 import tempfile
+import statistics
 import time
 from pathlib import Path
 
+_START = time.perf_counter()
 PRESET = "cartpole-ppo"
+PUREJAXRL_REFERENCE_S = 9.3
+"""PureJaxRL's CartPole PPO (same 500k steps and 976 updates, envs compiled into JAX), whole
+process on an idle 2-core machine, as measured for issue 15; not re-measured here."""
+ENVPOOL_STEPS = 3000
+
+
+def cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def envpool_child(overrides: list[str]) -> dict:
+    import numpy as np
+
+    from podrace.cli import parse_train
+
+    cfg = parse_train([PRESET, *overrides])
+    import envpool
+
+    n = cfg.env.num_envs
+    env = envpool.make(cfg.env.id, env_type="gymnasium", num_envs=n, batch_size=n, seed=0)
+    env.reset()
+    actions = np.random.default_rng(0).integers(0, env.action_space.n, size=(ENVPOOL_STEPS, n), dtype=np.int32)
+    for a in actions[:100]:
+        env.step(a)
+    cpu0, start = cpu_s(), time.perf_counter()
+    for a in actions:
+        env.step(a)
+    wall = time.perf_counter() - start
+    env.close()
+    steps = ENVPOOL_STEPS * n
+    return {"mode": "envpool", "num_envs": n, "env_steps": steps, "sps": steps / wall,
+            "cpu_us_per_env_step": (cpu_s() - cpu0) / steps * 1e6}
 
 
 def child(mode: str, overrides: list[str]) -> dict:
+    if mode == "envpool":
+        return envpool_child(overrides)
     from podrace.cli import force_cpu_devices, parse_train
     from podrace.config import replace
 
@@ -40,13 +88,23 @@ def child(mode: str, overrides: list[str]) -> dict:
     from podrace.runtime.single_host import prepare
 
     start = time.perf_counter()
+    import_s = start - _START
     run = prepare(cfg)
+    prepare_s = time.perf_counter() - start
     if mode == "actor-only":
         run.learner.update_fn = lambda state, trajs, keys: (state, keys, {"finite": True})
+    cpu0 = cpu_s()
     result = run.run()
+    train_cpu = cpu_s() - cpu0
     wall = time.perf_counter() - start
     return {
         "mode": mode,
+        "import_s": import_s,
+        "prepare_s": prepare_s,
+        "eval_and_shutdown_s": result.train_s - result.learn_s,
+        "child_total_s": time.perf_counter() - _START,
+        "train_cpu_s": train_cpu,
+        "cpu_us_per_env_step": train_cpu / result.env_steps * 1e6,
         "wall_s": wall,
         "compile_s": result.compile_s,
         "train_s": result.train_s,
@@ -61,42 +119,128 @@ def child(mode: str, overrides: list[str]) -> dict:
     }
 
 
+def run_child(mode: str, overrides: list[str], pythonpath: str | None, compile_cache: str | None = None) -> dict:
+    env = dict(os.environ)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    if compile_cache:  # JAX's persistent cache, as the README's "Start-up time" sets it
+        env.update(JAX_COMPILATION_CACHE_DIR=compile_cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    start = time.perf_counter()
+    out = subprocess.run(
+        [sys.executable, __file__, "--mode", mode, *overrides], check=True, capture_output=True, text=True, env=env
+    ).stdout
+    result = json.loads(out.strip().splitlines()[-1])
+    result["whole_process_s"] = time.perf_counter() - start
+    if "child_total_s" in result:
+        result["interpreter_start_and_exit_s"] = result["whole_process_s"] - result["child_total_s"]
+    return result
+
+
+def median_run(runs: list[dict]) -> dict:
+    """Per numeric field, the median over repeats; other fields from the first run."""
+    out = dict(runs[0])
+    for key, value in runs[0].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and all(key in r for r in runs):
+            out[key] = statistics.median(r[key] for r in runs)
+    out["repeats"] = len(runs)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="benchmarks/results/cartpole_ppo.json")
-    parser.add_argument("--mode", choices=["e2e", "actor-only"], help=argparse.SUPPRESS)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--pythonpath", help="PYTHONPATH of the children (another checkout, for A/B)")
+    parser.add_argument("--baseline", metavar="DIR",
+                        help="also run every child against the checkout in DIR, interleaved with this one "
+                             "(a before/after comparison under the same load); reported under 'baseline'")
+    parser.add_argument("--compile-cache", metavar="DIR",
+                        help="children use JAX's persistent compilation cache in DIR (fill it first: run twice)")
+    parser.add_argument("--mode", choices=["e2e", "actor-only", "envpool"], help=argparse.SUPPRESS)
     args, overrides = parser.parse_known_args()
     if args.mode:
         print(json.dumps(child(args.mode, overrides)))
         return
-    runs = {}
-    for mode in ("e2e", "actor-only"):
-        out = subprocess.run(
-            [sys.executable, __file__, "--mode", mode, *overrides], check=True, capture_output=True, text=True
-        ).stdout
-        runs[mode] = json.loads(out.strip().splitlines()[-1])
-        print(f"{mode}: {json.dumps(runs[mode])}", file=sys.stderr)
-    e2e, actors = runs["e2e"], runs["actor-only"]
+    modes = ("envpool", "e2e", "actor-only")
+    runs: dict[str, list[dict]] = {m: [] for m in modes}
+    baseline: dict[str, list[dict]] = {m: [] for m in modes}
+    load = [os.getloadavg()[0]]
+    for _ in range(args.repeats):
+        for mode in modes:
+            sides = [(baseline, args.baseline)] if args.baseline else []
+            for into, path in [*sides, (runs, args.pythonpath)]:
+                into[mode].append(run_child(mode, overrides, path, args.compile_cache))
+                load.append(os.getloadavg()[0])
+                print(f"{mode} ({path or 'this checkout'}): {json.dumps(into[mode][-1])}", file=sys.stderr)
+    raw, e2e, actors = (median_run(runs[m]) for m in modes)
+    startup = {
+        "whole_process_s": e2e["whole_process_s"],
+        "import_s": e2e["import_s"],
+        "compile_s": e2e["compile_s"],
+        "build_s": e2e["prepare_s"] - e2e["compile_s"],
+        "train_s": e2e["learn_s"],
+        "final_eval_and_shutdown_s": e2e["eval_and_shutdown_s"],
+        "interpreter_start_and_exit_s": e2e["interpreter_start_and_exit_s"],
+        "purejaxrl_reference_s": PUREJAXRL_REFERENCE_S,
+    }
+    ratios = {
+        "e2e_over_actor_only": e2e["sps"] / actors["sps"],
+        "e2e_over_envpool": e2e["sps"] / raw["sps"],
+        "actor_only_over_envpool": actors["sps"] / raw["sps"],
+        "e2e_cpu_per_step_over_envpool": e2e["cpu_us_per_env_step"] / raw["cpu_us_per_env_step"],
+    }
     report = {
         "benchmark": "cartpole_ppo",
         "preset": PRESET,
         "overrides": overrides,
+        "compile_cache": args.compile_cache,
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "machine": {"platform": platform.platform(), "python": platform.python_version()},
+        "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                    "cpus": os.cpu_count(), "load_avg_1min_during": load},
+        "envpool": raw,
         "e2e": e2e,
         "actor_only": actors,
-        "ratio_e2e_over_actor_only": e2e["sps"] / actors["sps"],
+        "ratio_e2e_over_actor_only": ratios["e2e_over_actor_only"],
+        "ratios": ratios,
+        "startup": startup,
         "targets": {
             "final_eval_return>=475": (e2e["final_eval_return"] or 0) >= 475,
             "wall_s<30": e2e["wall_s"] < 30,
             "peak_rss_mb<2048": e2e["peak_rss_mb"] < 2048,
-            "ratio>=0.9": e2e["sps"] / actors["sps"] >= 0.9,
+            "ratio>=0.9": ratios["e2e_over_actor_only"] >= 0.9,
+            "e2e>=0.4*envpool": ratios["e2e_over_envpool"] >= 0.4,
+            "actor_only>=0.5*envpool": ratios["actor_only_over_envpool"] >= 0.5,
+            "whole_process<=purejaxrl_reference": startup["whole_process_s"] <= PUREJAXRL_REFERENCE_S,
         },
+        "runs": runs,
     }
+    if args.baseline:
+        b_raw, b_e2e, b_actors = (median_run(baseline[m]) for m in modes)
+        report["baseline"] = {
+            "pythonpath": args.baseline,
+            "envpool": b_raw,
+            "e2e": b_e2e,
+            "actor_only": b_actors,
+            "ratios": {
+                "e2e_over_actor_only": b_e2e["sps"] / b_actors["sps"],
+                "e2e_over_envpool": b_e2e["sps"] / b_raw["sps"],
+                "actor_only_over_envpool": b_actors["sps"] / b_raw["sps"],
+            },
+            "this_over_baseline": {
+                "e2e_sps": e2e["sps"] / b_e2e["sps"],
+                "actor_only_sps": actors["sps"] / b_actors["sps"],
+                "e2e_cpu_per_step": e2e["cpu_us_per_env_step"] / b_e2e["cpu_us_per_env_step"],
+                "actor_only_cpu_per_step": actors["cpu_us_per_env_step"] / b_actors["cpu_us_per_env_step"],
+                "whole_process_s": e2e["whole_process_s"] / b_e2e["whole_process_s"],
+            },
+            "runs": baseline,
+        }
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report, indent=2))
+    print(json.dumps({k: report[k] for k in ("ratios", "startup", "targets")}, indent=2))
+    if args.baseline:
+        print(json.dumps({"this_over_baseline": report["baseline"]["this_over_baseline"]}, indent=2))
 
 
 if __name__ == "__main__":

@@ -3,10 +3,16 @@
 An actor owns its envs, its random key and a weight-sync subscriber. Before rollout `seq`
 it makes sure its params are at least version `seq - max_policy_lag` (waiting if the
 learner is behind), then steps T times: observations go host->device and actions
-device->host with explicit transfers only. The finished rollout (arrays on the actor's
-device) goes to a `RolloutSink`; where it goes from there (a queue in this process, the
-learner's mesh, another machine) is the sink's business, so the same loop runs in a
-thread or in a remote worker.
+device->host with explicit transfers only.
+
+Per step the loop does only what cannot be moved out of it: one `device_put` of the
+observations, one jitted policy call (sampling with a cheap PRNG, see `SAMPLING_PRNG`), one
+`device_get` of the actions, one env step, and row writes into host arrays allocated once
+per rollout (rewards, flags), moved to the device in one transfer at its end. On XLA:CPU a
+small policy's cost is per-call overhead, not arithmetic (`benchmarks/cartpole_ppo.py`).
+The finished rollout (arrays on the actor's device) goes to a `RolloutSink`; where it goes
+from there (a queue in this process, the learner's mesh, another machine) is the sink's
+business, so the same loop runs in a thread or in a remote worker.
 """
 
 from __future__ import annotations
@@ -38,6 +44,29 @@ class PolicyFns:
     def on(self, device: jax.Device) -> "PolicyFns":
         """The same compiled functions, run on `device`."""
         return dataclasses.replace(self, device=device)
+
+
+SAMPLING_PRNG = "unsafe_rbg"
+"""PRNG implementation of the actor's sampling key.
+
+Threefry (JAX's default) lowers to a rolled loop of small kernels on XLA:CPU: splitting the
+key and drawing the Gumbel noise of one step took about as long as the policy network
+itself. `unsafe_rbg` draws with one RngBitGenerator op. It is just as deterministic (a run
+with the same seed samples the same actions); what it gives up is the guarantee that split
+streams are statistically independent, which action sampling does not need. Learner and
+evaluator keys stay threefry."""
+
+
+def sampling_key(key: jax.Array) -> jax.Array:
+    """The actor's sampling key derived from a raw (threefry) key, e.g. `ActorSettings.key`.
+
+    Raw uint32[2] keys stay the currency of settings and checkpoints; the conversion is a
+    pure function of them, so a resumed or restarted actor derives the same key again.
+    """
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):  # a typed threefry key: its raw data
+        key = jax.random.key_data(key)
+    data = jax.random.bits(jax.random.wrap_key_data(key, impl="threefry2x32"), (4,), jnp.uint32)
+    return jax.random.wrap_key_data(data, impl=SAMPLING_PRNG)
 
 
 def make_policy_fns(apply_fn: Callable) -> PolicyFns:
@@ -98,7 +127,7 @@ class Actor:
         self.params = params
         self.out = out
         self.control = control
-        self.key = jax.device_put(settings.key, policy.device)
+        self.key = jax.device_put(sampling_key(settings.key), policy.device)
         self.snapshot = None
         self.env_steps = 0
 
@@ -142,45 +171,44 @@ class Actor:
     def _rollout(self, seq: int, obs: np.ndarray, prev_done: np.ndarray):
         T, B, device = self.settings.rollout_length, self.env.num_envs, self.policy.device
         params, version = self.snapshot.params, self.snapshot.version
-        rewards = np.zeros((T, B), np.float32)
-        terminated = np.zeros((T, B), bool)
-        truncated = np.zeros((T, B), bool)
-        valid = np.zeros((T, B), bool)
-        obs_d, actions_d, logprobs_d, values_d = [], [], [], []
+        policy_step, env_step, call = self.policy.step, self.env.step, self._env_call
+        # Fresh per rollout (every row is written below): a device copy may still be in
+        # flight, or the rollout still queued, when the next rollout starts.
+        rewards = np.empty((T, B), np.float32)
+        terminated, truncated, valid = np.empty((T, B), bool), np.empty((T, B), bool), np.empty((T, B), bool)
+        obs_d, actions_d, logprobs_d, values_d = [None] * T, [None] * T, [None] * T, [None] * T
         returns, lengths = [], []
+        key = self.key
         t_inference = t_d2h = t_env = 0.0
         start = time.perf_counter()
         for t in range(T):
             t0 = time.perf_counter()
-            obs_dev = jax.device_put(obs, device)
-            action, logprob, value, self.key = self.policy.step(params, obs_dev, self.key)
+            obs_dev = obs_d[t] = jax.device_put(obs, device)
+            action, logprobs_d[t], values_d[t], key = policy_step(params, obs_dev, key)
+            actions_d[t] = action
             action.block_until_ready()
             t1 = time.perf_counter()
             action_host = jax.device_get(action)
             t2 = time.perf_counter()
             self.env_steps += 1
-            step = self._env_call("env.step", self.env.step, action_host, seq=seq)
+            step = call("env.step", env_step, action_host, seq=seq)
             t3 = time.perf_counter()
             t_inference += t1 - t0
             t_d2h += t2 - t1
             t_env += t3 - t2
-            obs_d.append(obs_dev)
-            actions_d.append(action)
-            logprobs_d.append(logprob)
-            values_d.append(value)
             rewards[t] = step.reward
             terminated[t] = step.terminated
             truncated[t] = step.truncated
-            valid[t] = ~prev_done
+            np.logical_not(prev_done, out=valid[t])
             prev_done = step.terminated | step.truncated
             if step.episode_done.any():
                 returns.append(step.episode_return[step.episode_done])
                 lengths.append(step.episode_length[step.episode_done])
             obs = step.obs
-        last_obs = jax.device_put(obs, device)
+        self.key = key
+        last_obs, host = jax.device_put((obs, (rewards, terminated, truncated, valid)), device)
         last_value = self.policy.value(params, last_obs)
         stacked = self.policy.stack(tuple(obs_d), tuple(actions_d), tuple(logprobs_d), tuple(values_d))
-        host = jax.device_put((rewards, terminated, truncated, valid), device)
         traj = Trajectory(*stacked, *host, last_obs=last_obs, last_value=last_value)
         rollout = Rollout(
             actor_id=self.settings.actor_id,

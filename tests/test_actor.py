@@ -201,3 +201,17 @@ def test_closed_params_channel_is_not_swallowed():
     with pytest.raises(ChannelClosed):
         actor.run()
     assert len(sink.rollouts) == 2
+
+
+@pytest.mark.timeout(60)
+def test_sampling_key_is_a_pure_function_of_the_raw_key():
+    from podrace.actor import SAMPLING_PRNG, sampling_key
+
+    raw = jax.random.PRNGKey(7)
+    a, b = sampling_key(raw), sampling_key(jax.random.key(7))  # raw and typed threefry keys agree
+    assert str(jax.random.key_impl(a)) == SAMPLING_PRNG
+    np.testing.assert_array_equal(jax.random.key_data(a), jax.random.key_data(b))
+    other = sampling_key(jax.random.PRNGKey(8))
+    assert not np.array_equal(jax.random.key_data(a), jax.random.key_data(other))
+    draws = [np.asarray(jax.random.categorical(k, jnp.zeros((64, 2)))) for k in (a, sampling_key(raw))]
+    np.testing.assert_array_equal(*draws)

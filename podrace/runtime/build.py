@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
-from podrace.actor import Actor, ActorSettings, PolicyFns, RolloutSink
+from podrace.actor import Actor, ActorSettings, PolicyFns, RolloutSink, sampling_key
 from podrace.algos.normalizer import init_normalizer
 from podrace.config import TrainConfig
 from podrace.control import Control, Lifetime
@@ -157,7 +157,7 @@ def warm_up_policy(cfg: TrainConfig, spec: EnvSpec, policy: PolicyFns, params) -
     T = cfg.rollout_length
     params = jax.device_put(params, policy.device)
     obs = jax.device_put(np.zeros((cfg.env.num_envs,) + spec.obs_shape, spec.obs_dtype), policy.device)
-    key = jax.device_put(jax.random.PRNGKey(0), policy.device)
+    key = jax.device_put(sampling_key(jax.random.PRNGKey(0)), policy.device)
     action, logprob, value, _ = policy.step(params, obs, key)
     policy.value(params, obs)
     jax.block_until_ready(policy.stack((obs,) * T, (action,) * T, (logprob,) * T, (value,) * T))
