@@ -194,7 +194,8 @@ class Learner:
         self.version = publisher.publish(state.params)
 
     def run(self) -> None:
-        for _ in range(self.settings.num_updates):
+        # From the first published version (0, or a resumed checkpoint's) to num_updates.
+        for _ in range(self.settings.num_updates - self.version):
             self.lifetime.check()
             self.step()
 

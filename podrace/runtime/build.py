@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from podrace.actor import Actor, ActorSettings, PolicyFns, RolloutSink
+from podrace.algos.base import TrainState
 from podrace.config import TrainConfig
 from podrace.control import Control
 from podrace.envs import make_env
@@ -44,9 +45,14 @@ def seed_key(seed: int, *path: int) -> jax.Array:
     return key
 
 
-def env_seed(seed: int, stream: int, actor_id: int) -> int:
-    """Distinct, reproducible env seeds per (run seed, stream, actor)."""
-    return int(np.random.SeedSequence([seed, stream, actor_id]).generate_state(1)[0] & 0x7FFFFFFF)
+def env_seed(seed: int, stream: int, actor_id: int, *more: int) -> int:
+    """Distinct, reproducible env seeds per (run seed, stream, actor[, more, e.g. a resume point])."""
+    return int(np.random.SeedSequence([seed, stream, actor_id, *more]).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+def actor_key(cfg: TrainConfig, actor_id: int) -> jax.Array:
+    """The policy-sampling key actor `actor_id` of a fresh run starts with."""
+    return seed_key(cfg.seed, 2, actor_id)
 
 
 def build_learner(
@@ -58,15 +64,22 @@ def build_learner(
     publisher: Publisher,
     metrics: Metrics,
     lifetime: Lifetime,
+    restore: Callable[[TrainState, jax.Array], tuple[TrainState, jax.Array]] | None = None,
 ) -> tuple[Learner, LearnerPlacement]:
-    """The learner on its mesh (initial params published as version 0) and the placement
-    that puts a rollout's arrays onto that mesh."""
+    """The learner on its mesh (initial params published as the publisher's first version)
+    and the placement that puts a rollout's arrays onto that mesh.
+
+    `restore(state, keys)` (resuming a run) returns the state and keys to start from, placed
+    like the fresh ones it is given (which serve as its template)."""
     mesh = make_mesh(devices)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     dummy_obs = np.zeros((1,) + spec.obs_shape, spec.obs_dtype)
     params = jax.jit(network.init, out_shardings=replicated)(seed_key(cfg.seed, 0), dummy_obs)
     algo = make_algorithm(cfg, network.apply)
     state = jax.jit(algo.init, out_shardings=replicated)(params)
+    keys = env_keys(seed_key(cfg.seed, 1), cfg.num_actors, cfg.env.num_envs, mesh)
+    if restore is not None:
+        state, keys = restore(state, keys)
     settings = LearnerSettings(
         num_updates=cfg.num_updates,
         steps_per_update=cfg.steps_per_update,
@@ -76,7 +89,7 @@ def build_learner(
     learner = Learner(
         settings,
         state=state,
-        keys=env_keys(seed_key(cfg.seed, 1), cfg.num_actors, cfg.env.num_envs, mesh),
+        keys=keys,
         update_fn=make_update_fn(algo, mesh, cfg.num_actors),
         pipeline=pipeline,
         publisher=publisher,
@@ -94,17 +107,23 @@ def build_actor(
     out: RolloutSink,
     control: Control,
     first_seq: int = 0,
+    key: jax.Array | None = None,
 ) -> Actor:
-    """Actor `actor_id` with its own envs and key; `policy.device` is where it acts."""
+    """Actor `actor_id` with its own envs and key; `policy.device` is where it acts.
+
+    An actor that starts later in the run (`first_seq` > 0: a resumed run, a restarted
+    worker) gets env seeds with `first_seq` folded in, so its envs do not replay the
+    episodes the run's start already played; `key` (default `actor_key`) is its key."""
     settings = ActorSettings(
         actor_id=actor_id,
         rollout_length=cfg.rollout_length,
         num_rollouts=cfg.num_updates - first_seq,
         max_policy_lag=cfg.max_policy_lag,
-        key=seed_key(cfg.seed, 2, actor_id),
+        key=actor_key(cfg, actor_id) if key is None else key,
         first_seq=first_seq,
     )
-    env = make_env(cfg.env, cfg.env.num_envs, env_seed(cfg.seed, 0, actor_id))
+    later = (first_seq,) if first_seq else ()
+    env = make_env(cfg.env, cfg.env.num_envs, env_seed(cfg.seed, 0, actor_id, *later))
     return Actor(settings, env, policy, params, out, control)
 
 
