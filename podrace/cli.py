@@ -94,6 +94,14 @@ def split_resume(args: Sequence[str]) -> tuple[tuple[str, int | None] | None, li
     return (found["--resume"], None if step is None else int(step)), rest
 
 
+def set_xla_flags(cfg: TrainConfig) -> None:
+    """The XLA flags a config asks for; before JAX starts its backend (later calls are no-ops)."""
+    if cfg.layout.platform in (None, "cpu"):
+        force_cpu_devices(cfg.layout.cpu_devices)
+    if cfg.deterministic:
+        append_xla_flag("--xla_gpu_deterministic_ops", "true")
+
+
 def parse_resumed(run_dir: str, step: int | None, args: Sequence[str]):
     """(Resume pinned to a step, config): the checkpoint's config with the flags in `args`
     applied; ConfigError for a flag --resume does not allow. Starts no JAX backend."""
@@ -101,8 +109,11 @@ def parse_resumed(run_dir: str, step: int | None, args: Sequence[str]):
 
     import tyro
 
-    from podrace.runtime.resume import Resume, check_changes, stored_config
+    from podrace.runtime.resume import Resume, check_changes, run_config_json, stored_config
 
+    early = run_config_json(Path(run_dir))
+    if early is not None:
+        set_xla_flags(early)  # opening the checkpoint starts JAX's backend
     resume = Resume(Path(run_dir), step)
     step, stored = stored_config(resume)
     cfg = tyro.cli(TrainConfig, default=stored, args=list(args), prog="podrace train --resume RUN_DIR")
@@ -179,10 +190,7 @@ class _Training:
             from podrace.envs import resolve_backend
             from podrace.runtime.rundir import check_run_dir
 
-            if cfg.layout.platform in (None, "cpu"):
-                force_cpu_devices(cfg.layout.cpu_devices)
-            if cfg.deterministic:
-                append_xla_flag("--xla_gpu_deterministic_ops", "true")
+            set_xla_flags(cfg)
             resolve_backend(cfg.env)
             if resume is None:
                 check_run_dir(cfg)

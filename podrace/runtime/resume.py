@@ -81,11 +81,24 @@ def check_run_dir(run_dir: Path) -> None:
         raise ConfigError(f"cannot resume {run_dir}: the directory is not writable")
 
 
+def run_config_json(run_dir: Path) -> TrainConfig | None:
+    """The run's config.json (None when unreadable), read without JAX: what a CLI needs to
+    set XLA flags before the checkpoint is opened. The layout in it is the checkpoint's, as
+    a resume cannot change the layout."""
+    from podrace.config import config_from_dict
+
+    try:
+        return config_from_dict(json.loads((Path(run_dir) / "config.json").read_text()))
+    except (OSError, ValueError, TypeError):  # ConfigError is a ValueError
+        return None
+
+
 def stored_config(resume: Resume) -> tuple[int, TrainConfig]:
     """(step, the checkpoint's config with log.run_dir/run_name pointing at `resume.run_dir`).
 
-    Verifies the checkpoint's files (a damaged one is a ConfigError naming the file). Imports
-    JAX but does not start a backend, so a CLI may still set XLA_FLAGS afterwards.
+    Verifies the checkpoint's files (a damaged one is a ConfigError naming the file). This
+    starts JAX's backend (orbax asks for the process index): a CLI sets XLA_FLAGS before,
+    from `run_config_json`.
     """
     from podrace.checkpoint import checkpoint_steps, read_config
 
@@ -209,5 +222,6 @@ __all__ = [
     "commit",
     "resume_point",
     "split_metrics",
+    "run_config_json",
     "stored_config",
 ]
