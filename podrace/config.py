@@ -95,12 +95,18 @@ class PPOConfig:
 
 @dataclass(frozen=True)
 class ImpalaConfig:
-    """IMPALA / V-trace hyperparameters (used when `algo` is `impala`)."""
+    """IMPALA / V-trace hyperparameters (used when `algo` is `impala`).
+
+    The defaults are Cleanba's cleanba_impala.py. The optimizer sees the gradient of the
+    loss SUMMED over a minibatch's valid samples, as in the paper, scalable_agent, TorchBeast
+    and Cleanba, so rmsprop_eps and max_grad_norm mean what they mean there whatever the
+    batch size (the reported losses are means).
+    """
 
     learning_rate: float = 6e-4
     """RMSProp step size (start value when annealed)."""
     anneal_lr: bool = True
-    """Linearly decay the learning rate to zero over the run."""
+    """Decay the learning rate linearly to zero over the run, one step per update (Cleanba)."""
     gamma: float = 0.99
     """Discount factor."""
     vtrace_lambda: float = 1.0
@@ -114,17 +120,16 @@ class ImpalaConfig:
     ent_coef: float = 0.01
     """Weight of the entropy bonus."""
     max_grad_norm: float = 40.0
-    """Global gradient-norm clipping threshold. podrace's loss is a mean over samples, so
-    the paper's value for a summed loss (40) corresponds to 40 / N for N samples per
-    minibatch (presets.mean_loss_rmsprop converts)."""
+    """Global-norm clip of the summed-loss gradient (paper and Cleanba: 40)."""
     rmsprop_decay: float = 0.99
     """RMSProp decay of the squared-gradient average."""
     rmsprop_eps: float = 0.01
-    """RMSProp epsilon (inside the square root). With podrace's mean loss the paper's
-    summed-loss eps (0.01) corresponds to 0.01 / N**2 for N samples per minibatch; larger
-    values make eps dominate and steps tiny (presets.mean_loss_rmsprop converts)."""
+    """RMSProp epsilon, on the summed-loss scale (paper and Cleanba: 0.01)."""
+    rmsprop_style: Literal["tf", "torch"] = "torch"
+    """torch: g / (sqrt(ms) + eps), ms from 0 (PyTorch; Cleanba, TorchBeast). tf: g / sqrt(ms
+    + eps), ms from 1 (TF1 RMSPropOptimizer; the paper's scalable_agent)."""
     num_minibatches: int = 1
-    """Minibatches per update, per learner shard (one pass over the data)."""
+    """Minibatches per update (whole env sequences; one pass over the data)."""
 
 
 @dataclass(frozen=True)
@@ -470,7 +475,7 @@ def _validate_algos(cfg: TrainConfig) -> None:
         ("impala.vf_coef", impala.vf_coef, "non-negative"),
         ("impala.ent_coef", impala.ent_coef, "non-negative"),
         ("impala.max_grad_norm", impala.max_grad_norm, "positive"),
-        ("impala.rmsprop_decay", impala.rmsprop_decay, "unit"),
+        ("impala.rmsprop_decay", impala.rmsprop_decay, "below one"),
         ("impala.rmsprop_eps", impala.rmsprop_eps, "positive"),
         ("impala.num_minibatches", impala.num_minibatches, "positive"),
     ]
@@ -481,6 +486,8 @@ def _validate_algos(cfg: TrainConfig) -> None:
             raise ConfigError(f"{name} must be >= 0, got {value}")
         if rule == "unit" and not 0 <= value <= 1:
             raise ConfigError(f"{name} must be in [0, 1], got {value}")
+        if rule == "below one" and not 0 <= value < 1:
+            raise ConfigError(f"{name} must be in [0, 1), got {value}")
 
 
 def _validate_sizes(cfg: TrainConfig) -> None:
@@ -518,5 +525,5 @@ def _validate_sizes(cfg: TrainConfig) -> None:
     elif envs_per_shard % cfg.impala.num_minibatches:
         raise ConfigError(
             f"impala.num_minibatches ({cfg.impala.num_minibatches}) must divide the envs per "
-            f"learner shard ({envs_per_shard})"
+            f"learner shard ({envs_per_shard}): every minibatch takes whole env sequences from every shard"
         )

@@ -22,9 +22,9 @@ from podrace.algos.base import Algorithm, TrainState
 from podrace.algos.impala import make_impala
 from podrace.algos.ppo import make_ppo
 from podrace.config import TrainConfig
+from podrace.control import Lifetime
 from podrace.metrics.registry import Metrics
 from podrace.pipeline import Pipeline
-from podrace.control import Lifetime
 from podrace.sync.base import Publisher
 from podrace.types import Trajectory
 
@@ -59,18 +59,11 @@ def trajectory_shardings(mesh: Mesh) -> tuple[NamedSharding, NamedSharding]:
 def env_keys(key: jax.Array, num_actors: int, envs_per_actor: int, mesh: Mesh) -> jax.Array:
     """One raw key per env, [num_actors * envs_per_actor, 2], sharded along the mesh axis.
 
-    Env (actor a, env j) always gets key number a * envs_per_actor + j; the rows are laid
-    out in the order the learner shards see their columns (each shard: its slice of every
-    actor's envs, actor by actor), so shard d holds the keys of exactly its own envs.
+    Env (actor a, env j) always gets key number a * envs_per_actor + j, in row
+    j * num_actors + a: the column order of concat_actors, so every shard holds the keys of
+    exactly its own envs.
     """
-    shards = mesh.devices.size
-    per_shard = envs_per_actor // shards
-    order = [
-        a * envs_per_actor + j
-        for d in range(shards)
-        for a in range(num_actors)
-        for j in range(d * per_shard, (d + 1) * per_shard)
-    ]
+    order = [a * envs_per_actor + j for j in range(envs_per_actor) for a in range(num_actors)]
     keys = jax.random.split(key, num_actors * envs_per_actor)[np.asarray(order)]
     return jax.device_put(keys, NamedSharding(mesh, P(AXIS)))
 
@@ -124,13 +117,18 @@ class LearnerPlacement:
 
 
 def concat_actors(trajs: Sequence[Trajectory]) -> Trajectory:
-    """Concatenate per-actor (local) trajectories along the env axis."""
-    time_major = [jnp.concatenate([getattr(t, f) for t in trajs], axis=1) for f in Trajectory._fields[:8]]
-    return Trajectory(
-        *time_major,
-        last_obs=jnp.concatenate([t.last_obs for t in trajs], axis=0),
-        last_value=jnp.concatenate([t.last_value for t in trajs], axis=0),
-    )
+    """Interleave per-actor (local) trajectories along the env axis: env j of actor a is
+    column j * num_actors + a. Each shard holds a slice of every actor's envs, so this
+    global column order is the same for any number of learner devices."""
+
+    def interleave(xs, axis):
+        stacked = jnp.stack(xs, axis=axis + 1)
+        return stacked.reshape(stacked.shape[:axis] + (-1,) + stacked.shape[axis + 2:])
+
+    return Trajectory(*(
+        interleave([getattr(t, f) for t in trajs], 0 if f in ("last_obs", "last_value") else 1)
+        for f in Trajectory._fields
+    ))
 
 
 def make_update_fn(algo: Algorithm, mesh: Mesh, num_actors: int) -> Callable:

@@ -91,12 +91,15 @@ def fake_train(monkeypatch, result=None, error=None):
     """Stand in for the runtime: the CLI's reporting is what is tested here."""
     from podrace.runtime import single_host
 
-    def train(cfg):
-        if error is not None:
-            raise error
-        return result
+    class FakeRun:
+        stuck: list[str] = []
 
-    monkeypatch.setattr(single_host, "train", train)
+        def run(self):
+            if error is not None:
+                raise error
+            return result
+
+    monkeypatch.setattr(single_host, "prepare", lambda cfg, lifetime=None: FakeRun())
 
 
 @pytest.mark.timeout(60)

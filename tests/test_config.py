@@ -185,3 +185,26 @@ def test_resolved_config_writes_what_deterministic_implies():
     assert written["layout"]["synchronous"] is True
     assert written["layout"]["max_policy_lag"] == 0
     assert resolved(cfg).max_policy_lag == cfg.max_policy_lag == 0
+
+
+BAD_IMPALA = [
+    # 2 actors x 16 envs on one learner shard: 3 minibatches do not divide 32 envs.
+    (["--impala.num-minibatches", "3"], "impala.num_minibatches (3) must divide the envs per learner shard (32)"),
+    (["--impala.num-minibatches", "0"], "impala.num_minibatches must be positive"),
+    (["--impala.max-grad-norm", "0"], "impala.max_grad_norm must be positive"),
+    (["--impala.rmsprop-eps", "-1"], "impala.rmsprop_eps must be positive"),
+    (["--impala.rmsprop-decay", "1"], "impala.rmsprop_decay must be in [0, 1)"),
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("flags,message", BAD_IMPALA, ids=[" ".join(f) for f, _ in BAD_IMPALA])
+def test_bad_impala_config(capsys, tmp_path, flags, message):
+    """The same contract for the IMPALA preset's own settings."""
+    runs = tmp_path / "runs"
+    code = main(["train", "cartpole-impala", "--log.run-dir", str(runs), *flags])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert message in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert not runs.exists()

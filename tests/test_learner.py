@@ -1,16 +1,25 @@
-"""The sharded learner step: 4 learner devices give the 1-device result; shard keys differ."""
+"""The sharded learner step (4 learner devices give the 1-device result; shard keys differ)
+and `Learner.run` alone with fakes."""
+
+from typing import NamedTuple
 
 import jax
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from podrace.learner import LearnerPlacement
 from podrace.config import EnvConfig, NetworkConfig, PPOConfig, TrainConfig, LayoutConfig, ImpalaConfig
+from podrace.control import Lifetime
 from podrace.envs import env_spec
-from podrace.learner import AXIS, make_algorithm, make_mesh, make_update_fn, env_keys, trajectory_shardings
+from podrace.learner import (
+    AXIS, Learner, LearnerPlacement, LearnerSettings, NonFiniteUpdate, env_keys, make_algorithm, make_mesh,
+    make_update_fn, trajectory_shardings,
+)
+from podrace.metrics.registry import Metrics
 from podrace.networks import make_network
-from podrace.types import Trajectory
+from podrace.pipeline import Pipeline
+from podrace.sync.local import LocalPublisher
+from podrace.types import Rollout, Trajectory
 
 T, B, ACTORS = 8, 8, 2
 
@@ -87,28 +96,19 @@ def test_every_learner_shard_draws_from_its_own_keys():
 
 
 def test_an_envs_key_does_not_depend_on_the_learner_count():
-    """Shard d holds its slice of every actor's envs; the key of env (a, j) is the same."""
+    """Env (a, j) is column j * ACTORS + a of the batch for any learner count (shard d holds
+    its slice of every actor's envs, env by env), and its key sits in the same row."""
+    keys = jax.random.split(jax.random.PRNGKey(0), ACTORS * B)
     one = np.asarray(jax.device_get(env_keys(jax.random.PRNGKey(0), ACTORS, B, make_mesh(jax.devices()[:1]))))
     four = np.asarray(jax.device_get(env_keys(jax.random.PRNGKey(0), ACTORS, B, make_mesh(jax.devices()[:4]))))
-    per_shard = B // 4
-    for d in range(4):
-        for a in range(ACTORS):
-            for j in range(per_shard):
-                row = d * ACTORS * per_shard + a * per_shard + j
-                np.testing.assert_array_equal(four[row], one[a * B + d * per_shard + j])
+    np.testing.assert_array_equal(four, one)
+    for a in range(ACTORS):
+        for j in range(B):
+            np.testing.assert_array_equal(one[j * ACTORS + a], keys[a * B + j])
     assert len({tuple(k) for k in one.tolist()}) == ACTORS * B
 
 
 # --- Learner.run alone, with fakes --------------------------------------------------------
-
-from typing import NamedTuple  # noqa: E402
-
-from podrace.control import Lifetime  # noqa: E402
-from podrace.learner import Learner, LearnerSettings, NonFiniteUpdate  # noqa: E402
-from podrace.metrics.registry import Metrics  # noqa: E402
-from podrace.pipeline import Pipeline  # noqa: E402
-from podrace.sync.local import LocalPublisher  # noqa: E402
-from podrace.types import Rollout  # noqa: E402
 
 
 class FakeState(NamedTuple):
@@ -195,3 +195,27 @@ def test_learner_advances_its_keys_between_updates():
     for i in range(3):
         for j in range(i):
             assert not (used[i] == used[j]).any(), (i, j)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("num_minibatches", [2, 4])
+def test_impala_minibatches_of_several_actors_do_not_depend_on_the_learner_count(num_minibatches):
+    """IMPALA minibatches are blocks of consecutive env columns; the batch's column order
+    (env-major across actors) is the same for 1, 2 and 4 learners, so the blocks are too."""
+    cfg = TrainConfig(
+        algo="impala",
+        env=EnvConfig(id="CartPole-v1", num_envs=B),
+        network=NetworkConfig(hidden_sizes=(16, 16)),
+        impala=ImpalaConfig(num_minibatches=num_minibatches),
+        layout=LayoutConfig(actors_per_device=ACTORS),
+        rollout_length=T,
+        total_steps=T * B * ACTORS * 10,
+    )
+    rng = np.random.default_rng(1)
+    host = [random_trajectory(rng, env_spec(cfg.env)) for _ in range(ACTORS)]
+    params_1, metrics_1 = one_update(cfg, 1, host)
+    for learners in (2, 4):
+        params_n, metrics_n = one_update(cfg, learners, host)
+        for a, b in zip(jax.tree.leaves(params_1), jax.tree.leaves(params_n)):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(metrics_1["loss"], metrics_n["loss"], rtol=1e-4, atol=1e-5)

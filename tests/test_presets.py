@@ -4,15 +4,19 @@ spell out the standard settings and the published hyperparameters they claim."""
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
+from jax.sharding import PartitionSpec as P
 
-from podrace.algos.impala import impala_loss, make_impala
-from podrace.cli import main
-from podrace.config import ImpalaConfig, validate
+from podrace.algos.advantages import vtrace
+from podrace.cli import main, parse_train
+from podrace.config import validate
 from podrace.envs import env_spec, resolve_backend
-from podrace.presets import PRESETS, mean_loss_rmsprop
+from podrace.learner import AXIS, TRAJECTORY_SPEC, make_algorithm, make_mesh
+from podrace.presets import PRESETS
+from podrace.types import Trajectory
+from tests.algos import numpy_reference as ref
 from tests.algos.helpers import random_trajectory, small_network
 
 NAMES = sorted(PRESETS)
@@ -52,39 +56,43 @@ def test_required_presets_exist():
     assert PRESETS["atari-ppo"][1].algo == "ppo"
 
 
+# (episodic life, no-ops, full action space, Breakout's actions): atari-ppo follows CleanRL's
+# envs, atari-impala Cleanba's (Machado et al. 2018: no episodic life, all 18 actions).
+ATARI_ENVS = {"atari-ppo": (True, 30, False, 4), "atari-impala": (False, 1, True, 18)}
+
+
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("name", ["atari-ppo", "atari-impala"])
+@pytest.mark.parametrize("name", sorted(ATARI_ENVS))
 def test_atari_presets_state_the_standard_settings(name):
     cfg = PRESETS[name][1]
     env = cfg.env
     assert env.id == "Breakout-v5" and env.backend == "envpool"
     assert (env.frame_skip, env.image_size, env.frame_stack) == (4, 84, 4)
-    assert env.sticky_action_prob == 0.25 and not env.full_action_space
-    assert env.episodic_life and env.reward_clip
+    assert env.sticky_action_prob == 0.25 and env.reward_clip
+    episodic_life, noop_max, full_action_space, num_actions = ATARI_ENVS[name]
+    assert (env.episodic_life, env.noop_max, env.full_action_space) == (episodic_life, noop_max, full_action_space)
     assert env.max_episode_steps == 108_000 // 4
     # 200M frames = 50M agent steps at frame skip 4.
     assert cfg.total_steps * env.frame_skip == 200_000_000
     spec = env_spec(env)
-    assert spec.obs_shape == (4, 84, 84) and spec.obs_dtype == np.uint8 and spec.num_actions == 4
+    assert spec.obs_shape == (4, 84, 84) and spec.obs_dtype == np.uint8 and spec.num_actions == num_actions
     # The game is overridable; every other setting stays.
     other = dataclasses.replace(env, id="Pong-v5")
     validate(dataclasses.replace(cfg, env=other))
-    assert resolve_backend(other) == "envpool" and env_spec(other).num_actions == 6
+    assert resolve_backend(other) == "envpool" and env_spec(other).num_actions == (18 if full_action_space else 6)
 
 
 @pytest.mark.timeout(30)
-def test_atari_impala_follows_the_paper():
+def test_atari_impala_follows_cleanba():
+    """cleanba_impala.py's Args and make_env, written out."""
     cfg = PRESETS["atari-impala"][1]
     imp = cfg.impala
     assert cfg.network.torso == "impala_resnet" and cfg.network.hidden_sizes == (256,)
-    assert cfg.rollout_length == 20
-    envs_per_minibatch = cfg.num_actors * cfg.env.num_envs // imp.num_minibatches
-    assert envs_per_minibatch == 32  # the paper's batch of 32 unrolls
-    assert (imp.learning_rate, imp.anneal_lr, imp.gamma) == (6e-4, True, 0.99)
-    assert (imp.ent_coef, imp.vf_coef, imp.rho_bar, imp.c_bar, imp.rmsprop_decay) == (0.01, 0.5, 1.0, 1.0, 0.99)
-    samples = envs_per_minibatch * cfg.rollout_length
-    assert imp.rmsprop_eps * samples**2 == pytest.approx(0.01)
-    assert imp.max_grad_norm * samples == pytest.approx(40.0)
+    assert (cfg.rollout_length, cfg.num_actors, cfg.env.num_envs, imp.num_minibatches) == (20, 2, 64, 4)
+    assert cfg.total_steps == 50_000_000
+    assert (imp.learning_rate, imp.anneal_lr, imp.gamma, imp.vtrace_lambda) == (6e-4, True, 0.99, 1.0)
+    assert (imp.ent_coef, imp.vf_coef, imp.rho_bar, imp.c_bar) == (0.01, 0.5, 1.0, 1.0)
+    assert (imp.rmsprop_style, imp.rmsprop_eps, imp.rmsprop_decay, imp.max_grad_norm) == ("torch", 0.01, 0.99, 40.0)
     assert cfg.layout.scan_unroll >= imp.num_minibatches  # fully unrolled (see the benchmark)
 
 
@@ -100,42 +108,61 @@ def test_atari_ppo_follows_cleanrl():
     assert cfg.layout.scan_unroll >= max(ppo.num_epochs, ppo.num_minibatches)
 
 
-@pytest.mark.timeout(120)
-def test_mean_loss_rmsprop_reproduces_the_summed_loss_update():
-    """make_impala with converted eps/clip == RMSProp(eps, clip) on the summed IMPALA loss.
-
-    The clip binds and eps is as large as the first RMSProp second moment of the clipped
-    summed gradient, so both matter; kept unconverted with a mean loss, that eps swamps
-    the (samples times smaller) gradients and the step is several times smaller.
-    """
-    net, params = small_network(True)
-    traj = random_trajectory(net, params, True, T=8, B=8, seed=5)
-    samples = int(np.asarray(traj.valid).sum())
-    lr, decay = 1e-2, 0.9
-    base = ImpalaConfig(learning_rate=lr, anneal_lr=False, num_minibatches=1, rmsprop_decay=decay)
+def cleanba_summed_loss_gradient(net, params, traj, imp):
+    """Gradient of Cleanba's loss: the per-step IMPALA loss SUMMED over valid steps."""
+    dist, values = net.apply(params, traj.obs)
+    _, last_value = net.apply(params, traj.last_obs)
+    vs, pg = vtrace(traj.logprobs, dist.log_prob(traj.actions), traj.rewards, values, last_value,
+                    traj.terminated, traj.truncated, traj.valid, imp.gamma, imp.vtrace_lambda,
+                    imp.rho_bar, imp.c_bar)
+    w = traj.valid.astype(jnp.float32)
 
     def summed(p):
-        return impala_loss(p, net.apply, traj, base, None)[0] * samples
+        d, v = net.apply(p, traj.obs)
+        return jnp.sum(w * (-d.log_prob(traj.actions) * pg + imp.vf_coef * 0.5 * (vs - v) ** 2
+                            - imp.ent_coef * d.entropy()))
 
-    grads = jax.grad(summed)(params)
-    # A clip that binds on the summed gradient but would not on the mean one.
-    clip_sum = float(optax.tree.norm(grads)) / np.sqrt(samples)
-    num_params = sum(x.size for x in jax.tree.leaves(grads))
-    eps_sum = (1 - decay) * (clip_sum**2 / num_params)  # ~ the mean first second moment
-    paper = optax.chain(optax.clip_by_global_norm(clip_sum), optax.rmsprop(lr, decay=decay, eps=eps_sum, eps_in_sqrt=True))
-    updates, _ = paper.update(grads, paper.init(params), params)
-    expected = optax.apply_updates(params, updates)
+    return jax.grad(summed)(params)
 
-    def ours(eps, clip):
-        cfg = dataclasses.replace(base, rmsprop_eps=eps, max_grad_norm=clip)
-        algo = make_impala(cfg, net.apply, 10, None)
-        keys = jax.random.split(jax.random.PRNGKey(0), traj.last_value.shape[0])
-        return jax.jit(algo.update)(algo.init(params), traj, keys)[0].params
 
-    converted = ours(*mean_loss_rmsprop(eps_sum, clip_sum, samples))
-    for a, b in zip(jax.tree.leaves(converted), jax.tree.leaves(expected)):
-        np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-7)
-    unconverted = ours(eps_sum, clip_sum)
-    step = lambda p: sum(float(np.abs(np.asarray(x) - np.asarray(y)).sum())
-                         for x, y in zip(jax.tree.leaves(p), jax.tree.leaves(params)))
-    assert step(unconverted) < 0.3 * step(converted)
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    "argv", [["atari-impala"], ["atari-ppo", "--algo", "impala"], ["cartpole-ppo", "--algo", "impala"]]
+)
+def test_every_way_of_selecting_impala_gets_cleanbas_optimizer(argv):
+    """One update of the configured learner (its own T, envs and minibatches; a small
+    network) equals Cleanba's: per minibatch, the summed-loss gradient clipped to norm 40,
+    then PyTorch RMSProp (eps 0.01 outside the sqrt, decay 0.99) at lr 6e-4. Every env
+    column holds the same data, so every minibatch is the same whatever the shuffle."""
+    cfg = parse_train(argv)
+    validate(cfg)
+    assert cfg.algo == "impala"
+    net, params = small_network(True)
+    num_envs = cfg.num_actors * cfg.env.num_envs
+    num_mb = cfg.impala.num_minibatches
+    column = random_trajectory(net, params, True, T=cfg.rollout_length, B=1, seed=2)
+    assert np.asarray(column.valid).sum() >= cfg.rollout_length // 2
+
+    def tile(name, x, n):
+        return jnp.repeat(x, n, axis=0 if name in ("last_obs", "last_value") else 1)
+
+    traj = Trajectory(*(tile(n, x, num_envs) for n, x in zip(Trajectory._fields, column)))
+    minibatch = Trajectory(*(tile(n, x, num_envs // num_mb) for n, x in zip(Trajectory._fields, column)))
+
+    algo = make_algorithm(cfg, net.apply)
+    update = jax.jit(jax.shard_map(algo.update, mesh=make_mesh(jax.devices()[:1]),
+                                   in_specs=(P(), TRAJECTORY_SPEC, P(AXIS)), out_specs=(P(), P())))
+    state, _ = update(algo.init(params), traj, jax.random.split(jax.random.PRNGKey(0), num_envs))
+
+    grad_fn = jax.jit(lambda p: cleanba_summed_loss_gradient(net, p, minibatch, cfg.impala))
+    expected, treedef = jax.tree.leaves(params), jax.tree.structure(params)
+    grads = []
+    for _ in range(num_mb):  # the reference walks the same minibatch num_mb times
+        grads.append([np.asarray(g) for g in jax.tree.leaves(grad_fn(jax.tree.unflatten(treedef, expected)))])
+        expected = ref.rmsprop(jax.tree.leaves(params), grads, [6e-4] * len(grads),
+                               decay=0.99, eps=0.01, max_norm=40.0, style="torch")
+    got = jax.tree.leaves(state.params)
+    moved = max(np.abs(np.asarray(a) - np.asarray(b)).max() for a, b in zip(got, jax.tree.leaves(params)))
+    assert moved > 1e-3
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(np.asarray(g), e, rtol=1e-4, atol=2e-6)

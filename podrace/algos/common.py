@@ -53,20 +53,29 @@ class MaskedMean:
         self.count = jnp.maximum(count, 1.0)
         self.axis_name = axis_name
 
+    def local_sum(self, x: jax.Array) -> jax.Array:
+        """sum over this shard of valid x (psum of local sums = the global masked sum)."""
+        return jnp.sum(jnp.where(self.valid, x, 0.0))
+
     def share(self, x: jax.Array) -> jax.Array:
         """sum over this shard of valid x / global count (psum of shares = global mean)."""
-        return jnp.sum(jnp.where(self.valid, x, 0.0)) / self.count
+        return self.local_sum(x) / self.count
 
     def mean(self, x: jax.Array) -> jax.Array:
         """The global masked mean, identical on every shard."""
         return psum(self.share(x), self.axis_name)
 
 
-def learning_rate_schedule(lr: float, anneal: bool, total_steps: int) -> optax.Schedule:
-    """Constant, or linear decay to 0 over `total_steps` optimizer steps."""
-    if anneal:
-        return optax.linear_schedule(lr, 0.0, transition_steps=max(1, total_steps))
-    return optax.constant_schedule(lr)
+def learning_rate_schedule(lr: float, anneal: bool, total_steps: int, hold: int = 1) -> optax.Schedule:
+    """Constant, or linear decay to 0 over `total_steps` optimizer steps.
+
+    With `hold` = k the rate changes only every k steps (lr * (1 - (count // k) * k /
+    total_steps)): one value per update when k is the optimizer steps per update.
+    """
+    if not anneal:
+        return optax.constant_schedule(lr)
+    linear = optax.linear_schedule(lr, 0.0, transition_steps=max(1, total_steps))
+    return linear if hold == 1 else (lambda count: linear(count // hold * hold))
 
 
 LossFn = Callable[[PyTree, PyTree], tuple[jax.Array, Metrics]]

@@ -1,15 +1,22 @@
 """IMPALA: V-trace actor-critic for the decoupled learner.
 
 Target log-probabilities and values are recomputed with the current params; V-trace
-corrects for the policy lag between the behaviour and the learner. The local env axis
-is split into num_minibatches groups of whole time sequences (one pass over the data).
-Masked means use the global valid count, so a mesh of equal shards computes what one
-device would on the whole batch.
+corrects for the policy lag between the behaviour and the learner. One update is one pass
+over the data in num_minibatches optimizer steps, each on whole env sequences.
+
+The optimizer sees the gradient of the loss SUMMED over the minibatch's valid samples (the
+paper, scalable_agent, TorchBeast and Cleanba all sum), so the published RMSProp eps and
+clip norm apply as they are for any batch size; the reported losses are means.
+
+Minibatches are stratified by env: consecutive blocks of num_minibatches envs each deal
+one env to every minibatch, in an order drawn from the envs' own keys. The learner lays
+envs out in the same global order for any number of learner devices, and a block never
+straddles two shards, so 1, 2 or 4 learner devices compute the same update.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Literal
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +38,12 @@ from podrace.types import PyTree, Trajectory
 
 ApplyFn = Callable[[PyTree, jax.Array], tuple]
 
+TRUNCATION_TOLERANCE = 0.01
+"""A weight counts as truncated when the bar cuts at least 1% off it: float noise in the
+recomputed log-probabilities alone puts half of all on-policy ratios a hair above 1."""
+
+_ENV_MAJOR = ("last_obs", "last_value")
+
 
 def impala_loss(
     params: PyTree,
@@ -39,11 +52,12 @@ def impala_loss(
     cfg: ImpalaConfig,
     axis_name: str | None,
 ) -> tuple[jax.Array, Metrics]:
-    """Returns (this shard's share of the loss, global metrics) on a [T, b] trajectory.
+    """Returns (this shard's share of the SUMMED loss, global metrics as means) on [T, b].
 
-    loss = -mean(log pi(a) * pg_adv) + vf_coef * mean(0.5 (vs - V)^2) - ent_coef * entropy,
-    means over valid steps; approx_kl and clip_frac (fraction with pi/mu > rho_bar)
-    measure the policy lag.
+    loss = sum over valid steps of -log pi(a) * pg_adv + vf_coef * 0.5 (vs - V)^2
+    - ent_coef * entropy. Metrics: the same terms as means over valid steps, approx_kl, and
+    rho_truncated / c_truncated, the fractions of importance weights cut by rho-bar / c-bar
+    (how off-policy the data is).
     """
     dist, values = apply_fn(params, traj.obs)
     _, last_value = apply_fn(params, traj.last_obs)
@@ -53,55 +67,75 @@ def impala_loss(
         traj.truncated, traj.valid, cfg.gamma, cfg.vtrace_lambda, cfg.rho_bar, cfg.c_bar,
     )
     masked = MaskedMean(traj.valid, axis_name)
+    per_step = -logp * pg_adv + cfg.vf_coef * 0.5 * jnp.square(vs - values) - cfg.ent_coef * dist.entropy()
+    summed = masked.local_sum(per_step)
     shares = {
         "policy_loss": masked.share(-logp * pg_adv),
         "value_loss": masked.share(0.5 * jnp.square(vs - values)),
         "entropy": masked.share(dist.entropy()),
     }
-    loss = shares["policy_loss"] + cfg.vf_coef * shares["value_loss"] - cfg.ent_coef * shares["entropy"]
     log_ratio = logp - traj.logprobs
-    ratio = jnp.exp(log_ratio)
+    cut = jnp.log1p(TRUNCATION_TOLERANCE)
     stats = {
         **shares,
-        "loss": loss,
-        "approx_kl": masked.share((ratio - 1.0) - log_ratio),
-        "clip_frac": masked.share((ratio > cfg.rho_bar).astype(jnp.float32)),
+        "loss": shares["policy_loss"] + cfg.vf_coef * shares["value_loss"] - cfg.ent_coef * shares["entropy"],
+        "approx_kl": masked.share(jnp.expm1(log_ratio) - log_ratio),
+        "rho_truncated": masked.share((log_ratio > jnp.log(cfg.rho_bar) + cut).astype(jnp.float32)),
+        "c_truncated": masked.share((log_ratio > jnp.log(cfg.c_bar) + cut).astype(jnp.float32)),
     }
-    return loss, jax.lax.stop_gradient(psum(stats, axis_name))
+    return summed, jax.lax.stop_gradient(psum(stats, axis_name))
 
 
-def _split_envs(traj: Trajectory, num_mb: int, key: jax.Array) -> Trajectory:
-    """[T, B, ...] -> [num_mb, T, B / num_mb, ...] (last_obs/last_value: [num_mb, B / num_mb, ...]).
+def rmsprop(
+    learning_rate: optax.ScalarOrSchedule, decay: float, eps: float, style: Literal["tf", "torch"]
+) -> optax.GradientTransformation:
+    """RMSProp in the convention a user's numbers come from (momentum 0, not centred).
 
-    Envs are shuffled with `key` first when there is more than one minibatch.
+    torch (PyTorch's RMSprop, used by Cleanba and TorchBeast): g / (sqrt(ms) + eps), ms from 0.
+    tf (TF1's tf.train.RMSPropOptimizer, used by the paper's scalable_agent): g / sqrt(ms +
+    eps), ms from 1. With the same eps the two take steps of very different sizes.
     """
-    num_envs = traj.last_value.shape[0]
+    if style == "torch":
+        return optax.rmsprop(learning_rate, decay=decay, eps=eps, initial_scale=0.0, eps_in_sqrt=False)
+    if style == "tf":
+        return optax.rmsprop(learning_rate, decay=decay, eps=eps, initial_scale=1.0, eps_in_sqrt=True)
+    raise ValueError(f"unknown RMSProp style {style!r}")
+
+
+def make_optimizer(cfg: ImpalaConfig, num_updates: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """(global-norm clip then RMSProp, its learning-rate schedule): one rate per update, as Cleanba."""
+    num_mb = cfg.num_minibatches
+    schedule = learning_rate_schedule(cfg.learning_rate, cfg.anneal_lr, num_updates * num_mb, hold=num_mb)
+    optimizer = optax.chain(
+        optax.clip_by_global_norm(cfg.max_grad_norm),
+        rmsprop(schedule, cfg.rmsprop_decay, cfg.rmsprop_eps, cfg.rmsprop_style),
+    )
+    return optimizer, schedule
+
+
+def minibatch_envs(keys: jax.Array, num_mb: int) -> jax.Array:
+    """[num_mb, B / num_mb] local env indices: row m lists the envs of minibatch m.
+
+    Each block of num_mb consecutive envs deals one env to every minibatch, ranked by a
+    uniform draw from each env's own key.
+    """
+    num_envs = keys.shape[0]
     if num_envs % num_mb:
         raise ValueError(f"impala.num_minibatches ({num_mb}) must divide the envs per shard ({num_envs})")
-    if num_mb > 1:
-        perm = jax.random.permutation(key, num_envs)
-        traj = traj._replace(
-            **{f: jnp.take(getattr(traj, f), perm, axis=0) for f in ("last_obs", "last_value")},
-            **{
-                f: jnp.take(getattr(traj, f), perm, axis=1)
-                for f in traj._fields
-                if f not in ("last_obs", "last_value")
-            },
-        )
+    draws = jax.vmap(jax.random.uniform)(keys).reshape(num_envs // num_mb, num_mb)
+    blocks = num_mb * jnp.arange(num_envs // num_mb)[:, None]
+    return (jnp.argsort(draws, axis=1) + blocks).T
 
-    def split_time_major(x):
-        x = x.reshape((x.shape[0], num_mb, -1) + x.shape[2:])
-        return jnp.moveaxis(x, 1, 0)
 
-    def split_env_major(x):
-        return x.reshape((num_mb, -1) + x.shape[1:])
+def split_minibatches(traj: Trajectory, envs: jax.Array) -> Trajectory:
+    """[T, B, ...] -> [num_mb, T, B / num_mb, ...] (last_obs/last_value: [num_mb, B / num_mb, ...])."""
 
-    return Trajectory(
-        **{
-            f: (split_env_major if f in ("last_obs", "last_value") else split_time_major)(getattr(traj, f))
-            for f in traj._fields
-        }
-    )
+    def take(name, x):
+        if name in _ENV_MAJOR:
+            return x[envs]
+        return jnp.moveaxis(x[:, envs], 1, 0)
+
+    return Trajectory(**{name: take(name, getattr(traj, name)) for name in traj._fields})
 
 
 def make_impala(
@@ -111,17 +145,9 @@ def make_impala(
     axis_name: str | None,
     scan_unroll: int = 1,
 ) -> Algorithm:
-    """IMPALA as an Algorithm; `apply_fn(params, obs) -> (dist, value)`.
-
-    RMSProp (decay, eps inside the sqrt as in the paper's TF optimizer) after global-norm
-    clipping; optional linear decay to 0 over num_updates * num_minibatches steps.
-    """
+    """IMPALA as an Algorithm; `apply_fn(params, obs) -> (dist, value)`."""
     num_mb = cfg.num_minibatches
-    schedule = learning_rate_schedule(cfg.learning_rate, cfg.anneal_lr, num_updates * num_mb)
-    optimizer = optax.chain(
-        optax.clip_by_global_norm(cfg.max_grad_norm),
-        optax.rmsprop(schedule, decay=cfg.rmsprop_decay, eps=cfg.rmsprop_eps),
-    )
+    optimizer, schedule = make_optimizer(cfg, num_updates)
 
     def loss_fn(params, minibatch):
         return impala_loss(params, apply_fn, minibatch, cfg, axis_name)
@@ -130,9 +156,10 @@ def make_impala(
     minibatch_step = make_minibatch_step(optimizer, loss_fn, schedule, axis_name)
 
     def update(state: TrainState, traj: Trajectory, keys: jax.Array) -> tuple[TrainState, Metrics]:
-        # Env shuffling (num_minibatches > 1 only) uses the first local env's key, so it is
-        # shard-local: unlike PPO's, IMPALA minibatches depend on the learner count.
-        minibatches = _split_envs(traj, num_mb, keys[0])
+        if num_mb == 1:  # one minibatch: no gather
+            minibatches = jax.tree.map(lambda x: x[None], traj)
+        else:
+            minibatches = split_minibatches(traj, minibatch_envs(keys, num_mb))
         carry = (state.params, state.opt_state, state.step * num_mb)
         (params, opt_state, _), metrics = jax.lax.scan(
             minibatch_step, carry, minibatches, unroll=min(scan_unroll, num_mb)

@@ -18,7 +18,7 @@ import numpy as np
 from podrace.actor import Actor, ActorSettings, PolicyFns, RolloutSink
 from podrace.algos.base import TrainState
 from podrace.config import TrainConfig
-from podrace.control import Control
+from podrace.control import Control, Lifetime
 from podrace.envs import make_env
 from podrace.evaluate import Evaluator
 from podrace.learner import (
@@ -33,7 +33,6 @@ from podrace.learner import (
 )
 from podrace.metrics.registry import Metrics
 from podrace.pipeline import Pipeline
-from podrace.control import Lifetime
 from podrace.sync.base import Publisher, Subscriber
 from podrace.types import EnvSpec, Trajectory
 

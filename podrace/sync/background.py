@@ -26,6 +26,7 @@ from podrace.sync.base import (
     Snapshot,
     SyncError,
     SyncTimeout,
+    wait_limit,
 )
 from podrace.sync.push import PushFanout
 from podrace.sync.spec import TreeSpec
@@ -48,7 +49,7 @@ class BackgroundPublisher(Publisher):
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self._label = label
-        self._stage = TransformStage(transform, label, finish=_to_host)
+        self._stage = TransformStage(transform, label, finish=lambda params: self._check_host(_to_host(params)))
         self._cond = threading.Condition()
         self._versions = VersionCounter(first_version)
         self._pending: Published | None = None
@@ -70,6 +71,11 @@ class BackgroundPublisher(Publisher):
     # -- transport hooks --------------------------------------------------------------
     def _check(self, params: PyTree) -> None:
         """Reject params the transport cannot carry, in the learner's thread (metadata only)."""
+
+    def _check_host(self, host: PyTree) -> PyTree:
+        """Reject a transformed version the transport cannot carry (it raises; runs in the
+        transform stage, so only that version fails, not the channel). Returns `host`."""
+        return host
 
     @abstractmethod
     def _deliver(self, version: int, host: PyTree, spec: TreeSpec) -> None:
@@ -119,6 +125,7 @@ class BackgroundPublisher(Publisher):
                 self._push.offer(self._latest, self._latest.version, only=name)
 
     def flush(self, timeout: float | None = None) -> None:
+        timeout = wait_limit(timeout)
         with self._cond:
             done = self._cond.wait_for(
                 lambda: self._closed or self._failure is not None or self._settled == self._versions.latest,
@@ -186,13 +193,15 @@ class BackgroundPublisher(Publisher):
                 if self._closed:
                     return
                 entry, self._pending = self._pending, None
-            snapshot = self._host(entry)
-            if snapshot is None:  # its transform failed: this version is skipped, not the channel
-                with self._cond:
-                    self._settled = entry.version
-                    self._cond.notify_all()
-                continue
             try:
+                # an Exception in the transform fails that version only (None); anything
+                # else (SystemExit, ...) fails the channel below, never the thread silently
+                snapshot = self._host(entry)
+                if snapshot is None:  # its transform failed: this version is skipped, not the channel
+                    with self._cond:
+                        self._settled = entry.version
+                        self._cond.notify_all()
+                    continue
                 spec = TreeSpec.of(snapshot.params)
                 self._bytes = spec.nbytes
                 start = time.perf_counter()

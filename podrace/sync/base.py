@@ -6,6 +6,7 @@ conformance suite, so the actor and learner loops never know which one they use.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -42,6 +43,16 @@ class PublisherGone(ChannelClosed):
 
 class SnapshotMismatch(SyncError):
     """A snapshot's tree structure, shapes or dtypes differ from what was expected."""
+
+
+def wait_limit(timeout: float | None) -> float | None:
+    """A `timeout` argument as threading waits take it: None (or +inf) waits forever, a
+    negative one is 0; NaN is a ValueError (it would wait forever or not at all)."""
+    if timeout is None or timeout == math.inf:
+        return None  # threading's waits reject inf (OverflowError)
+    if math.isnan(timeout):
+        raise ValueError("timeout is NaN")
+    return max(0.0, float(timeout))
 
 
 class Subscriber(ABC):

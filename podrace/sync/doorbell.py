@@ -200,5 +200,6 @@ class DoorbellClient:
     def close(self) -> None:
         with contextlib.suppress(OSError):  # already disconnected: the reader is ending anyway
             self._sock.shutdown(socket.SHUT_RDWR)
-        self._thread.join(5)
+        if threading.current_thread() is not self._thread:  # a finalizer may run on it
+            self._thread.join(5)
         self._sock.close()

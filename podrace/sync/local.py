@@ -27,6 +27,7 @@ from podrace.sync.base import (
     Snapshot,
     Subscriber,
     SyncTimeout,
+    wait_limit,
 )
 from podrace.sync.placement import Placement, placement_name
 from podrace.sync.push import PushFanout
@@ -176,9 +177,13 @@ class LocalPublisher(Publisher):
                 raise ChannelClosed(f"subscriber {sub.name!r} is closed")
             return self._entries[-1].version
 
-    def _wake_all(self) -> None:
+    def _unsubscribe(self, sub: "LocalSubscriber") -> None:
+        """Forget a closed subscriber: no longer reported, and its name is free again (as
+        on shm and ray, where a closed subscriber drops out of the metrics)."""
         with self._cond:
-            self._cond.notify_all()
+            if self._subscribers.get(sub.name) is sub:
+                del self._subscribers[sub.name]
+            self._cond.notify_all()  # wakes its blocked get()
 
     def _snapshot(self, entry: Published, where: Placement) -> Snapshot | None:
         """The snapshot of `entry` placed at `where`, computed once and shared; None if
@@ -226,6 +231,7 @@ class LocalSubscriber(Subscriber):
 
     def get(self, min_version: int, timeout: float | None = None) -> Snapshot:
         self._check_open()
+        timeout = wait_limit(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         want = min_version
         while True:
@@ -260,4 +266,4 @@ class LocalSubscriber(Subscriber):
 
     def close(self) -> None:
         self._closed = True
-        self._pub._wake_all()
+        self._pub._unsubscribe(self)

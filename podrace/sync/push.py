@@ -91,7 +91,8 @@ class _PushWorker:
             self._cond.notify_all()
 
     def join(self, timeout: float) -> None:
-        self._thread.join(timeout)
+        if threading.current_thread() is not self._thread:  # a target may close its publisher
+            self._thread.join(timeout)
 
     def metrics(self) -> dict[str, float | int]:
         p = f"push/{self.name}"

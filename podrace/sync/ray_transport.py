@@ -29,6 +29,7 @@ import os
 import threading
 import time
 import uuid
+import weakref
 from collections import deque
 from typing import Any, Callable
 
@@ -44,6 +45,7 @@ from podrace.sync.base import (
     Subscriber,
     SyncError,
     SyncTimeout,
+    wait_limit,
 )
 from podrace.sync.placement import DeviceKey, device_from_key, device_key
 from podrace.sync.spec import TreeSpec, unreadable_tree
@@ -284,6 +286,7 @@ class RaySubscriber(Subscriber):
         self._error: SyncError | None = None  # e.g. SnapshotMismatch of the newest version
         self._thread: threading.Thread | None = None
         self._call: Any = None
+        self._forget: weakref.finalize | None = None
         self._transfer_time = RunningStat()
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -295,71 +298,74 @@ class RaySubscriber(Subscriber):
     def _start(self) -> None:
         with self._cond:
             if self._thread is None and not self._closed:
-                self._thread = threading.Thread(target=self._fetch_loop, name=f"podrace-ray-fetch-{self.name}", daemon=True)
+                # The thread holds the subscriber only during one board wait: one dropped
+                # without close() (e.g. unpickled per Ray task) is collected, its thread
+                # ends and the board forgets it, instead of pulling every version forever.
+                self._thread = threading.Thread(
+                    target=_fetch_loop, args=(weakref.ref(self),), name=f"podrace-ray-fetch-{self.name}", daemon=True
+                )
+                self._forget = weakref.finalize(self, _forget, self._board, self.channel, self.name)
+                self._forget.atexit = False
                 self._thread.start()
 
-    def _fetch_loop(self) -> None:
-        try:
-            self._fetch_forever()
-        finally:
-            with self._cond:
-                self._call = None  # hold no reference once the thread is gone
-
-    def _fetch_forever(self) -> None:
+    def _fetch_step(self, last: int) -> int | None:
+        """One board wait, and the fetch of what it announced; the next `last`, or None
+        once the thread must end."""
         ray = _ray()
-        last = -1
-        while True:
+        try:
+            with self._cond:  # close() cancels exactly the call issued before it
+                if self._closed:
+                    return None
+                self._call = call = self._board.wait.remote(
+                    self.channel, last + 1, self._long_poll, self.name, self._grace
+                )
             try:
-                with self._cond:  # close() cancels exactly the call issued before it
-                    if self._closed:
-                        return
-                    self._call = call = self._board.wait.remote(
-                        self.channel, last + 1, self._long_poll, self.name, self._grace
-                    )
                 status, version, refs = ray.get(call)  # refs: the error text when "closed"
+            finally:
                 del call
                 with self._cond:
-                    self._call = None
-                    if self._closed:
-                        return
-                if status == "timeout":
-                    continue
-                if status == "closed":
-                    if refs is not None:
-                        self._end(PublisherGone(f"ray channel: publisher failed: {refs}"))
-                    else:
-                        self._end(ChannelClosed(f"ray channel closed by its publisher (subscriber {self.name!r})"))
-                    return
-                start = time.perf_counter()
-                try:
-                    params = ray.get(refs[0])
-                except ray.exceptions.RaySystemError as exc:  # e.g. the params' type is not importable here
-                    self._end(unreadable_tree(f"ray subscriber {self.name!r}, version {version}", exc))
-                    return
-                if self._device is not None:
-                    params = jax.block_until_ready(jax.device_put(params, self._device))
-                self._transfer_time.add(time.perf_counter() - start)
-            except ray.exceptions.TaskCancelledError:
-                return  # close() interrupted the long poll
-            except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
-                if not self._closed:
-                    self._end(PublisherGone(f"ray channel: publisher went away ({type(exc).__name__})"))
-                return
-            except BaseException as exc:  # noqa: BLE001 - surfaced by the next poll()/get()
-                self._end(ChannelClosed(f"ray subscriber {self.name!r} fetch failed: {exc!r}"))
-                return
-            error: SyncError | None = None
-            if self._expect is not None:
-                try:
-                    self._expect.check(params, f"ray version {version} for {self.name!r}")
-                except SnapshotMismatch as exc:
-                    error = exc
+                    self._call = None  # hold no reference once the wait is over
             with self._cond:
-                self._error = error
-                if error is None:
-                    self._latest = Snapshot(version, params)
-                self._cond.notify_all()
-            last = version
+                if self._closed:
+                    return None
+            if status == "timeout":
+                return last
+            if status == "closed":
+                if refs is not None:
+                    self._end(PublisherGone(f"ray channel: publisher failed: {refs}"))
+                else:
+                    self._end(ChannelClosed(f"ray channel closed by its publisher (subscriber {self.name!r})"))
+                return None
+            start = time.perf_counter()
+            try:
+                params = ray.get(refs[0])
+            except ray.exceptions.RaySystemError as exc:  # e.g. the params' type is not importable here
+                self._end(unreadable_tree(f"ray subscriber {self.name!r}, version {version}", exc))
+                return None
+            if self._device is not None:
+                params = jax.block_until_ready(jax.device_put(params, self._device))
+            self._transfer_time.add(time.perf_counter() - start)
+        except ray.exceptions.TaskCancelledError:
+            return None  # close() interrupted the long poll
+        except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
+            if not self._closed:
+                self._end(PublisherGone(f"ray channel: publisher went away ({type(exc).__name__})"))
+            return None
+        except BaseException as exc:  # noqa: BLE001 - surfaced by the next poll()/get()
+            self._end(ChannelClosed(f"ray subscriber {self.name!r} fetch failed: {exc!r}"))
+            return None
+        error: SyncError | None = None
+        if self._expect is not None:
+            try:
+                self._expect.check(params, f"ray version {version} for {self.name!r}")
+            except SnapshotMismatch as exc:
+                error = exc
+        with self._cond:
+            self._error = error
+            if error is None:
+                self._latest = Snapshot(version, params)
+            self._cond.notify_all()
+        return version
 
     def _end(self, reason: SyncError) -> None:
         with self._cond:
@@ -390,6 +396,7 @@ class RaySubscriber(Subscriber):
             return self._accept(latest)
 
     def get(self, min_version: int, timeout: float | None = None) -> Snapshot:
+        timeout = wait_limit(timeout)
         self._start()
         with self._cond:
             ready = lambda: (  # noqa: E731
@@ -423,12 +430,29 @@ class RaySubscriber(Subscriber):
             self._latest = None
             self._cond.notify_all()
             call, self._call = self._call, None
+            if self._forget is not None:
+                self._forget.detach()  # forgotten below
         # Interrupts the long poll (the daemon fetch thread exits on its own); the call may
         # have finished already, or the board be gone: nothing is left to release then.
         with contextlib.suppress(Exception):
             if call is not None:
                 _ray().cancel(call)
             self._board.forget.remote(self.channel, self.name)
+
+
+def _fetch_loop(ref: "weakref.ref[RaySubscriber]") -> None:
+    last: int | None = -1
+    while last is not None:
+        sub = ref()
+        if sub is None:
+            return  # dropped without close(): its finalizer told the board
+        last = sub._fetch_step(last)
+        del sub
+
+
+def _forget(board: Any, channel: str, name: str) -> None:
+    with contextlib.suppress(Exception):  # best effort: Ray or the board may be gone
+        board.forget.remote(channel, name)
 
 
 def _reattach(

@@ -57,6 +57,12 @@ class Relay:
         except BaseException as exc:  # noqa: BLE001 - kept and re-raised by join()
             self.error = exc
         finally:
+            # the relay owns its source: once it stops (downstream closed, upstream gone),
+            # the source would only linger, reported upstream with an ever-growing lag
+            try:
+                self.source.close()
+            except Exception:  # noqa: BLE001 - best effort, the upstream may be gone
+                pass
             if self.error is not None:
                 self.target.close(error=f"relay {self.name!r} stopped: {type(self.error).__name__}: {self.error}")
             elif self._close_target:

@@ -20,13 +20,14 @@ import secrets
 import sys
 import threading
 import time
+import weakref
 from typing import Any, Callable
 
 import jax
 import numpy as np
 
 from podrace.sync.background import BackgroundPublisher
-from podrace.sync.base import ChannelClosed, PublisherGone, PyTree, Snapshot, Subscriber, SyncTimeout
+from podrace.sync.base import ChannelClosed, PublisherGone, PyTree, Snapshot, Subscriber, SyncTimeout, wait_limit
 from podrace.sync.doorbell import Doorbell, DoorbellClient
 from podrace.sync.placement import DeviceKey, device_from_key, device_key
 from podrace.sync.shm_layout import ALIGN, CLOSED_CLOSED, CLOSED_FAILED, CLOSED_OPEN, SlotReader, SlotWriter
@@ -58,6 +59,7 @@ class ShmPublisher(BackgroundPublisher):
         super().__init__(transform, keep, first_version, label="shm")
         self.name = name or f"podrace_{os.getpid()}_{secrets.token_hex(4)}"
         self._raw_spec: TreeSpec | None = None
+        self._host_spec: TreeSpec | None = None  # of transformed versions: the slot layout
         self._spec_lock = threading.Lock()
         swept = sweep_shm()  # segments leaked by publishers that died (see shm_leaks)
         if swept:
@@ -81,6 +83,18 @@ class ShmPublisher(BackgroundPublisher):
                 self._raw_spec = spec
             else:
                 self._raw_spec.check_spec(spec, "published params")
+
+    def _check_host(self, host: PyTree) -> PyTree:
+        # A transform that returns another structure, shape or dtype than the first
+        # version's fails that version (counted in transform/failures), as if it had
+        # raised: the slots' layout is fixed, and the channel goes on.
+        spec = TreeSpec.of(host)
+        with self._spec_lock:
+            if self._host_spec is None:
+                self._host_spec = spec
+            else:
+                self._host_spec.check_spec(spec, "transformed params")
+        return host
 
     def _deliver(self, version: int, host: PyTree, spec: TreeSpec) -> None:
         self._writer.write(version, jax.tree_util.tree_leaves(host), spec)
@@ -164,11 +178,17 @@ class ShmSubscriber(Subscriber):
         self._read_time = RunningStat()
         self._pool = _BufferPool()
         self._reader = SlotReader(channel)
+        me = weakref.ref(self)  # the doorbell thread must not keep a dropped subscriber alive
         try:
-            self._bell = DoorbellClient(channel, self.name, self._on_ring, self._on_gone)
+            self._bell = DoorbellClient(
+                channel, self.name, lambda: _call(me, "_on_ring"), lambda: _call(me, "_on_gone")
+            )
         except ConnectionError as exc:
             self._reader.close()
             raise ChannelClosed(f"shm channel {channel!r}: publisher is gone") from exc
+        # A subscriber dropped without close() (e.g. one unpickled per pool task) releases its
+        # thread, socket, mappings and buffers when collected, instead of leaking them.
+        self._release = weakref.finalize(self, _release, self._bell, self._reader)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_reattach, (self.channel, device_key(self._device), self._expect, self.name))
@@ -207,6 +227,7 @@ class ShmSubscriber(Subscriber):
             return self._accept(snapshot)
 
     def get(self, min_version: int, timeout: float | None = None) -> Snapshot:
+        timeout = wait_limit(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:
@@ -288,11 +309,21 @@ class ShmSubscriber(Subscriber):
                 return
             self._closed = True
             self._cond.notify_all()
-        self._bell.close()
         with self._lock:
             self._last = None
             self._pool.clear()
-            self._reader.close()
+            self._release()  # the doorbell, then the mappings; once
+
+
+def _call(ref: "weakref.ref[ShmSubscriber]", method: str) -> None:
+    sub = ref()
+    if sub is not None:
+        getattr(sub, method)()
+
+
+def _release(bell: DoorbellClient, reader: SlotReader) -> None:
+    bell.close()
+    reader.close()
 
 
 def _reattach(channel: str, device: DeviceKey, expect: Any, name: str) -> ShmSubscriber:

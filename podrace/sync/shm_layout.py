@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from podrace.sync.base import ChannelClosed
+from podrace.sync.base import ChannelClosed, SyncError
 from podrace.sync.spec import TreeSpec, unreadable_tree
 
 MAGIC = 0x706F64726163  # "podrac"
@@ -124,7 +124,7 @@ class SlotWriter:
             raise ValueError(f"shm needs 2..{MAX_SLOTS} slots, got {nslots}")
         self.name = name
         self.nslots = nslots
-        self._ctl_shm = shared_memory.SharedMemory(name=name, create=True, size=CTL_BYTES)
+        self._ctl_shm = _create_segment(name, CTL_BYTES)
         self.ctl = ControlBlock(self._ctl_shm.buf)
         self.ctl.words[:] = 0
         self.ctl[W_LATEST] = -1
@@ -142,7 +142,7 @@ class SlotWriter:
         slot0 = _align(len(spec_bytes), PAGE)
         slot_bytes = _align(layout.used_bytes, PAGE)
         size = slot0 + self.nslots * slot_bytes
-        self._data_shm = shared_memory.SharedMemory(name=self.name + "_d", create=True, size=size)
+        self._data_shm = _create_segment(self.name + "_d", size)
         data = np.frombuffer(self._data_shm.buf, dtype=np.uint8, count=size)
         data[: len(spec_bytes)] = np.frombuffer(spec_bytes, dtype=np.uint8)
         self._slots = [data[slot0 + i * slot_bytes : slot0 + (i + 1) * slot_bytes] for i in range(self.nslots)]
@@ -197,6 +197,36 @@ class SlotWriter:
                 shm.close()
             with contextlib.suppress(FileNotFoundError):  # already unlinked: the goal holds
                 shm.unlink()
+
+
+def _create_segment(name: str, size: int) -> shared_memory.SharedMemory:
+    """A new segment whose memory is reserved now, or a SyncError saying what is missing.
+
+    Creating a segment only sets its size: with /dev/shm too small (Docker's default is
+    64 MB) the first write into a page that tmpfs cannot supply kills the whole learner
+    process with SIGBUS. Reserving the pages up front (posix_fallocate) turns that into
+    ENOSPC here, which the channel reports.
+    """
+    shm = shared_memory.SharedMemory(name=name, create=True, size=size)
+    fd = getattr(shm, "_fd", -1)
+    if fd < 0 or not hasattr(os, "posix_fallocate"):
+        return shm  # not Linux: no tmpfs to run out of in this way
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        shm.close()
+        shm.unlink()
+        try:
+            st = os.statvfs("/dev/shm")
+            free = f"{st.f_bavail * st.f_frsize / 2**20:.0f} MiB free"
+        except OSError:
+            free = "free space unknown"
+        raise SyncError(
+            f"shared memory segment {name!r} needs {size / 2**20:.1f} MiB and /dev/shm cannot supply it "
+            f"({free}; {exc.strerror}): enlarge /dev/shm (e.g. docker run --shm-size), publish fewer "
+            "bytes (transform=select/cast) or keep fewer versions"
+        ) from exc
+    return shm
 
 
 def _map_readonly(name: str) -> mmap.mmap:

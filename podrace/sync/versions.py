@@ -8,6 +8,7 @@ computed once, by the first thread that needs it, and shared by everyone after.
 from __future__ import annotations
 
 import logging
+import operator
 import queue
 import threading
 import time
@@ -63,13 +64,13 @@ class Published:
 class VersionCounter:
     """Assigns versions: `first_version`, then +1, or an explicit, strictly newer one.
 
-    Versions are never negative on any transport (shm packs them into a word, readers use
-    -1 for "none yet"), so a negative one is rejected here, before anything is published.
+    Versions are integers in 0..MAX_VERSION on every transport (shm packs them into a word
+    with its slot, readers use -1 for "none yet"), so anything else is rejected here, before
+    anything is published (a version the transport could not carry would fail the channel).
     """
 
     def __init__(self, first_version: int = 0) -> None:
-        if first_version < 0:
-            raise ValueError(f"versions must be >= 0, got first_version={first_version}")
+        first_version = _as_version(first_version, "first_version")
         self._next = first_version
         self.latest: int | None = None
 
@@ -77,14 +78,34 @@ class VersionCounter:
         """Claim the next version (callers serialize; publish holds its lock)."""
         if explicit is None:
             version = self._next
-        elif explicit < 0:
-            raise ValueError(f"versions must be >= 0, got publish(version={explicit})")
-        elif self.latest is not None and explicit <= self.latest:
-            raise SyncError(f"publish(version={explicit}) is not newer than latest {self.latest}")
+            if version > MAX_VERSION:
+                raise ValueError(f"versions must be <= {MAX_VERSION}: the channel is out of versions")
         else:
-            version = int(explicit)
+            version = _as_version(explicit, "publish(version)")  # 3.5 must not become 3
+            if self.latest is not None and version <= self.latest:
+                raise SyncError(f"publish(version={version}) is not newer than latest {self.latest}")
         self.latest, self._next = version, version + 1
         return version
+
+
+MAX_VERSION = 2**55 - 1  # shm stores (version << 8) | slot in a signed 64-bit word
+
+
+def _as_version(value: object, what: str) -> int:
+    """`value` as a version: an integer (Python, NumPy or 0-d JAX) in 0..MAX_VERSION."""
+    try:
+        version = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"versions are integers, got {_show(what, value)}") from None
+    if version < 0:
+        raise ValueError(f"versions must be >= 0, got {_show(what, version)}")
+    if version > MAX_VERSION:
+        raise ValueError(f"versions must be <= {MAX_VERSION}, got {_show(what, version)}")
+    return version
+
+
+def _show(what: str, value: object) -> str:
+    return f"publish(version={value!r})" if what == "publish(version)" else f"{what}={value!r}"
 
 
 class TransformStage:

@@ -92,3 +92,29 @@ def vtrace(behaviour_logprobs, target_logprobs, rewards, values, last_value,
 
 def masked_mean(x, valid):
     return float(np.sum(np.where(valid, x, 0.0)) / max(np.sum(valid), 1))
+
+
+def clip_by_global_norm(grads: list[np.ndarray], max_norm: float) -> list[np.ndarray]:
+    """optax.clip_by_global_norm (as Cleanba uses it): scale all by min(1, max_norm / norm)."""
+    norm = np.sqrt(sum(float(np.sum(g.astype(np.float64) ** 2)) for g in grads))
+    scale = min(1.0, max_norm / norm)
+    return [g * scale for g in grads]
+
+
+def rmsprop(params, grad_sequence, learning_rates, decay, eps, max_norm, style):
+    """Clip then RMSProp (momentum 0), one step per gradient list, in float64.
+
+    torch: PyTorch's torch.optim.RMSprop: square_avg starts at 0,
+        square_avg = alpha * square_avg + (1 - alpha) g^2;  p -= lr * g / (sqrt(square_avg) + eps).
+    tf: TF1's tf.train.RMSPropOptimizer: ms starts at 1,
+        ms = rho * ms + (1 - rho) g^2;  p -= lr * g / sqrt(ms + eps).
+    """
+    params = [np.asarray(p, np.float64) for p in params]
+    ms = [np.full_like(p, 0.0 if style == "torch" else 1.0) for p in params]
+    for grads, lr in zip(grad_sequence, learning_rates):
+        grads = clip_by_global_norm([np.asarray(g, np.float64) for g in grads], max_norm)
+        for i, g in enumerate(grads):
+            ms[i] = decay * ms[i] + (1 - decay) * g**2
+            denom = np.sqrt(ms[i]) + eps if style == "torch" else np.sqrt(ms[i] + eps)
+            params[i] = params[i] - lr * g / denom
+    return params

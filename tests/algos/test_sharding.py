@@ -76,12 +76,39 @@ def test_four_shards_equal_one_device(algo_name, num_minibatches, discrete, chec
     assert moved > 1e-4  # the update did something
     _assert_trees_close(state4.params, state1.params, atol=1e-5)
     _assert_trees_close(state4.opt_state, state1.opt_state, atol=1e-5)
-    assert set(metrics4) == {"loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac",
-                             "grad_norm", "learning_rate", "finite"}
+    truncation = {"clip_frac"} if algo_name == "ppo" else {"rho_truncated", "c_truncated"}
+    assert set(metrics4) == {"loss", "policy_loss", "value_loss", "entropy", "approx_kl", "grad_norm",
+                             "learning_rate", "finite"} | truncation
     assert bool(metrics4["finite"]) and bool(metrics1["finite"])
     for name in metrics4:
         assert metrics4[name].shape == ()
         np.testing.assert_allclose(metrics4[name], metrics1[name], rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    "num_shards,num_minibatches",
+    # 8 envs: 4 shards hold 2 envs each, so 4 minibatches only divide 1 and 2 shards.
+    [(2, 1), (4, 1), (2, 2), (4, 2), (2, 4)],
+)
+def test_impala_learner_count_does_not_change_the_update(num_shards, num_minibatches):
+    """IMPALA minibatches are blocks of whole envs dealt by the envs' own keys, so 1, 2 or 4
+    learner devices take the same optimizer steps on the same minibatches."""
+    net, params = small_network(True)
+    traj = random_trajectory(net, params, True, T=6, B=8, seed=4)
+    algo = _make("impala", net, num_minibatches=num_minibatches, learning_rate=1e-2)
+    state = algo.init(params)
+    keys = jax.random.split(jax.random.PRNGKey(9), 8)
+
+    one, metrics1 = _sharded_update(algo, 1)(state, traj, keys)
+    many, metrics_n = _sharded_update(algo, num_shards)(state, traj, keys)
+
+    moved = max(np.abs(np.asarray(a) - np.asarray(b)).max()
+                for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(params)))
+    assert moved > 1e-3
+    _assert_trees_close(many.params, one.params, atol=1e-6)
+    for name in metrics1:
+        np.testing.assert_allclose(metrics_n[name], metrics1[name], rtol=1e-4, atol=1e-5, err_msg=name)
 
 
 def test_shards_receive_different_keys():
@@ -109,7 +136,10 @@ def test_update_shuffles_with_each_shards_own_key(algo_name):
         jnp.concatenate([x] * 4, axis=0 if name in ("last_obs", "last_value") else 1)
         for name, x in zip(Trajectory._fields, local)
     ))
-    algo = _make(algo_name, net, num_minibatches=2)
+    # IMPALA's optimizer sees the summed loss, 4x larger on the tiled batch: without clip
+    # and eps, RMSProp's step does not depend on that scale.
+    scale_free = {} if algo_name == "ppo" else {"max_grad_norm": 1e9, "rmsprop_eps": 1e-12}
+    algo = _make(algo_name, net, num_minibatches=2, **scale_free)
     state = algo.init(params)
     keys = jax.random.split(jax.random.PRNGKey(11), 4)  # one per local env
 

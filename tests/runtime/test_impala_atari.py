@@ -18,7 +18,8 @@ def preset(name, tmp_path, **changes):
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_cartpole_impala_learns(tmp_path):
-    """100k steps (~4 s of training on 2 cores); random play scores ~20, seeds 1-4 reach 340-430."""
+    """100k steps (~4 s of training on 2 cores); random play scores ~20. The full 300k-step
+    preset evaluated 500, 356 and 306 after ~100k steps (seeds 1-3) and 500 at the end."""
     cfg = preset("cartpole-impala", tmp_path, seed=1, total_steps=100_000,
                  **{"eval.every_updates": 0, "eval.episodes": 8, "eval.num_envs": 8})
     result = train(cfg)
@@ -59,7 +60,7 @@ TINY = {
 @pytest.mark.parametrize(
     "name,env_id,num_actions",
     [
-        ("atari-impala", "Breakout-v5", 4),
+        ("atari-impala", "Breakout-v5", 18),  # Cleanba's envs: the full action set
         # Alien scores 10 per egg within a few dozen random steps: reported returns must be
         # raw game scores while the learner sees rewards clipped to [-1, 1]. Also shows
         # that the game is overridable.

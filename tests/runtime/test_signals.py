@@ -34,7 +34,7 @@ def handlers_installed(pid: int) -> bool:
     return bool(caught >> (signal.SIGTERM - 1) & 1)
 
 
-def stop_and_check(proc, signum, metrics: Path) -> float:
+def stop_and_check(proc, signum, metrics: Path, every_thread_returns: bool = False) -> float:
     sent = time.monotonic()
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=60)
@@ -44,6 +44,8 @@ def stop_and_check(proc, signum, metrics: Path) -> float:
     if metrics.exists() and metrics.read_text().strip():
         assert json.loads(metrics.read_text().splitlines()[-1])["final"] == 1
     assert elapsed <= EXIT_SLACK_S, (elapsed, err)
+    if every_thread_returns:  # no thread was abandoned (the loops saw the stop)
+        assert "left behind" not in err, err
     return elapsed
 
 
@@ -87,7 +89,7 @@ def test_stop_during_a_long_evaluation(tmp_path):
         metrics = tmp_path / "r" / "metrics.jsonl"
         wait_for_line(proc, metrics, lambda line: line.get("env_steps", 0) >= 4096)
         time.sleep(1.0)  # well inside the final evaluation
-        elapsed = stop_and_check(proc, signal.SIGINT, metrics)
+        elapsed = stop_and_check(proc, signal.SIGINT, metrics, every_thread_returns=True)
         print(f"exit {elapsed:.2f}s after SIGINT during evaluation")
     finally:
         proc.kill()

@@ -485,3 +485,53 @@ def test_expect_describes_the_snapshot_as_returned(harness, new_pub):
     as_published = harness.subscribe(pub, device=dev, expect=make_params(0))
     with pytest.raises(SnapshotMismatch, match=r"\['sum'\]: expected int64\[\], got int32\[\]"):
         as_published.get(0, timeout=10)
+
+
+@pytest.mark.timeout(60)
+def test_versions_are_integers_that_every_transport_can_carry(harness, new_pub):
+    pub = new_pub()
+    assert pub.publish(make_params(3), version=3) == 3
+    with pytest.raises(TypeError, match="integers"):
+        pub.publish(make_params(3), version=3.5)  # int(3.5) would repeat version 3
+    with pytest.raises(ValueError, match="<="):
+        pub.publish(make_params(4), version=2**60)  # shm packs versions into a word
+    with pytest.raises(ValueError, match="<="):
+        harness.publisher(first_version=2**60)
+    assert pub.publish(make_params(4), version=np.int64(4)) == 4  # e.g. a step counter
+    sub = harness.subscribe(pub)
+    assert check_params(sub.get(4, timeout=10).params) == 4  # the channel still works
+    assert pub.publish(make_params(5)) == 5
+    assert sub.get(5, timeout=10).version == 5
+
+
+@pytest.mark.timeout(60)
+def test_get_and_flush_take_an_infinite_timeout(harness, new_pub):
+    pub = new_pub()
+    sub = harness.subscribe(pub)
+    threading.Timer(0.2, lambda: pub.publish(make_params(0))).start()
+    assert sub.get(0, timeout=float("inf")).version == 0  # threading rejects inf itself
+    pub.flush(timeout=float("inf"))
+    with pytest.raises(ValueError, match="NaN"):
+        sub.get(1, timeout=float("nan"))  # would wait forever on shm
+    with pytest.raises(SyncTimeout):
+        sub.get(1, timeout=-1)
+
+
+@pytest.mark.timeout(60)
+def test_a_push_target_may_close_its_publisher(harness, new_pub):
+    pub = new_pub()
+    sub = harness.subscribe(pub)
+    errors, closed = [], threading.Event()
+
+    def evaluator(snap):  # e.g. ends the run once a version is good enough
+        if snap.version == 1:
+            pub.close()
+            closed.set()
+
+    pub.add_push_target(evaluator, "evaluator", on_error=lambda name, exc: errors.append(exc))
+    pub.publish(make_params(0))
+    pub.publish(make_params(1))
+    assert closed.wait(10), errors  # close() raised "cannot join current thread" in the target
+    assert errors == [] and pub.closed
+    with pytest.raises(ChannelClosed):
+        sub.get(2, timeout=10)

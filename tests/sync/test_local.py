@@ -150,3 +150,21 @@ def test_stress_threads_never_see_torn_or_older_snapshots():
     pub.close()
     assert not errors, errors[:3]
     assert len(counts) == 4 and all(c > 0 for c in counts)
+
+
+@pytest.mark.timeout(30)
+def test_a_closed_subscriber_leaves_the_metrics_and_frees_its_name():
+    pub = LocalPublisher()
+    old = pub.subscribe(name="actor0")
+    pub.publish({"x": np.zeros(2)})
+    old.get(0, timeout=5)
+    old.close()  # e.g. an actor thread that restarts
+    for _ in range(5):
+        pub.publish({"x": np.zeros(2)})
+    assert not any(k.startswith("subscriber/actor0/") for k in pub.metrics())  # lag grew forever
+    new = pub.subscribe(name="actor0")  # raised "already in use" while `old` was referenced
+    assert new.get(0, timeout=5).version == 5
+    assert pub.metrics()["subscriber/actor0/acked_version"] == 5
+    old.close()  # a second close must not unregister the new subscriber of that name
+    assert "subscriber/actor0/acked_version" in pub.metrics()
+    pub.close()

@@ -218,3 +218,39 @@ def test_a_type_the_reader_cannot_import_gives_a_clear_error(ray_session):
         pub.close()
     finally:
         del sys.modules[mod.__name__]
+
+
+@ray.remote(num_cpus=0)
+class _TaskHost:
+    """A reused worker process that gets a pickled subscriber per call and never closes it."""
+
+    def use(self, sub) -> int:
+        return sub.get(0, timeout=30).version
+
+    def fetch_threads(self) -> list[str]:
+        gc.collect()
+        return [t.name for t in threading.enumerate() if t.name.startswith("podrace-ray-fetch")]
+
+
+@pytest.mark.timeout(120)
+def test_a_subscriber_dropped_without_close_stops_fetching(ray_session):
+    """Each call used to leave a fetch thread pulling every later version into the worker,
+    reported in the publisher's metrics forever with a growing lag."""
+    from podrace.sync.ray_transport import RayPublisher
+
+    pub = RayPublisher()
+    host = _TaskHost.remote()
+    pub.publish(workers.stamped_params(0, 8))
+    for i in range(3):
+        assert ray.get(host.use.remote(pub.subscribe(name=f"task{i}", long_poll=0.5)), timeout=60) == 0
+    pub.publish(workers.stamped_params(1, 8))
+    deadline = time.monotonic() + 30
+    while ray.get(host.fetch_threads.remote(), timeout=30) or any(
+        k.startswith("subscriber/task") for k in pub.metrics()
+    ):
+        assert time.monotonic() < deadline, (ray.get(host.fetch_threads.remote()), pub.metrics())
+        time.sleep(0.2)
+    live = pub.subscribe(name="live")  # a subscriber still referenced keeps working
+    assert live.get(1, timeout=30).version == 1
+    live.close()
+    pub.close()

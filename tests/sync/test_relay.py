@@ -87,3 +87,23 @@ def test_relay_as_push_target_for_in_process_fanout():
     assert sub.get(0, timeout=10).version == 0
     upstream.close()
     downstream.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_relay_that_stops_releases_its_source_subscriber():
+    upstream, downstream = LocalPublisher(), LocalPublisher()
+    source = upstream.subscribe(name="relay-source")
+    relay = Relay(source, downstream, name="r")
+    upstream.publish({"x": np.zeros(2)})
+    deadline = time.monotonic() + 10
+    while relay.last_version != 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    downstream.close()  # e.g. the node's consumers shut down: the relay ends normally
+    upstream.publish({"x": np.ones(2)})
+    relay.join(10)
+    assert relay.error is None and not relay.running
+    with pytest.raises(ChannelClosed):
+        source.poll()  # closed, not left subscribed upstream
+    assert not any(k.startswith("subscriber/relay-source/") for k in upstream.metrics())
+    upstream.close()

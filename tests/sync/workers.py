@@ -89,6 +89,7 @@ def read_remote(sub: Any, min_version: int) -> tuple[int, int | None, int]:
 def shm_ack_then_hang(channel: str, name: str, ready: Any) -> None:
     from podrace.sync.shm import ShmSubscriber
 
-    ShmSubscriber(channel, name=name).get(0, timeout=30)
+    sub = ShmSubscriber(channel, name=name)  # referenced: a dropped subscriber releases itself
+    sub.get(0, timeout=30)
     ready.set()
     time.sleep(600)  # killed by the test
