@@ -18,6 +18,7 @@ import pytest
 from podrace.checkpoint import checkpoint_dir, checkpoint_steps, read_meta
 from podrace.runtime.resume import SUPERSEDED
 from tests.runtime.test_resume import fake_run, snapshot
+from tests.runtime.test_signals import EXIT_SLACK_S
 from tests.runtime.test_single_host import small
 from tests.test_cli import run_cli
 
@@ -107,12 +108,15 @@ def test_sigint_saves_a_checkpoint_that_resume_continues(tmp_path):
                "--total-steps", "100000000", *FLAGS)
     try:
         wait_for(proc, lambda: any(line.get("version", 0) >= 3 for line in lines_of(run_dir)))
+        sent = time.monotonic()
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
+        exit_s = time.monotonic() - sent
     finally:
         proc.kill()
         proc.wait()
     assert proc.returncode == 130, err
+    assert exit_s <= EXIT_SLACK_S, exit_s  # the save fits in the CLI's exit grace
     (step,) = checkpoint_steps(checkpoint_dir(run_dir))  # checkpoint.every_updates 0: the stop saved it
     assert f"checkpoint {step} saved" in err and step >= 3
     assert lines_of(run_dir)[-1]["version"] == step  # the final line and the checkpoint agree
