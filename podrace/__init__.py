@@ -32,6 +32,7 @@ _LAZY = {
             "LayoutConfig",
             "LogConfig",
             "NetworkConfig",
+            "NormalizeConfig",
             "PPOConfig",
             "SafetyConfig",
             "TrainConfig",
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
         LayoutConfig,
         LogConfig,
         NetworkConfig,
+        NormalizeConfig,
         PPOConfig,
         SafetyConfig,
         TrainConfig,
@@ -93,14 +95,10 @@ def train(cfg: "TrainConfig", env_factory: "EnvFactory | None" = None) -> "Train
     XLA_FLAGS=--xla_force_host_platform_device_count=N before JAX is first imported.
 
     `env_factory(num_envs, seed)` returning a `BatchedEnv` or a `gymnasium.vector.VectorEnv`
-    replaces `cfg.env.id` (see `podrace.envs.EnvSource`). For now it is only validated, then
-    NotImplementedError: the thread runtime does not take an EnvSource yet.
+    replaces `cfg.env.id`: actors and the evaluator build their envs with it (see
+    `podrace.envs.EnvSource`); it is called once first, as a probe, to check the spaces.
     """
     from podrace.envs import EnvSource
     from podrace.runtime.single_host import train as train_threads
 
-    if env_factory is not None:
-        EnvSource(cfg.env, env_factory).spec()
-        # The thread runtime does not take an EnvSource yet (runtime refactor in flight).
-        raise NotImplementedError("podrace.train(env_factory=...) needs the runtime to accept an EnvSource")
-    return train_threads(cfg)
+    return train_threads(cfg, envs=EnvSource(cfg.env, env_factory))

@@ -155,6 +155,8 @@ class _Signals:
 EXIT_GRACE_S = 1.5
 """After a signal, seconds the run gets to stop and write its last line before the process
 exits regardless (a thread stuck in native code, a long compile)."""
+RAY_EXIT_GRACE_S = 30.0
+"""The same for `--runtime ray`: killing workers and stopping a local Ray take seconds."""
 
 
 class _Training:
@@ -163,8 +165,13 @@ class _Training:
     def __init__(self, args: Sequence[str], signals: _Signals):
         self.args, self.signals = args, signals
         self.lifetime = None  # the run's Lifetime, once JAX is imported
+        self.grace_s = EXIT_GRACE_S
         self.run = None
         self.outcome: list = []
+        self.distributed = False
+        self.leave_together = False
+        """Multi-host: every process ends the same way (finished, or refused the run), so
+        this one can wait for the others at jax.distributed's shutdown barrier."""
 
     def __call__(self) -> None:
         try:
@@ -191,24 +198,55 @@ class _Training:
             from podrace.runtime.rundir import check_run_dir
 
             set_xla_flags(cfg)
-            resolve_backend(cfg.env)
-            if resume is None:
-                check_run_dir(cfg)
+            self.distributed = distributed_requested(cfg)
+            if resume is not None and (self.distributed or cfg.runtime == "ray"):
+                raise ConfigError("--resume works with the thread runtime on one host (not --runtime ray or --distributed.*)")
+            if not self.distributed:  # multi-host: checked by every process, together
+                resolve_backend(cfg.env)
+                if resume is None:
+                    check_run_dir(cfg)
             from podrace.control import Lifetime, Stopped
-            from podrace.runtime.single_host import prepare
+
+            if cfg.runtime == "ray":
+                if self.distributed:
+                    raise ConfigError("--runtime ray cannot be combined with --distributed.*: run one learner process")
+                from podrace.runtime.ray_cluster import check_auth_not_disabled, import_ray
+
+                # Ray's C++ crash handler also catches SIGTERM and re-raises it after ours,
+                # which made one SIGTERM look like two; crash stack traces stay in Ray's logs.
+                os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
+                import_ray()  # a missing Ray is a one-line error before JAX starts
+                check_auth_not_disabled()
+                from podrace.runtime.ray_run import prepare
+
+                self.grace_s = RAY_EXIT_GRACE_S
+            elif self.distributed:
+                from podrace.runtime.multi_host import prepare
+            else:
+                from podrace.runtime.single_host import prepare
 
             self.lifetime = lifetime = Lifetime()
             if self.signals.received:
                 lifetime.stop(f"{self.signals.name} received")
             try:
-                self.run = prepare(cfg, lifetime, resume)
+                self.run = prepare(cfg, lifetime) if resume is None else prepare(cfg, lifetime, resume=resume)
                 result = self.run.run()
+                self.leave_together = not self.signals.received  # finished, as every process
             except Stopped:
                 result = None
         except ConfigError as error:
+            if self.distributed:
+                from podrace.runtime.distributed import RunRefused
+
+                self.leave_together = isinstance(error, RunRefused)
             return _error(str(error))
         except ComponentError as error:
-            if not _explains_itself(error.error):
+            from podrace.runtime.peers import PeerLost, PeerStopped
+
+            if isinstance(error.error, PeerStopped):  # Ctrl-C on another process
+                print(f"podrace: {error.error}, stopped", file=sys.stderr)
+                return 128 + error.error.signum
+            if not isinstance(error.error, PeerLost) and not _explains_itself(error.error):
                 traceback.print_exception(error.error, file=sys.stderr)
             print(f"podrace: error: {error}", file=sys.stderr)
             return 1
@@ -220,7 +258,10 @@ class _Training:
         final = result.final_eval
         evaluation = f"final eval return {final.mean_return:.1f}" if final else "no final evaluation"
         skipped = f" ({result.skipped_updates} skipped as non-finite)" if result.skipped_updates else ""
-        saved = f"\ncheckpoint: update {result.checkpoint}" if result.checkpoint is not None else ""
+        if self.distributed and final is None:
+            evaluation += " (only process 0 evaluates)"
+        checkpoint = getattr(result, "checkpoint", None)
+        saved = f"\ncheckpoint: update {checkpoint}" if checkpoint is not None else ""
         print(
             f"done: {result.env_steps:,} env steps, {result.updates} updates{skipped} in {result.train_s:.1f}s "
             f"(+{result.compile_s:.1f}s compile), {evaluation}\nrun directory: {result.run_dir}{saved}"
@@ -228,17 +269,19 @@ class _Training:
         return 0
 
     def stopped(self) -> int:
-        latest = self.run.checkpoints.latest if self.run is not None else None
+        checkpoints = getattr(self.run, "checkpoints", None)  # thread runtime only
+        latest = checkpoints.latest if checkpoints is not None else None
         saved = f"; checkpoint {latest} saved (podrace train --resume {self.run.run_dir})" if latest is not None else ""
         print(f"podrace: {self.signals.name} received, stopped cleanly{saved}", file=sys.stderr)
         return 128 + self.signals.received
 
     def unfinished_checkpoint(self) -> str:
         """A line for a process about to exit while a checkpoint is still being written."""
-        writing = self.run.checkpoints.writing if self.run is not None else None
+        checkpoints = getattr(self.run, "checkpoints", None)
+        writing = checkpoints.writing if checkpoints is not None else None
         if writing is None:
             return ""
-        latest = self.run.checkpoints.latest
+        latest = checkpoints.latest
         kept = f"checkpoint {latest} is the latest" if latest is not None else "earlier checkpoints are kept"
         return f"podrace: checkpoint {writing} did not finish writing in time and is discarded; {kept}"
 
@@ -249,6 +292,12 @@ def _exit_now(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def distributed_requested(cfg: TrainConfig) -> bool:
+    """Run multi-host: a --distributed.* flag is set, or JAX's coordinator variable is
+    (then JAX also detects the process count and id from SLURM, Open MPI, Kubernetes...)."""
+    return cfg.distributed.requested or bool(os.environ.get("JAX_COORDINATOR_ADDRESS"))
 
 
 def train_command(args: Sequence[str]) -> int:
@@ -269,7 +318,7 @@ def _supervise(training: _Training, signals: _Signals) -> int:
         if signals.received and deadline is None:
             if training.lifetime is None:  # still parsing and validating: nothing written yet
                 _exit_now(training.stopped())
-            deadline = time.monotonic() + EXIT_GRACE_S
+            deadline = time.monotonic() + training.grace_s
             training.lifetime.stop(f"{signals.name} received")
         if deadline is not None and worker.is_alive() and time.monotonic() > deadline:
             print(training.unfinished_checkpoint() or "podrace: threads still busy in native code are left behind",
@@ -278,6 +327,12 @@ def _supervise(training: _Training, signals: _Signals) -> int:
     outcome = training.outcome[0]
     if isinstance(outcome, BaseException):
         raise outcome
+    if training.distributed:
+        from podrace.runtime.multi_host import shutdown
+
+        shutdown(training.leave_together)
+        # Never wait at exit for a lost peer (atexit) or for threads left in a collective.
+        _exit_now(outcome)
     if training.run is not None and training.run.stuck:
         print(f"podrace: threads stuck in native code left behind: {', '.join(training.run.stuck)}", file=sys.stderr)
         _exit_now(outcome)

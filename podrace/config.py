@@ -133,6 +133,26 @@ class ImpalaConfig:
 
 
 @dataclass(frozen=True)
+class NormalizeConfig:
+    """Observation normalization and reward scaling, both computed by the learner.
+
+    Observation statistics (running mean and variance) are published with the params in
+    the same versioned snapshot, so every actor and the evaluator acting with version v
+    normalize with version v's statistics. Reward scaling only changes what the learner
+    trains on (rewards divided by the running std of each env's discounted return).
+    """
+
+    obs: bool = False
+    """Normalize observations: (obs - running mean) / running std, then clip."""
+    obs_clip: float = 10.0
+    """Normalized observations are clipped to [-obs_clip, obs_clip]."""
+    reward: bool = False
+    """Scale rewards by the running std of the discounted return (gamma of the algorithm)."""
+    reward_clip: float = 10.0
+    """Scaled rewards are clipped to [-reward_clip, reward_clip]."""
+
+
+@dataclass(frozen=True)
 class LayoutConfig:
     """Where actors and learners run. Device ids index `jax.devices(platform)`."""
 
@@ -155,6 +175,26 @@ class LayoutConfig:
     """Actors wait for the newest params before every rollout (policy lag 0)."""
     scan_unroll: int = 1
     """Unroll factor of the learner's minibatch scan (large values help conv nets on CPU)."""
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    """The Ray runtime (`--runtime ray`): actors as Ray workers on any node of a cluster."""
+
+    num_workers: int = 2
+    """Ray workers, each one actor (its own envs, policy on its own CPU device)."""
+    address: str | None = None
+    """Cluster to join (`HOST:PORT` of a `ray start --head`); None starts a local Ray on
+    127.0.0.1 for this run and stops it at the end. A joined cluster is left running."""
+    envs_per_worker: int | None = None
+    """Envs stepped together by one worker; None uses env.num_envs."""
+    worker_resources: tuple[str, ...] = ()
+    """Custom resources each worker needs, `NAME=AMOUNT` (e.g. `actor_node=1`): workers run
+    only on nodes started with them (`ray start --resources '{"actor_node": 4}'`)."""
+    max_restarts: int = 3
+    """Restarts allowed per worker; one more failure stops the run with that worker's error."""
+    start_timeout_s: float = 120.0
+    """Seconds a worker may take to be placed on a node and compile its policy."""
 
 
 @dataclass(frozen=True)
@@ -196,6 +236,34 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True)
+class DistributedConfig:
+    """Several processes (hosts) sharing one learner mesh through jax.distributed.
+
+    Give the same command to every process, changing only the process id. Unset fields
+    come from JAX's own sources: JAX_COORDINATOR_ADDRESS, or a cluster JAX detects
+    (SLURM, Open MPI, Kubernetes, TPU pods). Device ids in `layout` index each process's
+    local devices; every process runs `layout` (its own actors, learner shards).
+    """
+
+    coordinator: str | None = None
+    """HOST:PORT where process 0 serves jax.distributed (reachable from every process)."""
+    num_processes: int | None = None
+    """Processes in the run (one per host, typically)."""
+    process_id: int | None = None
+    """This process's index, 0 .. num_processes - 1; process 0 writes metrics and evaluates."""
+    init_timeout_s: int = 300
+    """Seconds to wait for every process to join (initialization and the config check)."""
+    peer_timeout_s: float = 30.0
+    """A process not heard from for this long is lost and the run stops (a process that
+    exits or is killed is noticed at once, from its closed connection)."""
+
+    @property
+    def requested(self) -> bool:
+        """Any field set: run distributed (the others may come from JAX's detection)."""
+        return any(v is not None for v in (self.coordinator, self.num_processes, self.process_id))
+
+
+@dataclass(frozen=True)
 class LogConfig:
     """Where metrics go: the run directory (config.json, metrics.jsonl), console, loggers."""
 
@@ -222,6 +290,9 @@ class TrainConfig:
 
     name: str = "custom"
     """Preset name (used in the run directory name)."""
+    runtime: Literal["threads", "ray"] = "threads"
+    """Where actors run: threads of this process, or Ray workers (`pip install podrace[ray]`,
+    settings under --ray.*)."""
     algo: Literal["ppo", "impala"] = "ppo"
     """Learning algorithm; its hyperparameters are under --ppo.* or --impala.*."""
     seed: int = 1
@@ -237,21 +308,31 @@ class TrainConfig:
     network: NetworkConfig = field(default_factory=NetworkConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
     impala: ImpalaConfig = field(default_factory=ImpalaConfig)
+    normalize: NormalizeConfig = field(default_factory=NormalizeConfig)
     layout: LayoutConfig = field(default_factory=LayoutConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     safety: SafetyConfig = field(default_factory=SafetyConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
     # Derived sizes -------------------------------------------------------------------
     @property
     def num_actors(self) -> int:
+        """Actor threads of this process."""
+        if self.runtime == "ray":
+            return self.ray.num_workers
         return len(self.layout.actor_device_ids) * self.layout.actors_per_device
 
     @property
+    def num_processes(self) -> int:
+        return self.distributed.num_processes or 1
+
+    @property
     def steps_per_update(self) -> int:
-        """Env steps consumed by one learner update (one rollout from every actor)."""
-        return self.num_actors * self.env.num_envs * self.rollout_length
+        """Env steps consumed by one learner update (one rollout from every actor of every process)."""
+        return self.num_processes * self.num_actors * self.env.num_envs * self.rollout_length
 
     @property
     def num_updates(self) -> int:
@@ -260,6 +341,11 @@ class TrainConfig:
     @property
     def max_policy_lag(self) -> int:
         return 0 if self.synchronous else self.layout.max_policy_lag
+
+    @property
+    def gamma(self) -> float:
+        """Discount factor of the configured algorithm."""
+        return self.ppo.gamma if self.algo == "ppo" else self.impala.gamma
 
     @property
     def synchronous(self) -> bool:
@@ -282,8 +368,11 @@ def replace(cfg, **changes):
 
 
 def resolved(cfg: TrainConfig) -> TrainConfig:
-    """The config as the run will use it: what `deterministic` implies written into the
-    layout (synchronous, lag bound 0), so that config.json says what actually ran."""
+    """The config as the run will use it, so that config.json says what actually ran: what
+    `deterministic` implies written into the layout (synchronous, lag bound 0), and the
+    shorthand `--ray.envs-per-worker` written as env.num_envs."""
+    if cfg.runtime == "ray" and cfg.ray.envs_per_worker is not None:
+        cfg = replace(cfg, **{"env.num_envs": cfg.ray.envs_per_worker, "ray.envs_per_worker": None})
     return replace(cfg, **{"layout.synchronous": cfg.synchronous, "layout.max_policy_lag": cfg.max_policy_lag})
 
 
@@ -379,8 +468,44 @@ def config_from_dict(data: dict, cls: type = TrainConfig, where: str = "config")
     return cls(**values)
 
 
+def worker_resources(ray: RayConfig) -> dict[str, float]:
+    """`--ray.worker-resources` as a dict; ConfigError for a malformed entry."""
+    out: dict[str, float] = {}
+    for entry in ray.worker_resources:
+        name, sep, amount = entry.partition("=")
+        try:
+            value = float(amount)
+        except ValueError:
+            value = -1.0
+        if not sep or not name or value <= 0 or name in ("CPU", "GPU", "memory"):
+            raise ConfigError(
+                f"ray.worker_resources entries must be NAME=AMOUNT with a custom resource name and a "
+                f"positive amount, got {entry!r}"
+            )
+        out[name] = value
+    return out
+
+
+def _validate_ray(cfg: TrainConfig) -> None:
+    ray = cfg.ray
+    if ray.num_workers <= 0:
+        raise ConfigError(f"ray.num_workers must be positive, got {ray.num_workers}")
+    if ray.envs_per_worker is not None and ray.envs_per_worker <= 0:
+        raise ConfigError(f"ray.envs_per_worker must be positive, got {ray.envs_per_worker}")
+    if ray.max_restarts < 0:
+        raise ConfigError(f"ray.max_restarts must be >= 0, got {ray.max_restarts}")
+    if ray.start_timeout_s <= 0:
+        raise ConfigError(f"ray.start_timeout_s must be positive, got {ray.start_timeout_s}")
+    if ray.address is not None and ":" not in ray.address:
+        raise ConfigError(f"ray.address must be HOST:PORT of a Ray head node, got {ray.address!r}")
+    worker_resources(ray)
+
+
 def validate(cfg: TrainConfig) -> None:
     """Raise ConfigError for anything that cannot run; needs no devices and no JAX."""
+    if cfg.runtime == "ray":
+        _validate_ray(cfg)
+    cfg = resolved(cfg)
 
     def positive(name: str, value: float) -> None:
         if value <= 0:
@@ -423,6 +548,8 @@ def validate(cfg: TrainConfig) -> None:
         _check_folder_name("log.run_name", cfg.log.run_name)
     if not cfg.log.wandb_project.strip():
         raise ConfigError("log.wandb_project must not be empty")
+    positive("normalize.obs_clip", cfg.normalize.obs_clip)
+    positive("normalize.reward_clip", cfg.normalize.reward_clip)
     positive("checkpoint.keep", cfg.checkpoint.keep)
     non_negative("checkpoint.every_updates", cfg.checkpoint.every_updates)
     non_negative("eval.every_updates", cfg.eval.every_updates)
@@ -503,10 +630,12 @@ def _validate_sizes(cfg: TrainConfig) -> None:
             f"one update of {cfg.num_actors} actors x {cfg.env.num_envs} envs x {cfg.rollout_length} steps "
             f"= {cfg.steps_per_update:,} samples does not fit an int32 array"
         )
+    validate_distributed(cfg.distributed)
     if cfg.total_steps < cfg.steps_per_update:
+        processes = f"{cfg.num_processes} processes x " if cfg.num_processes > 1 else ""
         raise ConfigError(
             f"total_steps ({cfg.total_steps}) is less than one update "
-            f"({cfg.num_actors} actors x {cfg.env.num_envs} envs x {cfg.rollout_length} steps "
+            f"({processes}{cfg.num_actors} actors x {cfg.env.num_envs} envs x {cfg.rollout_length} steps "
             f"= {cfg.steps_per_update})"
         )
     optimizer_steps = cfg.num_updates * _optimizer_steps_per_update(cfg)
@@ -527,3 +656,23 @@ def _validate_sizes(cfg: TrainConfig) -> None:
             f"impala.num_minibatches ({cfg.impala.num_minibatches}) must divide the envs per "
             f"learner shard ({envs_per_shard}): every minibatch takes whole env sequences from every shard"
         )
+
+
+def validate_distributed(d: DistributedConfig) -> None:
+    """The distributed fields that are set must make sense; unset ones are JAX's to detect."""
+    if d.coordinator is not None:
+        host, _, port = d.coordinator.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"distributed.coordinator must be HOST:PORT, got '{d.coordinator}'")
+    if d.num_processes is not None and d.num_processes < 1:
+        raise ConfigError(f"distributed.num_processes must be positive, got {d.num_processes}")
+    if (d.num_processes is None) != (d.process_id is None):
+        raise ConfigError("distributed.num_processes and distributed.process_id must be given together")
+    if d.process_id is not None and not 0 <= d.process_id < d.num_processes:
+        raise ConfigError(
+            f"distributed.process_id must be in 0..{d.num_processes - 1}, got {d.process_id}"
+        )
+    if d.init_timeout_s <= 0:
+        raise ConfigError(f"distributed.init_timeout_s must be positive, got {d.init_timeout_s}")
+    if d.peer_timeout_s <= 0:
+        raise ConfigError(f"distributed.peer_timeout_s must be positive, got {d.peer_timeout_s}")

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import tyro
 
+from podrace.algos.normalizer import acting_apply, acting_params, init_normalizer
 from podrace.checkpoint import RunState, checkpoint_dir, read_config, restore
 from podrace.config import ConfigError, EnvConfig, TrainConfig
 from podrace.envs import BatchedEnv, env_spec, make_env, resolve_backend
@@ -94,7 +95,8 @@ def abstract_run_state(cfg: TrainConfig, spec: EnvSpec) -> RunState:
         return jax.ShapeDtypeStruct((n, 2), jnp.uint32)
 
     n = cfg.num_actors
-    return RunState(train_state, keys(n * cfg.env.num_envs), keys(n), (0,) * n, 0, 0, 0)
+    normalizer = jax.eval_shape(lambda: init_normalizer(cfg.normalize, spec.obs_shape, n * cfg.env.num_envs))
+    return RunState(train_state, keys(n * cfg.env.num_envs), keys(n), (0,) * n, 0, 0, 0, normalizer)
 
 
 def make_actor(apply_fn: Callable, params, stochastic: bool, seed: int) -> Callable[[np.ndarray], np.ndarray]:
@@ -231,7 +233,10 @@ def evaluate_run(opts: EvalOptions) -> dict:
     spec = env_spec(cfg.env)
     state = restore(checkpoint_dir(opts.run_dir), abstract_run_state(cfg, spec), spec, step)
     network = make_network(cfg.network, spec)
-    policy = make_actor(network.apply, state.train_state.params, opts.stochastic, opts.seed)
+    # As the run's actors did: with the observation statistics saved with these params.
+    apply = acting_apply(network.apply, cfg.normalize)
+    params = acting_params(state.train_state.params, state.normalizer)
+    policy = make_actor(apply, params, opts.stochastic, opts.seed)
 
     env = make_env(cfg.env, min(opts.episodes, MAX_EVAL_ENVS), opts.seed)
     try:
@@ -253,7 +258,7 @@ def evaluate_run(opts: EvalOptions) -> dict:
         "lengths": lengths.tolist(),
     }
     if opts.video is not None:
-        frames = record_episode(cfg.env, make_actor(network.apply, state.train_state.params, opts.stochastic, opts.seed),
+        frames = record_episode(cfg.env, make_actor(apply, params, opts.stochastic, opts.seed),
                                 opts.seed)
         write_video(frames, opts.video)
         result["video"] = str(opts.video)

@@ -10,6 +10,7 @@ are blocked on, checked finite, and only then published (version = updates appli
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -20,8 +21,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from podrace.algos.base import Algorithm, TrainState
 from podrace.algos.impala import make_impala
+from podrace.algos.normalization import ReturnTracker, RunningStats
+from podrace.algos.normalizer import Normalizer, acting_params, normalize_batch
 from podrace.algos.ppo import make_ppo
-from podrace.config import TrainConfig
+from podrace.config import NormalizeConfig, TrainConfig
 from podrace.control import Lifetime
 from podrace.metrics.registry import Metrics
 from podrace.pipeline import Pipeline
@@ -57,15 +60,34 @@ def trajectory_shardings(mesh: Mesh) -> tuple[NamedSharding, NamedSharding]:
 
 
 def env_keys(key: jax.Array, num_actors: int, envs_per_actor: int, mesh: Mesh) -> jax.Array:
-    """One raw key per env, [num_actors * envs_per_actor, 2], sharded along the mesh axis.
+    """One raw key per env of every process, [processes * num_actors * envs_per_actor, 2],
+    sharded along the mesh axis; `num_actors` counts the actors of one process.
 
-    Env (actor a, env j) always gets key number a * envs_per_actor + j, in row
-    j * num_actors + a: the column order of concat_actors, so every shard holds the keys of
-    exactly its own envs.
+    Env j of actor a of process p is global env g = (p * num_actors + a) * envs_per_actor + j
+    and always gets key number g, however the mesh is split over processes and devices.
+    Rows are laid out in the order the learner shards see their columns (each shard: its
+    slice of every local actor's envs, interleaved as concat_actors does: env j of actor a
+    at column j * num_actors + a), so each shard holds the keys of exactly its own envs. Each process places only the rows of its own devices.
     """
-    order = [a * envs_per_actor + j for j in range(envs_per_actor) for a in range(num_actors)]
-    keys = jax.random.split(key, num_actors * envs_per_actor)[np.asarray(order)]
-    return jax.device_put(keys, NamedSharding(mesh, P(AXIS)))
+    devices = list(mesh.devices.flat)
+    per_process = Counter(d.process_index for d in devices)
+    local_shards = per_process[devices[0].process_index]
+    if set(per_process.values()) != {local_shards}:
+        raise ValueError(f"every process needs the same number of learner devices, got {dict(per_process)}")
+    per_shard = envs_per_actor // local_shards
+    order = []
+    rank: Counter = Counter()
+    for device in devices:
+        p, d = device.process_index, rank[device.process_index]
+        rank[p] += 1
+        order += [
+            (p * num_actors + a) * envs_per_actor + j
+            for j in range(d * per_shard, (d + 1) * per_shard)
+            for a in range(num_actors)
+        ]
+    total = len(per_process) * num_actors * envs_per_actor
+    keys = np.asarray(jax.device_get(jax.random.split(key, total)))[np.asarray(order)]
+    return jax.make_array_from_callback(keys.shape, NamedSharding(mesh, P(AXIS)), lambda index: keys[index])
 
 
 class LearnerPlacement:
@@ -79,7 +101,10 @@ class LearnerPlacement:
     def __init__(self, time_sharding: NamedSharding, env_sharding: NamedSharding):
         self.time_sharding = time_sharding  # for [T, B, ...] leaves: P(None, axis)
         self.env_sharding = env_sharding  # for [B, ...] leaves: P(axis)
-        self.devices = list(time_sharding.mesh.devices.flat)
+        mesh = time_sharding.mesh
+        # This process's learner devices, in mesh order; other processes feed the rest.
+        self.devices = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
+        self.num_shards = mesh.devices.size
         n = len(self.devices)
 
         def split(traj: Trajectory):
@@ -105,7 +130,7 @@ class LearnerPlacement:
             shards = [getattr(t, name) for t in per_device]
             local = shards[0].shape
             axis = 1 if time_major else 0
-            shape = local[:axis] + (local[axis] * len(shards),) + local[axis + 1 :]
+            shape = local[:axis] + (local[axis] * self.num_shards,) + local[axis + 1 :]
             sharding = self.time_sharding if time_major else self.env_sharding
             return jax.make_array_from_single_device_arrays(shape, sharding, shards)
 
@@ -148,6 +173,36 @@ def make_update_fn(algo: Algorithm, mesh: Mesh, num_actors: int) -> Callable:
     return jax.jit(sharded)
 
 
+def normalizer_specs(normalizer: Normalizer) -> Normalizer:
+    """Statistics replicated, the per-env return tracker split along envs like the data."""
+    return Normalizer(
+        obs=None if normalizer.obs is None else P(),
+        returns=None if normalizer.returns is None else P(),
+        tracker=None if normalizer.tracker is None else ReturnTracker(P(AXIS)),
+    )
+
+
+def place_normalizer(normalizer: Normalizer, mesh: Mesh) -> Normalizer:
+    shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), normalizer_specs(normalizer))
+    return jax.device_put(normalizer, shardings)
+
+
+def make_normalize_fn(cfg: NormalizeConfig, gamma: float, mesh: Mesh, normalizer: Normalizer, num_actors: int) -> Callable:
+    """jit(shard_map(normalize_batch)): (normalizer, per-actor trajectories, behaviour obs
+    statistics per actor) -> (normalizer, trajectories as the update consumes them)."""
+
+    def body(norm: Normalizer, trajs: tuple[Trajectory, ...], behaviour: tuple[RunningStats, ...]):
+        return normalize_batch(norm, trajs, behaviour, cfg, gamma, AXIS)
+
+    specs = normalizer_specs(normalizer)
+    trajs_spec = (TRAJECTORY_SPEC,) * num_actors
+    behaviour_spec = (P(),) * num_actors if cfg.obs else ()
+    sharded = jax.shard_map(
+        body, mesh=mesh, in_specs=(specs, trajs_spec, behaviour_spec), out_specs=(specs, trajs_spec)
+    )
+    return jax.jit(sharded)
+
+
 @dataclass(frozen=True)
 class LearnerSettings:
     num_updates: int
@@ -157,6 +212,9 @@ class LearnerSettings:
     """Skip (and count) a non-finite update instead of failing the run."""
     max_skipped: int = 0
     """With skip_nonfinite: fail the run once more updates than this were skipped."""
+    max_policy_lag: int = 1
+    """Oldest behaviour version a batch may hold, as versions behind the learner: the
+    observation statistics of that many past versions are kept to train on their rollouts."""
 
 
 class Learner:
@@ -164,6 +222,13 @@ class Learner:
 
     `update_fn(state, trajectories, keys) -> (state, keys, metrics)` is the jitted sharded
     step (or a fake); `pipeline.next_batch(version)` supplies rollouts already on the mesh.
+
+    With normalization, `normalizer` is its state (one pytree, checkpointable) and
+    `normalize_fn` (see `make_normalize_fn`) prepares each batch before the update: every
+    rollout is normalized with the observation statistics of the version stamped on it,
+    which the learner remembers for the last `max_policy_lag` versions. The normalizer
+    changes only with an accepted (finite) update, and what is published is
+    `acting_params(params, normalizer)`.
     """
 
     def __init__(
@@ -177,6 +242,8 @@ class Learner:
         metrics: Metrics,
         lifetime: Lifetime,
         on_update: Callable[[int], None] | None = None,
+        normalizer: Normalizer | None = None,
+        normalize_fn: Callable | None = None,
     ):
         self.settings = settings
         self.skipped = 0
@@ -189,7 +256,40 @@ class Learner:
         self.metrics = metrics
         self.lifetime = lifetime
         self.on_update = on_update
-        self.version = publisher.publish(state.params)
+        self.normalizer = normalizer
+        self.normalize_fn = normalize_fn
+        self._obs_stats: dict[int, RunningStats] = {}
+        """Observation statistics published with each recent version (behaviour statistics)."""
+        self.version = self._publish()
+
+    def acting_params(self):
+        """The pytree actors and the evaluator act with (what `publish` sends)."""
+        return acting_params(self.state.params, self.normalizer)
+
+    def _publish(self) -> int:
+        version = self.publisher.publish(self.acting_params())
+        if self.normalizer is not None and self.normalizer.obs is not None:
+            self._obs_stats[version] = self.normalizer.obs
+            oldest = version - self.settings.max_policy_lag
+            for old in [v for v in self._obs_stats if v < oldest]:
+                del self._obs_stats[old]
+        return version
+
+    def prepare(self, trajs: tuple[Trajectory, ...], versions: Sequence[int]):
+        """(normalizer after this batch, the batch as the update consumes it); `versions`
+        are the behaviour versions of `trajs`. Without normalization: (None, trajs)."""
+        if self.normalize_fn is None:
+            return self.normalizer, trajs
+        behaviour = ()
+        if self.normalizer.obs is not None:
+            missing = sorted(set(versions) - set(self._obs_stats))
+            if missing:
+                raise RuntimeError(
+                    f"no observation statistics kept for behaviour version(s) {missing} (kept: "
+                    f"{sorted(self._obs_stats)}); the lag bound is {self.settings.max_policy_lag}"
+                )
+            behaviour = tuple(self._obs_stats[v] for v in versions)
+        return self.normalize_fn(self.normalizer, trajs, behaviour)
 
     def run(self) -> None:
         # From the first published version (0, or a resumed checkpoint's) to num_updates.
@@ -201,13 +301,14 @@ class Learner:
         rollouts, lag = self.pipeline.next_batch(self.version)
         start = time.perf_counter()
         trajs = tuple(r.trajectory for r in rollouts)
+        normalizer, trajs = self.prepare(trajs, [r.policy_version for r in rollouts])
         state, keys, metrics = self.update_fn(self.state, trajs, self.keys)
         jax.block_until_ready(state.params)
         learner_step = time.perf_counter() - start
         metrics = jax.device_get(metrics)
         self.keys = keys
         if metrics.pop("finite"):
-            self.state = state
+            self.state, self.normalizer = state, normalizer
         elif self.settings.skip_nonfinite:
             # Republish the old params under the next version so actors keep their pace.
             self.skipped += 1
@@ -224,7 +325,7 @@ class Learner:
                 f"(loss={metrics.get('loss')}); params not published"
             )
         start = time.perf_counter()
-        self.version = self.publisher.publish(self.state.params)
+        self.version = self._publish()
         publish = time.perf_counter() - start
 
         m = self.metrics

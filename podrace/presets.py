@@ -15,6 +15,7 @@ from podrace.config import (
     ImpalaConfig,
     LayoutConfig,
     NetworkConfig,
+    NormalizeConfig,
     PPOConfig,
     TrainConfig,
 )
@@ -201,7 +202,8 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
 # normalizes observations and scales rewards (gymnasium wrappers); podrace does not yet.
 PRESETS["halfcheetah-ppo"] = (
     "PPO on MuJoCo HalfCheetah-v4 (envpool), 1M steps, with CleanRL's ppo_continuous_action "
-    "hyperparameters (one env, 2048-step rollouts, 10 epochs x 32 minibatches).",
+    "hyperparameters (one env, 2048-step rollouts, 10 epochs x 32 minibatches, observation "
+    "normalization and reward scaling).",
     TrainConfig(
         name="halfcheetah-ppo",
         algo="ppo",
@@ -223,6 +225,10 @@ PRESETS["halfcheetah-ppo"] = (
             max_grad_norm=0.5,
             norm_adv=True,
         ),
+        # CleanRL wraps the env in NormalizeObservation and NormalizeReward(gamma), each
+        # clipped at 10; here the learner computes both and publishes the observation
+        # statistics with the params.
+        normalize=NormalizeConfig(obs=True, obs_clip=10.0, reward=True, reward_clip=10.0),
         layout=LayoutConfig(actors_per_device=1),
         eval=EvalConfig(every_updates=50, episodes=8, num_envs=8),
     ),

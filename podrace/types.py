@@ -86,3 +86,6 @@ class Rollout:
     episode_lengths: np.ndarray
     timings: dict[str, float]
     """Seconds spent per actor stage for this rollout (env_step, inference, ...)."""
+    restart: int = 0
+    """Incarnation of the actor that made it (restarts of that Ray worker before it): with
+    actor_id and seq a stamp no two consumed rollouts share."""

@@ -72,7 +72,7 @@ BAD = [
     (["--ppo.vf-coef", "-1"], "ppo.vf_coef must be >= 0"),
     (["--ppo.ent-coef", "-0.01"], "ppo.ent_coef must be >= 0"),
     (["--impala.learning-rate", "0"], "impala.learning_rate must be positive"),
-    (["--impala.rmsprop-decay", "1.5"], "impala.rmsprop_decay must be in [0, 1]"),
+    (["--impala.rmsprop-decay", "1.5"], "impala.rmsprop_decay must be in [0, 1)"),
     (["--impala.rmsprop-eps", "0"], "impala.rmsprop_eps must be positive"),
     (["--impala.c-bar", "0"], "impala.c_bar must be positive"),
     (["--impala.num-minibatches", "0"], "impala.num_minibatches must be positive"),

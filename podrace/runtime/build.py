@@ -17,9 +17,10 @@ import numpy as np
 
 from podrace.actor import Actor, ActorSettings, PolicyFns, RolloutSink
 from podrace.algos.base import TrainState
+from podrace.algos.normalizer import Normalizer, init_normalizer
 from podrace.config import TrainConfig
 from podrace.control import Control, Lifetime
-from podrace.envs import make_env
+from podrace.envs import EnvSource
 from podrace.evaluate import Evaluator
 from podrace.learner import (
     Learner,
@@ -28,7 +29,9 @@ from podrace.learner import (
     env_keys,
     make_algorithm,
     make_mesh,
+    make_normalize_fn,
     make_update_fn,
+    place_normalizer,
     trajectory_shardings,
 )
 from podrace.metrics.registry import Metrics
@@ -50,8 +53,8 @@ def env_seed(seed: int, stream: int, actor_id: int, *more: int) -> int:
 
 
 def actor_key(cfg: TrainConfig, actor_id: int) -> jax.Array:
-    """The policy-sampling key actor `actor_id` of a fresh run starts with."""
-    return seed_key(cfg.seed, 2, actor_id)
+    """The policy-sampling key actor `actor_id` (of this process) of a fresh run starts with."""
+    return seed_key(cfg.seed, 2, (cfg.distributed.process_id or 0) * cfg.num_actors + actor_id)
 
 
 def build_learner(
@@ -63,13 +66,14 @@ def build_learner(
     publisher: Publisher,
     metrics: Metrics,
     lifetime: Lifetime,
-    restore: Callable[[TrainState, jax.Array], tuple[TrainState, jax.Array]] | None = None,
+    restore: Callable[..., tuple[TrainState, jax.Array, Normalizer | None]] | None = None,
 ) -> tuple[Learner, LearnerPlacement]:
-    """The learner on its mesh (initial params published as the publisher's first version)
-    and the placement that puts a rollout's arrays onto that mesh.
+    """The learner on its mesh (initial params, with the initial observation statistics when
+    normalizing, published as the publisher's first version) and the placement that puts a
+    rollout's arrays onto that mesh.
 
-    `restore(state, keys)` (resuming a run) returns the state and keys to start from, placed
-    like the fresh ones it is given (which serve as its template)."""
+    `restore(state, keys, normalizer)` (resuming a run) returns the state, keys and
+    normalizer to start from, placed like the fresh ones it is given (its template)."""
     mesh = make_mesh(devices)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     dummy_obs = np.zeros((1,) + spec.obs_shape, spec.obs_dtype)
@@ -77,14 +81,20 @@ def build_learner(
     algo = make_algorithm(cfg, network.apply)
     state = jax.jit(algo.init, out_shardings=replicated)(params)
     keys = env_keys(seed_key(cfg.seed, 1), cfg.num_actors, cfg.env.num_envs, mesh)
-    if restore is not None:
-        state, keys = restore(state, keys)
     settings = LearnerSettings(
         num_updates=cfg.num_updates,
         steps_per_update=cfg.steps_per_update,
         skip_nonfinite=cfg.safety.on_nonfinite == "skip",
         max_skipped=math.floor(cfg.safety.max_skipped_fraction * cfg.num_updates),
+        max_policy_lag=cfg.max_policy_lag,
     )
+    normalizer = init_normalizer(cfg.normalize, spec.obs_shape, cfg.num_actors * cfg.env.num_envs)
+    normalize_fn = None
+    if normalizer is not None:
+        normalizer = place_normalizer(normalizer, mesh)
+        normalize_fn = make_normalize_fn(cfg.normalize, cfg.gamma, mesh, normalizer, cfg.num_actors)
+    if restore is not None:
+        state, keys, normalizer = restore(state, keys, normalizer)
     learner = Learner(
         settings,
         state=state,
@@ -94,6 +104,8 @@ def build_learner(
         publisher=publisher,
         metrics=metrics,
         lifetime=lifetime,
+        normalizer=normalizer,
+        normalize_fn=normalize_fn,
     )
     return learner, LearnerPlacement(*trajectory_shardings(mesh))
 
@@ -106,13 +118,19 @@ def build_actor(
     out: RolloutSink,
     control: Control,
     first_seq: int = 0,
+    envs: EnvSource | None = None,
     key: jax.Array | None = None,
 ) -> Actor:
-    """Actor `actor_id` with its own envs and key; `policy.device` is where it acts.
+    """Actor `actor_id` with its own envs (from `envs`, default `cfg.env`'s id) and key;
+    `policy.device` is where it acts.
 
-    An actor that starts later in the run (`first_seq` > 0: a resumed run, a restarted
-    worker) gets env seeds with `first_seq` folded in, so its envs do not replay the
-    episodes the run's start already played; `key` (default `actor_key`) is its key."""
+    Key and env seeds follow the global actor id (process id x actors per process + id):
+    the processes of a multi-host run never share seeds. An actor that starts later in the
+    run (`first_seq` > 0: a resumed run) gets env seeds with `first_seq` folded in, so its
+    envs do not replay the episodes the run's start already played; `key` (default
+    `actor_key`) is its key.
+    """
+    global_id = (cfg.distributed.process_id or 0) * cfg.num_actors + actor_id
     settings = ActorSettings(
         actor_id=actor_id,
         rollout_length=cfg.rollout_length,
@@ -122,14 +140,22 @@ def build_actor(
         first_seq=first_seq,
     )
     later = (first_seq,) if first_seq else ()
-    env = make_env(cfg.env, cfg.env.num_envs, env_seed(cfg.seed, 0, actor_id, *later))
+    envs = envs or EnvSource(cfg.env)
+    env = envs.make(cfg.env.num_envs, env_seed(cfg.seed, 0, global_id, *later))
     return Actor(settings, env, policy, params, out, control)
 
 
 def build_evaluator(
-    cfg: TrainConfig, greedy: Callable, device: jax.Device, params: Subscriber, metrics: Metrics, control: Control
+    cfg: TrainConfig,
+    greedy: Callable,
+    device: jax.Device,
+    params: Subscriber,
+    metrics: Metrics,
+    control: Control,
+    envs: EnvSource | None = None,
 ) -> Evaluator:
-    env = make_env(cfg.env, cfg.eval.num_envs, env_seed(cfg.seed, 1, 0))
+    envs = envs or EnvSource(cfg.env)
+    env = envs.make(cfg.eval.num_envs, env_seed(cfg.seed, 1, 0))
     return Evaluator(env, device, greedy, params, cfg.eval.episodes, metrics, control)
 
 
@@ -144,7 +170,8 @@ def dummy_trajectory(cfg: TrainConfig, spec: EnvSpec, device: jax.Device) -> Tra
 
 
 def warm_up_policy(cfg: TrainConfig, spec: EnvSpec, policy: PolicyFns, params) -> None:
-    """Compile an actor's jitted functions on its device (results discarded)."""
+    """Compile an actor's jitted functions on its device (results discarded); `params` as
+    published (`Learner.acting_params()`)."""
     T = cfg.rollout_length
     params = jax.device_put(params, policy.device)
     obs = jax.device_put(np.zeros((cfg.env.num_envs,) + spec.obs_shape, spec.obs_dtype), policy.device)
@@ -155,8 +182,10 @@ def warm_up_policy(cfg: TrainConfig, spec: EnvSpec, policy: PolicyFns, params) -
 
 
 def warm_up_learner(learner: Learner, trajs: Sequence[Trajectory]) -> None:
-    """Compile the update on placed dummy trajectories (state and keys are not changed)."""
-    jax.block_until_ready(learner.update_fn(learner.state, tuple(trajs), learner.keys))
+    """Compile the batch preparation (normalization) and the update on placed dummy
+    trajectories (state, normalizer and keys are not changed)."""
+    _, trajs = learner.prepare(tuple(trajs), [learner.version] * len(trajs))
+    jax.block_until_ready(learner.update_fn(learner.state, trajs, learner.keys))
 
 
 def warm_up_greedy(cfg: TrainConfig, spec: EnvSpec, greedy: Callable, params, device: jax.Device) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import threading
+
+import jax
 from pathlib import Path
 
 from podrace.checkpoint import Checkpointer, RunState, checkpoint_dir
@@ -41,7 +43,13 @@ class RunCheckpoints:
         self._lock = threading.Lock()
 
     def open(self) -> None:
-        """Create the writer (and the checkpoints folder; leftovers of a killed write go)."""
+        """Create the writer (and the checkpoints folder; leftovers of a killed write go).
+
+        Not in a multi-process run: every process would write its own copy into the run
+        directory, and orbax's multi-process save needs all of them to save together."""
+        if jax.process_count() > 1:
+            log.warning("checkpoints are not written in multi-process runs yet")
+            return
         self._checkpointer = Checkpointer(checkpoint_dir(self._run_dir), self._cfg, self._spec, self._metrics)
 
     @property

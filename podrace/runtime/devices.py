@@ -39,7 +39,8 @@ class Devices:
 def resolve_devices(cfg: TrainConfig) -> Devices:
     layout = cfg.layout
     try:
-        available = jax.devices(layout.platform) if layout.platform else jax.devices()
+        # Ids index this process's devices (all of them on one host; its own in a multi-host run).
+        available = jax.local_devices(backend=layout.platform) if layout.platform else jax.local_devices()
     except RuntimeError as error:
         raise ConfigError(f"layout.platform '{layout.platform}' is not available: {error}".splitlines()[0]) from None
     platform = available[0].platform

@@ -22,10 +22,11 @@ import jax
 import numpy as np
 
 from podrace.actor import make_policy_fns
+from podrace.algos.normalizer import acting_apply
 from podrace.checkpoint import RunState, checkpoint_dir, restore
 from podrace.config import ConfigError, TrainConfig, replace, resolved, validate
 from podrace.control import Control, Lifetime, Watchdog
-from podrace.envs import env_spec, resolve_backend
+from podrace.envs import EnvSource
 from podrace.evaluate import EvalResult, make_greedy_policy
 from podrace.metrics.loggers import Sink, check_sinks, make_sinks
 from podrace.metrics.registry import Metrics
@@ -47,6 +48,7 @@ from podrace.runtime.memory import check_fits
 from podrace.runtime.resume import Resume, ResumePoint, commit, resume_point
 from podrace.runtime.rundir import create_run_dir, remove_run_dir, write_config
 from podrace.runtime.threads import ThreadGroup
+from podrace.runtime.distributed import local_copy
 from podrace.sync.local import LocalPublisher
 
 STOP_GRACE_S = 1.0
@@ -71,35 +73,45 @@ class TrainResult:
     """Version of the last checkpoint this run wrote completely (None: none)."""
 
 
-def train(cfg: TrainConfig | None, lifetime: Lifetime | None = None, resume: Resume | None = None) -> TrainResult:
+def train(
+    cfg: TrainConfig | None,
+    lifetime: Lifetime | None = None,
+    envs: EnvSource | None = None,
+    resume: Resume | None = None,
+) -> TrainResult:
     """Train with the single-host thread runtime; raises ConfigError before anything starts."""
-    return prepare(cfg, lifetime, resume).run()
+    return prepare(cfg, lifetime, envs, resume).run()
 
 
 def prepare(
-    cfg: TrainConfig | None, lifetime: Lifetime | None = None, resume: Resume | None = None
+    cfg: TrainConfig | None,
+    lifetime: Lifetime | None = None,
+    envs: EnvSource | None = None,
+    resume: Resume | None = None,
 ) -> "SingleHostRun":
     """Validate, build and compile everything; no thread is started yet.
 
     `lifetime` lets a caller stop the run from outside (a signal); a stop during
-    preparation raises `Stopped` between steps. With `resume`, the run continues the one in
-    `resume.run_dir` from a checkpoint; `cfg` is then None (the checkpoint's config) or
-    that config with changes `podrace.runtime.resume.RESUMABLE` allows.
+    preparation raises `Stopped` between steps. `envs` is where actors and the evaluator
+    get their envs (a user's env factory); by default `cfg.env.id` through its backend.
+    With `resume`, the run continues the one in `resume.run_dir` from a checkpoint; `cfg`
+    is then None (the checkpoint's config) or that config with changes
+    `podrace.runtime.resume.RESUMABLE` allows.
     """
     lifetime = lifetime or Lifetime()
     point = None
     if resume is not None:
         point = resume_point(resume, cfg)
         cfg = point.cfg
+    envs = envs or EnvSource(cfg.env)
     validate(cfg)
-    resolve_backend(cfg.env)
+    spec = envs.spec()  # the backend (or the factory) is checked first
     check_sinks(cfg.log)
     devices = resolve_devices(cfg)
-    spec = env_spec(cfg.env)
     check_fits(cfg, make_network(cfg.network, spec), spec, devices)
     lifetime.check()
     if point is not None:
-        run = SingleHostRun(cfg, spec, devices, point.run_dir, lifetime, point)
+        run = SingleHostRun(cfg, spec, devices, point.run_dir, lifetime, envs, point)
         # last: the run directory changes only once the resumed run is fully built
         written = commit(point, run.start.version, run.start.env_steps, cfg)
         run.time_offset = max(run.time_offset, written)
@@ -108,7 +120,7 @@ def prepare(
     try:
         effective = replace(resolved(cfg), **{"log.run_name": run_dir.name})
         write_config(run_dir, effective)
-        return SingleHostRun(effective, spec, devices, run_dir, lifetime)
+        return SingleHostRun(effective, spec, devices, run_dir, lifetime, envs)
     except BaseException:
         remove_run_dir(run_dir)
         raise
@@ -118,13 +130,22 @@ class SingleHostRun:
     """Every component of one run, wired together; `run()` starts the threads."""
 
     def __init__(
-        self, cfg: TrainConfig, spec, devices, run_dir: Path, lifetime: Lifetime, resume: ResumePoint | None = None
+        self,
+        cfg: TrainConfig,
+        spec,
+        devices,
+        run_dir: Path,
+        lifetime: Lifetime,
+        envs: EnvSource,
+        resume: ResumePoint | None = None,
     ):
         self.cfg, self.run_dir = cfg, run_dir
         self.lifetime = lifetime
         self.metrics = metrics = Metrics()
         self.watchdog = watchdog = Watchdog(lifetime, cfg.safety.watchdog_s)
         self.stuck: list[str] = []
+        self.evaluates = not cfg.distributed.process_id
+        """Only process 0 of a multi-host run evaluates (and every single-host run)."""
         self.extra_sinks: list[Sink] = []
         """Metrics sinks a caller adds before `run()` (after the configured ones)."""
         self.time_offset = 0.0
@@ -135,15 +156,16 @@ class SingleHostRun:
         self.pipeline = pipeline = Pipeline(
             cfg.num_actors, cfg.layout.queue_size, cfg.max_policy_lag, lifetime, first_seq=first
         )
-        self.publisher = publisher = LocalPublisher(first_version=first)
+        # Actors get this process's copy of the (possibly multi-process) replicated params.
+        self.publisher = publisher = LocalPublisher(transform=local_copy, first_version=first)
         lifetime.on_stop(publisher.close)
         restored: list[RunState] = []
 
-        def from_checkpoint(state, keys):
+        def from_checkpoint(state, keys, normalizer):
             n = cfg.num_actors
-            like = RunState(state, keys, np.zeros((n, 2), np.uint32), (0,) * n, 0, 0, 0)
+            like = RunState(state, keys, np.zeros((n, 2), np.uint32), (0,) * n, 0, 0, 0, normalizer)
             restored.append(restore(checkpoint_dir(run_dir), like, spec, first))
-            return restored[0].train_state, restored[0].learner_keys
+            return restored[0].train_state, restored[0].learner_keys, restored[0].normalizer
 
         self.learner, placement = build_learner(
             cfg, spec, network, devices.learners, pipeline, publisher, metrics, lifetime,
@@ -154,18 +176,22 @@ class SingleHostRun:
         self.checkpoints = RunCheckpoints(cfg, spec, run_dir, metrics, self.start)
         self.learner.on_update = self._after_update
         sink = PlacingSink(pipeline, placement.place)
-        fns, greedy = make_policy_fns(network.apply), make_greedy_policy(network.apply)
+        # Actors and the evaluator act with published snapshots; with observation
+        # normalization these carry the statistics, applied inside the jitted policy.
+        apply = acting_apply(network.apply, cfg.normalize)
+        fns, greedy = make_policy_fns(apply), make_greedy_policy(apply)
+        published = local_copy(self.learner.acting_params())
 
         compile_start = time.perf_counter()
         dummies = {}
         for device in devices.actors:
             lifetime.check()
-            warm_up_policy(cfg, spec, fns.on(device), self.learner.state.params)
+            warm_up_policy(cfg, spec, fns.on(device), published)
             dummies[device] = placement.place(dummy_trajectory(cfg, spec, device))
         lifetime.check()
         warm_up_learner(self.learner, [dummies[devices.actors[0]]] * cfg.num_actors)
         lifetime.check()
-        warm_up_greedy(cfg, spec, greedy, self.learner.state.params, devices.evaluator)
+        warm_up_greedy(cfg, spec, greedy, published, devices.evaluator)
         self.compile_s = time.perf_counter() - compile_start
 
         def control(name: str) -> Control:
@@ -176,12 +202,15 @@ class SingleHostRun:
             lifetime.check()
             device = devices.actors[actor_id // cfg.layout.actors_per_device]
             params = publisher.subscribe(device=device, name=f"actor-{actor_id}")
+            actor_control = control(f"actor-{actor_id}")
             self.actors.append(build_actor(
-                cfg, actor_id, fns.on(device), params, sink, control(f"actor-{actor_id}"),
+                cfg, actor_id, fns.on(device), params, sink, actor_control, envs=envs,
                 first_seq=first, key=self.start.actor_keys[actor_id],
             ))
         params = publisher.subscribe(device=devices.evaluator, name="evaluator")
-        self.evaluator = build_evaluator(cfg, greedy, devices.evaluator, params, metrics, control("evaluator"))
+        self.evaluator = build_evaluator(
+            cfg, greedy, devices.evaluator, params, metrics, control("evaluator"), envs=envs
+        )
 
     def _start_state(self, restored: RunState | None) -> RunState:
         """A fresh run's first state, or a restored one with counters, clock and skip count
@@ -190,7 +219,7 @@ class SingleHostRun:
         cfg, learner, n = self.cfg, self.learner, self.cfg.num_actors
         if restored is None:
             keys = np.stack([np.asarray(jax.device_get(actor_key(cfg, i))) for i in range(n)])
-            return RunState(learner.state, learner.keys, keys, (0,) * n, 0, 0, 0)
+            return RunState(learner.state, learner.keys, keys, (0,) * n, 0, 0, 0, learner.normalizer)
         version = restored.version
         if tuple(restored.actor_next_seq) != (version,) * n:
             raise ConfigError(
@@ -207,7 +236,7 @@ class SingleHostRun:
         self.time_offset = restored.time_s
         return RunState(
             learner.state, learner.keys, keys, restored.actor_next_seq, version,
-            restored.env_steps, restored.episodes, restored.normalizer, restored.time_s, restored.skipped_updates,
+            restored.env_steps, restored.episodes, learner.normalizer, restored.time_s, restored.skipped_updates,
         )
 
     def _clock(self) -> float:
@@ -216,12 +245,12 @@ class SingleHostRun:
 
     def _after_update(self, version: int) -> None:
         every = self.cfg.eval.every_updates
-        if every and version % every == 0 and version < self.cfg.num_updates:
+        if self.evaluates and every and version % every == 0 and version < self.cfg.num_updates:
             self.evaluator.request(version)
         m, learner = self.metrics, self.learner
         state = RunState(
             learner.state, learner.keys, self.start.actor_keys, (version,) * self.cfg.num_actors, version,
-            int(m.total("env_steps")), int(m.total("episodes")), None, self._clock(), learner.skipped,
+            int(m.total("env_steps")), int(m.total("episodes")), learner.normalizer, self._clock(), learner.skipped,
         )
         self.checkpoints.record(state, self.lifetime)
 
@@ -233,7 +262,8 @@ class SingleHostRun:
         def learn() -> None:
             self.learner.run()
             learned.append(time.perf_counter() - train_start)
-            final.append(self.evaluator.evaluate_final(self.learner.version))
+            if self.evaluates:
+                final.append(self.evaluator.evaluate_final(self.learner.version))
             lifetime.stop("finished")
 
         self.checkpoints.open()
@@ -249,7 +279,8 @@ class SingleHostRun:
         try:
             for actor in self.actors:
                 group.spawn(f"actor-{actor.actor_id}", actor.run)
-            group.spawn("evaluator", self.evaluator.run)
+            if self.evaluates:
+                group.spawn("evaluator", self.evaluator.run)
             group.spawn("learner", learn)
             group.spawn("watchdog", self.watchdog.run, guard_transfers=False)
             self._log_until_stopped(sinks, train_start)

@@ -79,7 +79,7 @@ def test_stop_and_resume_continues_the_straight_run(tmp_path):
     bit (the restart is deterministic).
     """
     spu = 2 * 8 * 16
-    base = {"deterministic": True, "total_steps": 2 * N * spu}
+    base = {"deterministic": True, "total_steps": 2 * N * spu, "normalize.obs": True}  # statistics saved too
     straight = prepare(small(tmp_path, **base, **{"log.run_name": "b", "checkpoint.every_updates": N}))
     straight_rates = record_learning_rates(straight)
     straight.run()
@@ -102,6 +102,7 @@ def test_stop_and_resume_continues_the_straight_run(tmp_path):
     resumed = prepare(None, resume=Resume(tmp_path / "a"))
     assert leaves_equal(resumed.learner.state, saved.train_state)
     assert leaves_equal(resumed.learner.keys, saved.learner_keys)
+    assert saved.normalizer is not None and leaves_equal(resumed.learner.normalizer, saved.normalizer)
     assert resumed.learner.version == N and resumed.publisher.metrics()["latest_version"] == N
     for actor, key in zip(resumed.actors, saved.actor_keys):
         assert actor.settings.first_seq == N

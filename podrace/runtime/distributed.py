@@ -1,0 +1,212 @@
+"""Joining a multi-process run: jax.distributed, one agreed config, the global learner mesh.
+
+Every process runs the same command. `join` starts jax.distributed (gloo collectives on
+CPU). `agree` then makes every process check itself (devices, env ids, sizes) and post
+either its resolved config or its one-line error to the coordinator's key-value store;
+each process reads every other post, so one process's bad layout, or configs that differ,
+stop *every* process with a ConfigError before any thread starts or anything is written.
+
+Layout device ids index each process's *local* devices. The global learner mesh is every
+process's learner devices, process by process; each process feeds only its own shards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import jax
+
+from podrace.config import ConfigError, DistributedConfig, TrainConfig, replace
+from podrace.types import PyTree
+
+_CONFIG_KEY = "podrace/config/{}"
+SHUTDOWN_TIMEOUT_S = 600
+# Fields allowed to differ between processes: which process this is, and how it reaches
+# the coordinator; the run directory's name is process 0's.
+_PER_PROCESS = ("distributed.process_id", "distributed.coordinator", "log.run_name")
+
+
+class RunRefused(ConfigError):
+    """A ConfigError raised on every process alike (each saw the same posts), so all of
+    them can leave jax.distributed together."""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """This process's place in a joined run."""
+
+    process_id: int
+    num_processes: int
+    coordinator: str
+    """HOST:PORT of process 0 (reachable from every process)."""
+    store: Any
+    """jax.distributed's client: a key-value store shared by all processes."""
+    timeout_s: float
+
+    def get(self, key: str) -> str:
+        """Blocking read of a key another process sets; ConfigError after the join timeout."""
+        try:
+            return self.store.blocking_key_value_get(key, int(self.timeout_s * 1000))
+        except Exception as error:  # noqa: BLE001 - jaxlib raises its own runtime error type
+            raise ConfigError(
+                f"process {self.process_id}: no answer for '{key}' within {self.timeout_s:g}s: "
+                f"{str(error).splitlines()[0]}"
+            ) from None
+
+
+def join(d: DistributedConfig) -> Cluster:
+    """Start jax.distributed; unset fields come from JAX (env vars, cluster detection)."""
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    try:
+        jax.distributed.initialize(
+            coordinator_address=d.coordinator,
+            num_processes=d.num_processes,
+            process_id=d.process_id,
+            initialization_timeout=d.init_timeout_s,
+            # Our own peer link notices a lost process first and exits with a clear error;
+            # JAX's heartbeat (which aborts the process) is only the last resort.
+            heartbeat_timeout_seconds=int(max(100, 3 * d.peer_timeout_s)),
+            # A finished process waits this long at the shutdown barrier for the others
+            # (process 0 may still be running its final evaluation).
+            shutdown_timeout_seconds=SHUTDOWN_TIMEOUT_S,
+        )
+    except (ValueError, TypeError) as error:
+        hint = (
+            " (pass --distributed.num-processes and --distributed.process-id, or run where JAX "
+            "detects them: SLURM, Open MPI, Kubernetes, TPU pods)"
+            if d.num_processes is None
+            else ""
+        )
+        raise ConfigError(f"distributed: {str(error).splitlines()[0]}{hint}") from None
+    except Exception as error:  # noqa: BLE001 - e.g. the coordinator never answered
+        raise ConfigError(f"distributed: could not join the run: {str(error).splitlines()[0]}") from None
+    from jax._src.distributed import global_state  # the only handle on the key-value store
+
+    coordinator = d.coordinator or global_state.coordinator_address
+    return Cluster(jax.process_index(), jax.process_count(), coordinator, global_state.client, float(d.init_timeout_s))
+
+
+def resolved(cfg: TrainConfig, cluster: Cluster) -> TrainConfig:
+    """`cfg` with the process count and id JAX settled on (they may come from the environment)."""
+    return replace(
+        cfg,
+        **{
+            "distributed.num_processes": cluster.num_processes,
+            "distributed.process_id": cluster.process_id,
+            "distributed.coordinator": cluster.coordinator,
+        },
+    )
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def shared_fields(cfg: TrainConfig) -> dict[str, Any]:
+    """The resolved config as flat dotted fields, minus those allowed to differ per process."""
+    flat = _flat(dataclasses.asdict(cfg))
+    return {k: v for k, v in sorted(flat.items()) if k not in _PER_PROCESS}
+
+
+def config_hash(cfg: TrainConfig) -> str:
+    return hashlib.sha256(json.dumps(shared_fields(cfg), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def agree(cluster: Cluster, cfg: TrainConfig, check: Callable[[TrainConfig], TrainConfig]) -> TrainConfig:
+    """Check this process, compare with every other; return the config to run.
+
+    `check(cfg)` validates locally (raising ConfigError) and returns the config to post;
+    process 0's `log.run_name` (resolved by its check) becomes everyone's. A local error, a
+    remote one, or any differing field raises ConfigError on every process.
+    """
+    me = cluster.process_id
+    try:
+        cfg = check(cfg)
+        post = {"ok": True, "hash": config_hash(cfg), "fields": shared_fields(cfg), "run_name": cfg.log.run_name}
+        error = None
+    except ConfigError as local:
+        post, error = {"ok": False, "error": str(local)}, RunRefused(str(local))
+    cluster.store.key_value_set(_CONFIG_KEY.format(me), json.dumps(post))
+    if error is not None:
+        raise error
+    run_name = cfg.log.run_name
+    for other in range(cluster.num_processes):
+        if other == me:
+            continue
+        theirs = json.loads(cluster.get(_CONFIG_KEY.format(other)))
+        if not theirs["ok"]:
+            raise RunRefused(f"process {other} cannot run: {theirs['error']}")
+        if theirs["hash"] != post["hash"]:
+            raise RunRefused(_mismatch(me, post, other, theirs))
+        if other == 0:
+            run_name = theirs["run_name"]
+    return replace(cfg, **{"log.run_name": run_name})
+
+
+def _mismatch(me: int, mine: dict, other: int, theirs: dict) -> str:
+    a, b = mine["fields"], theirs["fields"]
+    differing = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+    field = differing[0] if differing else "?"
+    more = f" (and {len(differing) - 1} more)" if len(differing) > 1 else ""
+    return (
+        f"config differs between processes: {field} is {a.get(field)!r} on process {me} but "
+        f"{b.get(field)!r} on process {other}{more} (config hash {mine['hash']} vs {theirs['hash']})"
+    )
+
+
+def global_learner_devices(local_ids: tuple[int, ...], platform: str | None) -> list[jax.Device]:
+    """Every process's learner devices (the same local ids on each), process by process."""
+    devices = []
+    for process in range(jax.process_count()):
+        local = [d for d in (jax.devices(platform) if platform else jax.devices()) if d.process_index == process]
+        if max(local_ids) >= len(local):
+            raise ConfigError(
+                f"layout.learner_device_ids {list(local_ids)}: process {process} has only {len(local)} device(s)"
+            )
+        devices.extend(local[i] for i in local_ids)
+    return devices
+
+
+def local_copy(tree: PyTree) -> PyTree:
+    """This process's copy of replicated global arrays (actors place it on their devices).
+
+    A replicated array over a multi-process mesh cannot be moved as a whole; any one of
+    its addressable shards is the full value. Single-process arrays pass through.
+    """
+
+    def one(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return x.addressable_shards[0].data
+        return x
+
+    return jax.tree.map(one, tree)
+
+
+def host_of(address: str) -> str:
+    host = address.rpartition(":")[0]
+    return host.strip("[]")
+
+
+__all__ = [
+    "Cluster",
+    "RunRefused",
+    "agree",
+    "config_hash",
+    "global_learner_devices",
+    "host_of",
+    "join",
+    "local_copy",
+    "resolved",
+    "shared_fields",
+]
+

@@ -1,0 +1,179 @@
+"""The multi-host topology: N processes (jax.distributed), each the thread topology for
+its own actors, all learners one `jit(shard_map)` over the global learner mesh.
+
+Every process runs the same command. Before any thread starts, the processes join, check
+themselves and compare configs (`distributed.agree`), open the peer link (`peers`), and
+build a `SingleHostRun` whose learner mesh is every process's learner devices. Each
+process's actors feed only that process's shards; the learner step is the same SPMD
+program everywhere, so params stay identical on every process, and each process publishes
+them to its own actors through its local sync transport.
+
+Seeds: actor keys and env seeds derive from (run seed, global actor id), the global id being
+process id x actors per process + local id, so a 2-process run with one actor each samples
+like a 1-process run with two actors; learner keys belong to envs (`learner.env_keys`).
+
+Files: process 0 owns the run directory (config.json, metrics.jsonl with the global learner
+metrics and env-step counter, its own actors' episode statistics, and all evaluation).
+Process i > 0 does not evaluate and writes its own metrics (its actors' episodes, timers)
+to `<run dir>/process-<i>/metrics.jsonl`: on a shared filesystem everything lands in one
+run directory, otherwise each host keeps its own part.
+
+Failure: a lost process (exit, kill, hang, error, Ctrl-C) reaches every other one through
+the peer link, which fails the local run naming that process; a learner whose collective
+failed waits briefly for that news so the error names the process, not the socket.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+from pathlib import Path
+
+import jax
+
+from podrace.config import TrainConfig, replace, validate
+from podrace.control import Lifetime
+from podrace.envs import EnvSource, resolve_backend
+from podrace.runtime.devices import resolve_devices
+from podrace.runtime.distributed import SHUTDOWN_TIMEOUT_S, Cluster, agree, global_learner_devices, join, resolved
+from podrace.runtime.peers import PeerLink, PeerLost, PeerStopped
+from podrace.runtime.rundir import check_run_dir, create_run_dir, run_dir_path
+from podrace.runtime.single_host import SingleHostRun, TrainResult
+
+COLLECTIVE_GRACE_S = 5.0
+"""After a failed collective, seconds the learner waits for the peer link to say which
+process was lost (the link hears of a killed process at once)."""
+
+
+def prepare(cfg: TrainConfig, lifetime: Lifetime | None = None) -> "MultiHostRun":
+    """Join the other processes, agree on the config, build and compile; no thread started.
+
+    From the moment the peer link is open, a lost peer ends this process at once (printing
+    which one) until `run()` takes over; a local error is told to the others.
+    """
+    lifetime = lifetime or Lifetime()
+    validate(cfg)
+    cluster = join(cfg.distributed)
+    cfg = agree(cluster, resolved(cfg, cluster), _check)
+    devices = resolve_devices(cfg)
+    devices = dataclasses.replace(
+        devices, learners=tuple(global_learner_devices(cfg.layout.learner_device_ids, cfg.layout.platform))
+    )
+    if cluster.process_id == 0:  # before the link opens: others create their folder inside it
+        run_dir = create_run_dir(cfg)
+    link = PeerLink.open(cluster, cfg.distributed.peer_timeout_s)
+    link.start(_exit_while_preparing)
+    lifetime.on_stop(lambda: _tell_peers(lifetime, link))
+    try:
+        if cluster.process_id != 0:
+            run_dir = run_dir_path(cfg) / f"process-{cluster.process_id}"
+            run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
+        envs = EnvSource(cfg.env)
+        local = SingleHostRun(cfg, envs.spec(), devices, run_dir, lifetime, envs)
+    except BaseException as error:
+        link.report_failure(f"while preparing: {type(error).__name__}: {error}".splitlines()[0])
+        link.close()
+        raise
+    return MultiHostRun(cluster, link, local)
+
+
+def _exit_while_preparing(lost: PeerLost) -> None:
+    """A peer was lost before this process's threads started: the main thread may be
+    compiling or inside a collective, so report and leave from here."""
+    code = 128 + lost.signum if isinstance(lost, PeerStopped) else 1
+    os.write(2, f"podrace: error: process-{lost.process} failed: {type(lost).__name__}: {lost}\n".encode())
+    os._exit(code)
+
+
+def _check(cfg: TrainConfig) -> TrainConfig:
+    """This process alone: valid config, env, local devices, global mesh; process 0 also
+    fixes the run directory's name (everyone uses process 0's)."""
+    validate(cfg)
+    resolve_backend(cfg.env)
+    resolve_devices(cfg)
+    global_learner_devices(cfg.layout.learner_device_ids, cfg.layout.platform)
+    if cfg.distributed.process_id == 0:
+        cfg = replace(cfg, **{"log.run_name": check_run_dir(cfg).name})
+    return cfg
+
+
+class MultiHostRun:
+    """One process's part of a multi-host run; `run()` starts its threads."""
+
+    def __init__(self, cluster: Cluster, link: PeerLink, local: SingleHostRun):
+        self.cluster, self.link, self.local = cluster, link, local
+        self.cfg, self.lifetime = local.cfg, local.lifetime
+        self.run_dir: Path = local.run_dir
+        learner = local.learner
+        update = learner.update_fn
+
+        def update_or_name_the_lost_process(*args):
+            try:
+                # A collective fails when its result is waited for, not at dispatch.
+                return jax.block_until_ready(update(*args))
+            except Exception as error:
+                lost = link.wait_lost(COLLECTIVE_GRACE_S)
+                if lost is not None:
+                    raise lost from error
+                raise
+
+        update_or_name_the_lost_process.__wrapped__ = update  # the jitted step (for lowering)
+        learner.update_fn = update_or_name_the_lost_process
+
+    @property
+    def stuck(self) -> list[str]:
+        """Threads left behind at the end (e.g. a learner waiting in a collective)."""
+        return self.local.stuck
+
+    def run(self) -> TrainResult:
+        lifetime = self.lifetime
+        self.link.on_lost(lambda lost: lifetime.fail(f"process-{lost.process}", lost))
+        try:
+            return self.local.run()
+        finally:
+            self.link.close()
+
+
+def _tell_peers(lifetime: Lifetime, link: PeerLink) -> None:
+    """Called once when this process's run stops: tell the others why, unless they told us."""
+    failure = lifetime.failure
+    if failure is not None:
+        if not isinstance(failure.error, PeerLost):
+            link.report_failure(str(failure))
+    elif lifetime.stop_reason == "finished":
+        link.report_done()
+    else:  # stopped from outside: the CLI's reason names the signal ("SIGINT received")
+        name = (lifetime.stop_reason or "").split(" ")[0]
+        signum = signal.Signals[name] if name in signal.Signals.__members__ else signal.SIGINT
+        link.report_stop(int(signum), signum.name)
+
+
+def shutdown(ok: bool, timeout_s: float = SHUTDOWN_TIMEOUT_S + 30) -> None:
+    """Leave jax.distributed. After a success every process reaches the shutdown barrier
+    (a finished process waits there for process 0's final evaluation: leaving early would
+    look like a dead process to the coordinator); after a failure a peer may be gone, so
+    the barrier is skipped (the caller exits)."""
+    import threading
+
+    import jax
+
+    if not ok or not jax.distributed.is_initialized():
+        return
+
+    done = threading.Event()
+
+    def leave() -> None:
+        try:
+            jax.distributed.shutdown()
+        except Exception:  # noqa: BLE001 - the run is over; a peer that left first is fine
+            pass
+        done.set()
+
+    threading.Thread(target=leave, name="distributed-shutdown", daemon=True).start()
+    done.wait(timeout_s)
+
+
+__all__ = ["MultiHostRun", "prepare", "shutdown"]

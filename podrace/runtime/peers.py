@@ -1,0 +1,228 @@
+"""A side channel between the processes of a run: liveness, failures and stops.
+
+Collectives cannot say *who* went missing, and a process waiting in one may wait for a
+long time. So process 0 (the hub) keeps one TCP connection to every other process (a
+spoke), apart from jax.distributed. Each side sends a beat every `timeout_s / 4`:
+
+- a connection that closes before its process said `done` means that process exited or
+  was killed (noticed at once, SIGKILL included); silence for `timeout_s` means it hung;
+- a process that fails or is interrupted says so (`fail` / `stop`) before it shuts down;
+- the hub relays every such event to all other spokes, so every process learns, within a
+  bounded time, which process was lost and why, and stops with that as its error.
+
+The hub's address travels through jax.distributed's key-value store; messages are JSON lines.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from typing import Callable
+
+_ADDRESS_KEY = "podrace/peers/hub"
+
+
+class PeerLost(RuntimeError):
+    """Another process exited, was killed, hung, or failed; the run cannot go on without it."""
+
+    def __init__(self, process: int, message: str):
+        super().__init__(message)
+        self.process = process
+
+
+class PeerStopped(PeerLost):
+    """Another process was interrupted (Ctrl-C, SIGTERM); every process stops with it."""
+
+    def __init__(self, process: int, signum: int, message: str):
+        super().__init__(process, message)
+        self.signum = signum
+
+
+OnLost = Callable[[PeerLost], None]
+
+
+class _Conn:
+    """One JSON-lines connection; sends are serialized, failures to send are ignored
+    (the reader notices a dead peer)."""
+
+    def __init__(self, sock: socket.socket, process: int):
+        self.sock, self.process = sock, process
+        self.lock = threading.Lock()
+        self.done = False
+        self.reader = sock.makefile("r", encoding="utf-8")
+
+    def send(self, **message) -> None:
+        data = (json.dumps(message) + "\n").encode()
+        with self.lock:
+            try:
+                self.sock.sendall(data)
+            except OSError:
+                pass
+
+    def recv(self) -> dict | None:
+        line = self.reader.readline()
+        return json.loads(line) if line else None
+
+    def close(self) -> None:
+        for close in (self.reader.close, lambda: self.sock.shutdown(socket.SHUT_RDWR), self.sock.close):
+            try:
+                close()
+            except OSError:
+                pass
+
+
+class PeerLink:
+    """This process's end of the side channel: `open` connects, `start(on_lost)` starts
+    listening; `on_lost` is called once, from a link thread, with the first PeerLost
+    (this process should then stop)."""
+
+    def __init__(self, process_id: int, num_processes: int, timeout_s: float):
+        self.process_id, self.num_processes, self.timeout_s = process_id, num_processes, timeout_s
+        self._on_lost: OnLost = lambda lost: None
+        self._conns: list[_Conn] = []
+        self._lost: PeerLost | None = None
+        self._event = threading.Event()
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._server: socket.socket | None = None
+
+    # -- setup --------------------------------------------------------------------------
+    @classmethod
+    def open(cls, cluster, timeout_s: float) -> "PeerLink":
+        """Connect every process to process 0; returns once all are connected."""
+        from podrace.runtime.distributed import host_of
+
+        link = cls(cluster.process_id, cluster.num_processes, timeout_s)
+        if cluster.process_id == 0:
+            server = socket.create_server(("", 0), backlog=cluster.num_processes)
+            link._server = server
+            host = host_of(cluster.coordinator)
+            cluster.store.key_value_set(_ADDRESS_KEY, f"{host}:{server.getsockname()[1]}")
+            server.settimeout(cluster.timeout_s)
+            waiting = set(range(1, cluster.num_processes))
+            while waiting:
+                try:
+                    sock, _ = server.accept()
+                except socket.timeout:
+                    raise PeerLost(min(waiting), f"process(es) {sorted(waiting)} never connected to process 0") from None
+                sock.settimeout(cluster.timeout_s)
+                conn = _Conn(sock, -1)
+                hello = conn.recv() or {}
+                conn.process = int(hello.get("process", -1))
+                waiting.discard(conn.process)
+                link._conns.append(conn)
+        else:
+            host, _, port = cluster.get(_ADDRESS_KEY).rpartition(":")
+            sock = socket.create_connection((host, int(port)), timeout=cluster.timeout_s)
+            conn = _Conn(sock, 0)
+            conn.send(kind="hello", process=cluster.process_id)
+            link._conns.append(conn)
+        for conn in link._conns:
+            conn.sock.settimeout(timeout_s)
+        return link
+
+    def on_lost(self, callback: OnLost) -> None:
+        """Call `callback` instead on a loss from now on (at once if one already happened)."""
+        with self._lock:
+            self._on_lost = callback
+            lost = self._lost
+        if lost is not None:
+            callback(lost)
+
+    def start(self, on_lost: OnLost) -> None:
+        self._on_lost = on_lost
+        for conn in self._conns:
+            self._spawn(f"peer-{conn.process}", lambda c=conn: self._read(c))
+        self._spawn("peer-beat", self._beat)
+
+    def _spawn(self, name: str, fn: Callable[[], None]) -> None:
+        thread = threading.Thread(target=fn, name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    # -- what this process tells the others ---------------------------------------------
+    def report_failure(self, message: str) -> None:
+        """This process failed: tell the others (relayed by the hub) before shutting down."""
+        self._broadcast(kind="fail", origin=self.process_id, message=message)
+
+    def report_stop(self, signum: int, name: str) -> None:
+        """This process was interrupted: every other process stops too."""
+        self._broadcast(kind="stop", origin=self.process_id, signum=signum, message=name)
+
+    def report_done(self) -> None:
+        """This process finished: its closing connection is no longer a loss."""
+        self._broadcast(kind="done", origin=self.process_id)
+
+    def _broadcast(self, **message) -> None:
+        for conn in self._conns:
+            conn.send(**message)
+
+    # -- what happened to the others ------------------------------------------------------
+    @property
+    def lost(self) -> PeerLost | None:
+        return self._lost
+
+    def wait_lost(self, timeout: float) -> PeerLost | None:
+        """The first peer loss, waiting up to `timeout` for one (e.g. after a collective failed)."""
+        self._event.wait(timeout)
+        return self._lost
+
+    def _declare(self, error: PeerLost, relay_from: _Conn | None) -> None:
+        with self._lock:
+            if self._lost is not None or self._closed.is_set():
+                return
+            self._lost = error
+            on_lost = self._on_lost
+        if self.process_id == 0:  # relay to every other spoke
+            kind = "stop" if isinstance(error, PeerStopped) else "fail"
+            extra = {"signum": error.signum} if isinstance(error, PeerStopped) else {}
+            for conn in self._conns:
+                if conn is not relay_from:
+                    conn.send(kind=kind, origin=error.process, message=str(error), relayed=True, **extra)
+        on_lost(error)  # first: the run records this loss before anyone woken below
+        self._event.set()
+
+    def _read(self, conn: _Conn) -> None:
+        who = conn.process
+        while not self._closed.is_set():
+            try:
+                message = conn.recv()
+            except (socket.timeout, TimeoutError):
+                if not conn.done:
+                    self._declare(PeerLost(who, f"process {who} sent nothing for {self.timeout_s:g}s (hung or unreachable)"), conn)
+                return
+            except (OSError, ValueError):
+                message = None
+            if message is None:
+                if not conn.done and not self._closed.is_set():
+                    self._declare(
+                        PeerLost(who, f"process {who} closed its connection before finishing (it exited or was killed)"), conn
+                    )
+                return
+            kind = message.get("kind")
+            origin = int(message.get("origin", who))
+            if kind == "done" and origin == who:
+                conn.done = True
+            elif kind == "fail":
+                text = message["message"] if message.get("relayed") else f"process {origin} failed: {message['message']}"
+                self._declare(PeerLost(origin, text), conn)
+            elif kind == "stop":
+                signum = int(message.get("signum", 2))
+                text = message["message"] if message.get("relayed") else f"process {origin} received {message['message']}"
+                self._declare(PeerStopped(origin, signum, text), conn)
+
+    def _beat(self) -> None:
+        while not self._closed.wait(self.timeout_s / 4):
+            self._broadcast(kind="beat")
+
+    def close(self) -> None:
+        self._closed.set()
+        for conn in self._conns:
+            conn.close()
+        if self._server is not None:
+            self._server.close()
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(1.0)

@@ -1,0 +1,196 @@
+"""Start, join and leave a Ray cluster for one run; Ray is imported only here and below.
+
+Without an address podrace starts a private local Ray for the run: a fresh temp dir (so it
+never joins or stops anyone else's Ray on the machine), node address 127.0.0.1, no
+dashboard and no job server, Ray's token authentication left as Ray sets it (on), and
+everything it started is stopped at the end. With an address it joins that cluster and
+leaves it running. Ray's own SIGTERM handler is taken back so that the CLI's clean stop
+keeps working.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from podrace.config import ConfigError, RayConfig, worker_resources
+
+
+def import_ray() -> Any:
+    """The `ray` module, or a ConfigError saying how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--runtime ray needs Ray: pip install 'podrace[ray]'") from None
+    return ray
+
+
+def check_auth_not_disabled() -> None:
+    """podrace never runs Ray with token authentication turned off."""
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
+        raise ConfigError(
+            "RAY_AUTH_MODE=disabled: podrace keeps Ray's token authentication on; unset it "
+            "(and see the README for clusters started with `ray start`)"
+        )
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The Ray a run uses: `local` when podrace started it (and will stop it)."""
+
+    address: str
+    local: bool
+    temp_dir: str | None
+    """Private temp dir of a local Ray (its session, sockets and logs), else None."""
+
+
+def _not_about_sigterm(record: logging.LogRecord) -> bool:
+    return "SIGTERM handler" not in record.getMessage()  # podrace handles signals itself
+
+
+def _quiet_init(ray: Any, **kwargs: Any) -> None:
+    logger = logging.getLogger("ray._private.worker")
+    logger.addFilter(_not_about_sigterm)
+    try:
+        with warnings.catch_warnings():  # Ray starts its daemons with fork_exec; JAX warns about forks
+            warnings.filterwarnings("ignore", message=".*os.fork.*")
+            ray.init(log_to_driver=False, configure_logging=False, **kwargs)
+    finally:
+        logger.removeFilter(_not_about_sigterm)
+
+
+@contextlib.contextmanager
+def connect(cfg: RayConfig, num_cpus: int) -> Iterator[Cluster]:
+    """Start (no address) or join Ray for the body of the `with`; stop or leave it after.
+
+    `num_cpus` is what a local Ray advertises (at least one per worker). Raises ConfigError
+    when Ray is missing, auth is disabled, the address cannot be reached, or no node offers
+    the workers' custom resources.
+    """
+    ray = import_ray()
+    check_auth_not_disabled()
+    if ray.is_initialized():
+        raise ConfigError("Ray is already initialized in this process; podrace starts or joins Ray itself")
+    term_handler = signal.getsignal(signal.SIGTERM)
+    temp_dir = None
+    try:
+        if cfg.address is None:
+            # Private (never shared with another Ray); keep TMPDIR short: Ray's unix sockets
+            # live under it and socket paths are limited to 107 bytes.
+            temp_dir = tempfile.mkdtemp(prefix="podrace-ray-")
+            _quiet_init(
+                ray,
+                address="local",
+                num_cpus=num_cpus,
+                _node_ip_address="127.0.0.1",
+                include_dashboard=False,
+                _temp_dir=temp_dir,
+                # Ray runs workers at nice 15 by default, as background work; here they are
+                # the run's actors, and on a busy machine nice 15 made them ~4x slower.
+                _system_config={"worker_niceness": 0},
+            )
+        else:
+            try:
+                _quiet_init(ray, address=cfg.address)
+            except (ConnectionError, RuntimeError, ValueError) as error:
+                first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+                raise ConfigError(f"cannot join the Ray cluster at {cfg.address}: {first}") from None
+        if threading_main():
+            signal.signal(signal.SIGTERM, term_handler)
+        cluster = Cluster(address=ray.get_runtime_context().gcs_address, local=cfg.address is None, temp_dir=temp_dir)
+        _check_resources(ray, cfg)
+        yield cluster
+    finally:
+        processes = process_tree(temp_dir) if temp_dir is not None else {}
+        if ray.is_initialized():
+            ray.shutdown()
+        if threading_main():
+            signal.signal(signal.SIGTERM, term_handler)
+        if temp_dir is not None:
+            reap(processes)
+            shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def threading_main() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _check_resources(ray: Any, cfg: RayConfig) -> None:
+    needed = worker_resources(cfg)
+    if not needed:
+        return
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    if not any(all(n["Resources"].get(k, 0) >= v for k, v in needed.items()) for n in nodes):
+        offered = sorted({k for n in nodes for k in n["Resources"] if not k.startswith("node:")})
+        raise ConfigError(
+            f"no Ray node offers the worker resources {needed} (resources in the cluster: {offered}); "
+            "start actor nodes with `ray start --address ... --resources '{\"NAME\": N}'`"
+        )
+
+
+def _stat(pid: int) -> tuple[int, int, int] | None:
+    """(ppid, start time, uid) of `pid`, None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[1]), int(fields[19]), os.stat(f"/proc/{pid}").st_uid
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def process_tree(temp_dir: str) -> dict[int, int]:
+    """{pid: start time} of this user's processes that name `temp_dir` on their command
+    line (a local Ray's daemons) and of all their descendants (its workers, which rename
+    themselves `ray::...`)."""
+    stats = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (st := _stat(int(entry))) is not None and st[2] == os.getuid():
+            stats[int(entry)] = st
+    roots = set()
+    for pid in stats:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if temp_dir.encode() in f.read() and pid != os.getpid():
+                    roots.add(pid)
+        except OSError:
+            continue
+    tree, frontier = set(roots), set(roots)
+    while frontier:
+        frontier = {pid for pid, st in stats.items() if st[0] in frontier and pid not in tree}
+        tree |= frontier
+    return {pid: stats[pid][1] for pid in tree}
+
+
+def alive(processes: dict[int, int]) -> list[int]:
+    """The pids of `processes` ({pid: start time}) still running (pid reuse excluded)."""
+    return [pid for pid, start in processes.items() if (st := _stat(pid)) is not None and st[1] == start]
+
+
+def reap(processes: dict[int, int], grace_s: float = 10.0) -> None:
+    """Wait for `processes` to exit, then SIGKILL the stragglers.
+
+    `ray.shutdown()` stops a local Ray already; this makes "nothing left running" a
+    guarantee. Only the processes of this run's private local Ray are touched.
+    """
+    deadline = time.monotonic() + grace_s
+    while (left := alive(processes)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def object_store_bytes(ray: Any) -> int:
+    """Bytes in use in the object stores of all nodes, as the nodes last reported them."""
+    total = ray.cluster_resources().get("object_store_memory", 0.0)
+    free = ray.available_resources().get("object_store_memory", 0.0)
+    return int(max(total - free, 0.0))

@@ -1,0 +1,142 @@
+"""Helpers of the Ray runtime tests: a two-node local cluster, faulty envs, process checks.
+
+Everything here starts processes it can name (a private temp dir on their command line, a
+marker in their environment) and stops exactly those: never `ray stop`, which would stop
+every Ray on the machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from podrace.envs import make_env
+from podrace.runtime.ray_cluster import alive, process_tree, reap
+
+ROOT = Path(__file__).resolve().parents[2]
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+class EnvExploded(RuntimeError):
+    pass
+
+
+class RaisingEnv:
+    """A real env whose every step raises (an env that crashes its worker)."""
+
+    def __init__(self, env):
+        self.env = env
+
+    def __getattr__(self, name):
+        return getattr(self.env, name)
+
+    def step(self, actions):
+        raise EnvExploded("boom")
+
+
+def raising_env(env_cfg, num_envs: int, seed: int):
+    """`make_env` replacement for `ray_run.prepare(env_factory=...)` (imported by workers)."""
+    return RaisingEnv(make_env(env_cfg, num_envs, seed))
+
+
+def leftovers(marker: str) -> list[str]:
+    """This machine's processes that mention `marker` in their command line or environment."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read()
+            with open(f"/proc/{entry}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and (marker.encode() in cmdline or marker.encode() in environ):
+            found.append(f"{entry}: {cmdline.replace(bytes(1), b' ').decode(errors='replace')[:120]}")
+    return found
+
+
+def short_tmpdir() -> str:
+    """A fresh short temp dir (Ray's socket paths under it must stay under 107 bytes)."""
+    return tempfile.mkdtemp(prefix="prt-", dir="/tmp")
+
+
+def base_env(tmpdir: str) -> dict[str, str]:
+    """Environment of a podrace/ray subprocess: this checkout first, TMPDIR as a marker."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["TMPDIR"] = tmpdir
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class TwoNodes:
+    address: str
+    env: dict[str, str]
+    """Environment every process of this cluster uses (shared RAY_AUTH_TOKEN)."""
+    temp_dir: str
+    head_node: str
+    actor_node: str
+    """Node id of the node started with the custom resource `actor_node`."""
+
+
+def _stop(temp_dir: str) -> None:
+    processes = process_tree(temp_dir)
+    for pid in alive(processes):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    reap(processes, grace_s=15)
+
+
+@contextlib.contextmanager
+def two_node_cluster() -> Iterator[TwoNodes]:
+    """`ray start --head` on 127.0.0.1 and a second node with resource actor_node=2, both
+    with token auth and one shared token; stopped (by pid) afterwards."""
+    temp_dir = short_tmpdir()
+    env = base_env(temp_dir)
+    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16))
+    address = f"127.0.0.1:{free_port()}"
+    common = ["--temp-dir", temp_dir, "--disable-usage-stats"]
+    try:
+        subprocess.run(
+            [RAY, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", address.split(":")[1],
+             "--num-cpus", "1", "--include-dashboard", "false", *common],
+            env=env, check=True, capture_output=True, timeout=120,
+        )
+        subprocess.run(
+            [RAY, "start", "--address", address, "--num-cpus", "2", "--resources", '{"actor_node": 2}', *common],
+            env=env, check=True, capture_output=True, timeout=120,
+        )
+        query = (
+            "import json, ray; ray.init(address=%r, log_to_driver=False); "
+            "print(json.dumps([(n['NodeID'], n['Resources']) for n in ray.nodes() if n['Alive']])); ray.shutdown()"
+        ) % address
+        out = subprocess.run([sys.executable, "-c", query], env=env, check=True, capture_output=True, text=True, timeout=120)
+        nodes = json.loads(out.stdout.strip().splitlines()[-1])
+        actor = [node for node, res in nodes if res.get("actor_node")]
+        head = [node for node, res in nodes if not res.get("actor_node")]
+        assert len(actor) == 1 and len(head) == 1, nodes
+        yield TwoNodes(address, env, temp_dir, head[0], actor[0])
+    finally:
+        _stop(temp_dir)
+        subprocess.run(["rm", "-rf", temp_dir], check=False)

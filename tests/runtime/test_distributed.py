@@ -1,0 +1,64 @@
+"""Distributed settings without starting any process: validation, what must agree."""
+
+from __future__ import annotations
+
+import pytest
+
+from podrace.cli import distributed_requested, main
+from podrace.config import ConfigError, TrainConfig, replace, validate
+from podrace.runtime.distributed import _mismatch, config_hash, shared_fields
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def dist(**fields) -> TrainConfig:
+    return replace(TrainConfig(), **{f"distributed.{k}": v for k, v in fields.items()})
+
+
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        ({"coordinator": "no-port"}, "distributed.coordinator must be HOST:PORT"),
+        ({"num_processes": 2}, "must be given together"),
+        ({"num_processes": 2, "process_id": 2}, "distributed.process_id must be in 0..1"),
+        ({"num_processes": 0, "process_id": 0}, "distributed.num_processes must be positive"),
+        ({"peer_timeout_s": 0.0}, "distributed.peer_timeout_s must be positive"),
+    ],
+)
+def test_bad_distributed_settings_are_config_errors(fields, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(dist(**fields))
+
+
+def test_total_steps_count_every_process():
+    cfg = replace(TrainConfig(), total_steps=1_500, rollout_length=32, **{"env.num_envs": 8})
+    assert dist(num_processes=3, process_id=1).steps_per_update == 3 * TrainConfig().steps_per_update
+    validate(cfg)  # one process: 2 actors x 8 envs x 32 steps = 512 <= 1500
+    with pytest.raises(ConfigError, match=r"less than one update \(4 processes x 2 actors"):
+        validate(replace(cfg, **{"distributed.num_processes": 4, "distributed.process_id": 0}))
+
+
+def test_jax_coordinator_variable_makes_a_run_distributed(monkeypatch):
+    monkeypatch.delenv("JAX_COORDINATOR_ADDRESS", raising=False)
+    assert not distributed_requested(TrainConfig())
+    assert distributed_requested(dist(coordinator="h:1"))
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "10.0.0.1:1234")
+    assert distributed_requested(TrainConfig())
+
+
+def test_config_hash_ignores_only_per_process_fields():
+    a = dist(coordinator="a:1", num_processes=2, process_id=0)
+    b = replace(dist(coordinator="b:1", num_processes=2, process_id=1), **{"log.run_name": "x"})
+    assert config_hash(a) == config_hash(b)
+    c = replace(a, **{"ppo.clip_coef": 0.3})
+    assert config_hash(c) != config_hash(a)
+    line = _mismatch(1, {"fields": shared_fields(c), "hash": "h1"}, 0, {"fields": shared_fields(a), "hash": "h0"})
+    assert line == "config differs between processes: ppo.clip_coef is 0.3 on process 1 but 0.2 on process 0 (config hash h1 vs h0)"
+
+
+def test_cli_rejects_bad_distributed_flags_in_one_line(capsys, tmp_path):
+    code = main(["train", "cartpole-ppo", "--log.run-dir", str(tmp_path), "--distributed.num-processes", "2",
+                 "--distributed.process-id", "5", "--distributed.coordinator", "127.0.0.1:1"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip() == "podrace: error: distributed.process_id must be in 0..1, got 5"
+    assert not list(tmp_path.iterdir())

@@ -1,0 +1,221 @@
+"""Several processes, one learner mesh (jax.distributed, gloo, forced CPU devices).
+
+Every test starts its processes in their own process groups and kills the groups in
+`finally`, so a failing test leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env() -> dict:
+    out = dict(os.environ)
+    out["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), out.get("PYTHONPATH")]))
+    out.pop("XLA_FLAGS", None)  # each process forces its own device count
+    out["JAX_PLATFORMS"] = "cpu"
+    return out
+
+
+@contextmanager
+def processes(commands: list[list[str]], **kwargs):
+    procs = []
+    try:
+        for command in commands:
+            procs.append(
+                subprocess.Popen(
+                    command, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                    start_new_session=True, **kwargs,
+                )
+            )
+        yield procs
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            proc.wait()
+            for stream in (proc.stdout, proc.stderr):
+                stream.close()
+
+
+def finish(procs, timeout: float) -> list[tuple[int, str, str]]:
+    deadline = time.monotonic() + timeout
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        results.append((proc.returncode, out, err))
+    return results
+
+
+def podrace_train(process: int, port: int, *flags: str, processes: int = 2) -> list[str]:
+    return [
+        sys.executable, "-m", "podrace.cli", "train", "cartpole-ppo",
+        "--distributed.coordinator", f"127.0.0.1:{port}",
+        "--distributed.num-processes", str(processes),
+        "--distributed.process-id", str(process),
+        "--distributed.init-timeout-s", "60",
+        "--log.console", "none",
+        *flags,
+    ]
+
+
+@pytest.mark.timeout(240)
+def test_two_processes_compute_the_updates_of_one_with_two_learner_devices(tmp_path):
+    from tests.runtime import multihost_worker as worker
+
+    port = free_port()
+    out = str(tmp_path / "params")
+    commands = [
+        [sys.executable, "-m", "tests.runtime.multihost_worker", out, str(p), "2", f"127.0.0.1:{port}"]
+        for p in range(2)
+    ]
+    with processes(commands) as procs:
+        results = finish(procs, 200)
+    for code, _, err in results:
+        assert code == 0, err[-3000:]
+    assert len(jax.devices()) >= 2
+    reference = jax.tree.leaves(worker.train(jax.devices()[:2], 1, 0))
+    for p in range(2):
+        got = np.load(f"{out}.{p}.npz")
+        assert len(got.files) == len(reference)
+        for i, ref in enumerate(reference):
+            np.testing.assert_allclose(got[str(i)], ref, rtol=1e-4, atol=1e-5)
+    initial = jax.tree.leaves(
+        worker.make_network(worker.config(1).network, worker.env_spec(worker.config(1).env)).init(
+            jax.random.PRNGKey(0), np.zeros((1, 4), np.float32)
+        )
+    )
+    assert max(float(np.abs(np.asarray(a) - b).max()) for a, b in zip(initial, reference)) > 0
+
+
+def one_line_error(err: str) -> str:
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, err[-3000:]
+    return lines[0]
+
+
+@pytest.mark.timeout(180)
+def test_config_mismatch_is_one_line_and_exit_2_on_every_process(tmp_path):
+    port = free_port()
+    base = ("--log.run-dir", str(tmp_path), "--total-steps", "4096")
+    commands = [podrace_train(0, port, *base), podrace_train(1, port, *base, "--env.num-envs", "16")]
+    with processes(commands) as procs:
+        results = finish(procs, 150)
+    for process, (code, _, err) in enumerate(results):
+        assert code == 2, err[-3000:]
+        line = one_line_error(err)
+        assert line.startswith("podrace: error: config differs between processes: env.num_envs is"), line
+        assert f"on process {process}" in line
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+@pytest.mark.timeout(180)
+def test_a_layout_error_on_one_process_stops_every_process_with_exit_2(tmp_path):
+    port = free_port()
+    base = ("--log.run-dir", str(tmp_path), "--total-steps", "4096", "--layout.learner-device-ids", "1")
+    # Process 1 has the second CPU device the layout names; process 0 does not.
+    commands = [podrace_train(0, port, *base), podrace_train(1, port, *base, "--layout.cpu-devices", "2")]
+    with processes(commands) as procs:
+        results = finish(procs, 150)
+    codes = [code for code, _, _ in results]
+    assert codes == [2, 2], [err[-2000:] for _, _, err in results]
+    assert "device 1 does not exist" in one_line_error(results[0][2])
+    assert "process 0" in one_line_error(results[1][2])
+
+
+def wait_for_metrics(path: Path, procs, lines: int = 2, timeout: float = 150) -> None:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and path.read_text().count("\n") >= lines):
+        for proc in procs:
+            assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "training never started"
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(300)
+def test_sigkill_of_process_1_fails_process_0_naming_it_within_60s(tmp_path):
+    port = free_port()
+    flags = ("--log.run-dir", str(tmp_path), "--log.run-name", "r", "--total-steps", "100000000",
+             "--log.interval-s", "0.2", "--layout.actors-per-device", "1")
+    with processes([podrace_train(0, port, *flags), podrace_train(1, port, *flags)]) as procs:
+        wait_for_metrics(tmp_path / "r" / "metrics.jsonl", procs)
+        os.killpg(procs[1].pid, signal.SIGKILL)
+        killed = time.monotonic()
+        _, err = procs[0].communicate(timeout=90)
+        elapsed = time.monotonic() - killed
+    assert procs[0].returncode not in (0, None), err[-3000:]
+    assert elapsed < 60, elapsed
+    last = [line for line in err.splitlines() if line.startswith("podrace: error:")][-1]
+    assert "process-1 failed: PeerLost: process 1 closed its connection" in last, err[-3000:]
+
+
+@pytest.mark.timeout(300)
+def test_an_error_in_process_1_fails_process_0_naming_it(tmp_path):
+    port = free_port()
+    commands = [
+        [sys.executable, "-m", "tests.runtime.multihost_worker", "fault", str(tmp_path), str(p), "2", f"127.0.0.1:{port}"]
+        for p in range(2)
+    ]
+    with processes(commands) as procs:
+        (code0, _, err0), (code1, _, err1) = finish(procs, 240)
+    assert code1 == 1 and "podrace: error: actor-0 failed: EnvError: env.step raised at step 200" in err1, err1[-3000:]
+    assert code0 == 1, err0[-3000:]
+    last = [line for line in err0.splitlines() if line.startswith("podrace: error:")][-1]
+    assert last.startswith("podrace: error: process-1 failed: PeerLost: process 1 failed: actor-0 failed: EnvError"), last
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_on_one_process_stops_every_process(tmp_path):
+    port = free_port()
+    flags = ("--log.run-dir", str(tmp_path), "--log.run-name", "r", "--total-steps", "100000000",
+             "--log.interval-s", "0.2", "--layout.actors-per-device", "1")
+    with processes([podrace_train(0, port, *flags), podrace_train(1, port, *flags)]) as procs:
+        wait_for_metrics(tmp_path / "r" / "metrics.jsonl", procs)
+        procs[1].send_signal(signal.SIGINT)
+        results = finish(procs, 60)
+    (code0, _, err0), (code1, _, err1) = results
+    assert code1 == 130 and "SIGINT received" in err1, err1[-3000:]
+    assert code0 == 130 and "process 1 received SIGINT" in err0, err0[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_cartpole_ppo_learns_over_two_processes(tmp_path):
+    """The single-host learning test's run (2 actors x 8 envs), one actor per process."""
+    port = free_port()
+    flags = ("--log.run-dir", str(tmp_path), "--log.run-name", "r", "--total-steps", "120000",
+             "--rollout-length", "32", "--seed", "1", "--env.num-envs", "8", "--layout.actors-per-device", "1",
+             "--ppo.num-minibatches", "4", "--eval.episodes", "8", "--eval.num-envs", "8")
+    with processes([podrace_train(0, port, *flags), podrace_train(1, port, *flags)]) as procs:
+        results = finish(procs, 850)
+    for code, _, err in results:
+        assert code == 0, err[-3000:]
+    out0 = results[0][1]
+    final = float(out0.split("final eval return ")[1].split()[0].rstrip(","))
+    assert final >= 150, out0
+    assert (tmp_path / "r" / "metrics.jsonl").exists()
+    assert (tmp_path / "r" / "process-1" / "metrics.jsonl").exists()
+    assert "no final evaluation" in results[1][1]

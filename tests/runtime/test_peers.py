@@ -1,0 +1,123 @@
+"""The peer link alone: hub and spokes as threads of this process, a dict as the store."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import pytest
+
+from podrace.runtime.peers import PeerLink, PeerLost, PeerStopped
+
+
+@dataclass
+class Store:
+    values: dict = field(default_factory=dict)
+    cond: threading.Condition = field(default_factory=threading.Condition)
+
+    def key_value_set(self, key, value):
+        with self.cond:
+            self.values[key] = value
+            self.cond.notify_all()
+
+    def blocking_key_value_get(self, key, timeout_ms):
+        with self.cond:
+            assert self.cond.wait_for(lambda: key in self.values, timeout_ms / 1000)
+            return self.values[key]
+
+
+@dataclass(frozen=True)
+class FakeCluster:
+    process_id: int
+    num_processes: int
+    store: Store
+    coordinator: str = "127.0.0.1:1"
+    timeout_s: float = 10.0
+
+    def get(self, key):
+        return self.store.blocking_key_value_get(key, self.timeout_s * 1000)
+
+
+def open_links(n: int, timeout_s: float = 5.0):
+    store = Store()
+    seen: dict[int, list[PeerLost]] = {i: [] for i in range(n)}
+    links: dict[int, PeerLink] = {}
+
+    def open_one(i):
+        links[i] = PeerLink.open(FakeCluster(i, n, store), timeout_s)
+
+    threads = [threading.Thread(target=open_one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    for i, link in links.items():
+        link.start(seen[i].append)
+    return links, seen
+
+
+def wait_for(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+@pytest.mark.timeout(30)
+def test_a_vanished_spoke_is_named_on_every_other_process():
+    links, seen = open_links(3)
+    try:
+        links[2]._closed.set()
+        for conn in links[2]._conns:  # process 2 "is killed": its socket closes, no goodbye
+            conn.close()
+        wait_for(lambda: seen[0] and seen[1])
+        assert seen[0][0].process == 2 and "process 2 closed its connection" in str(seen[0][0])
+        assert seen[1][0].process == 2 and "process 2" in str(seen[1][0])
+        assert len(seen[0]) == len(seen[1]) == 1
+    finally:
+        for link in links.values():
+            link.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_failure_report_is_relayed_and_done_is_not_a_loss():
+    links, seen = open_links(3)
+    try:
+        links[1].report_done()
+        time.sleep(0.2)
+        links[1].close()
+        time.sleep(0.3)
+        assert not seen[0]  # finished, then closed: not lost
+        links[0].report_failure("learner failed: ValueError: boom")
+        wait_for(lambda: seen[2])
+        assert seen[2][0].process == 0 and "process 0 failed: learner failed: ValueError: boom" in str(seen[2][0])
+    finally:
+        for link in links.values():
+            link.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_stop_on_one_spoke_stops_the_others_with_its_signal():
+    links, seen = open_links(3)
+    try:
+        links[2].report_stop(2, "SIGINT")
+        wait_for(lambda: seen[0] and seen[1])
+        for i in (0, 1):
+            assert isinstance(seen[i][0], PeerStopped) and seen[i][0].signum == 2
+            assert "process 2 received SIGINT" in str(seen[i][0])
+    finally:
+        for link in links.values():
+            link.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_silent_process_is_lost_after_the_timeout():
+    links, seen = open_links(2, timeout_s=1.0)
+    try:
+        links[1]._closed.set()  # stops beating but keeps the connection open (a hung host)
+        wait_for(lambda: seen[0], timeout=10)
+        assert "process 1 sent nothing for 1s" in str(seen[0][0])
+    finally:
+        for link in links.values():
+            link.close()

@@ -1,0 +1,272 @@
+"""The Ray runtime end to end: learning, two nodes, a killed worker, a crash loop, shutdown.
+
+Every test starts its own Ray (a private local one, or a two-node cluster of `ray start`
+processes) and leaves no process of it behind; Ray's start-up takes seconds, so runs are
+short and timeouts generous.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from podrace.config import ConfigError, replace
+from podrace.control import ComponentError
+from podrace.presets import PRESETS
+from podrace.runtime.ray_cluster import process_tree
+from tests.runtime import ray_helpers
+
+ray = pytest.importorskip("ray")
+
+pytestmark = pytest.mark.filterwarnings("ignore:os.fork", "ignore::UserWarning")
+
+
+def small(tmp_path, **changes):
+    """The thread runtime tests' CartPole run, with 2 Ray workers instead of 2 threads."""
+    base = {
+        "runtime": "ray",
+        "total_steps": 8 * 2 * 16 * 12,
+        "rollout_length": 16,
+        "env.num_envs": 8,
+        "ray.num_workers": 2,
+        "ppo.num_minibatches": 4,
+        "eval.every_updates": 0,
+        "eval.episodes": 2,
+        "eval.num_envs": 2,
+        "log.console": "none",
+        "log.run_dir": str(tmp_path),
+        "log.interval_s": 0.5,
+    }
+    base.update(changes)
+    return replace(PRESETS["cartpole-ppo"][1], **base)
+
+
+def last_line(run_dir) -> dict:
+    return json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+
+
+def assert_consumed_once(stamps, workers: int, updates: int) -> None:
+    pairs = collections.Counter((w, s) for w, _, s in stamps)
+    assert all(n == 1 for n in pairs.values()), [p for p, n in pairs.items() if n > 1]
+    assert set(pairs) == {(w, s) for w in range(workers) for s in range(updates)}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_two_ray_workers_learn_cartpole(tmp_path):
+    from podrace.runtime.ray_run import prepare
+
+    # Same run and threshold as the thread runtime's learning test.
+    cfg = small(tmp_path, total_steps=120_000, rollout_length=32, seed=1, **{"eval.episodes": 8, "eval.num_envs": 8})
+    run = prepare(cfg)
+    temp_dir, pids = run.cluster.temp_dir, run.worker_pids()
+    result = run.run()
+    assert result.final_eval.mean_return >= 150, result.final_eval
+    updates = cfg.num_updates
+    line = last_line(result.run_dir)
+    assert line["ray/worker-0/rollouts"] == line["ray/worker-1/rollouts"] == updates
+    assert line["env_steps"] == updates * 2 * 8 * 32
+    assert line["ray/restarts"] == 0 and line["lag/max_seen"] <= 1
+    assert 0 <= result.object_store_bytes < 64 << 20, result.object_store_bytes  # bounded, no backlog
+    assert_consumed_once(result.stamps, 2, updates)
+    assert len(set(pids)) == 2 and os.getpid() not in pids
+    assert not process_tree(temp_dir) and not any(os.path.exists(f"/proc/{p}") for p in pids)
+    assert not ray.is_initialized()
+
+
+@pytest.mark.timeout(300)
+def test_sigkilled_worker_is_restarted_and_nothing_is_consumed_twice(tmp_path):
+    from podrace.runtime.ray_run import prepare
+
+    cfg = small(tmp_path, total_steps=2 * 8 * 16 * 24)
+    run = prepare(cfg)
+    victim = run.worker_pids()[0]
+    killed = threading.Event()
+
+    def kill_mid_run() -> None:
+        while run.learner.version < 3 and not run.lifetime.stopping:
+            time.sleep(0.01)
+        if not run.lifetime.stopping:
+            os.kill(victim, signal.SIGKILL)
+            killed.set()
+
+    threading.Thread(target=kill_mid_run, daemon=True).start()
+    result = run.run()
+    assert killed.is_set()
+    assert result.updates == cfg.num_updates == 24
+    assert result.restarts == 1 and last_line(result.run_dir)["ray/worker-0/restarts"] == 1
+    assert_consumed_once(result.stamps, 2, 24)
+    restarts_of_0 = [r for w, r, _ in result.stamps if w == 0]
+    assert restarts_of_0 == sorted(restarts_of_0) and restarts_of_0[-1] == 1  # the new worker filled the rest
+    assert all(r == 0 for w, r, _ in result.stamps if w == 1)
+    assert run.worker_pids()[0] != victim
+    assert not process_tree(run.cluster.temp_dir)
+
+
+@pytest.mark.timeout(300)
+def test_crash_loop_fails_naming_the_worker_and_leaves_nothing(tmp_path):
+    from podrace.runtime.ray_run import prepare
+
+    cfg = small(tmp_path, **{"ray.num_workers": 1, "ray.max_restarts": 1})
+    run = prepare(cfg, env_factory=ray_helpers.raising_env)
+    start = time.monotonic()
+    with pytest.raises(ComponentError) as caught:
+        run.run()
+    elapsed = time.monotonic() - start
+    message = str(caught.value)
+    assert caught.value.component == "ray-worker-0", message
+    assert "ray worker 0 failed 2 time(s), restart limit 1" in message
+    assert "EnvExploded: boom" in message and "\n" not in message
+    assert elapsed < 240  # bounded: two failures and one restart, not a hang
+    assert not process_tree(run.cluster.temp_dir) and not ray.is_initialized()
+
+
+@pytest.mark.timeout(420)
+def test_workers_pinned_to_a_second_node(tmp_path):
+    with ray_helpers.two_node_cluster() as cluster:
+        args = [
+            sys.executable, "-m", "podrace.cli", "train", "cartpole-ppo", "--runtime", "ray",
+            "--ray.address", cluster.address, "--ray.worker-resources", "actor_node=1",
+            "--ray.num-workers", "2", "--total-steps", str(2 * 8 * 16 * 6), "--rollout-length", "16",
+            "--env.num-envs", "8", "--eval.episodes", "2", "--eval.num-envs", "2",
+            "--log.console", "none", "--log.run-dir", str(tmp_path), "--log.run-name", "two-nodes",
+        ]
+        done = subprocess.run(args, env=cluster.env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        line = last_line(tmp_path / "two-nodes")
+        nodes = {k.split("/")[2]: v for k, v in line.items() if k.startswith("ray/node/")}
+        assert nodes == {cluster.actor_node: 2 * 6}, (nodes, cluster)
+        # The joined cluster keeps running, without any worker of the finished run.
+        tree = process_tree(cluster.temp_dir)
+        assert tree, "podrace stopped a cluster it only joined"
+        titles = [open(f"/proc/{p}/cmdline", "rb").read() for p in tree if os.path.exists(f"/proc/{p}")]
+        assert not [t for t in titles if t.startswith(b"ray::RolloutWorker")], titles
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_stops_cleanly_and_leaves_no_process(tmp_path):
+    marker = ray_helpers.short_tmpdir()
+    args = [
+        sys.executable, "-m", "podrace.cli", "train", "cartpole-ppo", "--runtime", "ray",
+        "--ray.num-workers", "2", "--total-steps", "10000000", "--rollout-length", "16", "--env.num-envs", "8",
+        "--log.console", "none", "--log.run-dir", str(tmp_path), "--log.run-name", "stopped", "--log.interval-s", "0.2",
+    ]
+    proc = subprocess.Popen(args, env=ray_helpers.base_env(marker), stderr=subprocess.PIPE, text=True)
+    try:
+        metrics = tmp_path / "stopped" / "metrics.jsonl"
+        deadline = time.monotonic() + 240
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "slow"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        stderr = proc.communicate(timeout=60)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert "stopped cleanly" in stderr
+    deadline = time.monotonic() + 20  # processes killed at exit may take a moment to vanish
+    while (left := ray_helpers.leftovers(marker)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, left
+    shutil.rmtree(marker, ignore_errors=True)
+
+
+@pytest.mark.timeout(120)
+def test_thread_runtime_never_imports_ray(tmp_path):
+    code = (
+        "import sys; from podrace.config import replace; from podrace.presets import PRESETS\n"
+        "from podrace.runtime.single_host import train\n"
+        f"cfg = replace(PRESETS['cartpole-ppo'][1], total_steps=1024, rollout_length=16, **{{'env.num_envs': 8,"
+        f" 'eval.episodes': 1, 'eval.num_envs': 1, 'log.console': 'none', 'log.run_dir': {str(tmp_path)!r}}})\n"
+        "assert train(cfg).updates == 8\n"
+        "assert 'ray' not in sys.modules, 'the thread runtime imported ray'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], env=ray_helpers.base_env("/tmp"), check=True, timeout=110)
+
+
+@pytest.mark.timeout(60)
+def test_ray_config_errors_are_one_line():
+    from podrace.config import validate
+
+    base = replace(PRESETS["cartpole-ppo"][1], runtime="ray")
+    for changes, expected in [
+        ({"ray.num_workers": 0}, "ray.num_workers must be positive"),
+        ({"ray.worker_resources": ("actor_node",)}, "NAME=AMOUNT"),
+        ({"ray.worker_resources": ("CPU=2",)}, "custom resource"),
+        ({"ray.max_restarts": -1}, "ray.max_restarts"),
+        ({"ray.address": "nohost"}, "HOST:PORT"),
+    ]:
+        with pytest.raises(ConfigError, match=expected) as caught:
+            validate(replace(base, **changes))
+        assert "\n" not in str(caught.value)
+
+
+@pytest.mark.timeout(120)
+def test_cli_without_ray_or_with_auth_disabled_is_a_one_line_error(tmp_path):
+    cli = ["train", "cartpole-ppo", "--runtime", "ray", "--log.run-dir", str(tmp_path)]
+    no_ray = f"import sys; sys.modules['ray'] = None; from podrace.cli import main; sys.exit(main({cli!r}))"
+    env = ray_helpers.base_env("/tmp")
+    done = subprocess.run([sys.executable, "-c", no_ray], env=env, capture_output=True, text=True, timeout=100)
+    assert done.returncode == 2 and done.stderr.strip() == (
+        "podrace: error: --runtime ray needs Ray: pip install 'podrace[ray]'"
+    ), done.stderr
+    env["RAY_AUTH_MODE"] = "disabled"
+    done = subprocess.run([sys.executable, "-m", "podrace.cli", *cli], env=env, capture_output=True, text=True, timeout=100)
+    assert done.returncode == 2 and done.stderr.startswith("podrace: error: RAY_AUTH_MODE=disabled"), done.stderr
+    assert done.stderr.count("\n") == 1 and not list(tmp_path.iterdir())
+
+
+@pytest.mark.timeout(300)
+def test_learner_error_stops_every_worker(tmp_path):
+    from podrace.runtime.ray_run import prepare
+
+    run = prepare(small(tmp_path))
+    update, calls = run.learner.update_fn, []
+
+    def failing_update(state, trajs, keys):
+        calls.append(1)
+        if len(calls) == 3:
+            raise FloatingPointError("injected learner failure")
+        return update(state, trajs, keys)
+
+    run.learner.update_fn = failing_update
+    pids = run.worker_pids()
+    with pytest.raises(ComponentError, match="learner failed: FloatingPointError: injected learner failure"):
+        run.run()
+    assert not process_tree(run.cluster.temp_dir) and not any(os.path.exists(f"/proc/{p}") for p in pids)
+
+
+@pytest.mark.timeout(60)
+def test_restart_seeds_are_fresh_and_derived():
+    import numpy as np
+
+    from podrace.runtime.build import env_seed, seed_key
+    from podrace.runtime.ray_worker import worker_seeds
+
+    key0, env0 = worker_seeds(7, 1, 0)
+    assert env0 == env_seed(7, 0, 1) and np.array_equal(key0, seed_key(7, 2, 1))  # = thread actor 1
+    seeds = {(w, r): worker_seeds(7, w, r) for w in range(3) for r in range(3)}
+    assert len({env for _, env in seeds.values()}) == 9
+    assert len({tuple(np.asarray(key).tolist()) for key, _ in seeds.values()}) == 9
+    assert worker_seeds(7, 2, 2)[1] == seeds[(2, 2)][1] and worker_seeds(8, 2, 2)[1] != seeds[(2, 2)][1]
+
+
+@pytest.mark.timeout(60)
+def test_envs_per_worker_sets_each_workers_envs():
+    from podrace.config import resolved, validate
+
+    cfg = replace(PRESETS["cartpole-ppo"][1], runtime="ray", **{"ray.num_workers": 3, "ray.envs_per_worker": 4})
+    validate(cfg)
+    cfg = resolved(cfg)
+    assert (cfg.env.num_envs, cfg.num_actors, cfg.steps_per_update) == (4, 3, 3 * 4 * cfg.rollout_length)
+    assert replace(cfg, runtime="threads").num_actors == 1  # the thread layout is untouched
