@@ -49,6 +49,7 @@ from podrace.runtime.resume import Resume, ResumePoint, commit, resume_point
 from podrace.runtime.rundir import create_run_dir, remove_run_dir, write_config
 from podrace.runtime.threads import ThreadGroup
 from podrace.runtime.distributed import local_copy
+from podrace.sync.base import ChannelClosed
 from podrace.sync.local import LocalPublisher
 
 STOP_GRACE_S = 1.0
@@ -167,10 +168,14 @@ class SingleHostRun:
             restored.append(restore(checkpoint_dir(run_dir), like, spec, first))
             return restored[0].train_state, restored[0].learner_keys, restored[0].normalizer
 
-        self.learner, placement = build_learner(
-            cfg, spec, network, devices.learners, pipeline, publisher, metrics, lifetime,
-            restore=from_checkpoint if resume is not None else None,
-        )
+        try:
+            self.learner, placement = build_learner(
+                cfg, spec, network, devices.learners, pipeline, publisher, metrics, lifetime,
+                restore=from_checkpoint if resume is not None else None,
+            )
+        except ChannelClosed:  # a stop closed the publisher before the first publish
+            lifetime.check()
+            raise
         self.start = self._start_state(restored[0] if restored else None)
         """The state this run begins from (fresh, or the restored checkpoint)."""
         self.checkpoints = RunCheckpoints(cfg, spec, run_dir, metrics, self.start)
