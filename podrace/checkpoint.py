@@ -59,6 +59,11 @@ class RunState:
     episodes: int
     normalizer: PyTree | None = None
     """Observation/return normalizer statistics; None while podrace has none."""
+    time_s: float = 0.0
+    """Training seconds (metrics' `time_s`) when the state was taken: a resumed run's clock
+    continues from here."""
+    skipped_updates: int = 0
+    """Updates skipped as non-finite so far (the run's skip budget spans its resumes)."""
 
     def arrays(self) -> dict:
         tree = {"train_state": self.train_state, "learner_keys": self.learner_keys, "actor_keys": self.actor_keys}
@@ -131,6 +136,8 @@ class Checkpointer:
             "version": int(state.version),
             "env_steps": int(state.env_steps),
             "episodes": int(state.episodes),
+            "time_s": float(state.time_s),
+            "skipped_updates": int(state.skipped_updates),
             "actor_next_seq": [int(s) for s in state.actor_next_seq],
             "saved_at": time.time(),
         }
@@ -346,4 +353,6 @@ def restore(directory: Path, like: RunState, spec: EnvSpec, step: int | None = N
         env_steps=meta["env_steps"],
         episodes=meta["episodes"],
         normalizer=arrays.get("normalizer"),
+        time_s=float(meta.get("time_s", 0.0)),  # absent in checkpoints of older podrace
+        skipped_updates=int(meta.get("skipped_updates", 0)),
     )

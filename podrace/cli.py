@@ -20,6 +20,7 @@ from podrace.control import ComponentError
 from podrace.metrics.loggers import SinkError
 
 USAGE = """usage: podrace train <preset> [--flags]   (podrace train --help lists presets and flags)
+       podrace train --resume RUN_DIR [--resume-from STEP] [--total-steps N ...]
        podrace eval RUN_DIR [--checkpoint STEP] [--episodes N] [--stochastic] [--video PATH]
        podrace plot RUN_DIR [RUN_DIR ...] -o out.png"""
 
@@ -72,6 +73,62 @@ def parse_train(args: Sequence[str]) -> TrainConfig:
     from podrace.presets import PRESETS
 
     return tyro.extras.overridable_config_cli(PRESETS, prog="podrace train", args=list(args))
+
+
+def split_resume(args: Sequence[str]) -> tuple[tuple[str, int | None] | None, list[str]]:
+    """((RUN_DIR, STEP or None) or None, the other args) from `--resume`/`--resume-from`."""
+    found: dict[str, str] = {}
+    rest: list[str] = []
+    items = iter(args)
+    for arg in items:
+        name, eq, value = arg.partition("=")
+        if name in ("--resume", "--resume-from"):
+            if not eq:
+                value = next(items, None)
+                if value is None or value.startswith("--"):
+                    raise ConfigError(f"{name} needs a value")
+            if name in found:
+                raise ConfigError(f"{name} given twice")
+            found[name] = value
+        else:
+            rest.append(arg)
+    if "--resume" not in found:
+        if "--resume-from" in found:
+            raise ConfigError("--resume-from needs --resume RUN_DIR")
+        return None, rest
+    step = found.get("--resume-from")
+    if step is not None and not (step.isdigit() and int(step) < 2**31):
+        raise ConfigError(f"--resume-from must be a checkpoint step (a non-negative integer), got {step!r}")
+    if rest and not rest[0].startswith("-"):
+        raise ConfigError(f"--resume continues a run with the config of its checkpoint; drop {rest[0]!r}")
+    return (found["--resume"], None if step is None else int(step)), rest
+
+
+def set_xla_flags(cfg: TrainConfig) -> None:
+    """The XLA flags a config asks for; before JAX starts its backend (later calls are no-ops)."""
+    if cfg.layout.platform in (None, "cpu"):
+        force_cpu_devices(cfg.layout.cpu_devices)
+    if cfg.deterministic:
+        append_xla_flag("--xla_gpu_deterministic_ops", "true")
+
+
+def parse_resumed(run_dir: str, step: int | None, args: Sequence[str]):
+    """(Resume pinned to a step, config): the checkpoint's config with the flags in `args`
+    applied; ConfigError for a flag --resume does not allow. Starts no JAX backend."""
+    from pathlib import Path
+
+    import tyro
+
+    from podrace.runtime.resume import Resume, check_changes, run_config_json, stored_config
+
+    early = run_config_json(Path(run_dir))
+    if early is not None:
+        set_xla_flags(early)  # opening the checkpoint starts JAX's backend
+    resume = Resume(Path(run_dir), step)
+    step, stored = stored_config(resume)
+    cfg = tyro.cli(TrainConfig, default=stored, args=list(args), prog="podrace train --resume RUN_DIR")
+    check_changes(stored, cfg, step)
+    return Resume(Path(run_dir), step), cfg
 
 
 class _Signals:
@@ -135,21 +192,29 @@ class _Training:
     def _train(self) -> int:
         # envpool builds Gymnasium Box spaces from float64 bounds; the warning is noise to users.
         warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
-        cfg = parse_train(self.args)
+        resume = None
+        try:
+            resuming, rest = split_resume(self.args)
+            if resuming is not None:
+                resume, cfg = parse_resumed(*resuming, rest)
+        except ConfigError as error:
+            return _error(str(error))
+        if resume is None:
+            cfg = parse_train(self.args)
         make_working_dir_importable(cfg.env.id)
         try:
             validate(cfg)
             from podrace.envs import resolve_backend
             from podrace.runtime.rundir import check_run_dir
 
-            if cfg.layout.platform in (None, "cpu"):
-                force_cpu_devices(cfg.layout.cpu_devices)
-            if cfg.deterministic:
-                append_xla_flag("--xla_gpu_deterministic_ops", "true")
+            set_xla_flags(cfg)
             self.distributed = distributed_requested(cfg)
+            if resume is not None and (self.distributed or cfg.runtime == "ray"):
+                raise ConfigError("--resume works with the thread runtime on one host (not --runtime ray or --distributed.*)")
             if not self.distributed:  # multi-host: checked by every process, together
                 resolve_backend(cfg.env)
-                check_run_dir(cfg)
+                if resume is None:
+                    check_run_dir(cfg)
             from podrace.control import Lifetime, Stopped
 
             if cfg.runtime == "ray":
@@ -174,7 +239,7 @@ class _Training:
             if self.signals.received:
                 lifetime.stop(f"{self.signals.name} received")
             try:
-                self.run = prepare(cfg, lifetime)
+                self.run = prepare(cfg, lifetime) if resume is None else prepare(cfg, lifetime, resume=resume)
                 result = self.run.run()
                 self.leave_together = not self.signals.received  # finished, as every process
             except Stopped:
@@ -205,15 +270,30 @@ class _Training:
         skipped = f" ({result.skipped_updates} skipped as non-finite)" if result.skipped_updates else ""
         if self.distributed and final is None:
             evaluation += " (only process 0 evaluates)"
+        checkpoint = getattr(result, "checkpoint", None)
+        saved = f"\ncheckpoint: update {checkpoint}" if checkpoint is not None else ""
         print(
             f"done: {result.env_steps:,} env steps, {result.updates} updates{skipped} in {result.train_s:.1f}s "
-            f"(+{result.compile_s:.1f}s compile), {evaluation}\nrun directory: {result.run_dir}"
+            f"(+{result.compile_s:.1f}s compile), {evaluation}\nrun directory: {result.run_dir}{saved}"
         )
         return 0
 
     def stopped(self) -> int:
-        print(f"podrace: {self.signals.name} received, stopped cleanly", file=sys.stderr)
+        checkpoints = getattr(self.run, "checkpoints", None)  # thread runtime only
+        latest = checkpoints.latest if checkpoints is not None else None
+        saved = f"; checkpoint {latest} saved (podrace train --resume {self.run.run_dir})" if latest is not None else ""
+        print(f"podrace: {self.signals.name} received, stopped cleanly{saved}", file=sys.stderr)
         return 128 + self.signals.received
+
+    def unfinished_checkpoint(self) -> str:
+        """A line for a process about to exit while a checkpoint is still being written."""
+        checkpoints = getattr(self.run, "checkpoints", None)
+        writing = checkpoints.writing if checkpoints is not None else None
+        if writing is None:
+            return ""
+        latest = checkpoints.latest
+        kept = f"checkpoint {latest} is the latest" if latest is not None else "earlier checkpoints are kept"
+        return f"podrace: checkpoint {writing} did not finish writing in time and is discarded; {kept}"
 
 
 def _exit_now(code: int) -> None:
@@ -251,7 +331,8 @@ def _supervise(training: _Training, signals: _Signals) -> int:
             deadline = time.monotonic() + training.grace_s
             training.lifetime.stop(f"{signals.name} received")
         if deadline is not None and worker.is_alive() and time.monotonic() > deadline:
-            print("podrace: threads still busy in native code are left behind", file=sys.stderr)
+            print(training.unfinished_checkpoint() or "podrace: threads still busy in native code are left behind",
+                  file=sys.stderr)
             _exit_now(training.stopped())
     outcome = training.outcome[0]
     if isinstance(outcome, BaseException):

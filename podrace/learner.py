@@ -292,7 +292,8 @@ class Learner:
         return self.normalize_fn(self.normalizer, trajs, behaviour)
 
     def run(self) -> None:
-        for _ in range(self.settings.num_updates):
+        # From the first published version (0, or a resumed checkpoint's) to num_updates.
+        for _ in range(self.settings.num_updates - self.version):
             self.lifetime.check()
             self.step()
 

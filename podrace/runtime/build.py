@@ -16,7 +16,8 @@ import jax
 import numpy as np
 
 from podrace.actor import Actor, ActorSettings, PolicyFns, RolloutSink, sampling_key
-from podrace.algos.normalizer import init_normalizer
+from podrace.algos.base import TrainState
+from podrace.algos.normalizer import Normalizer, init_normalizer
 from podrace.config import TrainConfig
 from podrace.control import Control, Lifetime
 from podrace.envs import EnvSource
@@ -46,9 +47,14 @@ def seed_key(seed: int, *path: int) -> jax.Array:
     return key
 
 
-def env_seed(seed: int, stream: int, actor_id: int) -> int:
-    """Distinct, reproducible env seeds per (run seed, stream, actor)."""
-    return int(np.random.SeedSequence([seed, stream, actor_id]).generate_state(1)[0] & 0x7FFFFFFF)
+def env_seed(seed: int, stream: int, actor_id: int, *more: int) -> int:
+    """Distinct, reproducible env seeds per (run seed, stream, actor[, more, e.g. a resume point])."""
+    return int(np.random.SeedSequence([seed, stream, actor_id, *more]).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+def actor_key(cfg: TrainConfig, actor_id: int) -> jax.Array:
+    """The policy-sampling key actor `actor_id` (of this process) of a fresh run starts with."""
+    return seed_key(cfg.seed, 2, (cfg.distributed.process_id or 0) * cfg.num_actors + actor_id)
 
 
 def build_learner(
@@ -60,16 +66,21 @@ def build_learner(
     publisher: Publisher,
     metrics: Metrics,
     lifetime: Lifetime,
+    restore: Callable[..., tuple[TrainState, jax.Array, Normalizer | None]] | None = None,
 ) -> tuple[Learner, LearnerPlacement]:
     """The learner on its mesh (initial params, with the initial observation statistics when
-    normalizing, published as version 0) and the placement that puts a rollout's arrays
-    onto that mesh."""
+    normalizing, published as the publisher's first version) and the placement that puts a
+    rollout's arrays onto that mesh.
+
+    `restore(state, keys, normalizer)` (resuming a run) returns the state, keys and
+    normalizer to start from, placed like the fresh ones it is given (its template)."""
     mesh = make_mesh(devices)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     dummy_obs = np.zeros((1,) + spec.obs_shape, spec.obs_dtype)
     params = jax.jit(network.init, out_shardings=replicated)(seed_key(cfg.seed, 0), dummy_obs)
     algo = make_algorithm(cfg, network.apply)
     state = jax.jit(algo.init, out_shardings=replicated)(params)
+    keys = env_keys(seed_key(cfg.seed, 1), cfg.num_actors, cfg.env.num_envs, mesh)
     settings = LearnerSettings(
         num_updates=cfg.num_updates,
         steps_per_update=cfg.steps_per_update,
@@ -82,10 +93,12 @@ def build_learner(
     if normalizer is not None:
         normalizer = place_normalizer(normalizer, mesh)
         normalize_fn = make_normalize_fn(cfg.normalize, cfg.gamma, mesh, normalizer, cfg.num_actors)
+    if restore is not None:
+        state, keys, normalizer = restore(state, keys, normalizer)
     learner = Learner(
         settings,
         state=state,
-        keys=env_keys(seed_key(cfg.seed, 1), cfg.num_actors, cfg.env.num_envs, mesh),
+        keys=keys,
         update_fn=make_update_fn(algo, mesh, cfg.num_actors),
         pipeline=pipeline,
         publisher=publisher,
@@ -106,12 +119,16 @@ def build_actor(
     control: Control,
     first_seq: int = 0,
     envs: EnvSource | None = None,
+    key: jax.Array | None = None,
 ) -> Actor:
     """Actor `actor_id` with its own envs (from `envs`, default `cfg.env`'s id) and key;
     `policy.device` is where it acts.
 
     Key and env seeds follow the global actor id (process id x actors per process + id):
-    the processes of a multi-host run never share seeds.
+    the processes of a multi-host run never share seeds. An actor that starts later in the
+    run (`first_seq` > 0: a resumed run) gets env seeds with `first_seq` folded in, so its
+    envs do not replay the episodes the run's start already played; `key` (default
+    `actor_key`) is its key.
     """
     global_id = (cfg.distributed.process_id or 0) * cfg.num_actors + actor_id
     settings = ActorSettings(
@@ -119,11 +136,12 @@ def build_actor(
         rollout_length=cfg.rollout_length,
         num_rollouts=cfg.num_updates - first_seq,
         max_policy_lag=cfg.max_policy_lag,
-        key=seed_key(cfg.seed, 2, global_id),
+        key=actor_key(cfg, actor_id) if key is None else key,
         first_seq=first_seq,
     )
+    later = (first_seq,) if first_seq else ()
     envs = envs or EnvSource(cfg.env)
-    env = envs.make(cfg.env.num_envs, env_seed(cfg.seed, 0, global_id))
+    env = envs.make(cfg.env.num_envs, env_seed(cfg.seed, 0, global_id, *later))
     return Actor(settings, env, policy, params, out, control)
 
 

@@ -18,10 +18,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import jax
+import numpy as np
 
 from podrace.actor import make_policy_fns
 from podrace.algos.normalizer import acting_apply
-from podrace.config import TrainConfig, replace, resolved, validate
+from podrace.checkpoint import RunState, checkpoint_dir, restore
+from podrace.config import ConfigError, TrainConfig, replace, resolved, validate
 from podrace.control import Control, Lifetime, Watchdog
 from podrace.envs import EnvSource
 from podrace.evaluate import EvalResult, make_greedy_policy
@@ -30,6 +33,7 @@ from podrace.metrics.registry import Metrics
 from podrace.networks import make_network
 from podrace.pipeline import Pipeline, PlacingSink
 from podrace.runtime.build import (
+    actor_key,
     build_actor,
     build_evaluator,
     build_learner,
@@ -38,11 +42,14 @@ from podrace.runtime.build import (
     warm_up_learner,
     warm_up_policy,
 )
+from podrace.runtime.checkpoints import RunCheckpoints
 from podrace.runtime.devices import resolve_devices
 from podrace.runtime.memory import check_fits
+from podrace.runtime.resume import Resume, ResumePoint, commit, resume_point
 from podrace.runtime.rundir import create_run_dir, remove_run_dir, write_config
 from podrace.runtime.threads import ThreadGroup
 from podrace.runtime.distributed import local_copy
+from podrace.sync.base import ChannelClosed
 from podrace.sync.local import LocalPublisher
 
 STOP_GRACE_S = 1.0
@@ -63,21 +70,40 @@ class TrainResult:
     max_policy_lag: float
     skipped_updates: int = 0
     """Updates skipped as non-finite (safety.on_nonfinite=skip)."""
+    checkpoint: int | None = None
+    """Version of the last checkpoint this run wrote completely (None: none)."""
 
 
-def train(cfg: TrainConfig, lifetime: Lifetime | None = None, envs: EnvSource | None = None) -> TrainResult:
+def train(
+    cfg: TrainConfig | None,
+    lifetime: Lifetime | None = None,
+    envs: EnvSource | None = None,
+    resume: Resume | None = None,
+) -> TrainResult:
     """Train with the single-host thread runtime; raises ConfigError before anything starts."""
-    return prepare(cfg, lifetime, envs).run()
+    return prepare(cfg, lifetime, envs, resume).run()
 
 
-def prepare(cfg: TrainConfig, lifetime: Lifetime | None = None, envs: EnvSource | None = None) -> "SingleHostRun":
+def prepare(
+    cfg: TrainConfig | None,
+    lifetime: Lifetime | None = None,
+    envs: EnvSource | None = None,
+    resume: Resume | None = None,
+) -> "SingleHostRun":
     """Validate, build and compile everything; no thread is started yet.
 
     `lifetime` lets a caller stop the run from outside (a signal); a stop during
     preparation raises `Stopped` between steps. `envs` is where actors and the evaluator
     get their envs (a user's env factory); by default `cfg.env.id` through its backend.
+    With `resume`, the run continues the one in `resume.run_dir` from a checkpoint; `cfg`
+    is then None (the checkpoint's config) or that config with changes
+    `podrace.runtime.resume.RESUMABLE` allows.
     """
     lifetime = lifetime or Lifetime()
+    point = None
+    if resume is not None:
+        point = resume_point(resume, cfg)
+        cfg = point.cfg
     envs = envs or EnvSource(cfg.env)
     validate(cfg)
     spec = envs.spec()  # the backend (or the factory) is checked first
@@ -85,6 +111,12 @@ def prepare(cfg: TrainConfig, lifetime: Lifetime | None = None, envs: EnvSource 
     devices = resolve_devices(cfg)
     check_fits(cfg, make_network(cfg.network, spec), spec, devices)
     lifetime.check()
+    if point is not None:
+        run = SingleHostRun(cfg, spec, devices, point.run_dir, lifetime, envs, point)
+        # last: the run directory changes only once the resumed run is fully built
+        written = commit(point, run.start.version, run.start.env_steps, cfg)
+        run.time_offset = max(run.time_offset, written)
+        return run
     run_dir = create_run_dir(cfg)  # last: nothing is written unless every check passed
     try:
         effective = replace(resolved(cfg), **{"log.run_name": run_dir.name})
@@ -98,7 +130,16 @@ def prepare(cfg: TrainConfig, lifetime: Lifetime | None = None, envs: EnvSource 
 class SingleHostRun:
     """Every component of one run, wired together; `run()` starts the threads."""
 
-    def __init__(self, cfg: TrainConfig, spec, devices, run_dir: Path, lifetime: Lifetime, envs: EnvSource):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        spec,
+        devices,
+        run_dir: Path,
+        lifetime: Lifetime,
+        envs: EnvSource,
+        resume: ResumePoint | None = None,
+    ):
         self.cfg, self.run_dir = cfg, run_dir
         self.lifetime = lifetime
         self.metrics = metrics = Metrics()
@@ -108,14 +149,36 @@ class SingleHostRun:
         """Only process 0 of a multi-host run evaluates (and every single-host run)."""
         self.extra_sinks: list[Sink] = []
         """Metrics sinks a caller adds before `run()` (after the configured ones)."""
+        self.time_offset = 0.0
+        """Seconds of training before this run (a resumed run's clock continues)."""
+        self._train_start = time.perf_counter()
         network = make_network(cfg.network, spec)
-        self.pipeline = pipeline = Pipeline(cfg.num_actors, cfg.layout.queue_size, cfg.max_policy_lag, lifetime)
-        # Actors get this process's copy of the (possibly multi-process) replicated params.
-        self.publisher = publisher = LocalPublisher(transform=local_copy)
-        lifetime.on_stop(publisher.close)
-        self.learner, placement = build_learner(
-            cfg, spec, network, devices.learners, pipeline, publisher, metrics, lifetime
+        first = resume.step if resume is not None else 0
+        self.pipeline = pipeline = Pipeline(
+            cfg.num_actors, cfg.layout.queue_size, cfg.max_policy_lag, lifetime, first_seq=first
         )
+        # Actors get this process's copy of the (possibly multi-process) replicated params.
+        self.publisher = publisher = LocalPublisher(transform=local_copy, first_version=first)
+        lifetime.on_stop(publisher.close)
+        restored: list[RunState] = []
+
+        def from_checkpoint(state, keys, normalizer):
+            n = cfg.num_actors
+            like = RunState(state, keys, np.zeros((n, 2), np.uint32), (0,) * n, 0, 0, 0, normalizer)
+            restored.append(restore(checkpoint_dir(run_dir), like, spec, first))
+            return restored[0].train_state, restored[0].learner_keys, restored[0].normalizer
+
+        try:
+            self.learner, placement = build_learner(
+                cfg, spec, network, devices.learners, pipeline, publisher, metrics, lifetime,
+                restore=from_checkpoint if resume is not None else None,
+            )
+        except ChannelClosed:  # a stop closed the publisher before the first publish
+            lifetime.check()
+            raise
+        self.start = self._start_state(restored[0] if restored else None)
+        """The state this run begins from (fresh, or the restored checkpoint)."""
+        self.checkpoints = RunCheckpoints(cfg, spec, run_dir, metrics, self.start)
         self.learner.on_update = self._after_update
         sink = PlacingSink(pipeline, placement.place)
         # Actors and the evaluator act with published snapshots; with observation
@@ -145,16 +208,56 @@ class SingleHostRun:
             device = devices.actors[actor_id // cfg.layout.actors_per_device]
             params = publisher.subscribe(device=device, name=f"actor-{actor_id}")
             actor_control = control(f"actor-{actor_id}")
-            self.actors.append(build_actor(cfg, actor_id, fns.on(device), params, sink, actor_control, envs=envs))
+            self.actors.append(build_actor(
+                cfg, actor_id, fns.on(device), params, sink, actor_control, envs=envs,
+                first_seq=first, key=self.start.actor_keys[actor_id],
+            ))
         params = publisher.subscribe(device=devices.evaluator, name="evaluator")
         self.evaluator = build_evaluator(
             cfg, greedy, devices.evaluator, params, metrics, control("evaluator"), envs=envs
         )
 
+    def _start_state(self, restored: RunState | None) -> RunState:
+        """A fresh run's first state, or a restored one with counters, clock and skip count
+        carried into this run and actor keys folded with the resume version (the envs restart,
+        so replaying the saved keys would not continue anything)."""
+        cfg, learner, n = self.cfg, self.learner, self.cfg.num_actors
+        if restored is None:
+            keys = np.stack([np.asarray(jax.device_get(actor_key(cfg, i))) for i in range(n)])
+            return RunState(learner.state, learner.keys, keys, (0,) * n, 0, 0, 0, learner.normalizer)
+        version = restored.version
+        if tuple(restored.actor_next_seq) != (version,) * n:
+            raise ConfigError(
+                f"checkpoint {version} has actors' next rollouts {list(restored.actor_next_seq)}; "
+                f"the thread runtime resumes only where every actor continues at {version}"
+            )
+        keys = np.stack([np.asarray(jax.device_get(jax.random.fold_in(k, version))) for k in restored.actor_keys])
+        m = self.metrics
+        m.count("env_steps", restored.env_steps)
+        m.count("episodes", restored.episodes)
+        m.count("learner/skipped_nonfinite", restored.skipped_updates)
+        m.set("version", version)
+        learner.skipped = restored.skipped_updates
+        self.time_offset = restored.time_s
+        return RunState(
+            learner.state, learner.keys, keys, restored.actor_next_seq, version,
+            restored.env_steps, restored.episodes, learner.normalizer, restored.time_s, restored.skipped_updates,
+        )
+
+    def _clock(self) -> float:
+        """Training seconds: this run's since its threads started, plus the runs before it."""
+        return self.time_offset + time.perf_counter() - self._train_start
+
     def _after_update(self, version: int) -> None:
         every = self.cfg.eval.every_updates
         if self.evaluates and every and version % every == 0 and version < self.cfg.num_updates:
             self.evaluator.request(version)
+        m, learner = self.metrics, self.learner
+        state = RunState(
+            learner.state, learner.keys, self.start.actor_keys, (version,) * self.cfg.num_actors, version,
+            int(m.total("env_steps")), int(m.total("episodes")), learner.normalizer, self._clock(), learner.skipped,
+        )
+        self.checkpoints.record(state, self.lifetime)
 
     def run(self) -> TrainResult:
         cfg, lifetime, metrics = self.cfg, self.lifetime, self.metrics
@@ -168,11 +271,16 @@ class SingleHostRun:
                 final.append(self.evaluator.evaluate_final(self.learner.version))
             lifetime.stop("finished")
 
-        sinks: list[Sink] = make_sinks(cfg, self.run_dir)
+        self.checkpoints.open()
+        try:
+            sinks: list[Sink] = make_sinks(cfg, self.run_dir)
+        except BaseException:
+            self.checkpoints.close(lifetime)
+            raise
         sinks.extend(self.extra_sinks)
 
         group = ThreadGroup(lifetime)
-        train_start = time.perf_counter()
+        self._train_start = train_start = time.perf_counter()
         try:
             for actor in self.actors:
                 group.spawn(f"actor-{actor.actor_id}", actor.run)
@@ -183,6 +291,7 @@ class SingleHostRun:
             self._log_until_stopped(sinks, train_start)
         finally:  # also on KeyboardInterrupt: stop, join, flush, then let it propagate
             lifetime.stop("shutdown")
+            self._save_final(group)
             self.stuck = stuck = group.join(STOP_GRACE_S)
             train_s = time.perf_counter() - train_start
             self._write_line(sinks, train_start, final=True)
@@ -193,6 +302,7 @@ class SingleHostRun:
                     actor.env.close()
             if "evaluator" not in stuck:
                 self.evaluator.env.close()
+            self.checkpoints.close(lifetime)
             if stuck and lifetime.stop_reason == "finished":
                 lifetime.fail("runtime", TimeoutError(f"threads did not stop within {STOP_GRACE_S}s: {stuck}"))
         if lifetime.failure is not None:
@@ -207,7 +317,20 @@ class SingleHostRun:
             final_eval=final[0] if final else None,
             max_policy_lag=float(metrics.last("lag/max_seen", 0.0)),
             skipped_updates=self.learner.skipped,
+            checkpoint=self.checkpoints.latest,
         )
+
+    def _save_final(self, group: ThreadGroup) -> None:
+        """Start the last save as soon as the learner thread has returned (before the other
+        threads are joined: after a signal the process has little time left), unless the
+        learner is stuck or checkpointing itself is what failed."""
+        learner = [t for t in group.threads if t.name == "learner"]
+        if not learner:
+            return
+        learner[0].join(STOP_GRACE_S)
+        failure = self.lifetime.failure
+        if not learner[0].is_alive() and (failure is None or failure.component != "checkpoint"):
+            self.checkpoints.save_final(self.lifetime)
 
     def _logging(self, fn, *args) -> bool:
         """Run one sink call; any exception fails the run as component `logger`."""
@@ -221,7 +344,7 @@ class SingleHostRun:
     def _write_line(self, sinks: list[Sink], start: float, final: bool = False) -> bool:
         line = self.metrics.collect()
         line.update({f"sync/{k}": v for k, v in self.publisher.metrics().items()})
-        elapsed = time.perf_counter() - start
+        elapsed = self.time_offset + time.perf_counter() - start
         line["time_s"] = elapsed
         line["sps"] = line.get("env_steps", 0.0) / max(elapsed, 1e-9)
         if final:

@@ -1,0 +1,111 @@
+"""Saving a thread-runtime run's state: every N updates, at the end, and when stopped.
+
+The learner thread records a `RunState` after every update (references to the arrays it
+just published, no copy) and saves it when `checkpoint.every_updates` says so; the save
+copies to the host and writes on the Checkpointer's own thread. The final save, after the
+learner thread has returned, writes the last *recorded* state rather than the learner's
+attributes: a learner stopped between its update and its publish holds params one update
+ahead of its version, and saving those would break "params version = updates applied".
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import jax
+from pathlib import Path
+
+from podrace.checkpoint import Checkpointer, RunState, checkpoint_dir
+from podrace.config import TrainConfig
+from podrace.control import Lifetime, Stopped
+from podrace.metrics.registry import Metrics
+from podrace.types import EnvSpec
+
+log = logging.getLogger(__name__)
+
+
+class RunCheckpoints:
+    """The checkpoints of one run; `start` is the state it begins from (fresh or restored).
+
+    States at or before `start.version` are never saved again (they are the checkpoint a
+    resumed run came from, or a fresh run's untrained params). Call `record`/`save_final`/
+    `close` as the Checkpointer requires: from one thread at a time.
+    """
+
+    def __init__(self, cfg: TrainConfig, spec: EnvSpec, run_dir: Path, metrics: Metrics, start: RunState):
+        self._cfg, self._spec, self._run_dir, self._metrics = cfg, spec, Path(run_dir), metrics
+        self._checkpointer: Checkpointer | None = None
+        self._first_version = start.version
+        self.point = start
+        """The latest consistent state: what a save now would write."""
+        self._pending_version: int | None = None
+        self._lock = threading.Lock()
+
+    def open(self) -> None:
+        """Create the writer (and the checkpoints folder; leftovers of a killed write go).
+
+        Not in a multi-process run: every process would write its own copy into the run
+        directory, and orbax's multi-process save needs all of them to save together."""
+        if jax.process_count() > 1:
+            log.warning("checkpoints are not written in multi-process runs yet")
+            return
+        self._checkpointer = Checkpointer(checkpoint_dir(self._run_dir), self._cfg, self._spec, self._metrics)
+
+    @property
+    def latest(self) -> int | None:
+        """Version of the last checkpoint written completely by this run."""
+        version = self._metrics.last("checkpoint/version")
+        return None if version is None else int(version)
+
+    @property
+    def writing(self) -> int | None:
+        """Version of a save still being written, if any (for a process about to exit)."""
+        with self._lock:
+            pending = self._pending_version
+        return None if pending is None or pending == self.latest else pending
+
+    def record(self, point: RunState, lifetime: Lifetime) -> None:
+        """Learner thread, after each update: remember `point`; save it when due.
+
+        A save that fails fails the run as component `checkpoint`."""
+        self.point = point
+        if self._checkpointer is not None and self._checkpointer.due(point.version):
+            try:
+                self._save(point)
+            except Exception as error:  # noqa: BLE001 - becomes the run's failure
+                lifetime.fail("checkpoint", error)
+                raise Stopped("checkpoint failed") from error
+
+    def save_final(self, lifetime: Lifetime) -> None:
+        """Start saving the last recorded state (unless already saved); `close` waits for it."""
+        if self._checkpointer is None or self.point.version <= self._first_version:
+            return
+        self._guarded(lifetime, self._save, self.point)
+
+    def _save(self, point: RunState) -> None:
+        with self._lock:
+            self._pending_version = point.version
+        self._checkpointer.save(point)
+
+    def close(self, lifetime: Lifetime) -> None:
+        """Finish the write in progress and release the writer.
+
+        A failure is the run's failure as component `checkpoint`, unless the run already
+        failed (then it is logged: the first failure is the one to report)."""
+        if self._checkpointer is not None:
+            checkpointer, self._checkpointer = self._checkpointer, None
+            self._guarded(lifetime, checkpointer.close)
+
+    @staticmethod
+    def _guarded(lifetime: Lifetime, fn, *args) -> None:
+        try:
+            fn(*args)
+        except Exception as error:  # noqa: BLE001 - becomes the run's failure
+            if lifetime.failure is None:
+                lifetime.fail("checkpoint", error)
+            else:
+                log.warning("checkpoint not written: %s", error)
+
+
+__all__ = ["RunCheckpoints"]

@@ -1,0 +1,227 @@
+"""Continuing a stopped run from one of its checkpoints (`podrace train --resume RUN_DIR`).
+
+A resumed run is the same run, not a new one: same directory, the config stored with the
+checkpoint, versions, sequence numbers, counters and the learning-rate schedule continuing
+where the checkpoint left them. What cannot be saved (envpool env state, actors' queued
+rollouts) restarts: every actor's envs are reset with seeds that fold in the resume version
+and its key is the saved one folded with that version, so a resumed run differs from a
+fresh one deterministically rather than replaying its first rollouts.
+
+Everything here that can fail because of the user's request (not a run directory, no or a
+corrupt checkpoint, a flag that would change what the checkpoint holds) raises ConfigError
+before anything is written. Only once the run is fully built does `commit` touch the run
+directory: metric lines written after the checkpoint (the part of the old run that is being
+redone) move from metrics.jsonl to metrics-superseded.jsonl, so the file's env steps and
+times never go backwards, and config.json is replaced by the config the run now uses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from podrace.config import ConfigError, TrainConfig, leaves, replace
+
+RESUMABLE = (
+    "total_steps",
+    "checkpoint.",
+    "eval.",
+    "safety.",
+    "log.console",
+    "log.interval_s",
+    "log.tensorboard",
+    "log.wandb",
+    "log.wandb_project",
+)
+"""Fields a resumed run may change (a name ending in '.' allows its whole section). They
+change neither the arrays in a checkpoint nor the data the learner sees; everything else
+(network, env, algorithm, layout, seed) is the checkpoint's."""
+
+SUPERSEDED = "metrics-superseded.jsonl"
+"""Where metric lines written after the resumed checkpoint go (kept, never deleted)."""
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Continue the run in `run_dir` from checkpoint `step` (None: the latest)."""
+
+    run_dir: Path
+    step: int | None = None
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """A checked resume request: the checkpoint to load and the config to run with."""
+
+    run_dir: Path
+    step: int
+    stored: TrainConfig
+    """The config saved with the checkpoint (pointing at `run_dir`)."""
+    cfg: TrainConfig
+    """What the resumed run uses: `stored` plus the allowed changes."""
+
+
+def _checkpoints(run_dir: Path) -> Path:
+    from podrace.checkpoint import checkpoint_dir
+
+    return checkpoint_dir(run_dir)
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """ConfigError unless `run_dir` is a writable podrace run directory."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ConfigError(f"cannot resume {run_dir}: not a directory")
+    if not (run_dir / "config.json").is_file():
+        raise ConfigError(f"cannot resume {run_dir}: not a podrace run directory (no config.json)")
+    if not os.access(run_dir, os.W_OK | os.X_OK):
+        raise ConfigError(f"cannot resume {run_dir}: the directory is not writable")
+
+
+def run_config_json(run_dir: Path) -> TrainConfig | None:
+    """The run's config.json (None when unreadable), read without JAX: what a CLI needs to
+    set XLA flags before the checkpoint is opened. The layout in it is the checkpoint's, as
+    a resume cannot change the layout."""
+    from podrace.config import config_from_dict
+
+    try:
+        return config_from_dict(json.loads((Path(run_dir) / "config.json").read_text()))
+    except (OSError, ValueError, TypeError):  # ConfigError is a ValueError
+        return None
+
+
+def stored_config(resume: Resume) -> tuple[int, TrainConfig]:
+    """(step, the checkpoint's config with log.run_dir/run_name pointing at `resume.run_dir`).
+
+    Verifies the checkpoint's files (a damaged one is a ConfigError naming the file). This
+    starts JAX's backend (orbax asks for the process index): a CLI sets XLA_FLAGS before,
+    from `run_config_json`.
+    """
+    from podrace.checkpoint import checkpoint_steps, read_config
+
+    run_dir = Path(resume.run_dir)
+    check_run_dir(run_dir)
+    steps = checkpoint_steps(_checkpoints(run_dir))
+    if not steps:
+        raise ConfigError(f"cannot resume {run_dir}: it has no checkpoint (none was saved in {_checkpoints(run_dir)})")
+    if resume.step is not None and resume.step not in steps:
+        raise ConfigError(f"cannot resume {run_dir} from step {resume.step}: saved steps are {', '.join(map(str, steps))}")
+    later = [s for s in steps if resume.step is not None and s > resume.step]
+    if later:
+        raise ConfigError(
+            f"cannot resume {run_dir} from step {resume.step}: checkpoint(s) {', '.join(map(str, later))} come after it "
+            f"and would be replaced; move them out of {_checkpoints(run_dir)} first"
+        )
+    step, cfg = read_config(_checkpoints(run_dir), resume.step)
+    here = {"log.run_dir": str(run_dir.absolute().parent), "log.run_name": run_dir.absolute().name}
+    return step, replace(cfg, **here)
+
+
+def check_changes(stored: TrainConfig, cfg: TrainConfig, step: int) -> None:
+    """ConfigError for a change `--resume` does not allow, or a run with nothing left to do."""
+    old = {name: value for name, value, _ in leaves(stored)}
+    for name, value, _ in leaves(cfg):
+        if value != old[name] and not any(name == a or (a.endswith(".") and name.startswith(a)) for a in RESUMABLE):
+            allowed = ", ".join(a + "*" if a.endswith(".") else a for a in RESUMABLE)
+            raise ConfigError(
+                f"--resume cannot change {name} (the checkpoint's run has {old[name]!r}, got {value!r}); "
+                f"a resumed run may change only {allowed}"
+            )
+    if cfg.num_updates <= step:
+        raise ConfigError(
+            f"nothing to resume: checkpoint {step} is already at update {step} of {cfg.num_updates} "
+            f"(total_steps {cfg.total_steps:,}); pass a larger --total-steps to extend the run"
+        )
+
+
+def resume_point(resume: Resume, cfg: TrainConfig | None = None) -> ResumePoint:
+    """Check a resume request; `cfg` (default: the stored config) may change RESUMABLE fields."""
+    step, stored = stored_config(resume)
+    cfg = stored if cfg is None else cfg
+    check_changes(stored, cfg, step)
+    return ResumePoint(Path(resume.run_dir), step, stored, cfg)
+
+
+# Metrics -------------------------------------------------------------------------------
+
+
+def split_metrics(lines: list[str], version: int, env_steps: float) -> tuple[list[str], list[str]]:
+    """(kept, superseded): the longest prefix of whole lines written up to the checkpoint.
+
+    A line belongs to the checkpoint's past when its `version` and `env_steps` are not
+    beyond the checkpoint's; the first line that is (or that is not valid JSON: a line cut
+    by a kill) ends the prefix, so the kept lines are exactly what the resumed run extends.
+    """
+    for number, text in enumerate(lines):
+        try:
+            line = json.loads(text)
+            past = line.get("version", 0) <= version and line.get("env_steps", 0) <= env_steps
+        except (ValueError, AttributeError, TypeError):
+            past = False
+        if not past:
+            return lines[:number], lines[number:]
+    return lines, []
+
+
+def last_time_s(lines: list[str]) -> float:
+    """`time_s` of the last kept line (0 when none): the resumed clock never goes back."""
+    for text in reversed(lines):
+        value = json.loads(text).get("time_s")
+        if isinstance(value, (int, float)):
+            return float(value)
+    return 0.0
+
+
+def read_metric_lines(run_dir: Path) -> list[str]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    try:
+        return path.read_bytes().decode("utf-8", errors="replace").splitlines()
+    except OSError as error:
+        raise ConfigError(f"cannot read {path}: {error.strerror}") from None
+
+
+def commit(point: ResumePoint, version: int, env_steps: float, effective: TrainConfig) -> float:
+    """Make the run directory the resumed run's: trim metrics.jsonl, rewrite config.json;
+    returns the `time_s` of the last kept line.
+
+    Idempotent (resuming the same checkpoint twice trims nothing more), and each file is
+    replaced atomically; superseded lines are appended to SUPERSEDED first, so a kill in
+    between loses nothing (at worst a line is in both files).
+    """
+    run_dir = point.run_dir
+    kept, superseded = split_metrics(read_metric_lines(run_dir), version, env_steps)
+    try:
+        if superseded:
+            with open(run_dir / SUPERSEDED, "a", encoding="utf-8") as f:
+                f.write("".join(text + "\n" for text in superseded))
+            _replace_text(run_dir / "metrics.jsonl", "".join(text + "\n" for text in kept))
+        _replace_text(run_dir / "config.json", json.dumps(dataclasses.asdict(effective), indent=2) + "\n")
+    except OSError as error:
+        raise ConfigError(f"cannot update {run_dir} for the resumed run: {error.strerror}") from None
+    return last_time_s(kept)
+
+
+def _replace_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.resume-tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+__all__ = [
+    "RESUMABLE",
+    "SUPERSEDED",
+    "Resume",
+    "ResumePoint",
+    "check_changes",
+    "check_run_dir",
+    "commit",
+    "resume_point",
+    "split_metrics",
+    "run_config_json",
+    "stored_config",
+]

@@ -1,0 +1,280 @@
+"""Checkpoints during training and `--resume` (thread runtime, Python API).
+
+CLI cases (exit codes, signals, SIGKILL during a write) are in tests/test_cli_resume.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import gymnasium as gym
+import jax
+import numpy as np
+import pytest
+
+from podrace.checkpoint import checkpoint_dir, checkpoint_steps, restore
+from podrace.config import ConfigError, replace
+from podrace.envs import env_spec
+from podrace.eval_command import abstract_run_state
+from podrace.runtime.resume import SUPERSEDED, Resume, ResumePoint, check_changes, commit, split_metrics
+from podrace.runtime.single_host import prepare
+from tests.runtime.test_single_host import small
+from tests.test_checkpoint import save_versions
+
+N = 3
+"""Updates before the stop; the straight run does 2N."""
+
+
+def leaves_equal(a, b) -> bool:
+    la, lb = jax.tree.leaves(jax.device_get(a)), jax.tree.leaves(jax.device_get(b))
+    return len(la) == len(lb) and all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb))
+
+
+def record_learning_rates(run) -> list[float]:
+    """The learning rate each update used (mean over its minibatches), in update order."""
+    rates = []
+    update_fn = run.learner.update_fn
+
+    def recording(state, trajs, keys):
+        state, keys, metrics = update_fn(state, trajs, keys)
+        rates.append(float(jax.device_get(metrics["learning_rate"])))
+        return state, keys, metrics
+
+    run.learner.update_fn = recording
+    return rates
+
+
+def stop_after(run, version: int) -> None:
+    """Stop the run right after update `version` (as a signal would, but at a known update)."""
+    after = run.learner.on_update
+
+    def hook(v: int) -> None:
+        after(v)
+        if v == version:
+            run.lifetime.stop("test: stop")
+
+    run.learner.on_update = hook
+
+
+def metric_lines(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_stop_and_resume_continues_the_straight_run(tmp_path):
+    """Deterministic mode, same seed: N updates, stop, resume to 2N, against a straight 2N run.
+
+    What can be equal is checked to be bit-identical: the state saved when the run is
+    stopped at N equals the straight run's checkpoint at N (params, optimizer state, step,
+    learner and actor keys, counters), and the resumed learner starts from exactly that.
+    What cannot: envpool's env state is not checkpointable, so the resumed run restarts its
+    envs (with seeds that fold in N) and its rollouts, hence its params after 2N, differ
+    from the straight run's. After the resumed training the things that do not depend on
+    the data are compared instead: the learning rate of every update (the optimizer's step
+    count was restored, so the schedule continues), step counters, versions, env steps.
+    A second resume from a copy of the same checkpoint must reproduce the first one bit for
+    bit (the restart is deterministic).
+    """
+    spu = 2 * 8 * 16
+    base = {"deterministic": True, "total_steps": 2 * N * spu, "normalize.obs": True}  # statistics saved too
+    straight = prepare(small(tmp_path, **base, **{"log.run_name": "b", "checkpoint.every_updates": N}))
+    straight_rates = record_learning_rates(straight)
+    straight.run()
+    assert checkpoint_steps(checkpoint_dir(straight.run_dir)) == [N, 2 * N]
+
+    stopped = prepare(small(tmp_path, **base, **{"log.run_name": "a"}))  # saves only at the end
+    stop_after(stopped, N)
+    result = stopped.run()
+    assert (result.updates, result.checkpoint) == (N, N)
+    spec = env_spec(stopped.cfg.env)
+    like = abstract_run_state(stopped.cfg, spec)
+    saved = restore(checkpoint_dir(stopped.run_dir), like, spec, N)
+    reference = restore(checkpoint_dir(straight.run_dir), like, spec, N)
+    assert leaves_equal(saved.arrays(), reference.arrays())
+    assert (saved.version, saved.env_steps, saved.episodes, saved.actor_next_seq) == (
+        reference.version, reference.env_steps, reference.episodes, reference.actor_next_seq
+    ) == (N, N * spu, reference.episodes, (N, N))
+    shutil.copytree(tmp_path / "a", tmp_path / "a-copy")
+
+    resumed = prepare(None, resume=Resume(tmp_path / "a"))
+    assert leaves_equal(resumed.learner.state, saved.train_state)
+    assert leaves_equal(resumed.learner.keys, saved.learner_keys)
+    assert saved.normalizer is not None and leaves_equal(resumed.learner.normalizer, saved.normalizer)
+    assert resumed.learner.version == N and resumed.publisher.metrics()["latest_version"] == N
+    for actor, key in zip(resumed.actors, saved.actor_keys):
+        assert actor.settings.first_seq == N
+        np.testing.assert_array_equal(np.asarray(actor.settings.key), np.asarray(jax.random.fold_in(key, N)))
+    resumed_rates = record_learning_rates(resumed)
+    result = resumed.run()
+
+    assert (result.updates, result.checkpoint, result.env_steps) == (2 * N, 2 * N, 2 * N * spu)
+    assert resumed_rates == straight_rates[N:]  # exact: same optimizer step counts, same schedule
+    final, reference_final = resumed.learner.state, straight.learner.state
+    assert int(final.step) == int(reference_final.step) == 2 * N
+    counts = [x for x in jax.tree.leaves(jax.device_get(final.opt_state)) if np.issubdtype(x.dtype, np.integer)]
+    reference_counts = [
+        x for x in jax.tree.leaves(jax.device_get(reference_final.opt_state)) if np.issubdtype(x.dtype, np.integer)
+    ]
+    assert counts and leaves_equal(counts, reference_counts)
+    assert checkpoint_steps(checkpoint_dir(tmp_path / "a")) == [N, 2 * N]
+
+    lines = metric_lines(tmp_path / "a")
+    assert [line.get("final") for line in lines].count(1) == 2  # one per segment
+    for key in ("version", "env_steps", "time_s", "episodes"):
+        values = [line.get(key, 0) for line in lines]
+        assert values == sorted(values), key
+    assert lines[-1]["version"] == 2 * N and lines[-1]["env_steps"] == 2 * N * spu
+    assert json.loads((tmp_path / "a" / "config.json").read_text())["total_steps"] == 2 * N * spu
+
+    again = prepare(None, resume=Resume(tmp_path / "a-copy"))
+    again.run()
+    assert leaves_equal(again.learner.state, resumed.learner.state)
+    assert not leaves_equal(resumed.learner.state.params, straight.learner.state.params)  # envs did restart
+
+
+@pytest.mark.timeout(300)
+def test_resume_can_extend_a_finished_run_and_refuses_other_changes(tmp_path):
+    cfg = small(tmp_path, total_steps=2 * 8 * 16 * 2, **{"log.run_name": "r"})
+    first = prepare(cfg)
+    first.run()
+    stored = first.cfg
+    before = snapshot(tmp_path / "r")
+    with pytest.raises(ConfigError, match="nothing to resume: checkpoint 2 is already at update 2 of 2"):
+        prepare(None, resume=Resume(tmp_path / "r"))
+    with pytest.raises(ConfigError, match=r"--resume cannot change network.hidden_sizes"):
+        prepare(replace(stored, total_steps=2 * 8 * 16 * 4, **{"network.hidden_sizes": (8,)}), resume=Resume(tmp_path / "r"))
+    assert snapshot(tmp_path / "r") == before
+
+    result = prepare(replace(stored, total_steps=2 * 8 * 16 * 3), resume=Resume(tmp_path / "r")).run()
+    assert (result.updates, result.checkpoint) == (3, 3)
+    assert checkpoint_steps(checkpoint_dir(tmp_path / "r")) == [2, 3]
+
+
+# Decisions about what a resumed run may change, and about metrics -------------------------
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("change,allowed", [
+    ({"total_steps": 10**6}, True),
+    ({"checkpoint.every_updates": 7, "eval.episodes": 3, "log.console": "lines", "safety.watchdog_s": 5.0}, True),
+    ({"network.hidden_sizes": (8,)}, False),
+    ({"env.num_envs": 4}, False),
+    ({"ppo.learning_rate": 1e-3}, False),
+    ({"seed": 2}, False),
+    ({"layout.actors_per_device": 1}, False),
+    ({"log.run_name": "other"}, False),
+])
+def test_which_changes_a_resume_allows(change, allowed):
+    stored = small("runs", total_steps=2 * 8 * 16 * 4)
+    if allowed:
+        check_changes(stored, replace(stored, **change), step=2)
+    else:
+        with pytest.raises(ConfigError, match=f"--resume cannot change {next(iter(change))} "):
+            check_changes(stored, replace(stored, **change), step=2)
+
+
+def line(version, env_steps, time_s, **more) -> str:
+    return json.dumps({"version": version, "env_steps": env_steps, "time_s": time_s, **more})
+
+
+@pytest.mark.timeout(30)
+def test_metric_lines_after_the_checkpoint_are_superseded_not_lost(tmp_path):
+    lines = [
+        json.dumps({"time_s": 0.1}),  # before the first update: no version yet
+        line(1, 10, 0.5), line(2, 10, 1.0), line(2, 20, 1.5), line(3, 30, 2.0, final=1),
+        '{"version": 3, "env_st',  # cut by a kill
+    ]
+    kept, superseded = split_metrics(lines, version=2, env_steps=20)
+    assert kept == lines[:4] and superseded == lines[4:]
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    stored = small(tmp_path, **{"log.run_name": "run"})
+    p = ResumePoint(run_dir, 2, stored, stored)
+    assert commit(p, 2, 20, stored) == 1.5
+    assert (run_dir / "metrics.jsonl").read_text().splitlines() == lines[:4]
+    assert (run_dir / SUPERSEDED).read_text().splitlines() == lines[4:]
+    assert commit(p, 2, 20, stored) == 1.5  # idempotent: resuming the same checkpoint again
+    assert (run_dir / SUPERSEDED).read_text().splitlines() == lines[4:]
+    assert json.loads((run_dir / "config.json").read_text())["log"]["run_name"] == "run"
+
+
+# Errors a resume reports before touching anything ------------------------------------------
+
+
+class Obs(gym.Env):
+    """A Gymnasium env whose observation size the test changes between save and resume."""
+
+    size = 4
+
+    def __init__(self, **kwargs):
+        self.observation_space = gym.spaces.Box(-1, 1, (Obs.size,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros(Obs.size, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(Obs.size, np.float32), 0.0, False, False, {}
+
+
+def snapshot(directory) -> dict:
+    return {p: p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def fake_run(tmp_path, cfg, versions=(2,)):
+    """A run directory as `podrace train` leaves it, without training (config, lines, checkpoints)."""
+    run_dir = tmp_path / cfg.log.run_name
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(json.dumps({}))
+    (run_dir / "metrics.jsonl").write_text(line(1, 256, 0.5) + "\n" + line(3, 768, 1.5) + "\n")
+    if versions:
+        save_versions(checkpoint_dir(run_dir), cfg, versions)
+    return run_dir
+
+
+@pytest.mark.timeout(120)
+def test_a_checkpoint_whose_env_spaces_differ_is_refused_and_nothing_changes(tmp_path):
+    gym.register("PodraceResumeObs-v0", entry_point=Obs)
+    try:
+        cfg = small(tmp_path, **{"env.id": "PodraceResumeObs-v0", "log.run_name": "r", "network.hidden_sizes": (8,)})
+        run_dir = fake_run(tmp_path, cfg)
+        before = snapshot(run_dir)
+        Obs.size = 5
+        with pytest.raises(ConfigError, match=r"saved for env 'PodraceResumeObs-v0' with obs_shape \[4\], the config's env has \[5\]"):
+            prepare(None, resume=Resume(run_dir))
+        assert snapshot(run_dir) == before
+    finally:
+        Obs.size = 4
+        gym.envs.registration.registry.pop("PodraceResumeObs-v0", None)
+
+
+@pytest.mark.timeout(120)
+def test_resume_errors_name_the_problem_and_change_nothing(tmp_path):
+    cfg = small(tmp_path, **{"log.run_name": "r", "network.hidden_sizes": (8,)})
+    run_dir = fake_run(tmp_path, cfg, versions=(1, 2))
+    before = snapshot(run_dir)
+    cases = [
+        (Resume(tmp_path / "missing"), "not a directory"),
+        (Resume(tmp_path), r"not a podrace run directory \(no config.json\)"),
+        (Resume(run_dir, 5), "saved steps are 1, 2"),
+        (Resume(run_dir, 1), r"checkpoint\(s\) 2 come after it and would be replaced"),
+    ]
+    for resume, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            prepare(None, resume=resume)
+    empty = fake_run(tmp_path, replace(cfg, **{"log.run_name": "empty"}), versions=())
+    with pytest.raises(ConfigError, match="has no checkpoint"):
+        prepare(None, resume=Resume(empty))
+    array_file = max((p for p in (run_dir / "checkpoints" / "2").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    data = bytearray(array_file.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    array_file.write_bytes(bytes(data))
+    before[array_file] = bytes(data)
+    with pytest.raises(ConfigError, match=re.escape(f"corrupt checkpoint: {array_file} differs from what was written")):
+        prepare(None, resume=Resume(run_dir))
+    assert snapshot(run_dir) == before

@@ -1,0 +1,185 @@
+"""`podrace train --resume`: errors (exit 2, one line, nothing changed), a run stopped by
+SIGINT continues from the checkpoint it wrote, a run killed during a checkpoint write
+continues from the previous one."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from podrace.checkpoint import checkpoint_dir, checkpoint_steps, read_meta
+from podrace.runtime.resume import SUPERSEDED
+from tests.runtime.test_resume import fake_run, snapshot
+from tests.runtime.test_signals import EXIT_SLACK_S
+from tests.runtime.test_single_host import small
+from tests.test_cli import run_cli
+
+REPO = Path(__file__).resolve().parents[1]
+SPU = 64 * 8  # cartpole-ppo: env steps per update
+FLAGS = ["--log.console", "none", "--log.interval-s", "0.2", "--eval.episodes", "2", "--eval.num-envs", "2",
+         "--layout.cpu-devices", "2", "--layout.actor-device-ids", "1"]
+
+
+@pytest.mark.timeout(120)
+def test_resume_errors_are_one_line_exit_2_and_change_nothing(capsys, tmp_path):
+    run_dir = fake_run(tmp_path, small(tmp_path, **{"log.run_name": "r", "network.hidden_sizes": (8,)}))
+    no_checkpoint = fake_run(tmp_path, small(tmp_path, **{"log.run_name": "empty"}), versions=())
+    before = snapshot(tmp_path)
+    cases = [
+        (["--resume", str(tmp_path / "nope")], "not a directory"),
+        (["--resume", str(tmp_path)], "not a podrace run directory (no config.json)"),
+        (["--resume", str(no_checkpoint)], "has no checkpoint"),
+        (["--resume", str(run_dir), "--resume-from", "7"], "saved steps are 2"),
+        (["--resume", str(run_dir), "--network.hidden-sizes", "16"], "--resume cannot change network.hidden_sizes"),
+        (["--resume", str(run_dir), "--env.id", "Acrobot-v1"], "--resume cannot change env.id"),
+        (["--resume", str(run_dir), "--total-steps", "512"], "nothing to resume: checkpoint 2 is already at update 2"),
+        (["--resume", str(run_dir), "cartpole-ppo"], "drop 'cartpole-ppo'"),
+        (["--resume-from", "2", "cartpole-ppo"], "--resume-from needs --resume RUN_DIR"),
+        (["--resume", str(run_dir), "--resume-from", "x"], "--resume-from must be a checkpoint step"),
+    ]
+    for args, message in cases:
+        code, out, err = run_cli(capsys, "train", *args)
+        assert code == 2, (args, err)
+        assert err.strip() == err.strip().splitlines()[0] and message in err, (args, err)
+    array_file = max((p for p in (run_dir / "checkpoints" / "2").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    data = bytearray(array_file.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    array_file.write_bytes(bytes(data))
+    before[array_file] = bytes(data)
+    code, out, err = run_cli(capsys, "train", "--resume", str(run_dir), "--total-steps", "100000")
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"corrupt checkpoint: {array_file} differs from what was written (SHA-256 mismatch)" in err
+    assert snapshot(tmp_path) == before
+
+
+def cli(*args: str, script: str | None = None) -> subprocess.Popen:
+    """`podrace` in a subprocess, with no XLA_FLAGS of the test's own: the CLI sets them
+    from the (resumed) config before JAX starts a backend, or device 1 would not exist."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["PYTHONPATH"] = str(REPO)
+    command = [sys.executable, "-c", script, *args] if script else [sys.executable, "-m", "podrace.cli", *args]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+
+
+def wait_for(proc: subprocess.Popen, ready, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def lines_of(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(t) for t in path.read_text().splitlines()] if path.exists() else []
+
+
+def assert_continuous(lines: list[dict], checkpoint: int, total_updates: int) -> None:
+    """One stream: versions, env steps, episodes and time never go back; it reaches the end."""
+    for key in ("version", "env_steps", "episodes", "time_s"):
+        values = [line.get(key, 0) for line in lines]
+        assert values == sorted(values), (key, values)
+    finals = [line for line in lines if line.get("final")]
+    assert len(finals) == 2 and finals[0]["version"] <= checkpoint
+    assert lines[-1]["version"] == total_updates and lines[-1]["env_steps"] == total_updates * SPU
+
+
+def resume_to(run_dir: Path, updates: int) -> str:
+    proc = cli("train", "--resume", str(run_dir), "--total-steps", str(updates * SPU), "--log.console", "none")
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert f"checkpoint: update {updates}" in out
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_sigint_saves_a_checkpoint_that_resume_continues(tmp_path):
+    run_dir = tmp_path / "r"
+    proc = cli("train", "cartpole-ppo", "--log.run-dir", str(tmp_path), "--log.run-name", "r",
+               "--total-steps", "100000000", *FLAGS)
+    try:
+        wait_for(proc, lambda: any(line.get("version", 0) >= 3 for line in lines_of(run_dir)))
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        exit_s = time.monotonic() - sent
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130, err
+    assert exit_s <= EXIT_SLACK_S, exit_s  # the save fits in the CLI's exit grace
+    (step,) = checkpoint_steps(checkpoint_dir(run_dir))  # checkpoint.every_updates 0: the stop saved it
+    assert f"checkpoint {step} saved" in err and step >= 3
+    assert lines_of(run_dir)[-1]["version"] == step  # the final line and the checkpoint agree
+
+    resume_to(run_dir, step + 2)
+    assert checkpoint_steps(checkpoint_dir(run_dir)) == [step, step + 2]
+    assert_continuous(lines_of(run_dir), step, step + 2)
+    assert read_meta(checkpoint_dir(run_dir))[1]["config"]["layout"]["actor_device_ids"] == [1]
+
+
+KILLED_DURING_WRITE = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from orbax.checkpoint._src.path import atomicity
+    from podrace.cli import main
+
+    marker, checkpoints = Path(sys.argv[1]), Path(sys.argv[2])
+
+    def slowed(cls):
+        finalize = cls.finalize
+
+        async def slow_finalize(self, *args, **kwargs):
+            # Every file of this save is written, nothing committed: the worst moment to die.
+            if checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir()):
+                marker.write_text("writing")
+                time.sleep(600)
+            return await finalize(self, *args, **kwargs)
+
+        cls.finalize = slow_finalize
+
+    for cls in (atomicity.AtomicRenameTemporaryPath, atomicity.CommitFileTemporaryPath):
+        slowed(cls)
+    sys.exit(main(sys.argv[3:]))
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_sigkill_during_a_checkpoint_write_then_resume(tmp_path):
+    run_dir, marker = tmp_path / "r", tmp_path / "marker"
+    proc = cli(str(marker), str(checkpoint_dir(run_dir)),
+               "train", "cartpole-ppo", "--log.run-dir", str(tmp_path), "--log.run-name", "r",
+               "--total-steps", "100000000", "--checkpoint.every-updates", "2", *FLAGS, script=KILLED_DURING_WRITE)
+    try:
+        wait_for(proc, marker.exists)
+        time.sleep(0.5)  # let the learner run on past the checkpoint being written
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert checkpoint_steps(checkpoint_dir(run_dir)) == [2]
+    assert [p for p in checkpoint_dir(run_dir).iterdir() if not p.name.isdigit()], "a write was in progress"
+    beyond = [line for line in lines_of(run_dir) if line.get("version", 0) > 2]
+
+    resume_to(run_dir, 5)
+    assert checkpoint_steps(checkpoint_dir(run_dir)) == [2, 4, 5]
+    assert [p.name for p in checkpoint_dir(run_dir).iterdir() if not p.name.isdigit()] == []  # leftovers cleaned
+    lines = lines_of(run_dir)
+    for key in ("version", "env_steps", "time_s"):
+        assert [line.get(key, 0) for line in lines] == sorted(line.get(key, 0) for line in lines), key
+    assert lines[-1]["version"] == 5 and lines[-1]["final"] == 1
+    superseded = (run_dir / SUPERSEDED).read_text().splitlines() if beyond else []
+    assert [json.loads(t) for t in superseded] == beyond
