@@ -1,6 +1,5 @@
 """The factories every topology calls: seeds and keys derive from (run seed, stream, id)."""
 
-import jax
 import numpy as np
 import pytest
 
