@@ -215,3 +215,64 @@ def test_sampling_key_is_a_pure_function_of_the_raw_key():
     assert not np.array_equal(jax.random.key_data(a), jax.random.key_data(other))
     draws = [np.asarray(jax.random.categorical(k, jnp.zeros((64, 2)))) for k in (a, sampling_key(raw))]
     np.testing.assert_array_equal(*draws)
+
+
+class NewerEachPoll(FakeParams):
+    """A learner that publishes one new version between every two polls."""
+
+    def poll(self):
+        self.version += 1
+        return super().poll()
+
+
+@pytest.mark.timeout(60)
+def test_actor_acts_with_the_newest_params_it_polled():
+    params = NewerEachPoll(version=0)
+    actor, sink, _ = make_actor(ScriptedEnv([{}, {}]), rollouts=3, lag=1, params=params)
+    actor.run()
+    # Rollout 0 gets version 0 (blocking get); each later one polls a newer version and uses it.
+    assert [r.policy_version for r in sink.rollouts] == [0, 1, 2]
+
+
+class TimedSink(ListSink):
+    def put(self, rollout):
+        super().put(rollout)
+        return 0.25
+
+
+@pytest.mark.timeout(60)
+def test_every_rollout_reports_its_timings_with_the_queue_wait():
+    actor, _, recorded = make_actor(ScriptedEnv([{}, {}]), rollouts=2)
+    actor.out = sink = TimedSink()
+    actor.run()
+    per_rollout = [line for line in recorded if "actor/rollout" in line]
+    assert len(per_rollout) == 2
+    for line in per_rollout:
+        assert line["actor/queue_put_wait"] == 0.25
+        assert {"actor/inference", "actor/device_to_host", "actor/env_step"} <= set(line)
+    assert all(r.timings["queue_put_wait"] == 0.25 for r in sink.rollouts)
+
+
+@pytest.mark.timeout(60)
+def test_episode_returns_and_lengths_count_truncated_and_terminated_episodes():
+    ends = [{3: "terminated", 8: "truncated"}, {1: "truncated", 6: "terminated"}]
+    actor, sink, _ = make_actor(ScriptedEnv(ends), T=4, rollouts=3)
+    actor.run()
+    returns = sorted(float(x) for r in sink.rollouts for x in r.episode_returns)
+    lengths = sorted(int(x) for r in sink.rollouts for x in r.episode_lengths)
+    assert returns == [1.0, 3.0, 6.0, 8.0]
+    assert lengths == [1, 3, 6, 8]
+
+
+@pytest.mark.timeout(60)
+def test_last_value_bootstraps_from_the_observation_after_the_rollout():
+    # The scripted env's obs after step k is k; a value function that reads the obs shows
+    # which observation was bootstrapped from.
+    env = ScriptedEnv([{}, {}])
+    actor, sink, _ = make_actor(env, T=4, rollouts=2)
+    actor.policy = PolicyFns(step=actor.policy.step, value=jax.jit(lambda p, obs: obs[:, 0] * 10.0),
+                             stack=actor.policy.stack, device=actor.policy.device)
+    actor.run()
+    np.testing.assert_array_equal(np.asarray(sink.rollouts[0].trajectory.last_obs)[:, 0], [4.0, 4.0])
+    np.testing.assert_array_equal(np.asarray(sink.rollouts[0].trajectory.last_value), [40.0, 40.0])
+    np.testing.assert_array_equal(np.asarray(sink.rollouts[1].trajectory.last_value), [80.0, 80.0])

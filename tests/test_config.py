@@ -111,6 +111,24 @@ def test_bad_config(capsys, tmp_path, flags, message):
     assert not list(tmp_path.iterdir())
 
 
+# The same refusals for an IMPALA preset (its own divisibility rule).
+BAD_IMPALA = [
+    (["--impala.num-minibatches", "3"], "impala.num_minibatches (3) must divide the envs per learner shard (32)"),
+    (["--impala.num-minibatches", "32", "--layout.learner-device-ids", "0", "1"],
+     "impala.num_minibatches (32) must divide the envs per learner shard (16)"),
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("flags,message", BAD_IMPALA, ids=[" ".join(f) for f, _ in BAD_IMPALA])
+def test_bad_impala_config(capsys, tmp_path, flags, message):
+    code = main(["train", "cartpole-impala", "--log.run-dir", str(tmp_path / "runs"), *flags])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("name", ["a" * 5000, "sub/" + "b" * 300], ids=["path-too-long", "name-too-long"])
 def test_run_dir_the_file_system_cannot_hold_is_refused(capsys, tmp_path, name):

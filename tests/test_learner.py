@@ -12,7 +12,7 @@ from podrace.config import EnvConfig, NetworkConfig, PPOConfig, TrainConfig, Lay
 from podrace.control import Lifetime
 from podrace.envs import env_spec
 from podrace.learner import (
-    AXIS, Learner, LearnerPlacement, LearnerSettings, NonFiniteUpdate, env_keys, make_algorithm, make_mesh,
+    AXIS, Learner, LearnerPlacement, LearnerSettings, NonFiniteUpdate, TooManySkippedUpdates, env_keys, make_algorithm, make_mesh,
     make_update_fn, trajectory_shardings,
 )
 from podrace.metrics.registry import Metrics
@@ -120,11 +120,11 @@ def stamped(actor_id, seq, version, traj=None):
                    episode_lengths=np.array([3]), timings={})
 
 
-def fake_learner(update_fn, updates=3, actors=1, skip=False, state=None, keys=None):
+def fake_learner(update_fn, updates=3, actors=1, skip=False, state=None, keys=None, max_skipped=0, publisher=None):
     lifetime = Lifetime()
     pipeline = Pipeline(actors, capacity=updates, max_policy_lag=1, lifetime=lifetime)
-    publisher = LocalPublisher()
-    learner = Learner(LearnerSettings(updates, steps_per_update=10, skip_nonfinite=skip),
+    publisher = publisher or LocalPublisher()
+    learner = Learner(LearnerSettings(updates, steps_per_update=10, skip_nonfinite=skip, max_skipped=max_skipped),
                       state or FakeState({"w": np.zeros(())}), keys if keys is not None else np.zeros(2),
                       update_fn, pipeline, publisher, Metrics(), lifetime)
     return learner, pipeline, publisher
@@ -219,3 +219,97 @@ def test_impala_minibatches_of_several_actors_do_not_depend_on_the_learner_count
         for a, b in zip(jax.tree.leaves(params_1), jax.tree.leaves(params_n)):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(metrics_1["loss"], metrics_n["loss"], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.timeout(60)
+def test_learner_skips_nonfinite_updates_up_to_the_limit():
+    finite = iter([False, True, False])
+
+    def update(state, trajs, keys):
+        return FakeState({"w": state.params["w"] + 1}), keys, {"finite": next(finite), "loss": 0.5}
+
+    learner, pipeline, publisher = fake_learner(update, skip=True, max_skipped=1)
+    for seq in range(3):
+        pipeline.put(stamped(0, seq, max(seq - 1, 0)))
+    learner.step()  # skipped: the old params go out under the next version
+    assert learner.skipped == 1 and learner.version == 1 and learner.state.params["w"] == 0
+    assert learner.metrics.total("learner/skipped_nonfinite") == 1
+    learner.step()
+    assert learner.version == 2 and learner.state.params["w"] == 1
+    with pytest.raises(TooManySkippedUpdates, match="2 of 3 updates skipped"):
+        learner.step()
+    assert learner.skipped == 2 and publisher.latest_version == 2
+
+
+@pytest.mark.timeout(60)
+def test_learner_blocks_on_new_params_before_publishing(monkeypatch):
+    events = []
+
+    class Recording(LocalPublisher):
+        def publish(self, params, **kwargs):
+            events.append(("publish", params["w"]))
+            return super().publish(params, **kwargs)
+
+    def update(state, trajs, keys):
+        return FakeState({"w": np.asarray(state.params["w"] + 1)}), keys, {"finite": True, "loss": 0.5}
+
+    real = jax.block_until_ready
+
+    def block(x):
+        if isinstance(x, dict) and "w" in x:
+            events.append(("block", x["w"]))
+        return real(x)
+
+    learner, pipeline, _ = fake_learner(update, updates=1, publisher=Recording())
+    monkeypatch.setattr(jax, "block_until_ready", block)
+    pipeline.put(stamped(0, 0, 0))
+    learner.run()
+    assert events == [("publish", 0), ("block", 1), ("publish", 1)]
+
+
+@pytest.mark.timeout(60)
+def test_learner_metrics_cover_every_actor_and_the_max_lag():
+    def update(state, trajs, keys):
+        return state, keys, {"finite": True, "loss": 0.5}
+
+    learner, pipeline, _ = fake_learner(update, actors=2)
+    for seq, version in enumerate([0, 0, 2]):  # lags 0, 1, 0
+        for actor in (0, 1):
+            pipeline.put(stamped(actor, seq, version))
+    learner.run()
+    m = learner.metrics
+    assert m.total("episodes") == 6 and m.total("env_steps") == 30
+    assert m.last("lag/max_seen") == 1
+    assert m.last("version") == 3
+
+
+@pytest.mark.timeout(60)
+def test_learner_passes_each_update_the_keys_the_last_one_returned():
+    passed = []
+
+    def update(state, trajs, keys):
+        passed.append(int(keys[0]))
+        return state, keys + 1, {"finite": True, "loss": 0.5}
+
+    learner, pipeline, _ = fake_learner(update)
+    for seq in range(3):
+        pipeline.put(stamped(0, seq, max(seq - 1, 0)))
+    learner.run()
+    assert passed == [0, 1, 2] and int(learner.keys[0]) == 3
+
+
+@pytest.mark.timeout(60)
+def test_placement_gives_each_learner_device_its_slice_of_the_envs():
+    mesh = make_mesh(jax.devices()[:4])
+    placement = LearnerPlacement(*trajectory_shardings(mesh))
+    spec = env_spec(EnvConfig(id="CartPole-v1", num_envs=B))
+    host = random_trajectory(np.random.default_rng(0), spec)
+    placed = placement.place(jax.device_put(host, jax.devices()[0]))
+    for name in Trajectory._fields:
+        global_array = getattr(placed, name)
+        np.testing.assert_array_equal(np.asarray(global_array), getattr(host, name), err_msg=name)
+        env_axis = 0 if name in ("last_obs", "last_value") else 1
+        for shard in global_array.addressable_shards:
+            d = mesh.devices.flat[:].tolist().index(shard.device)
+            expected = np.take(getattr(host, name), range(d * B // 4, (d + 1) * B // 4), axis=env_axis)
+            np.testing.assert_array_equal(np.asarray(shard.data), expected, err_msg=name)

@@ -8,6 +8,8 @@ from podrace.pipeline import BoundedQueue, LagExceeded, Pipeline, PlacingSink
 from podrace.control import Lifetime, Stopped
 from podrace.types import Rollout
 
+pytestmark = pytest.mark.timeout(30)
+
 
 def rollout(actor_id, seq, version):
     return Rollout(actor_id, seq, version, trajectory=None, episode_returns=np.zeros(0),
@@ -36,7 +38,7 @@ def test_stop_wakes_blocked_put_and_get():
         except Stopped:
             errors.append(fn)
 
-    threads = [threading.Thread(target=blocked, args=(f,)) for f in (lambda: full.put(2), empty.get)]
+    threads = [threading.Thread(target=blocked, args=(f,), daemon=True) for f in (lambda: full.put(2), empty.get)]
     for t in threads:
         t.start()
     time.sleep(0.1)
@@ -87,3 +89,22 @@ def test_placing_sink_places_then_queues_and_times_it():
     assert sink.put(r) >= 0
     (got,), _ = pipe.next_batch(learner_version=0)
     assert got.trajectory == ("placed", "raw") and "to_learner" in r.timings
+
+
+def test_pipeline_resumes_at_first_seq():
+    """After a checkpoint, actors continue at `first_seq`; a rollout from before it is stale."""
+    pipe = Pipeline(num_actors=1, capacity=2, max_policy_lag=1, lifetime=Lifetime(), first_seq=7)
+    pipe.put(rollout(0, 7, 5))
+    pipe.put(rollout(0, 9, 5))
+    (got,), _ = pipe.next_batch(learner_version=5)
+    assert got.seq == 7
+    with pytest.raises(RuntimeError, match="actor 0 sent rollout 9, expected 8"):
+        pipe.next_batch(learner_version=5)
+
+
+def test_lag_statistics_cover_every_actor():
+    pipe = Pipeline(num_actors=3, capacity=1, max_policy_lag=2, lifetime=Lifetime())
+    for actor_id, version in enumerate([4, 2, 3]):
+        pipe.put(rollout(actor_id, 0, version))
+    _, stats = pipe.next_batch(learner_version=4)
+    assert stats["lag_min"] == 0 and stats["lag_max"] == 2 and stats["lag_mean"] == 1.0

@@ -169,3 +169,35 @@ def test_learns_a_bandit(name):
     _, prob = _bandit_rollout(net, state.params, key)
     assert int(state.step) == 30
     assert first < 0.4 and float(prob) > 0.8, (first, float(prob))
+
+
+@pytest.mark.timeout(60)
+def test_a_nonfinite_gradient_with_a_finite_loss_is_reported():
+    """A NaN input on an invalid step is masked out of the loss by jnp.where but not out of
+    the gradient (the where-gradient trap): the step must still be reported non-finite."""
+    import optax
+
+    from podrace.algos.common import sgd_step
+
+    def loss_fn(params, batch):
+        x, valid = batch
+        loss = jnp.sum(jnp.where(valid, params["w"] * x, 0.0))
+        return loss, {"loss": loss}
+
+    params = {"w": jnp.ones(3)}
+    optimizer = optax.sgd(0.1)
+    batch = (jnp.array([1.0, jnp.nan, 2.0]), jnp.array([True, False, True]))
+    _, _, metrics = jax.jit(partial(sgd_step, optimizer, loss_fn, axis_name=None))(
+        params=params, opt_state=optimizer.init(params), batch=batch)
+    assert np.isfinite(float(metrics["loss"])), "the loss saw the masked step: the test proves nothing"
+    assert not np.isfinite(float(metrics["grad_norm"]))
+    assert not bool(metrics["finite"])
+
+@pytest.mark.timeout(30)
+def test_an_update_is_finite_only_if_every_minibatch_step_was():
+    from podrace.algos.common import reduce_metrics
+
+    for steps in ([True, True, False], [False, True, True], [True, False, True]):
+        out = reduce_metrics({"finite": jnp.asarray(steps), "loss": jnp.zeros(3)})
+        assert not bool(out["finite"]), steps
+    assert bool(reduce_metrics({"finite": jnp.ones(3, bool), "loss": jnp.zeros(3)})["finite"])

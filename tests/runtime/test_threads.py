@@ -43,3 +43,24 @@ def test_join_reports_threads_still_running_after_the_timeout():
     release.stop()
     assert group.join(10) == []
 
+
+
+@pytest.mark.timeout(30)
+def test_threads_run_under_the_disallow_transfer_guard_unless_told_otherwise():
+    import jax.numpy as jnp
+    import numpy as np
+
+    def implicit_transfer():
+        jnp.ones(2) + np.ones(2)  # a NumPy operand moved to the device implicitly
+
+    lifetime = Lifetime()
+    group = ThreadGroup(lifetime)
+    group.spawn("learner", implicit_transfer)
+    assert group.join(20) == []
+    assert lifetime.failure is not None and lifetime.failure.component == "learner"
+    assert "transfer" in str(lifetime.failure).lower()
+
+    lifetime = Lifetime()
+    group = ThreadGroup(lifetime)
+    group.spawn("watchdog", implicit_transfer, guard_transfers=False)
+    assert group.join(20) == [] and lifetime.failure is None

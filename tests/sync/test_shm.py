@@ -284,6 +284,43 @@ def test_read_buffers_are_reused_only_when_no_snapshot_views_them():
     sub.close()
 
 
+def test_a_held_single_leaf_snapshot_is_never_overwritten():
+    """With one leaf, a held snapshot is one view of its buffer: the pool must still see it."""
+    pub = ShmPublisher()
+    sub = pub.subscribe()
+    held = []
+    for v in range(6):
+        pub.publish({"x": np.full((4096,), v, np.int64)})
+        snap = sub.get(v, timeout=10)
+        if v == 0:
+            held.append(snap.params["x"])  # the caller keeps only the array
+        del snap
+    assert (held[0] == 0).all()
+    sub.close()
+    pub.close()
+
+
+def test_publish_after_a_failed_delivery_raises():
+    """A version whose transformed tree no longer fits the slots fails delivery for good:
+    flush and every later publish say so, subscribers raise PublisherGone."""
+    from podrace.sync.base import PublisherGone, SyncError
+
+    pub = ShmPublisher(transform=lambda p: {"x": np.zeros(int(p["n"]), np.float32)})
+    sub = pub.subscribe()
+    pub.publish({"n": np.array(8)})
+    pub.flush(10)
+    assert sub.get(0, timeout=10).params["x"].shape == (8,)
+    pub.publish({"n": np.array(9)})  # same raw tree, a different transformed one
+    with pytest.raises(SyncError, match="delivery failed"):
+        pub.flush(10)
+    with pytest.raises(SyncError, match="delivery failed"):
+        pub.publish({"n": np.array(8)})
+    with pytest.raises(PublisherGone, match="delivery failed"):
+        sub.get(1, timeout=10)
+    sub.close()
+    pub.close()
+
+
 def test_seqlock_rejects_a_slot_rewritten_between_lookup_and_copy():
     """The writer laps the reader after it read LATEST but before it read the slot's counter:
     the counter is even and steady across the copy, so only the slot's version tells."""
