@@ -35,6 +35,13 @@ class ComponentError(RuntimeError):
         self.error = error
 
 
+def raise_stopped_if_stopping(lifetime: "Lifetime", error: BaseException) -> None:
+    """While preparing a run: an error caused by a stop (a signal closed the publisher under
+    the learner's first publish) is the stop, not a failure; raise Stopped for it."""
+    if lifetime.stopping and lifetime.failure is None and isinstance(error, Exception) and not isinstance(error, Stopped):
+        raise Stopped(lifetime.stop_reason) from error
+
+
 class HangDetected(TimeoutError):
     """A component stayed inside one call for longer than the watchdog timeout."""
 

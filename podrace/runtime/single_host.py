@@ -21,7 +21,7 @@ from pathlib import Path
 
 from podrace.actor import make_policy_fns
 from podrace.config import TrainConfig, replace, resolved, validate
-from podrace.control import Control, Lifetime, Watchdog
+from podrace.control import Control, Lifetime, Watchdog, raise_stopped_if_stopping
 from podrace.envs import env_spec, resolve_backend
 from podrace.evaluate import EvalResult, make_greedy_policy
 from podrace.metrics.loggers import Sink, check_sinks, make_sinks
@@ -87,8 +87,9 @@ def prepare(cfg: TrainConfig, lifetime: Lifetime | None = None) -> "SingleHostRu
         effective = replace(resolved(cfg), **{"log.run_name": run_dir.name})
         write_config(run_dir, effective)
         return SingleHostRun(effective, spec, devices, run_dir, lifetime)
-    except BaseException:
+    except BaseException as error:
         remove_run_dir(run_dir)
+        raise_stopped_if_stopping(lifetime, error)
         raise
 
 
