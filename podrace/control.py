@@ -53,6 +53,9 @@ class Lifetime:
         self._callbacks: list[Callable[[], None]] = []
         self.failure: ComponentError | None = None
         self.stop_reason: str | None = None
+        self.run_dir = None
+        """The run directory once a prepare created it, so that a caller that abandons a
+        preparation stuck in native code (the CLI after its grace period) can remove it."""
 
     @property
     def stopping(self) -> bool:

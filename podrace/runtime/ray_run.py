@@ -124,7 +124,7 @@ def prepare(cfg: TrainConfig, lifetime: Lifetime | None = None, env_factory: Cal
     run_dir = None
     try:
         cluster = stack.enter_context(ray_cluster.connect(cfg.ray, num_cpus=cfg.ray.num_workers))
-        run_dir = create_run_dir(cfg)
+        run_dir = lifetime.run_dir = create_run_dir(cfg)
         (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
         return RayRun(cfg, spec, devices, run_dir, lifetime, cluster, stack, env_factory)
     except BaseException as error:

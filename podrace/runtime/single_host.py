@@ -82,7 +82,7 @@ def prepare(cfg: TrainConfig, lifetime: Lifetime | None = None) -> "SingleHostRu
     spec = env_spec(cfg.env)
     check_fits(cfg, make_network(cfg.network, spec), spec, devices)
     lifetime.check()
-    run_dir = create_run_dir(cfg)  # last: nothing is written unless every check passed
+    run_dir = lifetime.run_dir = create_run_dir(cfg)  # last: nothing is written unless every check passed
     try:
         effective = replace(resolved(cfg), **{"log.run_name": run_dir.name})
         write_config(run_dir, effective)
