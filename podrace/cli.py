@@ -331,6 +331,11 @@ def _supervise(training: _Training, signals: _Signals) -> int:
             deadline = time.monotonic() + training.grace_s
             training.lifetime.stop(f"{signals.name} received")
         if deadline is not None and worker.is_alive() and time.monotonic() > deadline:
+            if training.run is None and training.lifetime.run_dir is not None:
+                # still compiling: nothing was trained, so leave no config-only run behind
+                from podrace.runtime.rundir import remove_run_dir
+
+                remove_run_dir(training.lifetime.run_dir)
             print(training.unfinished_checkpoint() or "podrace: threads still busy in native code are left behind",
                   file=sys.stderr)
             _exit_now(training.stopped())

@@ -477,13 +477,18 @@ def worker_resources(ray: RayConfig) -> dict[str, float]:
             value = float(amount)
         except ValueError:
             value = -1.0
-        if not sep or not name or value <= 0 or name in ("CPU", "GPU", "memory"):
+        if not sep or not name or not 0 < value < math.inf or name in ("CPU", "GPU", "memory"):
             raise ConfigError(
                 f"ray.worker_resources entries must be NAME=AMOUNT with a custom resource name and a "
                 f"positive amount, got {entry!r}"
             )
         out[name] = value
     return out
+
+
+def _is_host_port(address: str) -> bool:
+    host, sep, port = address.rpartition(":")
+    return bool(sep and host.strip() and port.isdigit() and 0 < int(port) < 65536)
 
 
 def _validate_ray(cfg: TrainConfig) -> None:
@@ -496,7 +501,7 @@ def _validate_ray(cfg: TrainConfig) -> None:
         raise ConfigError(f"ray.max_restarts must be >= 0, got {ray.max_restarts}")
     if ray.start_timeout_s <= 0:
         raise ConfigError(f"ray.start_timeout_s must be positive, got {ray.start_timeout_s}")
-    if ray.address is not None and ":" not in ray.address:
+    if ray.address is not None and not _is_host_port(ray.address):
         raise ConfigError(f"ray.address must be HOST:PORT of a Ray head node, got {ray.address!r}")
     worker_resources(ray)
 

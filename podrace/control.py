@@ -35,6 +35,13 @@ class ComponentError(RuntimeError):
         self.error = error
 
 
+def raise_stopped_if_stopping(lifetime: "Lifetime", error: BaseException) -> None:
+    """While preparing a run: an error caused by a stop (a signal closed the publisher under
+    the learner's first publish) is the stop, not a failure; raise Stopped for it."""
+    if lifetime.stopping and lifetime.failure is None and isinstance(error, Exception) and not isinstance(error, Stopped):
+        raise Stopped(lifetime.stop_reason) from error
+
+
 class HangDetected(TimeoutError):
     """A component stayed inside one call for longer than the watchdog timeout."""
 
@@ -46,6 +53,9 @@ class Lifetime:
         self._callbacks: list[Callable[[], None]] = []
         self.failure: ComponentError | None = None
         self.stop_reason: str | None = None
+        self.run_dir = None
+        """The run directory once a prepare created it, so that a caller that abandons a
+        preparation stuck in native code (the CLI after its grace period) can remove it."""
 
     @property
     def stopping(self) -> bool:

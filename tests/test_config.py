@@ -226,3 +226,24 @@ def test_bad_impala_config(capsys, tmp_path, flags, message):
     assert message in err
     assert len(err.strip().splitlines()) == 1, err
     assert not runs.exists()
+
+
+@pytest.mark.timeout(30)
+def test_ray_values_that_would_reach_ray_are_config_errors():
+    """Found by the CLI attack: a non-finite resource amount and an address whose host is
+    empty or whose port is not a port passed validation, then started (or hung joining) Ray."""
+    from podrace.presets import PRESETS
+
+    base = replace(PRESETS["cartpole-ppo"][1], runtime="ray")
+    for changes, expected in [
+        ({"ray.worker_resources": ("x=nan",)}, "positive amount"),
+        ({"ray.worker_resources": ("x=inf",)}, "positive amount"),
+        ({"ray.address": ":"}, "HOST:PORT"),
+        ({"ray.address": ":6379"}, "HOST:PORT"),
+        ({"ray.address": "127.0.0.1:99999"}, "HOST:PORT"),
+        ({"ray.address": "127.0.0.1:0"}, "HOST:PORT"),
+        ({"ray.address": "127.0.0.1:port"}, "HOST:PORT"),
+    ]:
+        with pytest.raises(ConfigError, match=expected) as caught:
+            validate(replace(base, **changes))
+        assert "\n" not in str(caught.value)

@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import tempfile
 import threading
 import time
@@ -99,6 +100,7 @@ def connect(cfg: RayConfig, num_cpus: int) -> Iterator[Cluster]:
                 _system_config={"worker_niceness": 0},
             )
         else:
+            _check_reachable(cfg.address, min(cfg.start_timeout_s, 10.0))
             try:
                 _quiet_init(ray, address=cfg.address)
             except (ConnectionError, RuntimeError, ValueError) as error:
@@ -118,6 +120,17 @@ def connect(cfg: RayConfig, num_cpus: int) -> Iterator[Cluster]:
         if temp_dir is not None:
             reap(processes)
             shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _check_reachable(address: str, timeout_s: float) -> None:
+    """ConfigError unless something accepts TCP connections at HOST:PORT: ray.init keeps
+    retrying an unreachable head for minutes, which looked like a hang."""
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise ConfigError(f"cannot join the Ray cluster at {address}: nothing answers there ({reason})") from None
 
 
 def threading_main() -> bool:

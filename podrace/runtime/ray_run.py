@@ -35,7 +35,7 @@ import jax
 
 from podrace.algos.normalizer import acting_apply
 from podrace.config import TrainConfig, resolved, validate, worker_resources
-from podrace.control import ComponentError, Control, Lifetime, Stopped, Watchdog
+from podrace.control import ComponentError, Control, Lifetime, Stopped, Watchdog, raise_stopped_if_stopping
 from podrace.envs import env_spec, resolve_backend
 from podrace.evaluate import EvalResult, make_greedy_policy
 from podrace.metrics.loggers import ConsoleSink, JsonlSink, Sink, TensorBoardSink
@@ -46,7 +46,7 @@ from podrace.runtime import ray_cluster
 from podrace.runtime.build import build_evaluator, build_learner, dummy_trajectory, warm_up_greedy, warm_up_learner
 from podrace.runtime.devices import resolve_devices
 from podrace.runtime.ray_worker import RolloutWorker, Shipment, WorkerSpec
-from podrace.runtime.rundir import create_run_dir
+from podrace.runtime.rundir import create_run_dir, remove_run_dir
 from podrace.runtime.single_host import TrainResult
 from podrace.runtime.threads import ThreadGroup
 from podrace.types import Rollout
@@ -121,13 +121,17 @@ def prepare(cfg: TrainConfig, lifetime: Lifetime | None = None, env_factory: Cal
     ray_cluster.check_auth_not_disabled()
     lifetime.check()
     stack = contextlib.ExitStack()
+    run_dir = None
     try:
         cluster = stack.enter_context(ray_cluster.connect(cfg.ray, num_cpus=cfg.ray.num_workers))
-        run_dir = create_run_dir(cfg)
+        run_dir = lifetime.run_dir = create_run_dir(cfg)
         (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
         return RayRun(cfg, spec, devices, run_dir, lifetime, cluster, stack, env_factory)
-    except BaseException:
+    except BaseException as error:
         stack.close()
+        if run_dir is not None:  # nothing trained: leave no half-written run behind
+            remove_run_dir(run_dir)
+        raise_stopped_if_stopping(lifetime, error)
         raise
 
 

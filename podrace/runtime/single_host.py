@@ -25,7 +25,7 @@ from podrace.actor import make_policy_fns
 from podrace.algos.normalizer import acting_apply
 from podrace.checkpoint import RunState, checkpoint_dir, restore
 from podrace.config import ConfigError, TrainConfig, replace, resolved, validate
-from podrace.control import Control, Lifetime, Watchdog
+from podrace.control import Control, Lifetime, Watchdog, raise_stopped_if_stopping
 from podrace.envs import EnvSource
 from podrace.evaluate import EvalResult, make_greedy_policy
 from podrace.metrics.loggers import Sink, check_sinks, make_sinks
@@ -117,13 +117,14 @@ def prepare(
         written = commit(point, run.start.version, run.start.env_steps, cfg)
         run.time_offset = max(run.time_offset, written)
         return run
-    run_dir = create_run_dir(cfg)  # last: nothing is written unless every check passed
+    run_dir = lifetime.run_dir = create_run_dir(cfg)  # last: nothing is written unless every check passed
     try:
         effective = replace(resolved(cfg), **{"log.run_name": run_dir.name})
         write_config(run_dir, effective)
         return SingleHostRun(effective, spec, devices, run_dir, lifetime, envs)
-    except BaseException:
+    except BaseException as error:
         remove_run_dir(run_dir)
+        raise_stopped_if_stopping(lifetime, error)
         raise
 
 

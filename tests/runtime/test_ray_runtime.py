@@ -270,3 +270,15 @@ def test_envs_per_worker_sets_each_workers_envs():
     cfg = resolved(cfg)
     assert (cfg.env.num_envs, cfg.num_actors, cfg.steps_per_update) == (4, 3, 3 * 4 * cfg.rollout_length)
     assert replace(cfg, runtime="threads").num_actors == 1  # the thread layout is untouched
+
+
+@pytest.mark.timeout(40)
+def test_joining_an_address_where_nothing_listens_is_a_one_line_error():
+    """Found by the CLI attack: `--ray.address 127.0.0.1:1` hung in ray.init for minutes."""
+    from podrace.config import RayConfig
+    from podrace.runtime.ray_cluster import connect
+
+    with pytest.raises(ConfigError, match="cannot join the Ray cluster at 127.0.0.1:1") as caught:
+        with connect(RayConfig(address="127.0.0.1:1"), num_cpus=1):
+            pass
+    assert "\n" not in str(caught.value)

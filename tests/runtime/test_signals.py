@@ -110,3 +110,30 @@ def test_second_signal_exits_at_once(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.timeout(120)
+def test_signal_during_a_compile_longer_than_the_grace_leaves_no_run_dir(tmp_path):
+    """Found by the CLI attack (2 of 22 random signals): a signal while XLA compiled the
+    learner exited after the grace period with a run folder holding only config.json."""
+    code = (
+        "import sys, time\n"
+        "import podrace.runtime.single_host as sh\n"
+        "sh.warm_up_learner = lambda *a, **k: time.sleep(60)  # a compile that outlasts the grace\n"
+        "from podrace.cli import main\n"
+        f"sys.exit(main(['train', 'cartpole-ppo', '--log.run-dir', {str(tmp_path)!r}, '--log.run-name', 'r',"
+        " '--log.console', 'none']))\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONPATH=str(REPO)))
+    try:
+        deadline = time.monotonic() + 90
+        while not (tmp_path / "r" / "config.json").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        time.sleep(0.5)
+        stop_and_check(proc, signal.SIGINT, tmp_path / "r" / "metrics.jsonl")
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        proc.kill()
+        proc.wait()

@@ -151,3 +151,24 @@ def test_continuous_actions_run_end_to_end(tmp_path):
     result = run.run()
     assert result.updates == 3 and len(batches) == 3
     assert np.isfinite(result.final_eval.mean_return)
+
+
+@pytest.mark.timeout(120)
+def test_a_stop_that_closes_the_publisher_during_prepare_is_a_stop(tmp_path, monkeypatch):
+    """Found by the CLI attack (a SIGTERM during `--runtime ray` start-up): the stop closed
+    the publisher before the learner's first publish, and prepare raised ChannelClosed (a
+    traceback, exit 1, config.json left behind) instead of Stopped with nothing written."""
+    from podrace.control import Lifetime, Stopped
+    from podrace.runtime import single_host
+
+    lifetime = Lifetime()
+    original = single_host.build_learner
+
+    def stop_then_build(*args, **kwargs):
+        lifetime.stop("SIGTERM received")  # the signal lands just after the publisher exists
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(single_host, "build_learner", stop_then_build)
+    with pytest.raises(Stopped):
+        prepare(small(tmp_path), lifetime)
+    assert list(tmp_path.iterdir()) == []
