@@ -44,7 +44,7 @@ def host_available_bytes() -> int | None:
             for line in meminfo:
                 if line.startswith("MemAvailable:"):
                     return int(line.split()[1]) * 1024
-    except OSError:
+    except OSError:  # no /proc (not Linux): fall back to free pages below
         pass
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

@@ -57,7 +57,7 @@ class _Conn:
         with self.lock:
             try:
                 self.sock.sendall(data)
-            except OSError:
+            except OSError:  # the peer is gone: its reader sees EOF and reports the loss
                 pass
 
     def recv(self) -> dict | None:
@@ -68,7 +68,7 @@ class _Conn:
         for close in (self.reader.close, lambda: self.sock.shutdown(socket.SHUT_RDWR), self.sock.close):
             try:
                 close()
-            except OSError:
+            except OSError:  # already closed or shut down by the other side
                 pass
 
 

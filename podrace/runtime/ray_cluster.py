@@ -174,7 +174,7 @@ def process_tree(temp_dir: str) -> dict[int, int]:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 if temp_dir.encode() in f.read() and pid != os.getpid():
                     roots.add(pid)
-        except OSError:
+        except OSError:  # the process ended while we listed it
             continue
     tree, frontier = set(roots), set(roots)
     while frontier:
