@@ -1,5 +1,6 @@
 """The factories every topology calls: seeds and keys derive from (run seed, stream, id)."""
 
+import jax
 import numpy as np
 import pytest
 
@@ -19,11 +20,14 @@ class FakeEnv:
 def made_envs(monkeypatch):
     seeds = []
 
-    def make_env(cfg, num_envs, seed):
-        seeds.append(seed)
-        return FakeEnv(seed)
+    class FakeSource:
+        """Stands in for the EnvSource the factories build envs through."""
 
-    monkeypatch.setattr(build, "make_env", make_env)
+        def make(self, num_envs, seed):
+            seeds.append(seed)
+            return FakeEnv(seed)
+
+    monkeypatch.setattr(build, "EnvSource", lambda env_cfg, factory=None: FakeSource())
     return seeds
 
 
@@ -41,12 +45,12 @@ def test_every_actor_gets_its_own_env_seed_and_policy_key(made_envs):
     cfg = TrainConfig()
     actors = [actor(cfg, i) for i in range(3)]
     assert len(set(made_envs)) == 3
-    keys = {tuple(np.asarray(a.key).ravel().tolist()) for a in actors}
+    keys = {tuple(np.asarray(jax.random.key_data(a.key)).ravel().tolist()) for a in actors}
     assert len(keys) == 3
     # Reproducible: the same run seed and actor id give the same seed and key.
     again = actor(cfg, 1)
     assert made_envs[-1] == made_envs[1]
-    np.testing.assert_array_equal(np.asarray(again.key), np.asarray(actors[1].key))
+    np.testing.assert_array_equal(np.asarray(jax.random.key_data(again.key)), np.asarray(jax.random.key_data(actors[1].key)))
 
 
 @pytest.mark.timeout(60)
