@@ -58,7 +58,7 @@ def stop_at_construction(monkeypatch, error=None):
     """Replace SingleHostRun (compiling, starting envs) by a stand-in that returns what
     prepare() passed it, or raises `error`."""
 
-    def fake(cfg, spec, devices, run_dir, lifetime=None):
+    def fake(cfg, spec, devices, run_dir, lifetime=None, envs=None, point=None):
         if error is not None:
             raise error
         return cfg, run_dir
