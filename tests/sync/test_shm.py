@@ -301,16 +301,22 @@ def test_a_held_single_leaf_snapshot_is_never_overwritten():
 
 
 def test_publish_after_a_failed_delivery_raises():
-    """A version whose transformed tree no longer fits the slots fails delivery for good:
-    flush and every later publish say so, subscribers raise PublisherGone."""
+    """A delivery that fails for good (here a transform raising SystemExit, which is no
+    ordinary transform error) closes the channel: flush and every later publish say so,
+    subscribers raise PublisherGone."""
     from podrace.sync.base import PublisherGone, SyncError
 
-    pub = ShmPublisher(transform=lambda p: {"x": np.zeros(int(p["n"]), np.float32)})
+    def transform(p):
+        if int(p["n"]) == 9:
+            raise SystemExit("transform gave up")
+        return {"x": np.zeros(int(p["n"]), np.float32)}
+
+    pub = ShmPublisher(transform=transform)
     sub = pub.subscribe()
     pub.publish({"n": np.array(8)})
     pub.flush(10)
     assert sub.get(0, timeout=10).params["x"].shape == (8,)
-    pub.publish({"n": np.array(9)})  # same raw tree, a different transformed one
+    pub.publish({"n": np.array(9)})
     with pytest.raises(SyncError, match="delivery failed"):
         pub.flush(10)
     with pytest.raises(SyncError, match="delivery failed"):
