@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -31,9 +32,9 @@ FULL_STEPS = 1_000_000
 # docs.cleanrl.dev, ppo_continuous_action.py, MuJoCo v4 table (tag pr-424): HalfCheetah-v4,
 # 1M steps, mean +- std of the final episodic return over seeds.
 CLEANRL = {"env": "HalfCheetah-v4", "steps": FULL_STEPS, "return_mean": 1442.64, "return_std": 46.03}
-VARIANTS = {
-    "plain": ["--normalize.no-obs", "--normalize.no-reward"],
+VARIANTS = {  # the comparable run first
     "normalized": ["--normalize.obs", "--normalize.reward"],  # the preset's setting, clips 10 as in CleanRL
+    "plain": ["--normalize.no-obs", "--normalize.no-reward"],
 }
 
 
@@ -86,30 +87,32 @@ def main() -> None:
     if args.child_seed is not None:
         print(json.dumps(child(args.child_seed, overrides)))
         return
-    variants = {}
-    for variant in args.variants:
-        runs = []
-        for seed in args.seeds:
-            out = subprocess.run(
-                [sys.executable, __file__, "--child-seed", str(seed), *VARIANTS[variant], *overrides],
-                check=True, capture_output=True, text=True,
-            ).stdout
-            runs.append({"variant": variant, **json.loads(out.strip().splitlines()[-1])})
-            print(json.dumps(runs[-1]), file=sys.stderr)
-        variants[variant] = {"flags": VARIANTS[variant], "runs": runs, "summary": summary(runs)}
+    variants: dict[str, dict] = {}
     report = {
         "benchmark": "halfcheetah_ppo",
         "preset": PRESET,
         "overrides": overrides,
         "seeds": args.seeds,
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "machine": {"platform": platform.platform(), "python": platform.python_version()},
+        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()},
+        "jax_compilation_cache_dir": os.environ.get("JAX_COMPILATION_CACHE_DIR"),
         "variants": variants,
         "cleanrl_reference": CLEANRL,
     }
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2) + "\n")
+    for variant in args.variants:
+        runs: list[dict] = []
+        variants[variant] = {"flags": VARIANTS[variant], "runs": runs}
+        for seed in args.seeds:
+            out = subprocess.run(
+                [sys.executable, __file__, "--child-seed", str(seed), *VARIANTS[variant], *overrides],
+                check=True, capture_output=True, text=True,
+            ).stdout
+            runs.append({"variant": variant, **json.loads(out.strip().splitlines()[-1])})
+            variants[variant]["summary"] = summary(runs)
+            print(json.dumps(runs[-1]), file=sys.stderr)
+            path.write_text(json.dumps(report, indent=2) + "\n")  # after every run: a partial report survives
     print(json.dumps(report, indent=2))
 
 

@@ -6,3 +6,21 @@ _FLAG = "--xla_force_host_platform_device_count=4"
 if _FLAG.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+_config = None
+
+
+def pytest_configure(config):
+    global _config
+    _config = config
+
+
+def pytest_runtest_logreport(report):
+    """Name a failure the moment it happens (CI keeps only the start of a long log)."""
+    if not report.failed or _config is None:
+        return
+    reporter = _config.pluginmanager.get_plugin("terminalreporter")
+    crash = getattr(report.longrepr, "reprcrash", None)
+    why = crash.message.splitlines()[0][:200] if crash is not None and crash.message else ""
+    if reporter is not None:
+        reporter.write_line(f"\nFAILED {report.nodeid} ({report.when}): {why}")
