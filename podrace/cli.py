@@ -72,7 +72,9 @@ def parse_train(args: Sequence[str]) -> TrainConfig:
 
     from podrace.presets import PRESETS
 
-    return tyro.extras.overridable_config_cli(PRESETS, prog="podrace train", args=list(args))
+    from podrace.arguments import parse
+
+    return parse(lambda: tyro.extras.overridable_config_cli(PRESETS, prog="podrace train", args=list(args)))
 
 
 def split_resume(args: Sequence[str]) -> tuple[tuple[str, int | None] | None, list[str]]:
@@ -126,7 +128,9 @@ def parse_resumed(run_dir: str, step: int | None, args: Sequence[str]):
         set_xla_flags(early)  # opening the checkpoint starts JAX's backend
     resume = Resume(Path(run_dir), step)
     step, stored = stored_config(resume)
-    cfg = tyro.cli(TrainConfig, default=stored, args=list(args), prog="podrace train --resume RUN_DIR")
+    from podrace.arguments import parse
+
+    cfg = parse(lambda: tyro.cli(TrainConfig, default=stored, args=list(args), prog="podrace train --resume RUN_DIR"))
     check_changes(stored, cfg, step)
     return Resume(Path(run_dir), step), cfg
 
@@ -197,10 +201,10 @@ class _Training:
             resuming, rest = split_resume(self.args)
             if resuming is not None:
                 resume, cfg = parse_resumed(*resuming, rest)
+            if resume is None:
+                cfg = parse_train(self.args)
         except ConfigError as error:
             return _error(str(error))
-        if resume is None:
-            cfg = parse_train(self.args)
         make_working_dir_importable(cfg.env.id)
         try:
             validate(cfg)
@@ -358,11 +362,12 @@ def eval_command(args: Sequence[str]) -> int:
     """`podrace eval RUN_DIR`: a checkpoint's policy on fresh envs (see podrace.eval_command)."""
     import tyro
 
+    from podrace.arguments import parse
     from podrace.eval_command import EvalOptions, evaluate_run, summary
 
     warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
-    opts = tyro.cli(EvalOptions, prog="podrace eval", args=list(args))
     try:
+        opts = parse(lambda: tyro.cli(EvalOptions, prog="podrace eval", args=list(args)))
         result = evaluate_run(opts)
     except ConfigError as error:
         return _error(str(error))
@@ -374,10 +379,11 @@ def plot_command(args: Sequence[str]) -> int:
     """`podrace plot RUN_DIR [RUN_DIR ...] -o out.png` (see podrace.metrics.plot)."""
     import tyro
 
+    from podrace.arguments import parse
     from podrace.metrics.plot import PlotOptions, check_output, plot_runs, save_figure
 
-    opts = tyro.cli(PlotOptions, prog="podrace plot", args=list(args))
     try:
+        opts = parse(lambda: tyro.cli(PlotOptions, prog="podrace plot", args=list(args)))
         check_output(opts.output)
         save_figure(plot_runs(opts.run_dirs), opts.output)
     except ConfigError as error:

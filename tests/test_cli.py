@@ -33,10 +33,11 @@ def test_bad_config_is_one_line_and_exit_2(capsys, tmp_path, flags, message):
     assert not list(tmp_path.iterdir())
 
 
-def test_unknown_preset_exits_2(capsys):
-    with pytest.raises(SystemExit) as exc:
-        main(["train", "no-such-preset"])
-    assert exc.value.code == 2
+def test_unknown_preset_exits_2_in_one_line(capsys):
+    code, out, err = run_cli(capsys, "train", "no-such-preset")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("podrace: error: Unrecognized options: no-such-preset; Available subcommands: cartpole-ppo,")
+    assert err.strip().endswith("(see podrace train --help)")
 
 
 def test_help_lists_flags(capsys):
