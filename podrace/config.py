@@ -430,9 +430,12 @@ def _check_every_field(cfg: TrainConfig) -> None:
 
 
 def _check_folder_name(name: str, value: str) -> None:
-    """A single folder name: no path separators, not '.' or '..', not too long."""
+    """A single folder name: no path separators, not '.' or '..', not too long, and no
+    control characters (a newline or escape in a path breaks logs, shells and scripts)."""
     if value in ("", ".", "..") or "/" in value or "\\" in value:
         raise ConfigError(f"{name} must be a plain folder name (no '/' or '\\', not '.' or '..'), got {value!r}")
+    if any(ord(char) < 32 or ord(char) == 127 for char in value):
+        raise ConfigError(f"{name} must not contain control characters (newline, tab, escape...), got {value!r}")
     size = len(value.encode("utf-8", "surrogateescape"))
     if size > MAX_NAME_BYTES:
         raise ConfigError(f"{name} is {size} bytes long, at most {MAX_NAME_BYTES} are allowed")

@@ -165,6 +165,9 @@ PYTHON_ONLY = [
     ({"log.run_dir": "runs\0x"}, "log.run_dir must not contain a NUL character"),
     ({"log.run_name": ""}, "log.run_name must be a plain folder name"),
     ({"log.run_name": "a\\b"}, "log.run_name must be a plain folder name"),
+    ({"log.run_name": "a\nb"}, "log.run_name must not contain control characters"),
+    ({"log.run_name": "a\tb"}, "log.run_name must not contain control characters"),
+    ({"log.run_name": "\x1b[31m"}, "log.run_name must not contain control characters"),
     ({"log.run_name": "\u00e9" * 101}, "log.run_name is 202 bytes long"),
     ({"ppo.learning_rate": float("inf")}, "ppo.learning_rate must be a finite number"),
 ]
