@@ -28,6 +28,7 @@ import numpy as np
 
 from podrace.control import Control, Stopped
 from podrace.envs import BatchedEnv
+from podrace.fused_rollout import fused_rollout_for
 from podrace.sync.base import Subscriber
 from podrace.types import Rollout, Trajectory
 
@@ -130,19 +131,42 @@ class Actor:
         self.key = jax.device_put(sampling_key(settings.key), policy.device)
         self.snapshot = None
         self.env_steps = 0
+        self.fused = fused_rollout_for(env, policy, settings.rollout_length)
+        """The rollout as one XLA call where the env allows it (`podrace.fused_rollout`)."""
 
     @property
     def actor_id(self) -> int:
         return self.settings.actor_id
 
+    def warm_up(self, params) -> None:
+        """Compile what this actor runs, on its device, without stepping its envs (results
+        discarded); `params` as published (`Learner.acting_params()`)."""
+        T, B, device = self.settings.rollout_length, self.env.num_envs, self.policy.device
+        params = jax.device_put(params, device)
+        obs = np.zeros((B,) + self.env.spec.obs_shape, self.env.spec.obs_dtype)
+        if self.fused is not None:
+            self.fused.compile(params, self.key, obs)
+            return
+        obs = jax.device_put(obs, device)
+        action, logprob, value, _ = self.policy.step(params, obs, self.key)
+        self.policy.value(params, obs)
+        jax.block_until_ready(self.policy.stack((obs,) * T, (action,) * T, (logprob,) * T, (value,) * T))
+
     def run(self) -> None:
         s = self.settings
         obs = self._env_call("env.reset", self.env.reset)
         prev_done = np.zeros(self.env.num_envs, dtype=bool)
+        if self.fused is not None and (self.fused.env, self.fused.policy) != (self.env, self.policy):
+            self.fused = None  # env or policy swapped since (a wrapper): step by step through it
+        if self.fused is not None:
+            self.fused.begin(obs)
         for seq in range(s.first_seq, s.first_seq + s.num_rollouts):
             self.control.check()
             self._refresh_params(seq)
-            rollout, obs, prev_done = self._rollout(seq, obs, prev_done)
+            if self.fused is not None:
+                rollout = self._fused_rollout(seq)
+            else:
+                rollout, obs, prev_done = self._rollout(seq, obs, prev_done)
             rollout.timings["queue_put_wait"] = self.out.put(rollout)
             self.control.record({f"actor/{k}": v for k, v in rollout.timings.items()})
 
@@ -167,6 +191,22 @@ class Actor:
         except Exception as error:
             where = f"step {self.env_steps}" + (f" (rollout {seq})" if seq is not None else "")
             raise EnvError(f"{what} raised at {where}: {type(error).__name__}: {error}") from error
+
+    def _fused_rollout(self, seq: int) -> Rollout:
+        start = time.perf_counter()
+        out = self._env_call("env.rollout", self.fused, self.snapshot.params, self.key, seq=seq)
+        self.key = out.key
+        self.env_steps += self.settings.rollout_length
+        done, returns, lengths = jax.device_get((out.episode_done, out.episode_return, out.episode_length))
+        return Rollout(
+            actor_id=self.settings.actor_id,
+            seq=seq,
+            policy_version=self.snapshot.version,
+            trajectory=out.trajectory,
+            episode_returns=np.asarray(returns[done], np.float64),
+            episode_lengths=np.asarray(lengths[done], np.int64),
+            timings={"rollout": time.perf_counter() - start},
+        )
 
     def _rollout(self, seq: int, obs: np.ndarray, prev_done: np.ndarray):
         T, B, device = self.settings.rollout_length, self.env.num_envs, self.policy.device

@@ -8,7 +8,7 @@ info["terminated"]; with episodic life a lost life sets `terminated` but the gam
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -125,7 +125,57 @@ class EnvpoolEnv:
             episode_length=episode_length,
         )
 
+    def xla_step(self) -> "XlaStep | None":
+        """This env's step as a JAX function (envpool's XLA interface), so a whole rollout
+        compiles into one call; None where JAX (32-bit) cannot carry the env's dtypes
+        (MuJoCo's float64 observations and actions)."""
+        dtypes = {np.dtype(self._env.spec.action_array_spec["action"].dtype), np.dtype(self.spec.obs_dtype)}
+        if dtypes & {np.dtype(np.float64), np.dtype(np.int64)}:
+            return None
+        handle, _, _, step = self._env.xla()
+        return XlaStep(handle, step, self.spec, self.num_envs, self._atari)
+
     def close(self) -> None:
         if not self._closed:
             self._closed = True
             self._env.close()
+
+
+class XlaStep:
+    """One step of every env inside a jitted function: `(handle, actions) -> (handle,
+    JaxEnvStep)`, with the same translation as `EnvpoolEnv.step` (clipped continuous
+    actions, Atari's raw reward and game over). The handle threads the calls in order."""
+
+    def __init__(self, handle: np.ndarray, step: Any, spec: EnvSpec, num_envs: int, atari: bool) -> None:
+        self.handle, self._step, self._spec, self._atari = handle, step, spec, atari
+        self._env_ids = np.arange(num_envs, dtype=np.int32)
+
+    def __call__(self, handle: Any, actions: Any) -> tuple[Any, "JaxEnvStep"]:
+        import jax.numpy as jnp
+
+        if self._spec.discrete:
+            actions = actions.astype(jnp.int32)
+        else:
+            actions = jnp.clip(actions, self._spec.action_low, self._spec.action_high).astype(jnp.float32)
+        handle, (obs, reward, terminated, truncated, info) = self._step(handle, actions, jnp.asarray(self._env_ids))
+        if self._atari:
+            game_over = info["terminated"].astype(bool)
+            raw_reward = info["reward"]
+            terminated = terminated | game_over
+            truncated = truncated & ~game_over
+            episode_done = game_over | truncated
+        else:
+            raw_reward = reward
+            episode_done = terminated | truncated
+        return handle, JaxEnvStep(obs, reward.astype(jnp.float32), terminated, truncated, raw_reward, episode_done)
+
+
+class JaxEnvStep(NamedTuple):
+    """What a step returns inside a jitted rollout (episode statistics are counted there)."""
+
+    obs: Any
+    reward: Any
+    terminated: Any
+    truncated: Any
+    raw_reward: Any
+    episode_done: Any

@@ -2,33 +2,60 @@
 
 Wrapper-free backends (raw envpool, a bare Gymnasium vector env) report no episode
 statistics, and for Atari with episodic life the *learning* episode (one life) is shorter
-than the *reported* one (one game), so the adapter counts for itself.
+than the *reported* one (one game), so the adapter counts for itself. The counting is one
+function over NumPy or jax.numpy arrays: the host adapters call it per step, a rollout
+compiled into one XLA call (`podrace.fused_rollout`) calls it inside its loop.
 """
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import numpy as np
 
 
-class EpisodeStats:
-    """Raw return and length of the current reported episode of each env.
+class EpisodeCounts(NamedTuple):
+    """Return and length of the current reported episode of each env, and two flags:
+    `autoreset` (this env's next step is a reset, not counted) and `new_episode` (the last
+    step ended a reported episode: counts restart at the next one)."""
+
+    returns: Any
+    lengths: Any
+    autoreset: Any
+    new_episode: Any
+
+
+def zero_counts(num_envs: int, float_dtype: Any = np.float64, int_dtype: Any = np.int64) -> EpisodeCounts:
+    """NumPy counts for envs that were all just reset (a jitted rollout takes JAX's 32-bit
+    types, placed on its device)."""
+    zeros = np.zeros(num_envs, bool)
+    return EpisodeCounts(np.zeros(num_envs, float_dtype), np.zeros(num_envs, int_dtype), zeros, zeros.copy())
+
+
+def count_step(counts: EpisodeCounts, raw_reward: Any, terminated: Any, truncated: Any, episode_done: Any,
+               xp: Any = np) -> tuple[EpisodeCounts, Any, Any]:
+    """Account one step: (new counts, episode_return, episode_length), zero where not done.
 
     Length counts real transitions only: the autoreset steps (after any terminated or
     truncated step, including a lost life) ignore their action and are not counted.
     """
+    returns = xp.where(counts.new_episode, 0, counts.returns) + raw_reward
+    lengths = xp.where(counts.new_episode, 0, counts.lengths) + ~counts.autoreset
+    done = episode_done.astype(bool)
+    counts = EpisodeCounts(returns, lengths, terminated | truncated, done)
+    return counts, xp.where(done, returns, 0), xp.where(done, lengths, 0)
+
+
+class EpisodeStats:
+    """`count_step` with its state kept, for host adapters."""
 
     def __init__(self, num_envs: int) -> None:
-        self._returns = np.zeros(num_envs, np.float64)
-        self._lengths = np.zeros(num_envs, np.int64)
-        self._autoreset = np.zeros(num_envs, bool)
-        self._new_episode = np.zeros(num_envs, bool)
+        self._num_envs = num_envs
+        self._counts = zero_counts(num_envs)
 
     def reset(self) -> None:
         """All envs were reset explicitly: every count restarts."""
-        self._returns[:] = 0.0
-        self._lengths[:] = 0
-        self._autoreset[:] = False
-        self._new_episode[:] = False
+        self._counts = zero_counts(self._num_envs)
 
     def update(
         self,
@@ -38,13 +65,7 @@ class EpisodeStats:
         episode_done: np.ndarray,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Account one step; returns (episode_return, episode_length), zero where not done."""
-        self._returns[self._new_episode] = 0.0
-        self._lengths[self._new_episode] = 0
-        self._returns += raw_reward
-        self._lengths += ~self._autoreset
-        self._autoreset = terminated | truncated
-        self._new_episode = np.asarray(episode_done, bool)
-        return (
-            np.where(self._new_episode, self._returns, 0.0),
-            np.where(self._new_episode, self._lengths, 0),
+        self._counts, episode_return, episode_length = count_step(
+            self._counts, raw_reward, terminated, truncated, np.asarray(episode_done)
         )
+        return episode_return, episode_length

@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
-from podrace.actor import Actor, ActorSettings, PolicyFns, RolloutSink, sampling_key
+from podrace.actor import Actor, ActorSettings, PolicyFns, RolloutSink
 from podrace.algos.base import TrainState
 from podrace.algos.normalizer import Normalizer, init_normalizer
 from podrace.config import TrainConfig
@@ -167,18 +167,6 @@ def dummy_trajectory(cfg: TrainConfig, spec: EnvSpec, device: jax.Device) -> Tra
     f = np.zeros((T, B), np.float32)
     b = np.zeros((T, B), bool)
     return jax.device_put(Trajectory(obs, action, f, f, f, b, b, b, obs[0], f[0]), device)
-
-
-def warm_up_policy(cfg: TrainConfig, spec: EnvSpec, policy: PolicyFns, params) -> None:
-    """Compile an actor's jitted functions on its device (results discarded); `params` as
-    published (`Learner.acting_params()`)."""
-    T = cfg.rollout_length
-    params = jax.device_put(params, policy.device)
-    obs = jax.device_put(np.zeros((cfg.env.num_envs,) + spec.obs_shape, spec.obs_dtype), policy.device)
-    key = jax.device_put(sampling_key(jax.random.PRNGKey(0)), policy.device)
-    action, logprob, value, _ = policy.step(params, obs, key)
-    policy.value(params, obs)
-    jax.block_until_ready(policy.stack((obs,) * T, (action,) * T, (logprob,) * T, (value,) * T))
 
 
 def warm_up_learner(learner: Learner, trajs: Sequence[Trajectory]) -> None:

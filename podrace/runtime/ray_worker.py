@@ -29,7 +29,7 @@ from podrace.control import Control, Lifetime, Stopped, Watchdog
 from podrace.envs import make_env
 from podrace.networks import make_network
 from podrace.pipeline import BoundedQueue
-from podrace.runtime.build import env_seed, seed_key, warm_up_policy
+from podrace.runtime.build import env_seed, seed_key
 from podrace.sync.ray_transport import RaySubscriber
 from podrace.types import EnvSpec, Rollout
 
@@ -111,7 +111,6 @@ class RolloutWorker:
             spec.board, spec.channel, device, name=f"worker-{spec.worker_id}.{spec.restart}"
         )
         first = self.params.get(0, timeout=cfg.ray.start_timeout_s)
-        warm_up_policy(cfg, spec.env_spec, policy, first.params)
         key, seed = worker_seeds(cfg.seed, spec.worker_id, spec.restart)
         settings = ActorSettings(
             actor_id=spec.worker_id,
@@ -126,6 +125,7 @@ class RolloutWorker:
         self.outbox = Outbox(cfg.layout.queue_size, lifetime, spec.restart)
         control = Control(lifetime, self.watchdog.heartbeat(self.name), self._record)
         self.actor = Actor(settings, env, policy, self.params, self.outbox, control)
+        self.actor.warm_up(first.params)
 
     def _record(self, values: Mapping[str, float]) -> None:
         with self._lock:

@@ -40,7 +40,6 @@ from podrace.runtime.build import (
     dummy_trajectory,
     warm_up_greedy,
     warm_up_learner,
-    warm_up_policy,
 )
 from podrace.runtime.checkpoints import RunCheckpoints
 from podrace.runtime.devices import resolve_devices
@@ -192,7 +191,6 @@ class SingleHostRun:
         dummies = {}
         for device in devices.actors:
             lifetime.check()
-            warm_up_policy(cfg, spec, fns.on(device), published)
             dummies[device] = placement.place(dummy_trajectory(cfg, spec, device))
         lifetime.check()
         warm_up_learner(self.learner, [dummies[devices.actors[0]]] * cfg.num_actors)
@@ -213,6 +211,11 @@ class SingleHostRun:
                 cfg, actor_id, fns.on(device), params, sink, actor_control, envs=envs,
                 first_seq=first, key=self.start.actor_keys[actor_id],
             ))
+        compile_start = time.perf_counter()
+        for actor in self.actors:
+            lifetime.check()
+            actor.warm_up(published)
+        self.compile_s += time.perf_counter() - compile_start
         params = publisher.subscribe(device=devices.evaluator, name="evaluator")
         self.evaluator = build_evaluator(
             cfg, greedy, devices.evaluator, params, metrics, control("evaluator"), envs=envs

@@ -1,0 +1,105 @@
+"""The rollout compiled into one XLA call computes what the step-by-step loop computes."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from podrace.actor import Actor, ActorSettings, make_policy_fns
+from podrace.config import EnvConfig, NetworkConfig
+from podrace.control import Control, Heartbeat, Lifetime
+from podrace.envs.envpool_backend import EnvpoolEnv
+from podrace.fused_rollout import fused_rollout_for
+from podrace.networks import make_network
+from podrace.sync.base import Snapshot, Subscriber
+
+ROLLOUTS = 4
+
+
+class FixedParams(Subscriber):
+    def __init__(self, params):
+        self.snapshot = Snapshot(0, params)
+
+    def poll(self):
+        return None
+
+    def get(self, min_version, timeout=None):
+        return self.snapshot
+
+    @property
+    def acked_version(self):
+        return 0
+
+
+class ListSink:
+    def __init__(self):
+        self.rollouts = []
+
+    def put(self, rollout):
+        self.rollouts.append(rollout)
+        return 0.0
+
+
+def run_actor(env_id: str, num_envs: int, T: int, fused: bool, network: NetworkConfig, **env_kwargs):
+    env = EnvpoolEnv(EnvConfig(id=env_id, **env_kwargs), num_envs, seed=7)
+    net = make_network(network, env.spec)
+    device = jax.devices("cpu")[0]
+    params = jax.device_put(net.init(jax.random.PRNGKey(1), np.zeros((1,) + env.spec.obs_shape, env.spec.obs_dtype)), device)
+    policy = make_policy_fns(net.apply).on(device)
+    settings = ActorSettings(0, T, ROLLOUTS, max_policy_lag=1, key=jax.random.PRNGKey(3))
+    sink = ListSink()
+    lifetime = Lifetime()
+    actor = Actor(settings, env, policy, FixedParams(params), sink, Control(lifetime, Heartbeat("actor-0"), lambda _: None))
+    assert (actor.fused is not None) == fused or fused is False
+    if not fused:
+        actor.fused = None
+    actor.warm_up(params)
+    with jax.transfer_guard("disallow"):
+        actor.run()
+    env.close()
+    return sink.rollouts
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    "env_id,num_envs,T,network,env_kwargs",
+    [
+        ("CartPole-v1", 8, 32, NetworkConfig(), {}),  # discrete, episodes end inside rollouts
+        ("Pendulum-v1", 4, 64, NetworkConfig(), {}),  # continuous (clipped), truncated at 200 steps
+        # Atari: lost lives terminate learning episodes, game over ends reported ones
+        ("Breakout-v5", 4, 32, NetworkConfig(torso="nature_cnn", hidden_sizes=(32,)), {"image_size": 42}),
+    ],
+    ids=["cartpole", "pendulum", "breakout"],
+)
+def test_fused_rollouts_equal_step_by_step_rollouts(env_id, num_envs, T, network, env_kwargs):
+    fused = run_actor(env_id, num_envs, T, True, network, **env_kwargs)
+    stepped = run_actor(env_id, num_envs, T, False, network, **env_kwargs)
+    assert len(fused) == len(stepped) == ROLLOUTS
+    ends = 0
+    for a, b in zip(fused, stepped):
+        ta, tb = jax.device_get(a.trajectory), jax.device_get(b.trajectory)
+        for name in ("obs", "actions", "rewards", "terminated", "truncated", "valid", "last_obs"):
+            x, y = getattr(ta, name), getattr(tb, name)
+            assert x.dtype == y.dtype and x.shape == y.shape, name
+            np.testing.assert_array_equal(x, y, err_msg=name)
+        for name in ("logprobs", "values", "last_value"):
+            np.testing.assert_allclose(getattr(ta, name), getattr(tb, name), rtol=1e-5, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(a.episode_returns, b.episode_returns, rtol=1e-6)
+        np.testing.assert_array_equal(a.episode_lengths, b.episode_lengths)
+        assert (a.seq, a.policy_version) == (b.seq, b.policy_version)
+        ends += len(a.episode_returns) + int((~tb.valid).sum())
+    assert ends > 0  # the comparison crossed episode boundaries
+
+
+def test_envs_jax_cannot_carry_and_accelerators_step_by_step():
+    env = EnvpoolEnv(EnvConfig(id="HalfCheetah-v4"), 2, seed=0)  # float64 observations and actions
+    net = make_network(NetworkConfig(), env.spec)
+    policy = make_policy_fns(net.apply).on(jax.devices("cpu")[0])
+    assert env.xla_step() is None and fused_rollout_for(env, policy, 8) is None
+    env.close()
+    cartpole = EnvpoolEnv(EnvConfig(id="CartPole-v1"), 2, seed=0)
+    assert fused_rollout_for(cartpole, policy, 8) is not None
+    accelerator = dataclasses.replace(policy, device=type("Gpu", (), {"platform": "gpu"})())
+    assert fused_rollout_for(cartpole, accelerator, 8) is None
+    cartpole.close()
