@@ -118,8 +118,11 @@ class LearnerPlacement:
             )
 
         self._split = jax.jit(split)
+        self._whole = Trajectory(*(time_sharding,) * 8, last_obs=env_sharding, last_value=env_sharding)
 
     def place(self, traj: Trajectory) -> Trajectory:
+        if self.num_shards == 1:  # one learner device: one transfer (none if the actor's device)
+            return jax.device_put(traj, self._whole)
         pieces = self._split(traj)  # per field: tuple of n arrays on the actor device
         per_device = [
             jax.device_put(Trajectory(*(field[i] for field in pieces)), device)
