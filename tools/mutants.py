@@ -31,6 +31,7 @@ LOCAL_CONFORMANCE = ("tests/sync/test_conformance.py", "-k", "local")
 SHM_CONFORMANCE = ("tests/sync/test_conformance.py", "-k", "shm")
 SHM_LAYOUT = ("tests/sync/test_shm.py", "-k", "seqlock and not stress")
 EVALUATE_TESTS = ("tests/test_evaluate.py",)
+FUSED_TESTS = ("tests/test_fused_rollout.py",)
 
 MUTANTS: list[Mutant] = [
     # --- actor.py --------------------------------------------------------------------------
@@ -55,6 +56,25 @@ MUTANTS: list[Mutant] = [
     Mutant("actor_bootstraps_from_the_last_step_obs", "podrace/actor.py",
            "last_value = self.policy.value(params, last_obs)",
            "last_value = self.policy.value(params, obs_dev)", ACTOR_TESTS),
+    # --- fused_rollout.py / the envpool XLA step ---------------------------------------------
+    Mutant("fused_valid_on_autoreset_steps", "podrace/fused_rollout.py",
+           "~carry.prev_done, step.episode_done", "carry.prev_done | True, step.episode_done", FUSED_TESTS),
+    Mutant("fused_truncation_not_an_autoreset", "podrace/fused_rollout.py",
+           "done = step.terminated | step.truncated", "done = step.terminated", FUSED_TESTS),
+    Mutant("fused_bootstraps_from_the_first_obs", "podrace/fused_rollout.py",
+           "last_value = policy_value(params, carry.obs)", "last_value = policy_value(params, obs[0])", FUSED_TESTS),
+    Mutant("fused_key_not_carried", "podrace/fused_rollout.py",
+           "        return FusedOutput(trajectory, key, carry,", "        return FusedOutput(trajectory, key * 0 + key, carry,",
+           FUSED_TESTS),
+    Mutant("xla_step_lost_life_ends_the_game", "podrace/envs/envpool_backend.py",
+           "            episode_done = game_over | truncated\n        else:\n            raw_reward = reward\n            episode_done = terminated | truncated\n        return handle,",
+           "            episode_done = terminated | truncated\n        else:\n            raw_reward = reward\n            episode_done = terminated | truncated\n        return handle,",
+           FUSED_TESTS),
+    Mutant("episode_length_counts_autoreset_steps", "podrace/envs/episode_stats.py",
+           "+ ~counts.autoreset", "+ 1", ("tests/envs/test_episode_stats.py", *FUSED_TESTS)),
+    # --- arguments.py ----------------------------------------------------------------------
+    Mutant("argument_error_keeps_the_help_text", "podrace/arguments.py",
+           "elif not text.startswith(_DROPPED):", "else:", ("tests/test_arguments.py",)),
     # --- pipeline.py -----------------------------------------------------------------------
     Mutant("pipeline_accepts_negative_lag", "podrace/pipeline.py",
            "if lag > self.max_policy_lag or lag < 0:", "if lag > self.max_policy_lag:", PIPELINE_TESTS),
