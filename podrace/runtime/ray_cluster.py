@@ -85,9 +85,11 @@ def connect(cfg: RayConfig, num_cpus: int) -> Iterator[Cluster]:
     temp_dir = None
     try:
         if cfg.address is None:
+            sweep_orphans()
             # Private (never shared with another Ray); keep TMPDIR short: Ray's unix sockets
             # live under it and socket paths are limited to 107 bytes.
-            temp_dir = tempfile.mkdtemp(prefix="podrace-ray-")
+            temp_dir = tempfile.mkdtemp(prefix=TEMP_PREFIX)
+            _write_owner(temp_dir)
             _quiet_init(
                 ray,
                 address="local",
@@ -120,6 +122,53 @@ def connect(cfg: RayConfig, num_cpus: int) -> Iterator[Cluster]:
         if temp_dir is not None:
             reap(processes)
             shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+TEMP_PREFIX = "podrace-ray-"
+_OWNER = "owner"
+
+
+def _write_owner(temp_dir: str) -> None:
+    """Record which process owns this local Ray (pid and start time, so a reused pid is
+    not mistaken for the owner)."""
+    st = _stat(os.getpid())
+    with open(os.path.join(temp_dir, _OWNER), "w") as f:
+        f.write(f"{os.getpid()} {st[1] if st else 0}\n")
+
+
+def _owner_alive(temp_dir: str) -> bool | None:
+    """Whether the process that started the local Ray in `temp_dir` still runs (None: no
+    readable owner record, e.g. the owner is still writing it)."""
+    try:
+        with open(os.path.join(temp_dir, _OWNER)) as f:
+            pid, start = (int(x) for x in f.read().split())
+    except (OSError, ValueError):
+        return None
+    return bool(alive({pid: start}))
+
+
+def sweep_orphans() -> list[str]:
+    """Stop and remove the local Rays of podrace runs whose owner is gone (a driver killed
+    with SIGKILL cannot stop its Ray: its daemons and workers would run on, holding CPUs
+    and memory). Only this user's `podrace-ray-*` temp dirs with a dead owner are touched;
+    returns the dirs removed."""
+    removed = []
+    root = tempfile.gettempdir()
+    for name in sorted(os.listdir(root)):
+        temp_dir = os.path.join(root, name)
+        if not name.startswith(TEMP_PREFIX) or _owner_alive(temp_dir) is not False:
+            continue
+        with contextlib.suppress(OSError):
+            if os.stat(temp_dir).st_uid != os.getuid():
+                continue
+        processes = process_tree(temp_dir)
+        for pid in alive(processes):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        reap(processes, grace_s=5.0)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        removed.append(temp_dir)
+    return removed
 
 
 def _check_reachable(address: str, timeout_s: float) -> None:
@@ -161,26 +210,37 @@ def _stat(pid: int) -> tuple[int, int, int] | None:
 
 
 def process_tree(temp_dir: str) -> dict[int, int]:
-    """{pid: start time} of this user's processes that name `temp_dir` on their command
-    line (a local Ray's daemons) and of all their descendants (its workers, which rename
-    themselves `ray::...`)."""
+    """{pid: start time} of this user's processes that use `temp_dir` (a local Ray's
+    daemons and agents, see `_uses`) and of all their descendants (its workers, which
+    rename themselves `ray::...`)."""
     stats = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit() and (st := _stat(int(entry))) is not None and st[2] == os.getuid():
             stats[int(entry)] = st
-    roots = set()
-    for pid in stats:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if temp_dir.encode() in f.read() and pid != os.getpid():
-                    roots.add(pid)
-        except OSError:  # the process ended while we listed it
-            continue
+    roots = {pid for pid in stats if pid != os.getpid() and _uses(pid, temp_dir)}
     tree, frontier = set(roots), set(roots)
     while frontier:
         frontier = {pid for pid, st in stats.items() if st[0] in frontier and pid not in tree}
         tree |= frontier
     return {pid: stats[pid][1] for pid in tree}
+
+
+def _uses(pid: int, temp_dir: str) -> bool:
+    """`temp_dir` is on the command line of `pid` or it has a file open inside it (Ray's
+    agents rename themselves `ray::...` but keep their logs there, and outlive a killed
+    raylet as orphans)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if temp_dir.encode() in f.read():
+                return True
+        inside = temp_dir.rstrip("/") + "/"
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(inside):
+                    return True
+    except OSError:  # the process ended while we looked
+        pass
+    return False
 
 
 def alive(processes: dict[int, int]) -> list[int]:

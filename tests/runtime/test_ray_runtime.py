@@ -8,6 +8,7 @@ short and timeouts generous.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import shutil
@@ -179,6 +180,63 @@ def test_sigterm_stops_cleanly_and_leaves_no_process(tmp_path):
         time.sleep(0.2)
     assert not left, left
     shutil.rmtree(marker, ignore_errors=True)
+
+
+@pytest.mark.timeout(300)
+def test_a_sigkilled_drivers_local_ray_is_swept_by_the_next_start(tmp_path):
+    """SIGKILL leaves the driver no chance to stop its Ray; the next local start stops it."""
+    marker = ray_helpers.short_tmpdir()
+    env = ray_helpers.base_env(marker)
+    args = [
+        sys.executable, "-m", "podrace.cli", "train", "cartpole-ppo", "--runtime", "ray",
+        "--ray.num-workers", "1", "--total-steps", "10000000", "--rollout-length", "16", "--env.num-envs", "8",
+        "--log.console", "none", "--log.run-dir", str(tmp_path), "--log.run-name", "killed", "--log.interval-s", "0.2",
+    ]
+    proc = subprocess.Popen(args, env=env, stderr=subprocess.DEVNULL)
+    try:
+        metrics = tmp_path / "killed" / "metrics.jsonl"
+        deadline = time.monotonic() + 240
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        proc.kill()
+        proc.wait()
+        time.sleep(1.0)
+        assert ray_helpers.leftovers(marker), "nothing was left behind: the test proves nothing"
+        sweep = "from podrace.runtime.ray_cluster import sweep_orphans; print(len(sweep_orphans()))"
+        out = subprocess.run([sys.executable, "-c", sweep], env=env, capture_output=True, text=True, timeout=60)
+        assert out.stdout.strip() == "1", out.stderr[-2000:]
+        deadline = time.monotonic() + 20
+        while (left := ray_helpers.leftovers(marker)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not left, left
+        assert not [p for p in os.listdir(marker) if p.startswith("podrace-ray-")]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for line in ray_helpers.leftovers(marker):  # never leave a Ray running, whatever failed
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(line.split(":")[0]), signal.SIGKILL)
+        shutil.rmtree(marker, ignore_errors=True)
+
+
+def test_a_live_or_unknown_owners_ray_is_never_swept(tmp_path, monkeypatch):
+    from podrace.runtime import ray_cluster
+
+    monkeypatch.setattr(ray_cluster.tempfile, "gettempdir", lambda: str(tmp_path))
+    live = tmp_path / "podrace-ray-live"
+    live.mkdir()
+    ray_cluster._write_owner(str(live))  # this process: alive
+    unknown = tmp_path / "podrace-ray-unknown"
+    unknown.mkdir()  # no owner record yet (its owner may be writing it)
+    dead = tmp_path / "podrace-ray-dead"
+    dead.mkdir()
+    (dead / "owner").write_text("999999999 1\n")
+    other = tmp_path / "not-podrace"
+    other.mkdir()
+    (other / "owner").write_text("999999999 1\n")
+    assert ray_cluster.sweep_orphans() == [str(dead)]
+    assert live.exists() and unknown.exists() and other.exists() and not dead.exists()
 
 
 @pytest.mark.timeout(120)
