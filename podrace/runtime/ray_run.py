@@ -38,10 +38,11 @@ from podrace.config import TrainConfig, resolved, validate, worker_resources
 from podrace.control import ComponentError, Control, Lifetime, Stopped, Watchdog, raise_stopped_if_stopping
 from podrace.envs import env_spec, resolve_backend
 from podrace.evaluate import EvalResult, make_greedy_policy
-from podrace.metrics.loggers import ConsoleSink, JsonlSink, Sink, TensorBoardSink
 from podrace.metrics.registry import Metrics
 from podrace.networks import make_network
+from podrace.metrics.loggers import check_sinks
 from podrace.pipeline import Pipeline, PlacingSink
+from podrace.runtime.run_log import RunLog
 from podrace.runtime import ray_cluster
 from podrace.runtime.build import build_evaluator, build_learner, dummy_trajectory, warm_up_greedy, warm_up_learner
 from podrace.runtime.devices import resolve_devices
@@ -117,6 +118,7 @@ def prepare(cfg: TrainConfig, lifetime: Lifetime | None = None, env_factory: Cal
     resolve_backend(cfg.env)
     devices = resolve_devices(cfg)
     spec = env_spec(cfg.env)
+    check_sinks(cfg.log)
     ray_cluster.import_ray()
     ray_cluster.check_auth_not_disabled()
     lifetime.check()
@@ -302,11 +304,7 @@ class RayRun:
             final.append(self.evaluator.evaluate_final(self.learner.version))
             lifetime.stop("finished")
 
-        sinks: list[Sink] = [JsonlSink(self.run_dir / "metrics.jsonl")]
-        if cfg.log.tensorboard:
-            sinks.append(TensorBoardSink(self.run_dir / "tensorboard"))
-        if cfg.log.console != "none":
-            sinks.append(ConsoleSink(cfg.log.console, cfg.total_steps))
+        log = RunLog(cfg, self.run_dir, metrics, lifetime, self._line_extras)
         group = ThreadGroup(lifetime)
         train_start = time.perf_counter()
         try:
@@ -316,17 +314,14 @@ class RayRun:
             group.spawn("evaluator", self.evaluator.run)
             group.spawn("learner", learn)
             group.spawn("watchdog", self.watchdog.run, guard_transfers=False)
-            while not lifetime.wait(cfg.log.interval_s):
-                self._write_line(sinks, train_start)
+            log.until_stopped(train_start)
         finally:  # also on KeyboardInterrupt: stop, kill workers, join, flush
             lifetime.stop("shutdown")
             self._kill_workers()
             self.stuck = group.join(STOP_GRACE_S)
             train_s = time.perf_counter() - train_start
-            self._write_line(sinks, train_start, final=True)
-            for sink in sinks:
-                with contextlib.suppress(Exception):
-                    sink.close()
+            log.write(train_start, final=True)
+            log.close()
             if "evaluator" not in self.stuck:
                 self.evaluator.env.close()
         if lifetime.failure is not None:
@@ -353,19 +348,10 @@ class RayRun:
         except Exception:  # noqa: BLE001 - a metric must not fail the run
             return -1
 
-    def _write_line(self, sinks: list[Sink], start: float, final: bool = False) -> None:
-        line = self.metrics.collect()
-        line.update({f"sync/{k}": v for k, v in self.publisher.metrics().items()})
-        line["ray/object_store_bytes"] = self._store_bytes()
-        line["time_s"] = elapsed = time.perf_counter() - start
-        line["sps"] = line.get("env_steps", 0.0) / max(elapsed, 1e-9)
-        if final:
-            line["final"] = 1
-        for sink in sinks:
-            try:
-                sink.write(line)
-            except Exception as error:  # noqa: BLE001 - becomes the run's failure
-                self.lifetime.fail("logger", error)
+    def _line_extras(self) -> dict[str, float]:
+        extras = {f"sync/{k}": v for k, v in self.publisher.metrics().items()}
+        extras["ray/object_store_bytes"] = self._store_bytes()
+        return extras
 
     def _kill_workers(self) -> None:
         with self._lock:

@@ -28,10 +28,11 @@ from podrace.config import ConfigError, TrainConfig, replace, resolved, validate
 from podrace.control import Control, Lifetime, Watchdog, raise_stopped_if_stopping
 from podrace.envs import EnvSource
 from podrace.evaluate import EvalResult, make_greedy_policy
-from podrace.metrics.loggers import Sink, check_sinks, make_sinks
+from podrace.metrics.loggers import Sink, check_sinks
 from podrace.metrics.registry import Metrics
 from podrace.networks import make_network
 from podrace.pipeline import Pipeline, PlacingSink
+from podrace.runtime.run_log import RunLog
 from podrace.runtime.build import (
     actor_key,
     build_actor,
@@ -277,11 +278,11 @@ class SingleHostRun:
 
         self.checkpoints.open()
         try:
-            sinks: list[Sink] = make_sinks(cfg, self.run_dir)
+            log = RunLog(cfg, self.run_dir, metrics, lifetime, self._sync_metrics, self.time_offset)
         except BaseException:
             self.checkpoints.close(lifetime)
             raise
-        sinks.extend(self.extra_sinks)
+        log.sinks.extend(self.extra_sinks)
 
         group = ThreadGroup(lifetime)
         self._train_start = train_start = time.perf_counter()
@@ -292,15 +293,14 @@ class SingleHostRun:
                 group.spawn("evaluator", self.evaluator.run)
             group.spawn("learner", learn)
             group.spawn("watchdog", self.watchdog.run, guard_transfers=False)
-            self._log_until_stopped(sinks, train_start)
+            log.until_stopped(train_start)
         finally:  # also on KeyboardInterrupt: stop, join, flush, then let it propagate
             lifetime.stop("shutdown")
             self._save_final(group)
             self.stuck = stuck = group.join(STOP_GRACE_S)
             train_s = time.perf_counter() - train_start
-            self._write_line(sinks, train_start, final=True)
-            for sink in sinks:
-                self._logging(sink.close)
+            log.write(train_start, final=True)
+            log.close()
             for actor in self.actors:
                 if f"actor-{actor.actor_id}" not in stuck:
                     actor.env.close()
@@ -336,29 +336,8 @@ class SingleHostRun:
         if not learner[0].is_alive() and (failure is None or failure.component != "checkpoint"):
             self.checkpoints.save_final(self.lifetime)
 
-    def _logging(self, fn, *args) -> bool:
-        """Run one sink call; any exception fails the run as component `logger`."""
-        try:
-            fn(*args)
-            return True
-        except Exception as error:  # noqa: BLE001 - becomes the run's failure
-            self.lifetime.fail("logger", error)
-            return False
-
-    def _write_line(self, sinks: list[Sink], start: float, final: bool = False) -> bool:
-        line = self.metrics.collect()
-        line.update({f"sync/{k}": v for k, v in self.publisher.metrics().items()})
-        elapsed = self.time_offset + time.perf_counter() - start
-        line["time_s"] = elapsed
-        line["sps"] = line.get("env_steps", 0.0) / max(elapsed, 1e-9)
-        if final:
-            line["final"] = 1
-        return all([self._logging(sink.write, line) for sink in sinks])
-
-    def _log_until_stopped(self, sinks: list[Sink], start: float) -> None:
-        while not self.lifetime.wait(self.cfg.log.interval_s):
-            if not self._write_line(sinks, start):
-                return
+    def _sync_metrics(self) -> dict[str, float]:
+        return {f"sync/{k}": v for k, v in self.publisher.metrics().items()}
 
 
 __all__ = ["STOP_GRACE_S", "SingleHostRun", "TrainResult", "prepare", "train"]

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 
 import pytest
 
@@ -63,11 +64,17 @@ def assert_consumed_once(stamps, workers: int, updates: int) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(420)
-def test_two_ray_workers_learn_cartpole(tmp_path):
+def test_two_ray_workers_learn_cartpole(tmp_path, monkeypatch):
     from podrace.runtime.ray_run import prepare
+    from tests.metrics.test_loggers import FakeRun
 
+    wandb = types.ModuleType("wandb")  # the runtime's lines also reach every other sink
+    wandb.runs = []
+    wandb.init = lambda **kwargs: wandb.runs.append(FakeRun(**kwargs)) or wandb.runs[-1]
+    monkeypatch.setitem(sys.modules, "wandb", wandb)
     # Same run and threshold as the thread runtime's learning test.
-    cfg = small(tmp_path, total_steps=120_000, rollout_length=32, seed=1, **{"eval.episodes": 8, "eval.num_envs": 8})
+    cfg = small(tmp_path, total_steps=120_000, rollout_length=32, seed=1,
+                **{"eval.episodes": 8, "eval.num_envs": 8, "log.wandb": True})
     run = prepare(cfg)
     temp_dir, pids = run.cluster.temp_dir, run.worker_pids()
     result = run.run()
@@ -79,6 +86,9 @@ def test_two_ray_workers_learn_cartpole(tmp_path):
     assert line["ray/restarts"] == 0 and line["lag/max_seen"] <= 1
     assert 0 <= result.object_store_bytes < 64 << 20, result.object_store_bytes  # bounded, no backlog
     assert_consumed_once(result.stamps, 2, updates)
+    (wandb_run,) = wandb.runs
+    assert wandb_run.logged[-1]["final"] == 1 and wandb_run.finished
+    assert wandb_run.logged[-1]["ray/worker-0/rollouts"] == updates
     assert len(set(pids)) == 2 and os.getpid() not in pids
     assert not process_tree(temp_dir) and not any(os.path.exists(f"/proc/{p}") for p in pids)
     assert not ray.is_initialized()
