@@ -62,6 +62,13 @@ def _ray() -> Any:
     return ray
 
 
+def _connected() -> bool:
+    """This process is connected to Ray. Checked before every call a finalizer or a
+    background thread makes: after `ray.shutdown()` any Ray call would auto-start a new
+    local Ray (daemons and all) in the user's process, with nobody to stop it."""
+    return _ray().is_initialized()
+
+
 class _Channel:
     __slots__ = ("version", "refs", "acks", "alive_until")
 
@@ -219,23 +226,27 @@ class RayPublisher(BackgroundPublisher):
         return RaySubscriber(self.board, self.channel, device, expect=expect, name=name, long_poll=long_poll)
 
     def _deliver(self, version: int, host: PyTree, spec: TreeSpec) -> None:
+        if not _connected():
+            raise SyncError("ray publisher: Ray was shut down in this process")
         ref = self._ray.put(host)  # the one object of this version
         self._ray.get(self.board.set.remote(self.channel, version, [ref]))  # in a list: stays a reference
         self._refs.append(ref)  # the oldest falls out: Ray frees it once readers let go
 
     def _fail(self, reason: str) -> None:
-        self.board.close.remote(self.channel, reason)
+        if _connected():
+            self.board.close.remote(self.channel, reason)
 
     def _shutdown(self, error: str | None) -> None:
         # Wakes every waiting subscriber with "closed" and drops the board's reference;
         # best effort, since the board may already be gone with its process.
         with contextlib.suppress(Exception):
-            self._ray.get(self.board.close.remote(self.channel, error), timeout=10)
+            if _connected():
+                self._ray.get(self.board.close.remote(self.channel, error), timeout=10)
         self._refs.clear()
 
     def _transport_metrics(self) -> dict[str, float | int]:
         out: dict[str, float | int] = {"objects_alive": len(self._refs)}
-        if self.closed:
+        if self.closed or not _connected():
             return out
         try:
             acks = self._ray.get(self.board.acks.remote(self.channel), timeout=5)
@@ -316,6 +327,10 @@ class RaySubscriber(Subscriber):
             with self._cond:  # close() cancels exactly the call issued before it
                 if self._closed:
                     return None
+                if not _connected():
+                    self._ended = PublisherGone(f"ray subscriber {self.name!r}: Ray was shut down in this process")
+                    self._cond.notify_all()
+                    return None
                 self._call = call = self._board.wait.remote(
                     self.channel, last + 1, self._long_poll, self.name, self._grace
                 )
@@ -383,7 +398,8 @@ class RaySubscriber(Subscriber):
     def _accept(self, snapshot: Snapshot) -> Snapshot:
         if snapshot.version != self._acked:
             self._acked = snapshot.version
-            self._board.ack.remote(self.channel, self.name, snapshot.version, self._grace)  # fire and forget
+            if _connected():
+                self._board.ack.remote(self.channel, self.name, snapshot.version, self._grace)  # fire and forget
         return snapshot
 
     def poll(self) -> Snapshot | None:
@@ -435,9 +451,10 @@ class RaySubscriber(Subscriber):
         # Interrupts the long poll (the daemon fetch thread exits on its own); the call may
         # have finished already, or the board be gone: nothing is left to release then.
         with contextlib.suppress(Exception):
-            if call is not None:
-                _ray().cancel(call)
-            self._board.forget.remote(self.channel, self.name)
+            if _connected():
+                if call is not None:
+                    _ray().cancel(call)
+                self._board.forget.remote(self.channel, self.name)
 
 
 def _fetch_loop(ref: "weakref.ref[RaySubscriber]") -> None:
@@ -452,7 +469,8 @@ def _fetch_loop(ref: "weakref.ref[RaySubscriber]") -> None:
 
 def _forget(board: Any, channel: str, name: str) -> None:
     with contextlib.suppress(Exception):  # best effort: Ray or the board may be gone
-        board.forget.remote(channel, name)
+        if _connected():
+            board.forget.remote(channel, name)
 
 
 def _reattach(

@@ -74,8 +74,9 @@ def ray_session():
     """A local Ray for one test module, shut down afterwards."""
     ray = pytest.importorskip("ray")
     if ray.is_initialized():
-        # An earlier test module's Ray (seen once in a full-suite run, source not found yet):
-        # these tests need their own local Ray with known resources.
+        # A Ray an earlier module left connected (the source once was a collected ray
+        # subscriber auto-starting Ray after shutdown; test_ray covers that): these tests
+        # need their own local Ray with known resources.
         warnings.warn("a Ray connection was left open by an earlier test; shutting it down")
         ray.shutdown()
     with warnings.catch_warnings():  # Ray starts its daemons with fork_exec; JAX warns about any fork

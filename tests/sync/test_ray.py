@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from podrace.sync.base import ChannelClosed
+from podrace.sync.base import ChannelClosed, SyncError
 from tests.sync import workers
 
 ray = pytest.importorskip("ray")
@@ -254,3 +254,34 @@ def test_a_subscriber_dropped_without_close_stops_fetching(ray_session):
     assert live.get(1, timeout=30).version == 1
     live.close()
     pub.close()
+
+
+@pytest.mark.timeout(120)
+def test_nothing_starts_a_new_ray_after_shutdown(ray_session):
+    """A subscriber collected, closed or still fetching, and a publisher publishing or
+    closing after ray.shutdown() used to auto-start a fresh local Ray in the process."""
+    import gc
+
+    from podrace.sync.ray_transport import RayPublisher
+
+    pub = RayPublisher()
+    kept, dropped = pub.subscribe(name="kept"), pub.subscribe(name="dropped")
+    pub.publish(workers.stamped_params(0, 8))
+    assert kept.get(0, timeout=30).version == 0 and dropped.get(0, timeout=30).version == 0
+    ray_session.shutdown()
+    try:
+        del dropped
+        gc.collect()  # its finalizer tells the board it is gone: not with Ray shut down
+        with pytest.raises(SyncError):
+            kept.get(1, timeout=10)  # its fetch thread sees Ray is gone and ends
+        pub.publish(workers.stamped_params(1, 8))
+        with pytest.raises(SyncError):
+            pub.flush(timeout=10)
+        kept.close()
+        pub.close()
+        pub.metrics()
+        time.sleep(1.0)
+        assert not ray_session.is_initialized()
+    finally:
+        if not ray_session.is_initialized():  # the module's other tests need their Ray back
+            ray_session.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
