@@ -102,10 +102,13 @@ def _rollout_fn(policy_step: Callable, policy_value: Callable, env_step: Any, T:
 def fused_rollout_for(env: Any, policy: Any, rollout_length: int) -> FusedRollout | None:
     """A FusedRollout for this actor, or None where the step-by-step loop must run: the env
     has no XLA step (not envpool, or float64 dtypes), or the actor acts on an accelerator
-    (envpool's custom call runs on the host)."""
+    (envpool's custom call runs on the host).
+
+    Only an env whose own class defines `xla_step` is fused: a wrapper that forwards other
+    attributes to an inner env (`__getattr__`) changes what `step` does, and fusing the
+    inner env would silently bypass it."""
     device = policy.device or jax.devices()[0]
-    xla_step = getattr(env, "xla_step", None)
-    if device.platform != "cpu" or xla_step is None:
+    if device.platform != "cpu" or getattr(type(env), "xla_step", None) is None:
         return None
-    step = xla_step()
+    step = env.xla_step()
     return None if step is None else FusedRollout(env, policy, step, rollout_length, device)

@@ -102,4 +102,16 @@ def test_envs_jax_cannot_carry_and_accelerators_step_by_step():
     assert fused_rollout_for(cartpole, policy, 8) is not None
     accelerator = dataclasses.replace(policy, device=type("Gpu", (), {"platform": "gpu"})())
     assert fused_rollout_for(cartpole, accelerator, 8) is None
+
+    class Wrapper:  # changes step, forwards everything else: fusing would bypass its step
+        def __init__(self, env):
+            self.env = env
+
+        def __getattr__(self, name):
+            return getattr(self.env, name)
+
+        def step(self, actions):
+            raise AssertionError("the wrapper's step must run")
+
+    assert fused_rollout_for(Wrapper(cartpole), policy, 8) is None
     cartpole.close()
