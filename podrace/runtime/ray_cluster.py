@@ -27,7 +27,12 @@ from podrace.config import ConfigError, RayConfig, worker_resources
 
 
 def import_ray() -> Any:
-    """The `ray` module, or a ConfigError saying how to install it."""
+    """The `ray` module, or a ConfigError saying how to install it.
+
+    Ray's auto-connect is turned off when podrace is the first to import it: podrace starts
+    or joins Ray itself, and a late call from a straggling thread after `ray.shutdown()`
+    must fail, not start a second local Ray that nobody stops."""
+    os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
     try:
         import ray
     except ImportError:

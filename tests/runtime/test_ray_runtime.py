@@ -230,6 +230,22 @@ def test_a_sigkilled_drivers_local_ray_is_swept_by_the_next_start(tmp_path):
         shutil.rmtree(marker, ignore_errors=True)
 
 
+@pytest.mark.timeout(60)
+def test_the_runtime_never_lets_ray_auto_start():
+    code = (
+        "from podrace.runtime.ray_cluster import import_ray\n"
+        "ray = import_ray()\n"
+        "try:\n"
+        "    ray.put(1)\n"
+        "except Exception as error:\n"
+        "    print('refused:', type(error).__name__)\n"
+        "print('initialized:', ray.is_initialized())\n"
+    )
+    env = {k: v for k, v in ray_helpers.base_env("/tmp").items() if k != "RAY_ENABLE_AUTO_CONNECT"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=50)
+    assert "refused:" in out.stdout and "initialized: False" in out.stdout, out.stdout + out.stderr[-2000:]
+
+
 def test_a_live_or_unknown_owners_ray_is_never_swept(tmp_path, monkeypatch):
     from podrace.runtime import ray_cluster
 
