@@ -15,9 +15,10 @@ import traceback
 import warnings
 from typing import Sequence
 
-from podrace.config import ConfigError, TrainConfig, validate
+from podrace.config import ConfigError, TrainConfig
 from podrace.control import ComponentError
 from podrace.metrics.loggers import SinkError
+from podrace.validation import validate
 
 USAGE = """usage: podrace train <preset> [--flags]   (podrace train --help lists presets and flags)
        podrace train --resume RUN_DIR [--resume-from STEP] [--total-steps N ...]

@@ -17,10 +17,10 @@ from podrace.presets import PRESETS
 @pytest.mark.timeout(60)
 def test_import_and_configs_do_not_import_jax():
     code = (
-        "import sys, dataclasses, podrace\n"
+        "import sys, dataclasses, podrace, podrace.validation\n"
         "cfg = podrace.presets.get('cartpole-ppo')\n"
         "cfg = dataclasses.replace(cfg, env=podrace.EnvConfig(id='CartPole-v1'), layout=podrace.LayoutConfig())\n"
-        "podrace.config.validate(cfg); podrace.TrainConfig; podrace.ConfigError\n"
+        "podrace.validation.validate(cfg); podrace.TrainConfig; podrace.ConfigError\n"
         "heavy = sorted({'jax', 'numpy', 'gymnasium', 'envpool', 'flax'} & set(sys.modules))\n"
         "assert not heavy, heavy\n"
     )

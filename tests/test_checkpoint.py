@@ -27,10 +27,11 @@ from podrace.checkpoint import (
     read_config,
     restore,
 )
-from podrace.config import ConfigError, TrainConfig, config_from_dict, replace, validate
+from podrace.config import ConfigError, TrainConfig, config_from_dict, replace
 from podrace.envs import env_spec
 from podrace.learner import make_algorithm
 from podrace.networks import make_network
+from podrace.validation import validate
 
 REPO = Path(__file__).resolve().parents[1]
 

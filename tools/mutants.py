@@ -237,11 +237,11 @@ MUTANTS: list[Mutant] = [
            "return np.asarray(returns), np.asarray(lengths)", EVALUATE_TESTS),
     Mutant("evaluate_final_waits_through_a_stop", "podrace/evaluate.py",
            "        self.lifetime.on_stop(request.done.set)\n", "", EVALUATE_TESTS),
-    # --- config.py -------------------------------------------------------------------------
-    Mutant("config_impala_minibatches_unchecked", "podrace/config.py",
+    # --- validation.py ---------------------------------------------------------------------
+    Mutant("config_impala_minibatches_unchecked", "podrace/validation.py",
            "elif envs_per_shard % cfg.impala.num_minibatches:", "elif False:",
            ("tests/test_config.py", "-k", "impala_config")),
-    Mutant("config_negative_lag_accepted", "podrace/config.py",
+    Mutant("config_negative_lag_accepted", "podrace/validation.py",
            'non_negative("layout.max_policy_lag", cfg.layout.max_policy_lag)', "pass",
            ("tests/test_config.py", "-k", "max-policy-lag")),
     # --- cli.py (signal flow) ----------------------------------------------------------------

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import jax
 
-from podrace.config import TrainConfig, replace, validate
+from podrace.config import TrainConfig, replace
 from podrace.control import Lifetime
 from podrace.envs import EnvSource, resolve_backend
 from podrace.runtime.devices import resolve_devices
@@ -41,6 +41,7 @@ from podrace.runtime.distributed import SHUTDOWN_TIMEOUT_S, Cluster, agree, glob
 from podrace.runtime.peers import PeerLink, PeerLost, PeerStopped
 from podrace.runtime.rundir import check_run_dir, create_run_dir, run_dir_path
 from podrace.runtime.single_host import SingleHostRun, TrainResult
+from podrace.validation import validate
 
 COLLECTIVE_GRACE_S = 5.0
 """After a failed collective, seconds the learner waits for the peer link to say which

@@ -34,7 +34,7 @@ from typing import Any, Callable
 import jax
 
 from podrace.algos.normalizer import acting_apply
-from podrace.config import TrainConfig, resolved, validate, worker_resources
+from podrace.config import TrainConfig, resolved, worker_resources
 from podrace.control import ComponentError, Control, Lifetime, Stopped, Watchdog, raise_stopped_if_stopping
 from podrace.envs import env_spec, resolve_backend
 from podrace.evaluate import EvalResult, make_greedy_policy
@@ -51,6 +51,7 @@ from podrace.runtime.rundir import create_run_dir, remove_run_dir
 from podrace.runtime.single_host import TrainResult
 from podrace.runtime.threads import ThreadGroup
 from podrace.types import Rollout
+from podrace.validation import validate
 
 STOP_GRACE_S = 10.0
 """Seconds the threads get to return after a stop (killing workers wakes their pumps)."""

@@ -23,7 +23,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from podrace.config import ConfigError, TrainConfig, leaves, replace
+from podrace.config import ConfigError, TrainConfig, replace
+from podrace.validation import leaves
 
 RESUMABLE = (
     "total_steps",

@@ -24,7 +24,7 @@ import numpy as np
 from podrace.actor import make_policy_fns
 from podrace.algos.normalizer import acting_apply
 from podrace.checkpoint import RunState, checkpoint_dir, restore
-from podrace.config import ConfigError, TrainConfig, replace, resolved, validate
+from podrace.config import ConfigError, TrainConfig, replace, resolved
 from podrace.control import Control, Lifetime, Watchdog, raise_stopped_if_stopping
 from podrace.envs import EnvSource
 from podrace.evaluate import EvalResult, make_greedy_policy
@@ -51,6 +51,7 @@ from podrace.runtime.threads import ThreadGroup
 from podrace.runtime.distributed import local_copy
 from podrace.sync.base import ChannelClosed
 from podrace.sync.local import LocalPublisher
+from podrace.validation import validate
 
 STOP_GRACE_S = 1.0
 """Seconds every thread gets to return after a stop before it is considered stuck."""

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from podrace.cli import distributed_requested, main
-from podrace.config import ConfigError, TrainConfig, replace, validate
+from podrace.config import ConfigError, TrainConfig, replace
 from podrace.runtime.distributed import _mismatch, config_hash, shared_fields
+from podrace.validation import validate
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -280,7 +280,7 @@ def test_thread_runtime_never_imports_ray(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_ray_config_errors_are_one_line():
-    from podrace.config import validate
+    from podrace.validation import validate
 
     base = replace(PRESETS["cartpole-ppo"][1], runtime="ray")
     for changes, expected in [
@@ -347,7 +347,8 @@ def test_restart_seeds_are_fresh_and_derived():
 
 @pytest.mark.timeout(60)
 def test_envs_per_worker_sets_each_workers_envs():
-    from podrace.config import resolved, validate
+    from podrace.config import resolved
+    from podrace.validation import validate
 
     cfg = replace(PRESETS["cartpole-ppo"][1], runtime="ray", **{"ray.num_workers": 3, "ray.envs_per_worker": 4})
     validate(cfg)

@@ -1,0 +1,281 @@
+"""Everything that checks a config before a run starts, kept out of podrace.config so that
+it holds only the config types; like them it imports no JAX, since the CLI validates before
+it sets XLA flags."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import typing
+from typing import Iterator, Literal
+
+from podrace.config import ConfigError, DistributedConfig, TrainConfig, resolved, worker_resources
+
+
+INT32_MAX = 2**31 - 1
+"""Sizes, ids and counters end up in int32 arrays (shapes, env seeds, step counters)."""
+MAX_TOTAL_STEPS = 2**53
+"""Env-step counters are float64 in the metrics: exact up to 2**53."""
+MAX_CPU_DEVICES = 1024
+MAX_ACTORS_PER_DEVICE = 256
+"""Each actor is an OS thread with its own envs; more than this is a typo, not a layout."""
+MIN_LOG_INTERVAL_S = 0.05
+MIN_WATCHDOG_S = 0.1
+MAX_WAIT_S = threading.TIMEOUT_MAX
+"""Longest timeout a thread can wait on (larger ones raise OverflowError)."""
+MAX_NAME_BYTES = 200
+"""A run directory name, leaving room in a 255-byte file name for a uniqueness suffix."""
+
+
+def leaves(cfg: object, prefix: str = "") -> Iterator[tuple[str, object, object]]:
+    """(dotted name, value, annotated type) of every field of a config, nested ones included."""
+    hints = typing.get_type_hints(type(cfg))
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from leaves(value, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", value, hints[f.name]
+
+
+def _choices(annotation: object) -> tuple | None:
+    """The allowed values of a Literal (or Optional Literal) annotation, else None."""
+    if typing.get_origin(annotation) is Literal:
+        return typing.get_args(annotation)
+    literals = [a for a in typing.get_args(annotation) if typing.get_origin(a) is Literal]
+    if literals:
+        return typing.get_args(literals[0]) + (None,)
+    return None
+
+
+def _check_every_field(cfg: TrainConfig) -> None:
+    """Checks that hold for every field: choices, finite floats, ints that fit int32."""
+    for name, value, annotation in leaves(cfg):
+        choices = _choices(annotation)
+        if choices is not None and value not in choices:
+            allowed = ", ".join(str(c) for c in choices)
+            raise ConfigError(f"{name} must be one of {allowed}, got {value!r}")
+        for item in value if isinstance(value, tuple) else (value,):
+            if isinstance(item, float) and not math.isfinite(item):
+                raise ConfigError(f"{name} must be a finite number, got {item}")
+            if isinstance(item, int) and not isinstance(item, bool) and name != "total_steps":
+                if abs(item) > INT32_MAX:
+                    raise ConfigError(f"{name} must be at most {INT32_MAX:,} in magnitude, got {item:,}")
+            if isinstance(item, str) and "\0" in item:
+                raise ConfigError(f"{name} must not contain a NUL character")
+
+
+def _check_folder_name(name: str, value: str) -> None:
+    """A single folder name: no path separators, not '.' or '..', not too long, and no
+    control characters (a newline or escape in a path breaks logs, shells and scripts)."""
+    if value in ("", ".", "..") or "/" in value or "\\" in value:
+        raise ConfigError(f"{name} must be a plain folder name (no '/' or '\\', not '.' or '..'), got {value!r}")
+    if any(ord(char) < 32 or ord(char) == 127 for char in value):
+        raise ConfigError(f"{name} must not contain control characters (newline, tab, escape...), got {value!r}")
+    size = len(value.encode("utf-8", "surrogateescape"))
+    if size > MAX_NAME_BYTES:
+        raise ConfigError(f"{name} is {size} bytes long, at most {MAX_NAME_BYTES} are allowed")
+
+
+def _optimizer_steps_per_update(cfg: TrainConfig) -> int:
+    if cfg.algo == "ppo":
+        return cfg.ppo.num_epochs * cfg.ppo.num_minibatches
+    return cfg.impala.num_minibatches
+
+
+def _is_host_port(address: str) -> bool:
+    host, sep, port = address.rpartition(":")
+    return bool(sep and host.strip() and port.isdigit() and 0 < int(port) < 65536)
+
+
+def _validate_ray(cfg: TrainConfig) -> None:
+    ray = cfg.ray
+    if ray.num_workers <= 0:
+        raise ConfigError(f"ray.num_workers must be positive, got {ray.num_workers}")
+    if ray.envs_per_worker is not None and ray.envs_per_worker <= 0:
+        raise ConfigError(f"ray.envs_per_worker must be positive, got {ray.envs_per_worker}")
+    if ray.max_restarts < 0:
+        raise ConfigError(f"ray.max_restarts must be >= 0, got {ray.max_restarts}")
+    if ray.start_timeout_s <= 0:
+        raise ConfigError(f"ray.start_timeout_s must be positive, got {ray.start_timeout_s}")
+    if ray.address is not None and not _is_host_port(ray.address):
+        raise ConfigError(f"ray.address must be HOST:PORT of a Ray head node, got {ray.address!r}")
+    worker_resources(ray)
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Raise ConfigError for anything that cannot run; needs no devices and no JAX."""
+    if cfg.runtime == "ray":
+        _validate_ray(cfg)
+    cfg = resolved(cfg)
+
+    def positive(name: str, value: float) -> None:
+        if value <= 0:
+            raise ConfigError(f"{name} must be positive, got {value}")
+
+    def non_negative(name: str, value: float) -> None:
+        if value < 0:
+            raise ConfigError(f"{name} must be >= 0, got {value}")
+
+    def within(name: str, value: float, low: float, high: float) -> None:
+        if not low <= value <= high:
+            raise ConfigError(f"{name} must be in [{low:g}, {high:g}], got {value}")
+
+    if not 0 <= cfg.seed <= INT32_MAX:
+        raise ConfigError(f"seed must be in [0, 2**31 - 1], got {cfg.seed}")
+    _check_every_field(cfg)
+    positive("total_steps", cfg.total_steps)
+    if cfg.total_steps > MAX_TOTAL_STEPS:
+        raise ConfigError(f"total_steps must be at most 2**53, got {cfg.total_steps:,}")
+    _check_folder_name("name", cfg.name)
+    positive("rollout_length", cfg.rollout_length)
+    positive("env.num_envs", cfg.env.num_envs)
+    positive("layout.actors_per_device", cfg.layout.actors_per_device)
+    if cfg.layout.actors_per_device > MAX_ACTORS_PER_DEVICE:
+        raise ConfigError(
+            f"layout.actors_per_device must be at most {MAX_ACTORS_PER_DEVICE} (one thread each), "
+            f"got {cfg.layout.actors_per_device}"
+        )
+    positive("layout.queue_size", cfg.layout.queue_size)
+    positive("layout.scan_unroll", cfg.layout.scan_unroll)
+    positive("layout.cpu_devices", cfg.layout.cpu_devices)
+    if cfg.layout.cpu_devices > MAX_CPU_DEVICES:
+        raise ConfigError(f"layout.cpu_devices must be at most {MAX_CPU_DEVICES}, got {cfg.layout.cpu_devices}")
+    positive("eval.episodes", cfg.eval.episodes)
+    positive("eval.num_envs", cfg.eval.num_envs)
+    within("log.interval_s", cfg.log.interval_s, MIN_LOG_INTERVAL_S, MAX_WAIT_S)
+    within("safety.watchdog_s", cfg.safety.watchdog_s, MIN_WATCHDOG_S, MAX_WAIT_S)
+    within("safety.max_skipped_fraction", cfg.safety.max_skipped_fraction, 0.0, 1.0)
+    if cfg.log.run_name is not None:
+        _check_folder_name("log.run_name", cfg.log.run_name)
+    if not cfg.log.wandb_project.strip():
+        raise ConfigError("log.wandb_project must not be empty")
+    positive("normalize.obs_clip", cfg.normalize.obs_clip)
+    positive("normalize.reward_clip", cfg.normalize.reward_clip)
+    positive("checkpoint.keep", cfg.checkpoint.keep)
+    non_negative("checkpoint.every_updates", cfg.checkpoint.every_updates)
+    non_negative("eval.every_updates", cfg.eval.every_updates)
+    non_negative("layout.max_policy_lag", cfg.layout.max_policy_lag)
+    if not cfg.env.id.strip():
+        raise ConfigError("env.id must not be empty")
+    if cfg.env.max_episode_steps is not None:
+        positive("env.max_episode_steps", cfg.env.max_episode_steps)
+    positive("env.frame_skip", cfg.env.frame_skip)
+    positive("env.frame_stack", cfg.env.frame_stack)
+    positive("env.image_size", cfg.env.image_size)
+    non_negative("env.noop_max", cfg.env.noop_max)
+    within("env.sticky_action_prob", cfg.env.sticky_action_prob, 0.0, 1.0)
+    for name, ids in (
+        ("layout.actor_device_ids", cfg.layout.actor_device_ids),
+        ("layout.learner_device_ids", cfg.layout.learner_device_ids),
+    ):
+        if not ids:
+            raise ConfigError(f"{name} must name at least one device")
+        if any(i < 0 for i in ids):
+            raise ConfigError(f"{name} must be non-negative device ids, got {list(ids)}")
+        if len(set(ids)) != len(ids):
+            raise ConfigError(f"{name} has repeated device ids: {list(ids)}")
+    if cfg.eval.device_id is not None and cfg.eval.device_id < 0:
+        raise ConfigError(f"eval.device_id must be a non-negative device id, got {cfg.eval.device_id}")
+    if not cfg.network.hidden_sizes or any(h <= 0 for h in cfg.network.hidden_sizes):
+        raise ConfigError(f"network.hidden_sizes must be positive widths, got {list(cfg.network.hidden_sizes)}")
+    _validate_algos(cfg)
+    _validate_sizes(cfg)
+
+
+def _validate_algos(cfg: TrainConfig) -> None:
+    """Hyperparameters of both algorithms (an unused one must still make sense)."""
+    ppo, impala = cfg.ppo, cfg.impala
+    checks = [
+        ("ppo.learning_rate", ppo.learning_rate, "positive"),
+        ("ppo.gamma", ppo.gamma, "unit"),
+        ("ppo.gae_lambda", ppo.gae_lambda, "unit"),
+        ("ppo.num_epochs", ppo.num_epochs, "positive"),
+        ("ppo.num_minibatches", ppo.num_minibatches, "positive"),
+        ("ppo.clip_coef", ppo.clip_coef, "positive"),
+        ("ppo.vf_coef", ppo.vf_coef, "non-negative"),
+        ("ppo.ent_coef", ppo.ent_coef, "non-negative"),
+        ("ppo.max_grad_norm", ppo.max_grad_norm, "positive"),
+        ("impala.learning_rate", impala.learning_rate, "positive"),
+        ("impala.gamma", impala.gamma, "unit"),
+        ("impala.vtrace_lambda", impala.vtrace_lambda, "unit"),
+        ("impala.rho_bar", impala.rho_bar, "positive"),
+        ("impala.c_bar", impala.c_bar, "positive"),
+        ("impala.vf_coef", impala.vf_coef, "non-negative"),
+        ("impala.ent_coef", impala.ent_coef, "non-negative"),
+        ("impala.max_grad_norm", impala.max_grad_norm, "positive"),
+        ("impala.rmsprop_decay", impala.rmsprop_decay, "below one"),
+        ("impala.rmsprop_eps", impala.rmsprop_eps, "positive"),
+        ("impala.num_minibatches", impala.num_minibatches, "positive"),
+    ]
+    for name, value, rule in checks:
+        if rule == "positive" and value <= 0:
+            raise ConfigError(f"{name} must be positive, got {value}")
+        if rule == "non-negative" and value < 0:
+            raise ConfigError(f"{name} must be >= 0, got {value}")
+        if rule == "unit" and not 0 <= value <= 1:
+            raise ConfigError(f"{name} must be in [0, 1], got {value}")
+        if rule == "below one" and not 0 <= value < 1:
+            raise ConfigError(f"{name} must be in [0, 1), got {value}")
+
+
+def _validate_sizes(cfg: TrainConfig) -> None:
+    """Sizes that depend on several fields: divisibility, and counters that fit int32."""
+    num_learners = len(cfg.layout.learner_device_ids)
+    if cfg.env.num_envs % num_learners:
+        raise ConfigError(
+            f"env.num_envs ({cfg.env.num_envs}) must be divisible by the number of learner "
+            f"devices ({num_learners}): each actor's rollout is split evenly across them"
+        )
+    if cfg.steps_per_update > INT32_MAX:
+        raise ConfigError(
+            f"one update of {cfg.num_actors} actors x {cfg.env.num_envs} envs x {cfg.rollout_length} steps "
+            f"= {cfg.steps_per_update:,} samples does not fit an int32 array"
+        )
+    validate_distributed(cfg.distributed)
+    if cfg.total_steps < cfg.steps_per_update:
+        processes = f"{cfg.num_processes} processes x " if cfg.num_processes > 1 else ""
+        raise ConfigError(
+            f"total_steps ({cfg.total_steps}) is less than one update "
+            f"({processes}{cfg.num_actors} actors x {cfg.env.num_envs} envs x {cfg.rollout_length} steps "
+            f"= {cfg.steps_per_update})"
+        )
+    optimizer_steps = cfg.num_updates * _optimizer_steps_per_update(cfg)
+    if optimizer_steps > INT32_MAX:
+        raise ConfigError(
+            f"total_steps ({cfg.total_steps:,}) means {optimizer_steps:,} optimizer steps, more than "
+            f"the int32 step counter holds ({INT32_MAX:,}); use fewer steps or larger updates"
+        )
+    envs_per_shard = cfg.num_actors * cfg.env.num_envs // num_learners
+    if cfg.algo == "ppo":
+        if cfg.rollout_length % cfg.ppo.num_minibatches:
+            raise ConfigError(
+                f"ppo.num_minibatches ({cfg.ppo.num_minibatches}) must divide rollout_length "
+                f"({cfg.rollout_length}): every env deals its steps evenly to the minibatches"
+            )
+    elif envs_per_shard % cfg.impala.num_minibatches:
+        raise ConfigError(
+            f"impala.num_minibatches ({cfg.impala.num_minibatches}) must divide the envs per "
+            f"learner shard ({envs_per_shard}): every minibatch takes whole env sequences from every shard"
+        )
+
+
+def validate_distributed(d: DistributedConfig) -> None:
+    """The distributed fields that are set must make sense; unset ones are JAX's to detect."""
+    if d.coordinator is not None:
+        host, _, port = d.coordinator.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"distributed.coordinator must be HOST:PORT, got '{d.coordinator}'")
+    if d.num_processes is not None and d.num_processes < 1:
+        raise ConfigError(f"distributed.num_processes must be positive, got {d.num_processes}")
+    if (d.num_processes is None) != (d.process_id is None):
+        raise ConfigError("distributed.num_processes and distributed.process_id must be given together")
+    if d.process_id is not None and not 0 <= d.process_id < d.num_processes:
+        raise ConfigError(
+            f"distributed.process_id must be in 0..{d.num_processes - 1}, got {d.process_id}"
+        )
+    if d.init_timeout_s <= 0:
+        raise ConfigError(f"distributed.init_timeout_s must be positive, got {d.init_timeout_s}")
+    if d.peer_timeout_s <= 0:
+        raise ConfigError(f"distributed.peer_timeout_s must be positive, got {d.peer_timeout_s}")

@@ -1,0 +1,71 @@
+"""validate() called from Python: values the CLI cannot pass, every float field, every preset,
+and Ray settings that must be refused before Ray starts."""
+
+import pytest
+
+from podrace.config import ConfigError, TrainConfig, replace
+from podrace.validation import leaves as _leaves, validate
+
+# Values only the Python API can pass (tyro refuses them on the command line).
+PYTHON_ONLY = [
+    ({"layout.platform": "xpu"}, "layout.platform must be one of cpu, gpu, tpu, None, got 'xpu'"),
+    ({"algo": "dqn"}, "algo must be one of ppo, impala, got 'dqn'"),
+    ({"log.console": "fancy"}, "log.console must be one of progress, lines, none"),
+    ({"safety.on_nonfinite": "ignore"}, "safety.on_nonfinite must be one of stop, skip"),
+    ({"log.run_dir": "runs\0x"}, "log.run_dir must not contain a NUL character"),
+    ({"log.run_name": ""}, "log.run_name must be a plain folder name"),
+    ({"log.run_name": "a\\b"}, "log.run_name must be a plain folder name"),
+    ({"log.run_name": "a\nb"}, "log.run_name must not contain control characters"),
+    ({"log.run_name": "a\tb"}, "log.run_name must not contain control characters"),
+    ({"log.run_name": "\x1b[31m"}, "log.run_name must not contain control characters"),
+    ({"log.run_name": "\u00e9" * 101}, "log.run_name is 202 bytes long"),
+    ({"ppo.learning_rate": float("inf")}, "ppo.learning_rate must be a finite number"),
+]
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("changes,message", PYTHON_ONLY, ids=[str(c) for c, _ in PYTHON_ONLY])
+def test_bad_config_from_python(changes, message):
+    with pytest.raises(ConfigError) as exc:
+        validate(replace(TrainConfig(), **changes))
+    assert message in str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+@pytest.mark.timeout(10)
+def test_every_float_field_is_checked_for_finiteness():
+    """Walk the config generically: a NaN in any float field (present or future) is refused."""
+    floats = [name for name, value, _ in _leaves(TrainConfig()) if isinstance(value, float)]
+    assert len(floats) > 20
+    for name in floats:
+        with pytest.raises(ConfigError, match=f"{name} must be a finite number"):
+            validate(replace(TrainConfig(), **{name: float("nan")}))
+
+
+@pytest.mark.timeout(10)
+def test_every_preset_is_valid():
+    from podrace.presets import PRESETS
+
+    for _, cfg in PRESETS.values():
+        validate(cfg)
+
+
+@pytest.mark.timeout(30)
+def test_ray_values_that_would_reach_ray_are_config_errors():
+    """Found by the CLI attack: a non-finite resource amount and an address whose host is
+    empty or whose port is not a port passed validation, then started (or hung joining) Ray."""
+    from podrace.presets import PRESETS
+
+    base = replace(PRESETS["cartpole-ppo"][1], runtime="ray")
+    for changes, expected in [
+        ({"ray.worker_resources": ("x=nan",)}, "positive amount"),
+        ({"ray.worker_resources": ("x=inf",)}, "positive amount"),
+        ({"ray.address": ":"}, "HOST:PORT"),
+        ({"ray.address": ":6379"}, "HOST:PORT"),
+        ({"ray.address": "127.0.0.1:99999"}, "HOST:PORT"),
+        ({"ray.address": "127.0.0.1:0"}, "HOST:PORT"),
+        ({"ray.address": "127.0.0.1:port"}, "HOST:PORT"),
+    ]:
+        with pytest.raises(ConfigError, match=expected) as caught:
+            validate(replace(base, **changes))
+        assert "\n" not in str(caught.value)
