@@ -10,7 +10,7 @@ import dataclasses
 import math
 import typing
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Iterator, Literal
 
 
 class ConfigError(ValueError):
@@ -349,6 +349,17 @@ class TrainConfig:
     @property
     def synchronous(self) -> bool:
         return self.layout.synchronous or self.deterministic
+
+
+def leaves(cfg: object, prefix: str = "") -> Iterator[tuple[str, object, object]]:
+    """(dotted name, value, annotated type) of every field of a config, nested ones included."""
+    hints = typing.get_type_hints(type(cfg))
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from leaves(value, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", value, hints[f.name]
 
 
 def replace(cfg, **changes):

@@ -8,9 +8,9 @@ import dataclasses
 import math
 import threading
 import typing
-from typing import Iterator, Literal
+from typing import Literal
 
-from podrace.config import ConfigError, DistributedConfig, TrainConfig, resolved, worker_resources
+from podrace.config import ConfigError, DistributedConfig, TrainConfig, leaves, resolved, worker_resources
 
 
 INT32_MAX = 2**31 - 1
@@ -26,17 +26,6 @@ MAX_WAIT_S = threading.TIMEOUT_MAX
 """Longest timeout a thread can wait on (larger ones raise OverflowError)."""
 MAX_NAME_BYTES = 200
 """A run directory name, leaving room in a 255-byte file name for a uniqueness suffix."""
-
-
-def leaves(cfg: object, prefix: str = "") -> Iterator[tuple[str, object, object]]:
-    """(dotted name, value, annotated type) of every field of a config, nested ones included."""
-    hints = typing.get_type_hints(type(cfg))
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        if dataclasses.is_dataclass(value):
-            yield from leaves(value, f"{prefix}{f.name}.")
-        else:
-            yield f"{prefix}{f.name}", value, hints[f.name]
 
 
 def _choices(annotation: object) -> tuple | None:

@@ -111,24 +111,6 @@ def test_bad_config(capsys, tmp_path, flags, message):
     assert not list(tmp_path.iterdir())
 
 
-# The same refusals for an IMPALA preset (its own divisibility rule).
-BAD_IMPALA = [
-    (["--impala.num-minibatches", "3"], "impala.num_minibatches (3) must divide the envs per learner shard (32)"),
-    (["--impala.num-minibatches", "32", "--layout.learner-device-ids", "0", "1"],
-     "impala.num_minibatches (32) must divide the envs per learner shard (16)"),
-]
-
-
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("flags,message", BAD_IMPALA, ids=[" ".join(f) for f, _ in BAD_IMPALA])
-def test_bad_impala_config(capsys, tmp_path, flags, message):
-    code = main(["train", "cartpole-impala", "--log.run-dir", str(tmp_path / "runs"), *flags])
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert message in err and len(err.strip().splitlines()) == 1, err
-    assert not list(tmp_path.iterdir())
-
-
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("name", ["a" * 5000, "sub/" + "b" * 300], ids=["path-too-long", "name-too-long"])
 def test_run_dir_the_file_system_cannot_hold_is_refused(capsys, tmp_path, name):
@@ -168,6 +150,9 @@ def test_resolved_config_writes_what_deterministic_implies():
 BAD_IMPALA = [
     # 2 actors x 16 envs on one learner shard: 3 minibatches do not divide 32 envs.
     (["--impala.num-minibatches", "3"], "impala.num_minibatches (3) must divide the envs per learner shard (32)"),
+    # 2 learner devices: 16 envs per shard.
+    (["--impala.num-minibatches", "32", "--layout.learner-device-ids", "0", "1"],
+     "impala.num_minibatches (32) must divide the envs per learner shard (16)"),
     (["--impala.num-minibatches", "0"], "impala.num_minibatches must be positive"),
     (["--impala.max-grad-norm", "0"], "impala.max_grad_norm must be positive"),
     (["--impala.rmsprop-eps", "-1"], "impala.rmsprop_eps must be positive"),

@@ -4,7 +4,8 @@ and Ray settings that must be refused before Ray starts."""
 import pytest
 
 from podrace.config import ConfigError, TrainConfig, replace
-from podrace.validation import leaves as _leaves, validate
+from podrace.config import leaves as _leaves
+from podrace.validation import validate
 
 # Values only the Python API can pass (tyro refuses them on the command line).
 PYTHON_ONLY = [

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from podrace.config import ConfigError, TrainConfig, replace
-from podrace.validation import leaves
+from podrace.config import leaves
 
 RESUMABLE = (
     "total_steps",
