@@ -184,10 +184,11 @@ class Actor:
             if newer is not None:
                 self.snapshot = newer
 
-    def _env_call(self, what: str, fn: Callable, *args, seq: int | None = None):
-        """One watched env call; a stop is seen before every call, errors say where."""
+    def _env_call(self, what: str, fn: Callable, *args, seq: int | None = None, steps: int = 1):
+        """One watched env call (of `steps` env steps); a stop is seen before every call,
+        errors say where."""
         try:
-            return self.control.call(what, self.env_steps, fn, *args)
+            return self.control.call(what, self.env_steps, fn, *args, steps=steps)
         except Stopped:
             raise
         except Exception as error:
@@ -196,7 +197,10 @@ class Actor:
 
     def _fused_rollout(self, seq: int) -> Rollout:
         start = time.perf_counter()
-        out = self._env_call("env.rollout", self.fused, self.snapshot.params, self.key, seq=seq)
+        # T env steps in one call: the watchdog allows each of them its timeout, as it does
+        # one call at a time in the step-by-step loop.
+        out = self._env_call("env.rollout", self.fused, self.snapshot.params, self.key, seq=seq,
+                             steps=self.settings.rollout_length)
         self.key = out.key
         self.env_steps += self.settings.rollout_length
         done, returns, lengths = jax.device_get((out.episode_done, out.episode_return, out.episode_length))

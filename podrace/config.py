@@ -215,7 +215,8 @@ class SafetyConfig:
     """What the run does when something goes wrong."""
 
     watchdog_s: float = 60.0
-    """Fail the run when an env.step (actor or evaluator) has not returned for this long."""
+    """Fail the run when an env.step (actor or evaluator) has not returned for this long (a
+    rollout compiled into one call, `podrace.fused_rollout`, is allowed this per env step)."""
     on_nonfinite: Literal["stop", "skip"] = "stop"
     """NaN/inf loss or gradients: stop with an error, or skip that update and count it.
     Non-finite params are never published either way."""

@@ -114,17 +114,21 @@ class Heartbeat:
         self._what: str | None = None
         self._step = 0
         self._since = 0.0
+        self._steps = 1
 
-    def enter(self, what: str, step: int) -> None:
-        self._what, self._step, self._since = what, step, time.monotonic()
+    def enter(self, what: str, step: int, steps: int = 1) -> None:
+        """Inside `what` from now; `steps` env steps run inside it (a fused rollout runs a
+        whole rollout in one call), each allowed the watchdog's timeout."""
+        self._what, self._step, self._since, self._steps = what, step, time.monotonic(), max(int(steps), 1)
 
     def exit(self) -> None:
         self._what = None
 
     def overdue(self, now: float, timeout_s: float) -> str | None:
-        what, since, step = self._what, self._since, self._step
-        if what is not None and now - since > timeout_s:
-            return f"{what} did not return within {timeout_s:g}s (step {step})"
+        what, since, step, steps = self._what, self._since, self._step, self._steps
+        limit = timeout_s * steps
+        if what is not None and now - since > limit:
+            return f"{what} did not return within {limit:g}s (step {step})"
         return None
 
 
@@ -169,10 +173,11 @@ class Control:
         """Raise Stopped if the run is stopping."""
         self.lifetime.check()
 
-    def call(self, what: str, step: int, fn: Callable, *args):
-        """`fn(*args)` watched by the heartbeat, after checking for a stop (one env call)."""
+    def call(self, what: str, step: int, fn: Callable, *args, steps: int = 1):
+        """`fn(*args)` watched by the heartbeat, after checking for a stop (one env call;
+        `steps` env steps inside it, each allowed the watchdog's timeout)."""
         self.lifetime.check()
-        self.heartbeat.enter(what, step)
+        self.heartbeat.enter(what, step, steps)
         try:
             return fn(*args)
         finally:

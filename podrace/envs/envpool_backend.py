@@ -85,7 +85,9 @@ class EnvpoolEnv:
         self._prepare = ActionPreparer(
             self.spec, num_envs, self._env.spec.action_array_spec["action"].dtype
         )
-        self._stats = EpisodeStats(num_envs)
+        # 32-bit counts, as a fused rollout (`xla_step`) keeps them: the same episode returns
+        # whether an actor steps this env one call at a time or in one XLA call.
+        self._stats = EpisodeStats(num_envs, np.float32, np.int32)
         self._started = False
         self._closed = False
 

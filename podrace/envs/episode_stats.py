@@ -49,13 +49,16 @@ def count_step(counts: EpisodeCounts, raw_reward: Any, terminated: Any, truncate
 class EpisodeStats:
     """`count_step` with its state kept, for host adapters."""
 
-    def __init__(self, num_envs: int) -> None:
+    def __init__(self, num_envs: int, float_dtype: Any = np.float64, int_dtype: Any = np.int64) -> None:
+        """`float_dtype`/`int_dtype`: what the counts accumulate in (an adapter whose
+        rollouts may also be compiled counts in JAX's 32-bit types, so both agree bit for bit)."""
         self._num_envs = num_envs
-        self._counts = zero_counts(num_envs)
+        self._dtypes = (float_dtype, int_dtype)
+        self._counts = zero_counts(num_envs, *self._dtypes)
 
     def reset(self) -> None:
         """All envs were reset explicitly: every count restarts."""
-        self._counts = zero_counts(self._num_envs)
+        self._counts = zero_counts(self._num_envs, *self._dtypes)
 
     def update(
         self,
@@ -68,4 +71,4 @@ class EpisodeStats:
         self._counts, episode_return, episode_length = count_step(
             self._counts, raw_reward, terminated, truncated, np.asarray(episode_done)
         )
-        return episode_return, episode_length
+        return episode_return.astype(np.float64), episode_length.astype(np.int64)

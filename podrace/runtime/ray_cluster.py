@@ -236,8 +236,11 @@ def _uses(pid: int, temp_dir: str) -> bool:
     raylet as orphans)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if temp_dir.encode() in f.read():
-                return True
+            cmdline = f.read()
+        if not _is_ray(cmdline, temp_dir):
+            return False  # a user's `tail -f` of its logs, a script given the path: not Ray's
+        if temp_dir.encode() in cmdline:
+            return True
         inside = temp_dir.rstrip("/") + "/"
         for fd in os.listdir(f"/proc/{pid}/fd"):
             with contextlib.suppress(OSError):
@@ -246,6 +249,14 @@ def _uses(pid: int, temp_dir: str) -> bool:
     except OSError:  # the process ended while we looked
         pass
     return False
+
+
+def _is_ray(cmdline: bytes, temp_dir: str) -> bool:
+    """A Ray process by its command line: `ray` in an argument other than the ones naming
+    `temp_dir` (raylet, gcs_server and Ray's Python scripts live under a `ray/` folder,
+    workers and agents rename themselves `ray::...`)."""
+    path = temp_dir.rstrip("/").encode()
+    return any(b"ray" in arg for arg in cmdline.split(b"\0") if path not in arg)
 
 
 def alive(processes: dict[int, int]) -> list[int]:
