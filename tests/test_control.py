@@ -82,3 +82,16 @@ def test_stop_runs_every_callback_once():
     lifetime.stop("first")
     lifetime.stop("second")
     assert calls == ["a", "b"] and lifetime.stop_reason == "first"
+
+
+@pytest.mark.timeout(10)
+def test_heartbeat_allows_each_step_of_a_multi_step_call_the_timeout():
+    """A fused rollout is one watched call of T env steps: the watchdog's per-step timeout
+    must not fail a rollout whose steps are each well within it."""
+    beat = Heartbeat("actor-0")
+    beat.enter("env.rollout", 0, steps=512)
+    now = time.monotonic()
+    assert beat.overdue(now + 10.0, 2.0) is None  # 10s for 512 steps: 20ms a step
+    assert "within 1024s" in beat.overdue(now + 2000.0, 2.0)
+    beat.enter("env.step", 0)
+    assert "within 2s" in beat.overdue(time.monotonic() + 3.0, 2.0)

@@ -3,6 +3,7 @@
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -115,3 +116,45 @@ def test_envs_jax_cannot_carry_and_accelerators_step_by_step():
 
     assert fused_rollout_for(Wrapper(cartpole), policy, 8) is None
     cartpole.close()
+
+
+@pytest.mark.timeout(120)
+def test_fused_and_host_episode_returns_agree_bit_for_bit():
+    """Pendulum's float rewards: the host adapter's episode returns must equal those a
+    fused rollout counts (in float32 on the device), not differ in the last digits."""
+    from podrace.envs.episode_stats import count_step, zero_counts
+
+
+    cfg = EnvConfig(id="Pendulum-v1", max_episode_steps=37)
+    num_envs, steps = 3, 120
+    actions = np.random.default_rng(0).uniform(-3, 3, (steps, num_envs, 1)).astype(np.float32)
+
+    host = EnvpoolEnv(cfg, num_envs, seed=5)
+    host.reset()
+    host_returns = []
+    for a in actions:
+        step = host.step(a)
+        host_returns.append(step.episode_return[step.episode_done])
+    host.close()
+
+    fused = EnvpoolEnv(cfg, num_envs, seed=5)
+    obs = fused.reset()
+    xla = fused.xla_step()
+
+    @jax.jit
+    def roll(handle, counts, actions):
+        def body(state, action):
+            handle, counts = state
+            handle, step = xla(handle, action)
+            counts, ret, _ = count_step(counts, step.raw_reward, step.terminated, step.truncated,
+                                        step.episode_done, xp=jnp)
+            return (handle, counts), (ret, step.episode_done)
+        return jax.lax.scan(body, (handle, counts), actions)[1]
+
+    rets, done = jax.device_get(roll(xla.handle, zero_counts(num_envs, np.float32, np.int32), actions))
+    fused.close()
+    del obs
+    fused_returns = np.asarray(rets[done], np.float64)
+    host_returns = np.concatenate(host_returns)
+    assert len(host_returns) == 9
+    np.testing.assert_array_equal(host_returns, fused_returns)

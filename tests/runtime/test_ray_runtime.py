@@ -367,3 +367,36 @@ def test_joining_an_address_where_nothing_listens_is_a_one_line_error():
         with connect(RayConfig(address="127.0.0.1:1"), num_cpus=1):
             pass
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.timeout(60)
+def test_sweep_orphans_kills_the_orphans_ray_but_not_a_users_log_viewer(tmp_path, monkeypatch):
+    """sweep_orphans stops the processes of a dead driver's Ray, never a user's `tail -f`
+    of its logs or a script that was given its path."""
+    import tempfile
+
+    from podrace.runtime import ray_cluster
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    orphan = tmp_path / "podrace-ray-abcdefgh"
+    (orphan / "logs").mkdir(parents=True)
+    log = orphan / "logs" / "raylet.out"
+    log.write_text("x\n")
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    (orphan / "owner").write_text(f"{gone.pid} 1\n")
+    viewer = subprocess.Popen(["tail", "-f", str(log)], stdout=subprocess.DEVNULL)
+    script = subprocess.Popen(["bash", "-c", f"sleep 60; : {orphan}"])
+    # a Ray agent as it looks after renaming itself, with its log open in the dir
+    agent = subprocess.Popen(["bash", "-c", f'exec -a "ray::DashboardAgent" sleep 60 > {orphan}/logs/agent.out'])
+    try:
+        time.sleep(0.5)
+        assert ray_cluster.sweep_orphans() == [str(orphan)]
+        assert agent.wait(timeout=5) == -9
+        assert viewer.poll() is None and script.poll() is None
+        assert not orphan.exists()
+    finally:
+        for p in (viewer, script, agent):
+            if p.poll() is None:
+                os.kill(p.pid, 9)
+                p.wait()
