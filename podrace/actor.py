@@ -197,12 +197,15 @@ class Actor:
 
     def _fused_rollout(self, seq: int) -> Rollout:
         start = time.perf_counter()
-        # T env steps in one call: the watchdog allows each of them its timeout, as it does
-        # one call at a time in the step-by-step loop.
-        out = self._env_call("env.rollout", self.fused, self.snapshot.params, self.key, seq=seq,
-                             steps=self.settings.rollout_length)
-        self.key = out.key
-        self.env_steps += self.settings.rollout_length
+        params, key, rows = self.snapshot.params, self.key, []
+        for steps in self.fused.lengths:
+            # `steps` env steps in one call: the watchdog allows each its timeout, as it does
+            # one call at a time in the step-by-step loop; a stop is seen between calls.
+            key, chunk = self._env_call("env.rollout", self.fused.chunk, steps, params, key, seq=seq, steps=steps)
+            self.env_steps += steps
+            rows.append(chunk)
+        self.key = key
+        out = self.fused.finish(params, rows)
         done, returns, lengths = jax.device_get((out.episode_done, out.episode_return, out.episode_length))
         return Rollout(
             actor_id=self.settings.actor_id,

@@ -1,15 +1,16 @@
-"""An actor's whole rollout as one XLA call: policy and env steps together, on a CPU device.
+"""An actor's rollout compiled: policy and env steps together in XLA calls, on a CPU device.
 
 On XLA:CPU a small policy's cost is per-call overhead (dispatch, a host->device copy of the
 observations, a device->host copy of the actions, Python bookkeeping), paid once per env
 step by the step-by-step loop. envpool exposes its step as an XLA custom call, so for its
-envs the T steps of a rollout run inside one `lax.scan`: one call per rollout, nothing
-crosses between host and device but the episode statistics at its end.
+envs up to CHUNK_STEPS steps run inside one `lax.scan`, and one more call assembles the
+trajectory: nothing crosses between host and device but the episode statistics at its end.
 
 It computes exactly what the step-by-step loop computes (same key stream, same valid
-mask, same episode counting; `tests/test_fused_rollout.py` compares the two), and the
-rollout is one watched env call for the watchdog. Used where it can be: an envpool env
-whose dtypes JAX carries, acting on a CPU device (`fused_rollout_for`).
+mask, same episode counting; `tests/test_fused_rollout.py` compares the two). Each chunk
+is one watched env call for the watchdog, and a stop is seen between chunks. Used where it
+can be: an envpool env whose dtypes JAX carries, acting on a CPU device
+(`fused_rollout_for`).
 """
 
 from __future__ import annotations
@@ -35,48 +36,71 @@ class EnvCarry(NamedTuple):
 
 class FusedOutput(NamedTuple):
     trajectory: Trajectory
-    key: Any
-    carry: EnvCarry
     episode_done: Any  # [T, B] a reported episode ended at this step
     episode_return: Any  # [T, B]
     episode_length: Any  # [T, B]
 
 
+CHUNK_STEPS = 32
+"""Env steps per XLA call. A stop and the watchdog are seen between calls: a rollout of
+hundreds of Atari steps on a CPU must not keep a stopping run waiting for its end."""
+
+
+def chunk_lengths(rollout_length: int) -> list[int]:
+    """The rollout as calls of at most CHUNK_STEPS steps (at most two distinct lengths,
+    each compiled once)."""
+    full, rest = divmod(rollout_length, CHUNK_STEPS)
+    return [CHUNK_STEPS] * full + ([rest] if rest else [])
+
+
 class FusedRollout:
-    """T steps of `policy` on `env` (its `xla_step()`) as one compiled function."""
+    """T steps of `policy` on `env` (its `xla_step()`) as compiled calls of at most
+    CHUNK_STEPS steps, and one call that assembles the trajectory."""
 
     def __init__(self, env: Any, policy: Any, xla_step: Any, rollout_length: int, device: jax.Device):
         self.env, self.policy, self.device = env, policy, device
+        self.lengths = chunk_lengths(rollout_length)
         self._handle = xla_step.handle
-        self._fn = jax.jit(_rollout_fn(policy.step, policy.value, xla_step, rollout_length))
-        self._compiled: Callable | None = None
+        self._chunks: dict[int, Callable] = {
+            n: jax.jit(_chunk_fn(policy.step, xla_step, n)) for n in sorted(set(self.lengths))
+        }
+        self._finish: Callable = jax.jit(_finish_fn(policy.value))
         self.carry: EnvCarry | None = None
 
     def begin(self, obs: np.ndarray) -> None:
         """After `env.reset()`: the envs' first observations, counts at zero."""
         num_envs = obs.shape[0]
-        self.carry = jax.device_put(
-            EnvCarry(self._handle, obs, np.zeros(num_envs, bool), zero_counts(num_envs, np.float32, np.int32)), self.device
-        )
+        counts = zero_counts(num_envs, np.float32, np.int32)
+        self.carry = jax.device_put(EnvCarry(self._handle, obs, np.zeros(num_envs, bool), counts), self.device)
 
     def compile(self, params: Any, key: Any, obs_like: np.ndarray) -> None:
-        """Compile for these shapes without stepping the envs (before threads start)."""
+        """Compile every call for these shapes without stepping the envs (before threads start)."""
         carry = self.carry
-        if carry is None:
-            self.begin(obs_like)
-        self._compiled = self._fn.lower(params, key, self.carry).compile()
+        self.begin(obs_like)
+        rows = []
+        for n, fn in self._chunks.items():
+            self._chunks[n] = fn.lower(params, key, self.carry).compile()
+        for n in self.lengths:  # the rows' shapes, from the compiled chunks' output types
+            _, _, out = self._chunks[n].out_info
+            rows.append(jax.tree.map(lambda info: jax.ShapeDtypeStruct(info.shape, info.dtype, sharding=info.sharding), out))
+        self._finish = self._finish.lower(params, tuple(rows), self.carry).compile()
         self.carry = carry
 
-    def __call__(self, params: Any, key: Any) -> FusedOutput:
-        """One rollout from the current carry; the carry moves on."""
-        fn = self._compiled or self._fn
-        out = fn(params, key, self.carry)
-        self.carry = out.carry
-        return out
+    def chunk(self, steps: int, params: Any, key: Any) -> tuple[Any, Any]:
+        """The next `steps` steps from the current carry: (new key, rows); the carry moves on.
+
+        Returns once the steps ran (not when they were dispatched): the watchdog then times
+        the env itself, and no env is closed under a call still running or queued."""
+        key, self.carry, rows = jax.block_until_ready(self._chunks[steps](params, key, self.carry))
+        return key, rows
+
+    def finish(self, params: Any, rows: list) -> FusedOutput:
+        """The rollout from its chunks' rows (and the bootstrap value of the current obs)."""
+        return self._finish(params, tuple(rows), self.carry)
 
 
-def _rollout_fn(policy_step: Callable, policy_value: Callable, env_step: Any, T: int) -> Callable:
-    def rollout(params, key, carry: EnvCarry) -> FusedOutput:
+def _chunk_fn(policy_step: Callable, env_step: Any, steps: int) -> Callable:
+    def chunk(params, key, carry: EnvCarry):
         def body(state, _):
             key, carry = state
             action, logprob, value, key = policy_step(params, carry.obs, key)
@@ -89,14 +113,22 @@ def _rollout_fn(policy_step: Callable, policy_value: Callable, env_step: Any, T:
             done = step.terminated | step.truncated
             return (key, EnvCarry(handle, step.obs, done, counts)), row
 
-        (key, carry), rows = jax.lax.scan(body, (key, carry), None, length=T)
+        (key, carry), rows = jax.lax.scan(body, (key, carry), None, length=steps)
+        return key, carry, rows
+
+    return chunk
+
+
+def _finish_fn(policy_value: Callable) -> Callable:
+    def finish(params, chunks: tuple, carry: EnvCarry) -> FusedOutput:
+        rows = jax.tree.map(lambda *parts: jnp.concatenate(parts), *chunks) if len(chunks) > 1 else chunks[0]
         obs, actions, logprobs, values, rewards, terminated, truncated, valid, done, returns, lengths = rows
         last_value = policy_value(params, carry.obs)
         trajectory = Trajectory(obs, actions, logprobs, values, rewards, terminated, truncated, valid,
                                 carry.obs, last_value)
-        return FusedOutput(trajectory, key, carry, done, returns, lengths)
+        return FusedOutput(trajectory, done, returns, lengths)
 
-    return rollout
+    return finish
 
 
 def fused_rollout_for(env: Any, policy: Any, rollout_length: int) -> FusedRollout | None:

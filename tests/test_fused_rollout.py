@@ -66,7 +66,7 @@ def run_actor(env_id: str, num_envs: int, T: int, fused: bool, network: NetworkC
 @pytest.mark.parametrize(
     "env_id,num_envs,T,network,env_kwargs",
     [
-        ("CartPole-v1", 8, 32, NetworkConfig(), {}),  # discrete, episodes end inside rollouts
+        ("CartPole-v1", 8, 40, NetworkConfig(), {}),  # discrete, episodes end inside rollouts; chunks 32 + 8
         ("Pendulum-v1", 4, 64, NetworkConfig(), {}),  # continuous (clipped), truncated at 200 steps
         # Atari: lost lives terminate learning episodes, game over ends reported ones
         ("Breakout-v5", 4, 32, NetworkConfig(torso="nature_cnn", hidden_sizes=(32,)), {"image_size": 42}),
@@ -158,3 +158,40 @@ def test_fused_and_host_episode_returns_agree_bit_for_bit():
     host_returns = np.concatenate(host_returns)
     assert len(host_returns) == 9
     np.testing.assert_array_equal(host_returns, fused_returns)
+
+
+@pytest.mark.timeout(120)
+def test_a_long_rollout_runs_in_watched_chunks_and_a_stop_is_seen_between_them():
+    from podrace.control import Stopped
+    from podrace.fused_rollout import CHUNK_STEPS, chunk_lengths
+
+    assert chunk_lengths(2 * CHUNK_STEPS + 4) == [CHUNK_STEPS, CHUNK_STEPS, 4]
+    assert chunk_lengths(CHUNK_STEPS) == [CHUNK_STEPS] and chunk_lengths(3) == [3]
+    env = EnvpoolEnv(EnvConfig(id="CartPole-v1"), 4, seed=0)
+    net = make_network(NetworkConfig(), env.spec)
+    device = jax.devices("cpu")[0]
+    params = jax.device_put(net.init(jax.random.PRNGKey(1), np.zeros((1, 4), np.float32)), device)
+    lifetime = Lifetime()
+    calls = []
+
+    class StopAfterFirstChunk(Control):
+        def call(self, what, step, fn, *args, steps=1):
+            calls.append((what, step, steps))
+            if len(calls) == 3:  # reset and the first chunk ran: a stop arrives mid-rollout
+                lifetime.stop("test")
+            return super().call(what, step, fn, *args, steps=steps)
+
+    settings = ActorSettings(0, 3 * CHUNK_STEPS, 1, max_policy_lag=1, key=jax.random.PRNGKey(3))
+    sink = ListSink()
+    actor = Actor(settings, env, make_policy_fns(net.apply).on(device), FixedParams(params), sink,
+                  StopAfterFirstChunk(lifetime, Heartbeat("actor-0"), lambda _: None))
+    actor.warm_up(params)
+    with pytest.raises(Stopped):
+        actor.run()
+    # The runtime closes the envs after a stop: no chunk may still be running or queued
+    # (envpool stepping a closed env failed with bad_alloc, or hung later XLA calls).
+    assert all(leaf.is_ready() for leaf in jax.tree.leaves(actor.fused.carry))
+    env.close()
+    jax.effects_barrier()
+    assert calls == [("env.reset", 0, 1), ("env.rollout", 0, CHUNK_STEPS), ("env.rollout", CHUNK_STEPS, CHUNK_STEPS)]
+    assert actor.env_steps == CHUNK_STEPS and not sink.rollouts  # the second chunk never ran
