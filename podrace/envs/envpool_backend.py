@@ -86,7 +86,7 @@ class EnvpoolEnv:
             self.spec, num_envs, self._env.spec.action_array_spec["action"].dtype
         )
         # 32-bit counts, as a fused rollout (`xla_step`) keeps them: the same episode returns
-        # whether an actor steps this env one call at a time or in one XLA call.
+        # whether an actor steps this env one call at a time or in compiled calls.
         self._stats = EpisodeStats(num_envs, np.float32, np.int32)
         self._started = False
         self._closed = False
@@ -128,9 +128,9 @@ class EnvpoolEnv:
         )
 
     def xla_step(self) -> "XlaStep | None":
-        """This env's step as a JAX function (envpool's XLA interface), so a whole rollout
-        compiles into one call; None where JAX (32-bit) cannot carry the env's dtypes
-        (MuJoCo's float64 observations and actions)."""
+        """This env's step as a JAX function (envpool's XLA interface), so rollouts compile
+        into XLA calls (`podrace.fused_rollout`); None where JAX (32-bit) cannot carry the
+        env's dtypes (MuJoCo's float64 observations and actions)."""
         dtypes = {np.dtype(self._env.spec.action_array_spec["action"].dtype), np.dtype(self.spec.obs_dtype)}
         if dtypes & {np.dtype(np.float64), np.dtype(np.int64)}:
             return None
