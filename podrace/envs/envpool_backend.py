@@ -65,6 +65,20 @@ def envpool_spec(cfg: EnvConfig) -> EnvSpec:
     return spec_from_spaces(cfg.id, spec.gymnasium_observation_space, spec.gymnasium_action_space)
 
 
+def translate(terminated: Any, truncated: Any, reward: Any, info: dict, atari: bool) -> tuple[Any, Any, Any, Any]:
+    """envpool's step in podrace's terms: (terminated, truncated, raw reward, episode done),
+    on NumPy (host stepping) or inside a jitted rollout alike.
+
+    For Atari the reported episode is the game (info["terminated"]) and its raw reward is
+    info["reward"]; envpool marks a step truncated whenever the time limit is hit, even on
+    the step the game ended, and a finished game must not be bootstrapped."""
+    if not atari:
+        return terminated, truncated, reward, terminated | truncated
+    game_over = info["terminated"].astype(bool)
+    truncated = truncated & ~game_over
+    return terminated | game_over, truncated, info["reward"], game_over | truncated
+
+
 class EnvpoolEnv:
     """BatchedEnv over one synchronous envpool instance."""
 
@@ -103,17 +117,7 @@ class EnvpoolEnv:
         # envpool returns freshly allocated arrays each step (tests/envs check that
         # earlier results are never overwritten), so nothing is copied here.
         obs, reward, terminated, truncated, info = self._env.step(self._prepare(actions))
-        if self._atari:
-            raw_reward = info["reward"]
-            game_over = info["terminated"].astype(bool)
-            # envpool marks a step truncated whenever the time limit is hit, even on the
-            # step the game ended; a finished game must not be bootstrapped.
-            terminated = terminated | game_over
-            truncated = truncated & ~game_over
-            episode_done = game_over | truncated
-        else:
-            raw_reward = reward
-            episode_done = terminated | truncated
+        terminated, truncated, raw_reward, episode_done = translate(terminated, truncated, reward, info, self._atari)
         episode_return, episode_length = self._stats.update(
             raw_reward, terminated, truncated, episode_done
         )
@@ -160,15 +164,7 @@ class XlaStep:
         else:
             actions = jnp.clip(actions, self._spec.action_low, self._spec.action_high).astype(jnp.float32)
         handle, (obs, reward, terminated, truncated, info) = self._step(handle, actions, jnp.asarray(self._env_ids))
-        if self._atari:
-            game_over = info["terminated"].astype(bool)
-            raw_reward = info["reward"]
-            terminated = terminated | game_over
-            truncated = truncated & ~game_over
-            episode_done = game_over | truncated
-        else:
-            raw_reward = reward
-            episode_done = terminated | truncated
+        terminated, truncated, raw_reward, episode_done = translate(terminated, truncated, reward, info, self._atari)
         return handle, JaxEnvStep(obs, reward.astype(jnp.float32), terminated, truncated, raw_reward, episode_done)
 
 
