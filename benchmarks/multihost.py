@@ -96,7 +96,7 @@ def child(args: argparse.Namespace, flags: list[str]) -> dict:
     # each minibatch: valid count, advantage mean and std, loss terms).
     placement = LearnerPlacement(*trajectory_shardings(mesh))
     traj = placement.place(dummy_trajectory(cfg, env_spec(cfg.env), jax.local_devices()[0]))
-    update = learner.update_fn if hasattr(learner.update_fn, "lower") else learner.update_fn.__wrapped__
+    update = getattr(learner.update_fn, "__wrapped__", learner.update_fn).jitted
     hlo = update.lower(learner.state, (traj,) * cfg.num_actors, learner.keys).compile().as_text()
     hlo_ops = sum(1 for line in hlo.splitlines() if " all-reduce(" in line or " all-reduce-start(" in line)
     result = run.run()

@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from podrace.envs import BatchedEnv
+from podrace.fused_rollout import CHUNK_STEPS, FusedEpisodes, fused_episodes_for
 from podrace.metrics.registry import Metrics
 from podrace.pipeline import BoundedQueue
 from podrace.control import Control
@@ -50,24 +51,37 @@ def run_episodes(
     device: jax.Device,
     episodes: int,
     control: Control,
+    fused: FusedEpisodes | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Step `env` with the greedy policy until `episodes` episodes have ended.
+    """Step `env` with the greedy policy until `episodes` episodes have ended: the first
+    `episodes` to end, in the order they ended (by step, then env).
 
     Every env call (the reset too) is watched by the heartbeat and preceded by a stop check,
-    so a stop is seen within one env step however long the evaluation is.
+    so a stop is seen within one env call however long the evaluation is. With `fused`
+    (built on `env`) the steps run CHUNK_STEPS per compiled call; the envs are reset at the
+    start of every evaluation, so the steps a last call runs past the episodes are harmless.
     """
     steps = 0
     obs = control.call("evaluation env.reset", steps, env.reset)
     returns, lengths = [], []
+    if fused is not None:
+        fused.begin(obs)
     while len(returns) < episodes:
-        action = jax.device_get(policy(params, jax.device_put(obs, device)))
-        steps += 1
-        step = control.call("evaluation env.step", steps, env.step, action)
-        done = step.episode_done
+        if fused is not None:
+            steps += CHUNK_STEPS
+            done, episode_return, episode_length = control.call(
+                "evaluation env.step", steps, fused.chunk, params, steps=CHUNK_STEPS
+            )
+        else:
+            action = jax.device_get(policy(params, jax.device_put(obs, device)))
+            steps += 1
+            step = control.call("evaluation env.step", steps, env.step, action)
+            done, episode_return, episode_length, obs = (
+                step.episode_done, step.episode_return, step.episode_length, step.obs
+            )
         if done.any():
-            returns.extend(step.episode_return[done].tolist())
-            lengths.extend(step.episode_length[done].tolist())
-        obs = step.obs
+            returns.extend(episode_return[done].tolist())
+            lengths.extend(episode_length[done].tolist())
     return np.asarray(returns[:episodes]), np.asarray(lengths[:episodes])
 
 
@@ -92,6 +106,18 @@ class Evaluator:
         self.metrics = metrics
         self.requests: BoundedQueue[_Request] = BoundedQueue(1, lifetime)
         self.results: list[EvalResult] = []
+        self.fused = fused_episodes_for(env, policy, device)
+        """The greedy steps as XLA calls where the env allows it (`podrace.fused_rollout`)."""
+
+    def warm_up(self, params) -> None:
+        """Compile what the evaluator runs, on its device, without stepping its env;
+        `params` as published (`Learner.acting_params()`)."""
+        params = jax.device_put(params, self.device)
+        obs = np.zeros((self.env.num_envs,) + self.env.spec.obs_shape, self.env.spec.obs_dtype)
+        if self.fused is not None:
+            self.fused.compile(params, obs)
+        else:
+            jax.block_until_ready(self.policy(params, jax.device_put(obs, self.device)))
 
     def request(self, version: int) -> None:
         """Ask for an evaluation of `version` without waiting; dropped if busy."""
@@ -113,7 +139,7 @@ class Evaluator:
             snapshot = self.subscriber.get(min_version=request.version)
             start = time.perf_counter()
             returns, lengths = run_episodes(
-                self.env, self.policy, snapshot.params, self.device, self.episodes, self.control
+                self.env, self.policy, snapshot.params, self.device, self.episodes, self.control, self.fused
             )
             result = EvalResult(
                 version=snapshot.version,

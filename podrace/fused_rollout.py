@@ -10,7 +10,7 @@ It computes exactly what the step-by-step loop computes (same key stream, same v
 mask, same episode counting; `tests/test_fused_rollout.py` compares the two). Each chunk
 is one watched env call for the watchdog, and a stop is seen between chunks. Used where it
 can be: an envpool env whose dtypes JAX carries, acting on a CPU device
-(`fused_rollout_for`).
+(`fused_rollout_for`). The evaluator's greedy episodes run the same way (`FusedEpisodes`).
 """
 
 from __future__ import annotations
@@ -131,16 +131,71 @@ def _finish_fn(policy_value: Callable) -> Callable:
     return finish
 
 
-def fused_rollout_for(env: Any, policy: Any, rollout_length: int) -> FusedRollout | None:
-    """A FusedRollout for this actor, or None where the step-by-step loop must run: the env
-    has no XLA step (not envpool, or float64 dtypes), or the actor acts on an accelerator
+class FusedEpisodes:
+    """Greedy evaluation steps compiled, CHUNK_STEPS per XLA call: only whether an episode
+    ended at each step, its return and its length come back to the host."""
+
+    def __init__(self, greedy: Callable, xla_step: Any, device: jax.Device):
+        self.device = device
+        self._handle = xla_step.handle
+        self._chunk: Callable = jax.jit(_greedy_chunk_fn(greedy, xla_step, CHUNK_STEPS))
+        self._carry: EnvCarry | None = None
+
+    def begin(self, obs: np.ndarray) -> None:
+        """After `env.reset()`: the envs' first observations, counts at zero."""
+        num_envs = obs.shape[0]
+        counts = zero_counts(num_envs, np.float32, np.int32)
+        self._carry = jax.device_put(EnvCarry(self._handle, obs, np.zeros(num_envs, bool), counts), self.device)
+
+    def compile(self, params: Any, obs_like: np.ndarray) -> None:
+        """Compile the call for these shapes without stepping the envs."""
+        self.begin(obs_like)
+        self._chunk = self._chunk.lower(params, self._carry).compile()
+        self._carry = None
+
+    def chunk(self, params: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The next CHUNK_STEPS steps: [steps, envs] (episode ended, its return, its length)."""
+        self._carry, rows = self._chunk(params, self._carry)
+        return jax.device_get(rows)
+
+
+def _greedy_chunk_fn(greedy: Callable, env_step: Any, steps: int) -> Callable:
+    def chunk(params, carry: EnvCarry):
+        def body(carry, _):
+            handle, step = env_step(carry.handle, greedy(params, carry.obs))
+            counts, episode_return, episode_length = count_step(
+                carry.counts, step.raw_reward, step.terminated, step.truncated, step.episode_done, xp=jnp
+            )
+            done = step.terminated | step.truncated
+            return EnvCarry(handle, step.obs, done, counts), (step.episode_done, episode_return, episode_length)
+
+        return jax.lax.scan(body, carry, None, length=steps)
+
+    return chunk
+
+
+def _env_xla_step(env: Any, device: jax.Device | None) -> tuple[Any, jax.Device] | None:
+    """(the env's XLA step, the device) where steps can be compiled, else None: the env has
+    no XLA step (not envpool, or float64 dtypes), or the device is an accelerator
     (envpool's custom call runs on the host).
 
     Only an env whose own class defines `xla_step` is fused: a wrapper that forwards other
     attributes to an inner env (`__getattr__`) changes what `step` does, and fusing the
     inner env would silently bypass it."""
-    device = policy.device or jax.devices()[0]
+    device = device or jax.devices()[0]
     if device.platform != "cpu" or getattr(type(env), "xla_step", None) is None:
         return None
     step = env.xla_step()
-    return None if step is None else FusedRollout(env, policy, step, rollout_length, device)
+    return None if step is None else (step, device)
+
+
+def fused_rollout_for(env: Any, policy: Any, rollout_length: int) -> FusedRollout | None:
+    """A FusedRollout for this actor, or None where the step-by-step loop must run."""
+    found = _env_xla_step(env, policy.device)
+    return None if found is None else FusedRollout(env, policy, found[0], rollout_length, found[1])
+
+
+def fused_episodes_for(env: Any, greedy: Callable, device: jax.Device | None) -> FusedEpisodes | None:
+    """FusedEpisodes for an evaluator, or None where it must step its env one call at a time."""
+    found = _env_xla_step(env, device)
+    return None if found is None else FusedEpisodes(greedy, *found)

@@ -159,13 +159,33 @@ def concat_actors(trajs: Sequence[Trajectory]) -> Trajectory:
     ))
 
 
-def make_update_fn(algo: Algorithm, mesh: Mesh, num_actors: int) -> Callable:
+class UpdateFn:
+    """The jitted, sharded update; its metrics come back to the host as one array.
+
+    A dict of scalars fetched as such costs one device->host copy per metric, on the
+    learner's critical path after every update; packed, it is one copy. Calling returns
+    (state, keys, {metric: NumPy scalar}) once the update has run (the metrics are its last
+    output). `jitted` is the step itself, for lowering."""
+
+    def __init__(self, jitted: Callable, names: list[str]):
+        self.jitted = jitted
+        self._names = names  # filled in when `jitted` is traced
+
+    def __call__(self, state: TrainState, trajs: tuple[Trajectory, ...], keys: jax.Array):
+        state, keys, packed = self.jitted(state, trajs, keys)
+        return state, keys, dict(zip(self._names, np.asarray(jax.device_get(packed))))
+
+
+def make_update_fn(algo: Algorithm, mesh: Mesh, num_actors: int) -> UpdateFn:
     """jit(shard_map(update)): (state, per-actor trajectories, env keys) -> (state, keys, metrics)."""
+    names: list[str] = []
 
     def body(state: TrainState, trajs: tuple[Trajectory, ...], keys: jax.Array):
         split = jax.vmap(jax.random.split)(keys)  # [B_local, 2, 2]: next keys, this update's
         state, metrics = algo.update(state, concat_actors(trajs), split[:, 1])
-        return state, split[:, 0], metrics
+        names[:] = sorted(metrics)
+        packed = jnp.stack([jnp.asarray(metrics[name], jnp.float32) for name in names])
+        return state, split[:, 0], packed
 
     sharded = jax.shard_map(
         body,
@@ -173,7 +193,7 @@ def make_update_fn(algo: Algorithm, mesh: Mesh, num_actors: int) -> Callable:
         in_specs=(P(), (TRAJECTORY_SPEC,) * num_actors, P(AXIS)),
         out_specs=(P(), P(AXIS), P()),
     )
-    return jax.jit(sharded)
+    return UpdateFn(jax.jit(sharded), names)
 
 
 def normalizer_specs(normalizer: Normalizer) -> Normalizer:
@@ -308,7 +328,7 @@ class Learner:
         state, keys, metrics = self.update_fn(self.state, trajs, self.keys)
         jax.block_until_ready(state.params)
         learner_step = time.perf_counter() - start
-        metrics = jax.device_get(metrics)
+        metrics = jax.device_get(metrics)  # a fake's or a wrapper's arrays; UpdateFn's are on the host
         self.keys = keys
         if metrics.pop("finite"):
             self.state, self.normalizer = state, normalizer

@@ -86,3 +86,81 @@ def test_busy_evaluator_drops_and_counts_requests():
     evaluator.request(3)
     assert metrics.total("eval/dropped_requests") == 2
     np.testing.assert_equal(len(evaluator.requests), 1)
+
+
+# Compiled evaluation (envpool's XLA step): the same episodes as the step-by-step loop.
+
+def _envpool_evaluation(env_id, num_envs, episodes, compiled, **env_kwargs):
+    from podrace.config import EnvConfig, NetworkConfig
+    from podrace.envs.envpool_backend import EnvpoolEnv
+    from podrace.evaluate import make_greedy_policy
+    from podrace.networks import make_network
+
+    env = EnvpoolEnv(EnvConfig(id=env_id, **env_kwargs), num_envs, seed=11)
+    net = make_network(NetworkConfig(hidden_sizes=(16,)), env.spec)
+    device = jax.devices("cpu")[0]
+    # Large random weights: greedy actions that depend on the observation, so episodes differ.
+    params = net.init(jax.random.PRNGKey(2), np.zeros((1,) + env.spec.obs_shape, env.spec.obs_dtype))
+    params = jax.device_put(jax.tree.map(lambda x: x * 30.0, params), device)
+    greedy = make_greedy_policy(net.apply)
+    evaluator = Evaluator(env, device, greedy, FakeParams(), episodes, Metrics(), control())
+    assert evaluator.fused is not None
+    if not compiled:
+        evaluator.fused = None
+    evaluator.warm_up(params)
+    with jax.transfer_guard("disallow"):
+        out = run_episodes(env, greedy, params, device, episodes, control(), evaluator.fused)
+    env.close()
+    return out
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    "env_id,num_envs,episodes,env_kwargs",
+    [("CartPole-v1", 5, 12, {}), ("Pendulum-v1", 3, 7, {"max_episode_steps": 37})],
+)
+def test_compiled_evaluation_ends_the_same_episodes_as_step_by_step(env_id, num_envs, episodes, env_kwargs):
+    returns, lengths = _envpool_evaluation(env_id, num_envs, episodes, True, **env_kwargs)
+    host_returns, host_lengths = _envpool_evaluation(env_id, num_envs, episodes, False, **env_kwargs)
+    assert len(returns) == episodes and len(set(returns.tolist())) > 1  # episodes that differ
+    np.testing.assert_array_equal(returns, host_returns)  # same episodes, same order, same counts
+    np.testing.assert_array_equal(lengths, host_lengths)
+
+
+@pytest.mark.timeout(120)
+def test_compiled_evaluation_is_watched_per_chunk_and_sees_a_stop_between_chunks():
+    from podrace.config import EnvConfig, NetworkConfig
+    from podrace.envs.envpool_backend import EnvpoolEnv
+    from podrace.evaluate import make_greedy_policy
+    from podrace.fused_rollout import CHUNK_STEPS
+    from podrace.networks import make_network
+
+    env = EnvpoolEnv(EnvConfig(id="CartPole-v1"), 2, seed=0)
+    net = make_network(NetworkConfig(), env.spec)
+    device = jax.devices("cpu")[0]
+    params = jax.device_put(net.init(jax.random.PRNGKey(1), np.zeros((1, 4), np.float32)), device)
+    lifetime, calls = Lifetime(), []
+
+    class StopAfterFirstChunk(Control):
+        def call(self, what, step, fn, *args, steps=1):
+            calls.append((what, step, steps))
+            if len(calls) == 2:  # the reset ran and the first chunk is starting
+                lifetime.stop("test")
+                return fn(*args)  # this chunk runs; the next call must not
+            return super().call(what, step, fn, *args, steps=steps)
+
+    ctl = StopAfterFirstChunk(lifetime, Heartbeat("evaluator"), lambda _: None)
+    evaluator = Evaluator(env, device, make_greedy_policy(net.apply), FakeParams(), 10_000, Metrics(), ctl)
+    evaluator.warm_up(params)
+    with pytest.raises(Stopped):
+        run_episodes(env, evaluator.policy, params, device, 10_000, ctl, evaluator.fused)
+    env.close()
+    assert calls == [("evaluation env.reset", 0, 1), ("evaluation env.step", CHUNK_STEPS, CHUNK_STEPS),
+                     ("evaluation env.step", 2 * CHUNK_STEPS, CHUNK_STEPS)]
+
+
+def test_envs_without_an_xla_step_are_evaluated_step_by_step():
+    env = ScriptedEnv([{2: "terminated"}])
+    evaluator = Evaluator(env, jax.devices()[0], jax.jit(policy), FakeParams(), 1, Metrics(), control())
+    assert evaluator.fused is None
+    evaluator.warm_up(None)

@@ -174,8 +174,3 @@ def warm_up_learner(learner: Learner, trajs: Sequence[Trajectory]) -> None:
     trajectories (state, normalizer and keys are not changed)."""
     _, trajs = learner.prepare(tuple(trajs), [learner.version] * len(trajs))
     jax.block_until_ready(learner.update_fn(learner.state, trajs, learner.keys))
-
-
-def warm_up_greedy(cfg: TrainConfig, spec: EnvSpec, greedy: Callable, params, device: jax.Device) -> None:
-    obs = jax.device_put(np.zeros((cfg.eval.num_envs,) + spec.obs_shape, spec.obs_dtype), device)
-    jax.block_until_ready(greedy(jax.device_put(params, device), obs))

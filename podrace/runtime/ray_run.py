@@ -44,7 +44,7 @@ from podrace.metrics.loggers import check_sinks
 from podrace.pipeline import Pipeline, PlacingSink
 from podrace.runtime.run_log import RunLog
 from podrace.runtime import ray_cluster
-from podrace.runtime.build import build_evaluator, build_learner, dummy_trajectory, warm_up_greedy, warm_up_learner
+from podrace.runtime.build import build_evaluator, build_learner, dummy_trajectory, warm_up_learner
 from podrace.runtime.devices import resolve_devices
 from podrace.runtime.ray_worker import RolloutWorker, Shipment, WorkerSpec
 from podrace.runtime.rundir import create_run_dir, remove_run_dir
@@ -176,15 +176,15 @@ class RayRun:
         starts = [self._spawn(slot) for slot in self.slots]  # workers compile meanwhile
         placed = placement.place(dummy_trajectory(cfg, spec, first))
         warm_up_learner(self.learner, [placed] * cfg.num_actors)
-        warm_up_greedy(cfg, spec, greedy, self.learner.acting_params(), devices.evaluator)
+        params = publisher.subscribe(device=devices.evaluator, name="evaluator")
+        control = Control(lifetime, self.watchdog.heartbeat("evaluator"), metrics.add_many)
+        self.evaluator = build_evaluator(cfg, greedy, devices.evaluator, params, metrics, control)
+        self.evaluator.warm_up(self.learner.acting_params())
         for slot, start in zip(self.slots, starts):
             self._await_start(slot, start)
         self.compile_s = time.perf_counter() - compile_start
         for name in ("ray/restarts", "ray/lost_rollouts"):
             metrics.count(name, 0)
-        params = publisher.subscribe(device=devices.evaluator, name="evaluator")
-        control = Control(lifetime, self.watchdog.heartbeat("evaluator"), metrics.add_many)
-        self.evaluator = build_evaluator(cfg, greedy, devices.evaluator, params, metrics, control)
 
     # Workers -------------------------------------------------------------------------
     def _spawn(self, slot: _Slot) -> Any:

@@ -39,7 +39,6 @@ from podrace.runtime.build import (
     build_evaluator,
     build_learner,
     dummy_trajectory,
-    warm_up_greedy,
     warm_up_learner,
 )
 from podrace.runtime.checkpoints import RunCheckpoints
@@ -196,8 +195,6 @@ class SingleHostRun:
             dummies[device] = placement.place(dummy_trajectory(cfg, spec, device))
         lifetime.check()
         warm_up_learner(self.learner, [dummies[devices.actors[0]]] * cfg.num_actors)
-        lifetime.check()
-        warm_up_greedy(cfg, spec, greedy, published, devices.evaluator)
         self.compile_s = time.perf_counter() - compile_start
 
         def control(name: str) -> Control:
@@ -222,6 +219,10 @@ class SingleHostRun:
         self.evaluator = build_evaluator(
             cfg, greedy, devices.evaluator, params, metrics, control("evaluator"), envs=envs
         )
+        compile_start = time.perf_counter()
+        lifetime.check()
+        self.evaluator.warm_up(published)
+        self.compile_s += time.perf_counter() - compile_start
 
     def _start_state(self, restored: RunState | None) -> RunState:
         """A fresh run's first state, or a restored one with counters, clock and skip count
