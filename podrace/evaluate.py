@@ -138,6 +138,8 @@ class Evaluator:
             request, _ = self.requests.get()
             snapshot = self.subscriber.get(min_version=request.version)
             start = time.perf_counter()
+            if self.fused is not None and self.fused.env is not self.env:
+                self.fused = None  # env swapped since (a wrapper): step by step through it
             returns, lengths = run_episodes(
                 self.env, self.policy, snapshot.params, self.device, self.episodes, self.control, self.fused
             )

@@ -135,8 +135,8 @@ class FusedEpisodes:
     """Greedy evaluation steps compiled, CHUNK_STEPS per XLA call: only whether an episode
     ended at each step, its return and its length come back to the host."""
 
-    def __init__(self, greedy: Callable, xla_step: Any, device: jax.Device):
-        self.device = device
+    def __init__(self, env: Any, greedy: Callable, xla_step: Any, device: jax.Device):
+        self.env, self.device = env, device
         self._handle = xla_step.handle
         self._chunk: Callable = jax.jit(_greedy_chunk_fn(greedy, xla_step, CHUNK_STEPS))
         self._carry: EnvCarry | None = None
@@ -198,4 +198,4 @@ def fused_rollout_for(env: Any, policy: Any, rollout_length: int) -> FusedRollou
 def fused_episodes_for(env: Any, greedy: Callable, device: jax.Device | None) -> FusedEpisodes | None:
     """FusedEpisodes for an evaluator, or None where it must step its env one call at a time."""
     found = _env_xla_step(env, device)
-    return None if found is None else FusedEpisodes(greedy, *found)
+    return None if found is None else FusedEpisodes(env, greedy, *found)
