@@ -41,6 +41,13 @@ class FusedOutput(NamedTuple):
     episode_length: Any  # [T, B]
 
 
+def first_carry(handle: Any, obs: np.ndarray, device: jax.Device) -> EnvCarry:
+    """The carry after `env.reset()`: the envs' first observations, counts at zero."""
+    num_envs = obs.shape[0]
+    counts = zero_counts(num_envs, np.float32, np.int32)
+    return jax.device_put(EnvCarry(handle, obs, np.zeros(num_envs, bool), counts), device)
+
+
 CHUNK_STEPS = 32
 """Env steps per XLA call. A stop and the watchdog are seen between calls: a rollout of
 hundreds of Atari steps on a CPU must not keep a stopping run waiting for its end."""
@@ -69,9 +76,7 @@ class FusedRollout:
 
     def begin(self, obs: np.ndarray) -> None:
         """After `env.reset()`: the envs' first observations, counts at zero."""
-        num_envs = obs.shape[0]
-        counts = zero_counts(num_envs, np.float32, np.int32)
-        self.carry = jax.device_put(EnvCarry(self._handle, obs, np.zeros(num_envs, bool), counts), self.device)
+        self.carry = first_carry(self._handle, obs, self.device)
 
     def compile(self, params: Any, key: Any, obs_like: np.ndarray) -> None:
         """Compile every call for these shapes without stepping the envs (before threads start)."""
@@ -143,9 +148,7 @@ class FusedEpisodes:
 
     def begin(self, obs: np.ndarray) -> None:
         """After `env.reset()`: the envs' first observations, counts at zero."""
-        num_envs = obs.shape[0]
-        counts = zero_counts(num_envs, np.float32, np.int32)
-        self._carry = jax.device_put(EnvCarry(self._handle, obs, np.zeros(num_envs, bool), counts), self.device)
+        self._carry = first_carry(self._handle, obs, self.device)
 
     def compile(self, params: Any, obs_like: np.ndarray) -> None:
         """Compile the call for these shapes without stepping the envs."""

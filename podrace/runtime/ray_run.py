@@ -176,12 +176,13 @@ class RayRun:
         starts = [self._spawn(slot) for slot in self.slots]  # workers compile meanwhile
         placed = placement.place(dummy_trajectory(cfg, spec, first))
         warm_up_learner(self.learner, [placed] * cfg.num_actors)
+        for slot, start in zip(self.slots, starts):
+            self._await_start(slot, start)
+        # The evaluator's env exists only once every worker started (nothing to close before).
         params = publisher.subscribe(device=devices.evaluator, name="evaluator")
         control = Control(lifetime, self.watchdog.heartbeat("evaluator"), metrics.add_many)
         self.evaluator = build_evaluator(cfg, greedy, devices.evaluator, params, metrics, control)
         self.evaluator.warm_up(self.learner.acting_params())
-        for slot, start in zip(self.slots, starts):
-            self._await_start(slot, start)
         self.compile_s = time.perf_counter() - compile_start
         for name in ("ray/restarts", "ray/lost_rollouts"):
             metrics.count(name, 0)
