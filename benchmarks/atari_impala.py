@@ -55,7 +55,8 @@ SKIP = 2
 
 def make_config(args: argparse.Namespace, overrides: list[str], run_dir: str = "runs", **changes):
     """The preset at benchmark sizes; forces the CPU device count before JAX starts."""
-    from podrace.cli import force_cpu_devices, parse_train
+    from podrace.cli import parse_train
+    from podrace.runtime.xla_setup import force_cpu_devices
     from podrace.config import replace
 
     cfg = parse_train([PRESET, *overrides])

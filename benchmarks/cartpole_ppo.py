@@ -77,7 +77,8 @@ def envpool_child(overrides: list[str]) -> dict:
 def child(mode: str, overrides: list[str]) -> dict:
     if mode == "envpool":
         return envpool_child(overrides)
-    from podrace.cli import force_cpu_devices, parse_train
+    from podrace.cli import parse_train
+    from podrace.runtime.xla_setup import force_cpu_devices
     from podrace.config import replace
 
     cfg = parse_train([PRESET, *overrides])

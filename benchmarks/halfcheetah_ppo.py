@@ -39,7 +39,8 @@ VARIANTS = {  # the comparable run first
 
 
 def child(seed: int, overrides: list[str]) -> dict:
-    from podrace.cli import force_cpu_devices, parse_train
+    from podrace.cli import parse_train
+    from podrace.runtime.xla_setup import force_cpu_devices
     from podrace.config import replace
 
     cfg = parse_train([PRESET, "--seed", str(seed), *overrides])

@@ -36,7 +36,8 @@ ENVS = 32
 
 
 def child(mode: str, steps: int, overrides: list[str]) -> dict:
-    from podrace.cli import force_cpu_devices, parse_train
+    from podrace.cli import parse_train
+    from podrace.runtime.xla_setup import force_cpu_devices
 
     kind, _, n = mode.rpartition("-")
     common = [PRESET, "--total-steps", str(steps), "--env.num-envs", str(ENVS), "--log.console", "none",

@@ -18,6 +18,7 @@ from typing import Sequence
 from podrace.config import ConfigError, TrainConfig
 from podrace.control import ComponentError
 from podrace.metrics.loggers import SinkError
+from podrace.runtime.xla_setup import enable_compile_cache, set_xla_flags
 from podrace.validation import validate
 
 USAGE = """usage: podrace train <preset> [--flags]   (podrace train --help lists presets and flags)
@@ -36,29 +37,6 @@ def _explains_itself(error: BaseException) -> bool:
     from podrace.learner import NonFiniteUpdate
 
     return isinstance(error, (NonFiniteUpdate, SinkError))
-
-
-def append_xla_flag(flag: str, value: str) -> None:
-    """Add `flag=value` to XLA_FLAGS unless the user already set that flag."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    if flag not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} {flag}={value}".strip()
-
-
-def force_cpu_devices(count: int) -> None:
-    """Set up XLA:CPU before its backend starts: `count` devices, synchronous dispatch.
-
-    Synchronous dispatch runs a single-device computation on the calling thread. Every
-    podrace loop waits for its results at once (an actor needs its actions), so async
-    dispatch only added a hand-off to a pool thread per call: on 2 cores the actor's CPU
-    time per CartPole step fell by about a quarter without it (benchmarks/cartpole_ppo.py).
-    Multi-device computations (a sharded learner) are dispatched as before.
-    """
-    if count > 1:
-        append_xla_flag("--xla_force_host_platform_device_count", str(count))
-    import jax  # importing does not start a backend; the flags above are read when one starts
-
-    jax.config.update("jax_cpu_enable_async_dispatch", False)
 
 
 def make_working_dir_importable(env_id: str) -> None:
@@ -105,39 +83,6 @@ def split_resume(args: Sequence[str]) -> tuple[tuple[str, int | None] | None, li
     if rest and not rest[0].startswith("-"):
         raise ConfigError(f"--resume continues a run with the config of its checkpoint; drop {rest[0]!r}")
     return (found["--resume"], None if step is None else int(step)), rest
-
-
-def default_compile_cache() -> str:
-    """Where compiled programs are kept across runs unless JAX_COMPILATION_CACHE_DIR says."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "podrace", "xla")
-
-
-def enable_compile_cache() -> None:
-    """Keep compiled programs across runs (JAX's persistent compilation cache).
-
-    A short run spends about a third of its time compiling; with the cache, the next run of
-    the same config loads its programs instead (entries are keyed by the program, shapes,
-    devices and JAX version, so a changed config simply compiles again). podrace's programs
-    each compile in well under the 1 s below which JAX caches nothing by default, so every
-    program is cached. JAX_COMPILATION_CACHE_DIR and
-    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS are respected; JAX_ENABLE_COMPILATION_CACHE=false
-    turns the cache off. A cache that cannot be written costs a warning, never the run."""
-    import jax
-
-    if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
-        jax.config.update("jax_compilation_cache_dir", default_compile_cache())
-    if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-
-
-def set_xla_flags(cfg: TrainConfig) -> None:
-    """The XLA set-up a config asks for; before JAX starts its backend (later calls are no-ops)."""
-    enable_compile_cache()
-    if cfg.layout.platform in (None, "cpu"):
-        force_cpu_devices(cfg.layout.cpu_devices)
-    if cfg.deterministic:
-        append_xla_flag("--xla_gpu_deterministic_ops", "true")
 
 
 def parse_resumed(run_dir: str, step: int | None, args: Sequence[str]):
@@ -392,6 +337,7 @@ def eval_command(args: Sequence[str]) -> int:
     from podrace.eval_command import EvalOptions, evaluate_run, summary
 
     warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
+    enable_compile_cache()
     try:
         opts = parse(lambda: tyro.cli(EvalOptions, prog="podrace eval", args=list(args)))
         result = evaluate_run(opts)

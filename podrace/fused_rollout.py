@@ -15,11 +15,13 @@ can be: an envpool env whose dtypes JAX carries, acting on a CPU device
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src import config as jax_config
 
 from podrace.envs.episode_stats import EpisodeCounts, count_step, zero_counts
 from podrace.types import Trajectory
@@ -84,7 +86,7 @@ class FusedRollout:
         self.begin(obs_like)
         rows = []
         for n, fn in self._chunks.items():
-            self._chunks[n] = fn.lower(params, key, self.carry).compile()
+            self._chunks[n] = compile_uncached(fn.lower(params, key, self.carry))
         for n in self.lengths:  # the rows' shapes, from the compiled chunks' output types
             _, _, out = self._chunks[n].out_info
             rows.append(jax.tree.map(lambda info: jax.ShapeDtypeStruct(info.shape, info.dtype, sharding=info.sharding), out))
@@ -153,7 +155,7 @@ class FusedEpisodes:
     def compile(self, params: Any, obs_like: np.ndarray) -> None:
         """Compile the call for these shapes without stepping the envs."""
         self.begin(obs_like)
-        self._chunk = self._chunk.lower(params, self._carry).compile()
+        self._chunk = compile_uncached(self._chunk.lower(params, self._carry))
         self._carry = None
 
     def chunk(self, params: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -175,6 +177,17 @@ def _greedy_chunk_fn(greedy: Callable, env_step: Any, steps: int) -> Callable:
         return jax.lax.scan(body, carry, None, length=steps)
 
     return chunk
+
+
+def compile_uncached(lowered: Any) -> Any:
+    """Compile without writing JAX's persistent cache (`podrace train` turns it on).
+
+    envpool's XLA step names its env object (its id and address) in the program, so a
+    program with env steps differs in every run: no later run can load its entry, and each
+    run would only grow the cache. The threshold is set for this thread only (a JAX config
+    context, not yet public API)."""
+    with jax_config.persistent_cache_min_compile_time_secs(math.inf):
+        return lowered.compile()
 
 
 def _env_xla_step(env: Any, device: jax.Device | None) -> tuple[Any, jax.Device] | None:

@@ -6,6 +6,10 @@ _FLAG = "--xla_force_host_platform_device_count=4"
 if _FLAG.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# `podrace train` turns JAX's persistent compilation cache on; the suite must neither write
+# into the user's cache nor depend on what an earlier run left there (tests/runtime/
+# test_xla_setup.py turns it on, in a temporary directory, for the one test of the cache).
+os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
 
 _config = None
 
