@@ -10,7 +10,12 @@ caches and peak RSS are not shared), one after the other, `--repeats` times inte
   actor-only  the same actors and pipeline with the learner's update replaced by a no-op
               (params are still published every batch, so actors pace exactly as in e2e);
   envpool     raw envpool stepping of the preset's env id with the preset's env count per
-              actor (synchronous, random actions, no policy): the ceiling for the actors.
+              actor (synchronous, random actions, no policy), with envpool's default worker
+              threads and with the count podrace gives an actor (`env.num_threads`): the
+              faster of the two is the ceiling for the actors;
+  purejaxrl   (with --purejaxrl DIR --purejaxrl-python PY) PureJaxRL's CartPole PPO, envs
+              compiled into JAX, the same 976 updates of 512 samples, whole process, in its
+              own environment (benchmarks/purejaxrl_child.py).
 Ratios: e2e_sps / actor_only_sps (how well the learner hides behind the actors) and each
 over envpool_sps (how much of raw env speed the actor loop keeps). Every child also reports
 its process CPU seconds (user + system, all threads): on a shared, loaded machine the CPU
@@ -39,9 +44,6 @@ from pathlib import Path
 
 _START = time.perf_counter()
 PRESET = "cartpole-ppo"
-PUREJAXRL_REFERENCE_S = 9.3
-"""PureJaxRL's CartPole PPO (same 500k steps and 976 updates, envs compiled into JAX), whole
-process on an idle 2-core machine, as measured for issue 15; not re-measured here."""
 ENVPOOL_STEPS = 3000
 
 
@@ -54,24 +56,31 @@ def envpool_child(overrides: list[str]) -> dict:
     import numpy as np
 
     from podrace.cli import parse_train
+    from podrace.runtime.build import env_threads
 
     cfg = parse_train([PRESET, *overrides])
     import envpool
 
     n = cfg.env.num_envs
-    env = envpool.make(cfg.env.id, env_type="gymnasium", num_envs=n, batch_size=n, seed=0)
-    env.reset()
-    actions = np.random.default_rng(0).integers(0, env.action_space.n, size=(ENVPOOL_STEPS, n), dtype=np.int32)
-    for a in actions[:100]:
-        env.step(a)
-    cpu0, start = cpu_s(), time.perf_counter()
-    for a in actions:
-        env.step(a)
-    wall = time.perf_counter() - start
-    env.close()
-    steps = ENVPOOL_STEPS * n
-    return {"mode": "envpool", "num_envs": n, "env_steps": steps, "sps": steps / wall,
-            "cpu_us_per_env_step": (cpu_s() - cpu0) / steps * 1e6}
+    out = {"mode": "envpool", "num_envs": n}
+    for label, threads in (("default_threads", None), ("podrace_threads", env_threads(cfg))):
+        kwargs = {} if threads is None else {"num_threads": threads}
+        env = envpool.make(cfg.env.id, env_type="gymnasium", num_envs=n, batch_size=n, seed=0, **kwargs)
+        env.reset()
+        actions = np.random.default_rng(0).integers(0, env.action_space.n, size=(ENVPOOL_STEPS, n), dtype=np.int32)
+        for a in actions[:100]:
+            env.step(a)
+        cpu0, start = cpu_s(), time.perf_counter()
+        for a in actions:
+            env.step(a)
+        wall = time.perf_counter() - start
+        steps = ENVPOOL_STEPS * n
+        out[label] = {"num_threads": env.config["num_threads"], "sps": steps / wall,
+                      "cpu_us_per_env_step": (cpu_s() - cpu0) / steps * 1e6}
+        env.close()
+    best = max((out["default_threads"], out["podrace_threads"]), key=lambda r: r["sps"])
+    out.update(env_steps=ENVPOOL_STEPS * n, sps=best["sps"], cpu_us_per_env_step=best["cpu_us_per_env_step"])
+    return out
 
 
 def child(mode: str, overrides: list[str]) -> dict:
@@ -120,7 +129,9 @@ def child(mode: str, overrides: list[str]) -> dict:
     }
 
 
-def run_child(mode: str, overrides: list[str], pythonpath: str | None, compile_cache: str | None = None) -> dict:
+def run_child(mode: str, overrides: list[str], pythonpath: str | None, compile_cache: str | None = None,
+              command: list[str] | None = None) -> dict:
+    """One child process: this script in `mode`, or `command` (another program's run)."""
     env = dict(os.environ)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
@@ -128,7 +139,8 @@ def run_child(mode: str, overrides: list[str], pythonpath: str | None, compile_c
         env.update(JAX_COMPILATION_CACHE_DIR=compile_cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     start = time.perf_counter()
     out = subprocess.run(
-        [sys.executable, __file__, "--mode", mode, *overrides], check=True, capture_output=True, text=True, env=env
+        command or [sys.executable, __file__, "--mode", mode, *overrides], check=True, capture_output=True, text=True,
+        env=env,
     ).stdout
     result = json.loads(out.strip().splitlines()[-1])
     result["whole_process_s"] = time.perf_counter() - start
@@ -157,14 +169,21 @@ def main() -> None:
                              "(a before/after comparison under the same load); reported under 'baseline'")
     parser.add_argument("--compile-cache", metavar="DIR",
                         help="children use JAX's persistent compilation cache in DIR (fill it first: run twice)")
+    parser.add_argument("--purejaxrl", metavar="DIR",
+                        help="also run PureJaxRL's CartPole PPO from this checkout of luchris429/purejaxrl")
+    parser.add_argument("--purejaxrl-python", metavar="PY",
+                        help="the Python of an environment with PureJaxRL's requirements (for --purejaxrl)")
     parser.add_argument("--mode", choices=["e2e", "actor-only", "envpool"], help=argparse.SUPPRESS)
     args, overrides = parser.parse_known_args()
     if args.mode:
         print(json.dumps(child(args.mode, overrides)))
         return
+    if bool(args.purejaxrl) != bool(args.purejaxrl_python):
+        parser.error("--purejaxrl and --purejaxrl-python go together")
     modes = ("envpool", "e2e", "actor-only")
     runs: dict[str, list[dict]] = {m: [] for m in modes}
     baseline: dict[str, list[dict]] = {m: [] for m in modes}
+    purejaxrl: list[dict] = []
     load = [os.getloadavg()[0]]
     for _ in range(args.repeats):
         for mode in modes:
@@ -173,6 +192,11 @@ def main() -> None:
                 into[mode].append(run_child(mode, overrides, path, args.compile_cache))
                 load.append(os.getloadavg()[0])
                 print(f"{mode} ({path or 'this checkout'}): {json.dumps(into[mode][-1])}", file=sys.stderr)
+        if args.purejaxrl:
+            child = str(Path(__file__).with_name("purejaxrl_child.py"))
+            purejaxrl.append(run_child("purejaxrl", [], None, command=[args.purejaxrl_python, child, args.purejaxrl]))
+            load.append(os.getloadavg()[0])
+            print(f"purejaxrl: {json.dumps(purejaxrl[-1])}", file=sys.stderr)
     raw, e2e, actors = (median_run(runs[m]) for m in modes)
     startup = {
         "whole_process_s": e2e["whole_process_s"],
@@ -182,8 +206,8 @@ def main() -> None:
         "train_s": e2e["learn_s"],
         "final_eval_and_shutdown_s": e2e["eval_and_shutdown_s"],
         "interpreter_start_and_exit_s": e2e["interpreter_start_and_exit_s"],
-        "purejaxrl_reference_s": PUREJAXRL_REFERENCE_S,
     }
+    pjr = median_run(purejaxrl) if purejaxrl else None
     ratios = {
         "e2e_over_actor_only": e2e["sps"] / actors["sps"],
         "e2e_over_envpool": e2e["sps"] / raw["sps"],
@@ -211,10 +235,13 @@ def main() -> None:
             "ratio>=0.9": ratios["e2e_over_actor_only"] >= 0.9,
             "e2e>=0.4*envpool": ratios["e2e_over_envpool"] >= 0.4,
             "actor_only>=0.5*envpool": ratios["actor_only_over_envpool"] >= 0.5,
-            "whole_process<=purejaxrl_reference": startup["whole_process_s"] <= PUREJAXRL_REFERENCE_S,
+            "whole_process<=purejaxrl": None if pjr is None else startup["whole_process_s"] <= pjr["whole_process_s"],
         },
-        "runs": runs,
+        "purejaxrl": pjr,
+        "runs": {**runs, "purejaxrl": purejaxrl},
     }
+    if pjr is not None:
+        ratios["whole_process_over_purejaxrl"] = startup["whole_process_s"] / pjr["whole_process_s"]
     if args.baseline:
         b_raw, b_e2e, b_actors = (median_run(baseline[m]) for m in modes)
         report["baseline"] = {
@@ -239,7 +266,7 @@ def main() -> None:
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps({k: report[k] for k in ("ratios", "startup", "targets")}, indent=2))
+    print(json.dumps({k: report[k] for k in ("ratios", "startup", "targets", "purejaxrl")}, indent=2))
     if args.baseline:
         print(json.dumps({"this_over_baseline": report["baseline"]["this_over_baseline"]}, indent=2))
 

@@ -31,8 +31,9 @@ import numpy as np
 
 from podrace.control import Control, Stopped
 from podrace.envs import BatchedEnv
-from podrace.fused_rollout import fused_rollout_for
+from podrace.fused_rollout import fused_rollout_for, unpack_episodes
 from podrace.sync.base import Subscriber
+from podrace.sync.placement import place
 from podrace.types import Rollout, Trajectory
 
 
@@ -40,7 +41,7 @@ from podrace.types import Rollout, Trajectory
 class PolicyFns:
     """Jitted functions an actor runs, and the device it runs them on."""
 
-    step: Callable  # (params, obs, key) -> (action, logprob, value, key)
+    step: Callable  # (params, obs, key data) -> (action, logprob, value, key data); see `sampling_key`
     value: Callable  # (params, obs) -> value
     stack: Callable  # (tuple of per-step arrays...) -> stacked [T, ...] arrays
     device: jax.Device | None = None
@@ -62,23 +63,26 @@ evaluator keys stay threefry."""
 
 
 def sampling_key(key: jax.Array) -> jax.Array:
-    """The actor's sampling key derived from a raw (threefry) key, e.g. `ActorSettings.key`.
+    """The actor's sampling key derived from a raw (threefry) key, e.g. `ActorSettings.key`:
+    the raw data (uint32[4]) of a SAMPLING_PRNG key, which `PolicyFns.step` takes and returns.
 
-    Raw uint32[2] keys stay the currency of settings and checkpoints; the conversion is a
-    pure function of them, so a resumed or restarted actor derives the same key again.
+    Raw keys cross jitted calls because JAX's C++ dispatch takes arrays of standard dtypes
+    only: a typed key sent every policy call through its Python path (about 25 us more per
+    call on the 2-core machine). Raw uint32[2] keys stay the currency of settings and
+    checkpoints; the conversion is a pure function of them, so a resumed or restarted actor
+    derives the same key again.
     """
     if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):  # a typed threefry key: its raw data
         key = jax.random.key_data(key)
-    data = jax.random.bits(jax.random.wrap_key_data(key, impl="threefry2x32"), (4,), jnp.uint32)
-    return jax.random.wrap_key_data(data, impl=SAMPLING_PRNG)
+    return jax.random.bits(jax.random.wrap_key_data(key, impl="threefry2x32"), (4,), jnp.uint32)
 
 
 def make_policy_fns(apply_fn: Callable) -> PolicyFns:
-    def step(params, obs, key):
-        key, sample_key = jax.random.split(key)
+    def step(params, obs, key_data):
+        key, sample_key = jax.random.split(jax.random.wrap_key_data(key_data, impl=SAMPLING_PRNG))
         dist, value = apply_fn(params, obs)
         action = dist.sample(sample_key)
-        return action, dist.log_prob(action), value, key
+        return action, dist.log_prob(action), value, jax.random.key_data(key)
 
     def value(params, obs):
         return apply_fn(params, obs)[1]
@@ -145,7 +149,7 @@ class Actor:
         """Compile what this actor runs, on its device, without stepping its envs (results
         discarded); `params` as published (`Learner.acting_params()`)."""
         T, B, device = self.settings.rollout_length, self.env.num_envs, self.policy.device
-        params = jax.device_put(params, device)
+        params = place(params, device)
         obs = np.zeros((B,) + self.env.spec.obs_shape, self.env.spec.obs_dtype)
         if self.fused is not None:
             self.fused.compile(params, self.key, obs)
@@ -199,15 +203,17 @@ class Actor:
     def _fused_rollout(self, seq: int) -> Rollout:
         start = time.perf_counter()
         params, key, rows = self.snapshot.params, self.key, []
-        for steps in self.fused.lengths:
-            # `steps` env steps in one call: the watchdog allows each its timeout, as it does
-            # one call at a time in the step-by-step loop; a stop is seen between calls.
+        *leading, last = self.fused.lengths
+        # `steps` env steps in one call: the watchdog allows each its timeout, as it does one
+        # call at a time in the step-by-step loop; a stop is seen between calls.
+        for steps in leading:
             key, chunk = self._env_call("env.rollout", self.fused.chunk, steps, params, key, seq=seq, steps=steps)
             self.env_steps += steps
             rows.append(chunk)
+        key, out = self._env_call("env.rollout", self.fused.last, params, key, rows, seq=seq, steps=last)
+        self.env_steps += last
         self.key = key
-        out = self.fused.finish(params, rows)
-        done, returns, lengths = jax.device_get((out.episode_done, out.episode_return, out.episode_length))
+        done, returns, lengths = unpack_episodes(jax.device_get(out.episodes))
         return Rollout(
             actor_id=self.settings.actor_id,
             seq=seq,

@@ -27,6 +27,11 @@ class EnvConfig:
     """`auto` uses envpool when it knows the id, Gymnasium otherwise."""
     num_envs: int = 8
     """Environments stepped together by one actor thread."""
+    num_threads: int | None = None
+    """envpool: worker threads stepping one actor's (or the evaluator's) envs. None: with the
+    thread runtime, each actor's share of this host's CPU cores after one kept for the
+    learner, at least 1 (CartPole-sized envs step fastest on one: synchronising workers
+    costs more than their physics); Ray workers keep envpool's default."""
     max_episode_steps: int | None = None
     """Override the env's own time limit (truncation); None keeps the env default."""
     # Atari (envpool *-v5 ids); ignored by other envs.

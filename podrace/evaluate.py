@@ -21,6 +21,7 @@ from podrace.metrics.registry import Metrics
 from podrace.pipeline import BoundedQueue
 from podrace.control import Control
 from podrace.sync.base import Subscriber
+from podrace.sync.placement import place
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ class Evaluator:
     def warm_up(self, params) -> None:
         """Compile what the evaluator runs, on its device, without stepping its env;
         `params` as published (`Learner.acting_params()`)."""
-        params = jax.device_put(params, self.device)
+        params = place(params, self.device)
         obs = np.zeros((self.env.num_envs,) + self.env.spec.obs_shape, self.env.spec.obs_dtype)
         if self.fused is not None:
             self.fused.compile(params, obs)

@@ -3,8 +3,9 @@
 On XLA:CPU a small policy's cost is per-call overhead (dispatch, a host->device copy of the
 observations, a device->host copy of the actions, Python bookkeeping), paid once per env
 step by the step-by-step loop. envpool exposes its step as an XLA custom call, so for its
-envs up to CHUNK_STEPS steps run inside one `lax.scan`, and one more call assembles the
-trajectory: nothing crosses between host and device but the episode statistics at its end.
+envs up to CHUNK_STEPS steps run inside one `lax.scan`, and the last call also assembles the
+trajectory (a rollout of up to CHUNK_STEPS steps is one call): nothing crosses between host
+and device but the episode statistics at its end, packed into one array.
 
 It computes exactly what the step-by-step loop computes (same key stream, same valid
 mask, same episode counting; `tests/test_fused_rollout.py` compares the two). Each chunk
@@ -38,9 +39,22 @@ class EnvCarry(NamedTuple):
 
 class FusedOutput(NamedTuple):
     trajectory: Trajectory
-    episode_done: Any  # [T, B] a reported episode ended at this step
-    episode_return: Any  # [T, B]
-    episode_length: Any  # [T, B]
+    episodes: Any
+    """int32 [3, T, B]: a reported episode ended at this step, its return (float32 bits),
+    its length; one array, so the host fetches a rollout's episode statistics in one copy
+    (`unpack_episodes`)."""
+
+
+def pack_episodes(done: Any, returns: Any, lengths: Any) -> Any:
+    """[steps, envs] episode ends, float32 returns and int32 lengths as one int32 array."""
+    bits = jax.lax.bitcast_convert_type(returns.astype(jnp.float32), jnp.int32)
+    return jnp.stack([done.astype(jnp.int32), bits, lengths.astype(jnp.int32)])
+
+
+def unpack_episodes(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The host side of `pack_episodes`: (done, returns, lengths), each [steps, envs]."""
+    packed = np.asarray(packed)
+    return packed[0].astype(bool), packed[1].view(np.float32), packed[2]
 
 
 def first_carry(handle: Any, obs: np.ndarray, device: jax.Device) -> EnvCarry:
@@ -64,16 +78,21 @@ def chunk_lengths(rollout_length: int) -> list[int]:
 
 class FusedRollout:
     """T steps of `policy` on `env` (its `xla_step()`) as compiled calls of at most
-    CHUNK_STEPS steps, and one call that assembles the trajectory."""
+    CHUNK_STEPS steps; the last call also assembles the trajectory, so a rollout of up to
+    CHUNK_STEPS steps is one call.
+
+    Keys cross the calls as raw key data (`jax.random.key_data`): JAX's C++ dispatch takes
+    arrays of standard dtypes only, and a typed key sends every call through its Python
+    path (about 25 us more per call here)."""
 
     def __init__(self, env: Any, policy: Any, xla_step: Any, rollout_length: int, device: jax.Device):
         self.env, self.policy, self.device = env, policy, device
         self.lengths = chunk_lengths(rollout_length)
         self._handle = xla_step.handle
         self._chunks: dict[int, Callable] = {
-            n: jax.jit(_chunk_fn(policy.step, xla_step, n)) for n in sorted(set(self.lengths))
+            n: jax.jit(_chunk_fn(policy.step, xla_step, n)) for n in sorted(set(self.lengths[:-1]))
         }
-        self._finish: Callable = jax.jit(_finish_fn(policy.value))
+        self._last: Callable = jax.jit(_last_fn(policy.step, policy.value, xla_step, self.lengths[-1]))
         self.carry: EnvCarry | None = None
 
     def begin(self, obs: np.ndarray) -> None:
@@ -87,55 +106,66 @@ class FusedRollout:
         rows = []
         for n, fn in self._chunks.items():
             self._chunks[n] = compile_uncached(fn.lower(params, key, self.carry))
-        for n in self.lengths:  # the rows' shapes, from the compiled chunks' output types
+        for n in self.lengths[:-1]:  # the rows' shapes, from the compiled chunks' output types
             _, _, out = self._chunks[n].out_info
             rows.append(jax.tree.map(lambda info: jax.ShapeDtypeStruct(info.shape, info.dtype, sharding=info.sharding), out))
-        self._finish = self._finish.lower(params, tuple(rows), self.carry).compile()
+        self._last = compile_uncached(self._last.lower(params, key, self.carry, tuple(rows)))
         self.carry = carry
 
     def chunk(self, steps: int, params: Any, key: Any) -> tuple[Any, Any]:
-        """The next `steps` steps from the current carry: (new key, rows); the carry moves on.
+        """The next `steps` steps of a rollout but its last: (new key, rows); the carry moves on.
 
         Returns once the steps ran (not when they were dispatched): the watchdog then times
         the env itself, and no env is closed under a call still running or queued."""
         key, self.carry, rows = jax.block_until_ready(self._chunks[steps](params, key, self.carry))
         return key, rows
 
-    def finish(self, params: Any, rows: list) -> FusedOutput:
-        """The rollout from its chunks' rows (and the bootstrap value of the current obs)."""
-        return self._finish(params, tuple(rows), self.carry)
+    def last(self, params: Any, key: Any, rows: list) -> tuple[Any, FusedOutput]:
+        """The rollout's last steps, and the rollout from the earlier chunks' `rows` and
+        these (with the bootstrap value of the obs after them): (new key, output).
+        Returns once it ran, as `chunk` does."""
+        key, self.carry, out = jax.block_until_ready(self._last(params, key, self.carry, tuple(rows)))
+        return key, out
+
+
+def _scan_steps(policy_step: Callable, env_step: Any, steps: int, params, key, carry: EnvCarry):
+    """`steps` steps of policy and env from `carry`: ((raw key, carry), rows)."""
+
+    def body(state, _):
+        key, carry = state
+        action, logprob, value, key = policy_step(params, carry.obs, key)
+        handle, step = env_step(carry.handle, action)
+        counts, episode_return, episode_length = count_step(
+            carry.counts, step.raw_reward, step.terminated, step.truncated, step.episode_done, xp=jnp
+        )
+        row = (carry.obs, action, logprob, value, step.reward, step.terminated, step.truncated,
+               ~carry.prev_done, step.episode_done, episode_return, episode_length)
+        done = step.terminated | step.truncated
+        return (key, EnvCarry(handle, step.obs, done, counts)), row
+
+    return jax.lax.scan(body, (key, carry), None, length=steps)
 
 
 def _chunk_fn(policy_step: Callable, env_step: Any, steps: int) -> Callable:
     def chunk(params, key, carry: EnvCarry):
-        def body(state, _):
-            key, carry = state
-            action, logprob, value, key = policy_step(params, carry.obs, key)
-            handle, step = env_step(carry.handle, action)
-            counts, episode_return, episode_length = count_step(
-                carry.counts, step.raw_reward, step.terminated, step.truncated, step.episode_done, xp=jnp
-            )
-            row = (carry.obs, action, logprob, value, step.reward, step.terminated, step.truncated,
-                   ~carry.prev_done, step.episode_done, episode_return, episode_length)
-            done = step.terminated | step.truncated
-            return (key, EnvCarry(handle, step.obs, done, counts)), row
-
-        (key, carry), rows = jax.lax.scan(body, (key, carry), None, length=steps)
+        (key, carry), rows = _scan_steps(policy_step, env_step, steps, params, key, carry)
         return key, carry, rows
 
     return chunk
 
 
-def _finish_fn(policy_value: Callable) -> Callable:
-    def finish(params, chunks: tuple, carry: EnvCarry) -> FusedOutput:
-        rows = jax.tree.map(lambda *parts: jnp.concatenate(parts), *chunks) if len(chunks) > 1 else chunks[0]
+def _last_fn(policy_step: Callable, policy_value: Callable, env_step: Any, steps: int) -> Callable:
+    def last(params, key, carry: EnvCarry, earlier: tuple):
+        (key, carry), rows = _scan_steps(policy_step, env_step, steps, params, key, carry)
+        chunks = (*earlier, rows)
+        rows = jax.tree.map(lambda *parts: jnp.concatenate(parts), *chunks) if len(chunks) > 1 else rows
         obs, actions, logprobs, values, rewards, terminated, truncated, valid, done, returns, lengths = rows
         last_value = policy_value(params, carry.obs)
         trajectory = Trajectory(obs, actions, logprobs, values, rewards, terminated, truncated, valid,
                                 carry.obs, last_value)
-        return FusedOutput(trajectory, done, returns, lengths)
+        return key, carry, FusedOutput(trajectory, pack_episodes(done, returns, lengths))
 
-    return finish
+    return last
 
 
 class FusedEpisodes:
@@ -160,8 +190,8 @@ class FusedEpisodes:
 
     def chunk(self, params: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The next CHUNK_STEPS steps: [steps, envs] (episode ended, its return, its length)."""
-        self._carry, rows = self._chunk(params, self._carry)
-        return jax.device_get(rows)
+        self._carry, packed = self._chunk(params, self._carry)
+        return unpack_episodes(jax.device_get(packed))
 
 
 def _greedy_chunk_fn(greedy: Callable, env_step: Any, steps: int) -> Callable:
@@ -174,7 +204,8 @@ def _greedy_chunk_fn(greedy: Callable, env_step: Any, steps: int) -> Callable:
             done = step.terminated | step.truncated
             return EnvCarry(handle, step.obs, done, counts), (step.episode_done, episode_return, episode_length)
 
-        return jax.lax.scan(body, carry, None, length=steps)
+        carry, rows = jax.lax.scan(body, carry, None, length=steps)
+        return carry, pack_episodes(*rows)
 
     return chunk
 

@@ -120,6 +120,8 @@ def validate(cfg: TrainConfig) -> None:
     _check_folder_name("name", cfg.name)
     positive("rollout_length", cfg.rollout_length)
     positive("env.num_envs", cfg.env.num_envs)
+    if cfg.env.num_threads is not None:
+        positive("env.num_threads", cfg.env.num_threads)
     positive("layout.actors_per_device", cfg.layout.actors_per_device)
     if cfg.layout.actors_per_device > MAX_ACTORS_PER_DEVICE:
         raise ConfigError(

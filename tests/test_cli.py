@@ -19,6 +19,8 @@ def run_cli(capsys, *args):
     "flags,message",
     [
         (["--env.num-envs", "0"], "env.num_envs must be positive"),
+        (["--env.num-threads", "0"], "env.num_threads must be positive"),
+        (["--env.num-threads", "-2"], "env.num_threads must be positive"),
         (["--layout.learner-device-ids", "0", "1", "2", "--env.num-envs", "8"], "divisible"),
         (["--env.id", "NoSuchEnv-v0"], "unknown env id"),
         (["--rollout-length", "-3"], "rollout_length must be positive"),

@@ -67,11 +67,12 @@ def run_actor(env_id: str, num_envs: int, T: int, fused: bool, network: NetworkC
     "env_id,num_envs,T,network,env_kwargs",
     [
         ("CartPole-v1", 8, 40, NetworkConfig(), {}),  # discrete, episodes end inside rollouts; chunks 32 + 8
+        ("CartPole-v1", 16, 8, NetworkConfig(), {}),  # the cartpole-ppo shape: one call per rollout
         ("Pendulum-v1", 4, 64, NetworkConfig(), {}),  # continuous (clipped), truncated at 200 steps
         # Atari: lost lives terminate learning episodes, game over ends reported ones
         ("Breakout-v5", 4, 32, NetworkConfig(torso="nature_cnn", hidden_sizes=(32,)), {"image_size": 42}),
     ],
-    ids=["cartpole", "pendulum", "breakout"],
+    ids=["cartpole", "cartpole-one-call", "pendulum", "breakout"],
 )
 def test_fused_rollouts_equal_step_by_step_rollouts(env_id, num_envs, T, network, env_kwargs):
     fused = run_actor(env_id, num_envs, T, True, network, **env_kwargs)
@@ -195,3 +196,37 @@ def test_a_long_rollout_runs_in_watched_chunks_and_a_stop_is_seen_between_them()
     jax.effects_barrier()
     assert calls == [("env.reset", 0, 1), ("env.rollout", 0, CHUNK_STEPS), ("env.rollout", CHUNK_STEPS, CHUNK_STEPS)]
     assert actor.env_steps == CHUNK_STEPS and not sink.rollouts  # the second chunk never ran
+
+
+@pytest.mark.timeout(120)
+def test_a_one_call_rollout_returns_only_once_it_ran():
+    """A rollout of at most CHUNK_STEPS steps is one call (steps and trajectory together); it
+    too returns only once its steps ran, so a stop right after it closes no env under it."""
+    from podrace.control import Stopped
+
+    env = EnvpoolEnv(EnvConfig(id="CartPole-v1"), 64, seed=0)
+    net = make_network(NetworkConfig(), env.spec)
+    device = jax.devices("cpu")[0]
+    params = jax.device_put(net.init(jax.random.PRNGKey(1), np.zeros((1, 4), np.float32)), device)
+    lifetime = Lifetime()
+    calls = []
+
+    class StopAfterTheRollout(Control):
+        def call(self, what, step, fn, *args, steps=1):
+            out = super().call(what, step, fn, *args, steps=steps)
+            calls.append(what)
+            if what == "env.rollout":
+                lifetime.stop("test")
+            return out
+
+    settings = ActorSettings(0, 16, 3, max_policy_lag=1, key=jax.random.PRNGKey(3))
+    sink = ListSink()
+    actor = Actor(settings, env, make_policy_fns(net.apply).on(device), FixedParams(params), sink,
+                  StopAfterTheRollout(lifetime, Heartbeat("actor-0"), lambda _: None))
+    actor.warm_up(params)
+    with pytest.raises(Stopped):
+        actor.run()
+    assert calls == ["env.reset", "env.rollout"] and len(sink.rollouts) == 1
+    assert all(leaf.is_ready() for leaf in jax.tree.leaves(actor.fused.carry))
+    env.close()
+    jax.effects_barrier()

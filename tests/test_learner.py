@@ -53,7 +53,8 @@ def one_update(cfg, num_learners, host_trajs):
     trajs = tuple(placement.place(jax.device_put(t, jax.devices()[0])) for t in host_trajs)
     update = make_update_fn(algo, mesh, ACTORS)
     new_state, _, metrics = update(state, trajs, env_keys(jax.random.PRNGKey(1), ACTORS, B, mesh))
-    assert trajs[0].obs.sharding.spec == P(None, AXIS)
+    if num_learners > 1:  # one learner device takes a rollout made there as it is
+        assert trajs[0].obs.sharding.spec == P(None, AXIS)
     assert len(trajs[0].obs.addressable_shards) == num_learners
     return jax.device_get(new_state.params), jax.device_get(metrics)
 
@@ -313,3 +314,20 @@ def test_placement_gives_each_learner_device_its_slice_of_the_envs():
             d = mesh.devices.flat[:].tolist().index(shard.device)
             expected = np.take(getattr(host, name), range(d * B // 4, (d + 1) * B // 4), axis=env_axis)
             np.testing.assert_array_equal(np.asarray(shard.data), expected, err_msg=name)
+
+
+@pytest.mark.timeout(60)
+def test_one_learner_device_takes_a_rollout_made_there_as_it_is_and_moves_others():
+    learner_device, other = jax.devices()[:2]
+    placement = LearnerPlacement(*trajectory_shardings(make_mesh([learner_device])))
+    host = random_trajectory(np.random.default_rng(0), env_spec(EnvConfig(id="CartPole-v1", num_envs=B)))
+    made_there = jax.device_put(host, learner_device)
+    placed = placement.place(made_there)  # a CPU actor sharing the learner's device: no copy
+    for name in Trajectory._fields:
+        got, src = getattr(placed, name), getattr(made_there, name)
+        assert got.devices() == {learner_device} and got.unsafe_buffer_pointer() == src.unsafe_buffer_pointer()
+    for source in (jax.device_put(host, other), host):  # another device's rollout, a host one (Ray)
+        placed = placement.place(source)
+        for name in Trajectory._fields:
+            assert getattr(placed, name).devices() == {learner_device}, name
+            np.testing.assert_array_equal(np.asarray(getattr(placed, name)), getattr(host, name), err_msg=name)

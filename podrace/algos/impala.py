@@ -21,6 +21,7 @@ from typing import Callable, Literal
 import jax
 import jax.numpy as jnp
 import optax
+from jax.flatten_util import ravel_pytree
 
 from podrace.algos.advantages import vtrace
 from podrace.algos.base import Algorithm, TrainState
@@ -160,10 +161,11 @@ def make_impala(
             minibatches = jax.tree.map(lambda x: x[None], traj)
         else:
             minibatches = split_minibatches(traj, minibatch_envs(keys, num_mb))
-        carry = (state.params, state.opt_state, state.step * num_mb)
-        (params, opt_state, _), metrics = jax.lax.scan(
-            minibatch_step, carry, minibatches, unroll=min(scan_unroll, num_mb)
+        flat, unravel = ravel_pytree(state.params)
+        carry = (flat, state.opt_state, state.step * num_mb)
+        (flat, opt_state, _), metrics = jax.lax.scan(
+            minibatch_step(unravel), carry, minibatches, unroll=min(scan_unroll, num_mb)
         )
-        return TrainState(params, opt_state, state.step + 1), reduce_metrics(metrics)
+        return TrainState(unravel(flat), opt_state, state.step + 1), reduce_metrics(metrics)
 
     return Algorithm(init=init, update=update)

@@ -15,6 +15,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+from jax.flatten_util import ravel_pytree
 
 from podrace.algos.advantages import gae
 from podrace.algos.base import Algorithm, TrainState
@@ -132,6 +133,8 @@ def make_ppo(
         if num_steps % num_mb:
             raise ValueError(f"ppo.num_minibatches ({num_mb}) must divide the rollout length ({num_steps})")
         columns = jnp.arange(num_envs)
+        flat, unravel = ravel_pytree(state.params)
+        step = minibatch_step(unravel)
 
         def epoch(carry, epoch_index):
             data = batch
@@ -140,12 +143,12 @@ def make_ppo(
                 data = jax.tree.map(lambda x: x[order.T, columns], data)
             # [T, B, ...] -> [num_mb, T / num_mb * B, ...]: minibatch m takes rows m*T/num_mb...
             data = jax.tree.map(lambda x: x.reshape((num_mb, -1) + x.shape[2:]), data)
-            return jax.lax.scan(minibatch_step, carry, data, unroll=min(scan_unroll, num_mb))
+            return jax.lax.scan(step, carry, data, unroll=min(scan_unroll, num_mb))
 
-        carry = (state.params, state.opt_state, state.step * steps_per_update)
-        (params, opt_state, _), metrics = jax.lax.scan(
+        carry = (flat, state.opt_state, state.step * steps_per_update)
+        (flat, opt_state, _), metrics = jax.lax.scan(
             epoch, carry, jnp.arange(cfg.num_epochs), unroll=min(scan_unroll, cfg.num_epochs)
         )
-        return TrainState(params, opt_state, state.step + 1), reduce_metrics(metrics)
+        return TrainState(unravel(flat), opt_state, state.step + 1), reduce_metrics(metrics)
 
     return Algorithm(init=init, update=update)

@@ -91,6 +91,7 @@ class EnvpoolEnv:
             num_envs=num_envs,
             batch_size=num_envs,
             seed=env_seeds(seed, num_envs),
+            **({} if cfg.num_threads is None else {"num_threads": cfg.num_threads}),
             **make_kwargs(cfg),
         )
         self.num_envs = num_envs

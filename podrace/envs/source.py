@@ -8,6 +8,7 @@ first reset); a BatchedEnv is used as it is. `EnvSource` is the one object a run
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Union
@@ -80,10 +81,12 @@ class EnvSource:
         finally:
             probe.close()
 
-    def make(self, num_envs: int, seed: int) -> BatchedEnv:
-        """`num_envs` envs, deterministic given `seed` (a non-negative int)."""
+    def make(self, num_envs: int, seed: int, threads: int | None = None) -> BatchedEnv:
+        """`num_envs` envs, deterministic given `seed` (a non-negative int); `threads` is
+        the envpool worker count when `cfg.num_threads` leaves it open (None: envpool's)."""
         if self.factory is None:
-            return make_env(self.cfg, num_envs, seed)
+            cfg = self.cfg if self.cfg.num_threads is not None else dataclasses.replace(self.cfg, num_threads=threads)
+            return make_env(cfg, num_envs, seed)
         if num_envs <= 0:
             raise ConfigError(f"num_envs must be positive, got {num_envs}")
         return from_factory(self.factory, num_envs, seed)

@@ -20,6 +20,7 @@ from podrace.checkpoint import Checkpointer, RunState, checkpoint_dir
 from podrace.config import TrainConfig
 from podrace.control import Lifetime, Stopped
 from podrace.metrics.registry import Metrics
+from podrace.sync.versions import release_later
 from podrace.types import EnvSpec
 
 log = logging.getLogger(__name__)
@@ -68,8 +69,10 @@ class RunCheckpoints:
     def record(self, point: RunState, lifetime: Lifetime) -> None:
         """Learner thread, after each update: remember `point`; save it when due.
 
-        A save that fails fails the run as component `checkpoint`."""
-        self.point = point
+        A save that fails fails the run as component `checkpoint`. The point it replaces
+        holds the last references to the state before: it is freed off the learner thread."""
+        previous, self.point = self.point, point
+        release_later(previous)
         if self._checkpointer is not None and self._checkpointer.due(point.version):
             try:
                 self._save(point)

@@ -174,7 +174,8 @@ class RayRun:
         compile_start = time.perf_counter()
         self.slots = [_Slot(i) for i in range(cfg.num_actors)]
         starts = [self._spawn(slot) for slot in self.slots]  # workers compile meanwhile
-        placed = placement.place(dummy_trajectory(cfg, spec, first))
+        # Placed from the host, as the workers' rollouts arrive (same shardings: no second compile).
+        placed = placement.place(jax.device_get(dummy_trajectory(cfg, spec, first)))
         warm_up_learner(self.learner, [placed] * cfg.num_actors)
         for slot, start in zip(self.slots, starts):
             self._await_start(slot, start)
@@ -182,7 +183,7 @@ class RayRun:
         params = publisher.subscribe(device=devices.evaluator, name="evaluator")
         control = Control(lifetime, self.watchdog.heartbeat("evaluator"), metrics.add_many)
         self.evaluator = build_evaluator(cfg, greedy, devices.evaluator, params, metrics, control)
-        self.evaluator.warm_up(self.learner.acting_params())
+        self.evaluator.warm_up(jax.device_get(self.learner.acting_params()))  # as the ray transport delivers
         self.compile_s = time.perf_counter() - compile_start
         for name in ("ray/restarts", "ray/lost_rollouts"):
             metrics.count(name, 0)

@@ -141,7 +141,7 @@ class SingleHostRun:
         envs: EnvSource,
         resume: ResumePoint | None = None,
     ):
-        self.cfg, self.run_dir = cfg, run_dir
+        self.cfg, self.run_dir, self.devices = cfg, run_dir, devices
         self.lifetime = lifetime
         self.metrics = metrics = Metrics()
         self.watchdog = watchdog = Watchdog(lifetime, cfg.safety.watchdog_s)
@@ -194,7 +194,8 @@ class SingleHostRun:
             lifetime.check()
             dummies[device] = placement.place(dummy_trajectory(cfg, spec, device))
         lifetime.check()
-        warm_up_learner(self.learner, [dummies[devices.actors[0]]] * cfg.num_actors)
+        # Each actor's dummy from its own device: its rollouts' shardings, compiled for.
+        warm_up_learner(self.learner, [dummies[self._actor_device(i)] for i in range(cfg.num_actors)])
         self.compile_s = time.perf_counter() - compile_start
 
         def control(name: str) -> Control:
@@ -203,7 +204,7 @@ class SingleHostRun:
         self.actors = []
         for actor_id in range(cfg.num_actors):
             lifetime.check()
-            device = devices.actors[actor_id // cfg.layout.actors_per_device]
+            device = self._actor_device(actor_id)
             params = publisher.subscribe(device=device, name=f"actor-{actor_id}")
             actor_control = control(f"actor-{actor_id}")
             self.actors.append(build_actor(
@@ -223,6 +224,9 @@ class SingleHostRun:
         lifetime.check()
         self.evaluator.warm_up(published)
         self.compile_s += time.perf_counter() - compile_start
+
+    def _actor_device(self, actor_id: int) -> jax.Device:
+        return self.devices.actors[actor_id // self.cfg.layout.actors_per_device]
 
     def _start_state(self, restored: RunState | None) -> RunState:
         """A fresh run's first state, or a restored one with counters, clock and skip count

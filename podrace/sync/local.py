@@ -29,7 +29,7 @@ from podrace.sync.base import (
     SyncTimeout,
     wait_limit,
 )
-from podrace.sync.placement import Placement, placement_name
+from podrace.sync.placement import Placement, place, placement_name
 from podrace.sync.push import PushFanout
 from podrace.sync.spec import TreeSpec
 from podrace.sync.stats import RunningStat, tree_nbytes
@@ -201,7 +201,7 @@ class LocalPublisher(Publisher):
 
     def _place(self, host: Snapshot, where: Placement) -> Snapshot:
         start = time.perf_counter()
-        placed = jax.block_until_ready(jax.device_put(host.params, where))
+        placed = jax.block_until_ready(place(host.params, where))
         elapsed = time.perf_counter() - start
         key = placement_name(where)
         with self._stat_lock:

@@ -1,4 +1,4 @@
-"""Where a subscriber puts its snapshots: naming and pickling of jax devices/shardings."""
+"""Where a subscriber puts its snapshots: placing, naming and pickling of jax devices/shardings."""
 
 from __future__ import annotations
 
@@ -8,6 +8,31 @@ import jax
 
 Placement = Any  # jax.Device, jax.sharding.Sharding, or None (leave arrays where they are)
 DeviceKey = tuple[str, int] | None
+
+
+def on_device(tree: Any, device: jax.Device) -> bool:
+    """Every leaf of `tree` is a jax.Array that lives on `device` alone (whatever sharding
+    object says so: a one-device mesh is that device too)."""
+    target = {device}
+    return all(isinstance(x, jax.Array) and x.devices() == target for x in jax.tree.leaves(tree))
+
+
+def place(tree: Any, where: Placement) -> Any:
+    """`jax.device_put(tree, where)`, without its cost for a tree already on the one device
+    `where`: device_put takes about 25 us per leaf on XLA:CPU even when nothing moves (a CPU
+    actor sharing the learner's device paid it for every version and every rollout). Such a
+    tree comes back as device_put would give it, each leaf a SingleDeviceSharding array
+    (a view of the same buffer), so compiled programs see the shardings they were compiled
+    for whichever way their inputs were placed."""
+    if where is None:
+        return tree
+    if isinstance(where, jax.Device) and on_device(tree, where):
+        return jax.tree.map(_single_device_view, tree)
+    return jax.device_put(tree, where)
+
+
+def _single_device_view(x: jax.Array) -> jax.Array:
+    return x if isinstance(x.sharding, jax.sharding.SingleDeviceSharding) else x.addressable_data(0)
 
 
 def placement_name(where: Placement) -> str:

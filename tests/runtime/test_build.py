@@ -23,7 +23,7 @@ def made_envs(monkeypatch):
     class FakeSource:
         """Stands in for the EnvSource the factories build envs through."""
 
-        def make(self, num_envs, seed):
+        def make(self, num_envs, seed, threads=None):
             seeds.append(seed)
             return FakeEnv(seed)
 
@@ -45,12 +45,12 @@ def test_every_actor_gets_its_own_env_seed_and_policy_key(made_envs):
     cfg = TrainConfig()
     actors = [actor(cfg, i) for i in range(3)]
     assert len(set(made_envs)) == 3
-    keys = {tuple(np.asarray(jax.random.key_data(a.key)).ravel().tolist()) for a in actors}
+    keys = {tuple(np.asarray(a.key).ravel().tolist()) for a in actors}
     assert len(keys) == 3
     # Reproducible: the same run seed and actor id give the same seed and key.
     again = actor(cfg, 1)
     assert made_envs[-1] == made_envs[1]
-    np.testing.assert_array_equal(np.asarray(jax.random.key_data(again.key)), np.asarray(jax.random.key_data(actors[1].key)))
+    np.testing.assert_array_equal(np.asarray(again.key), np.asarray(actors[1].key))
 
 
 @pytest.mark.timeout(60)
@@ -72,3 +72,24 @@ def test_seeds_change_with_the_run_seed(made_envs):
     actor(TrainConfig(), 0)
     actor(replace(TrainConfig(), seed=TrainConfig().seed + 1), 0)
     assert made_envs[0] != made_envs[1]
+
+
+@pytest.mark.timeout(60)
+def test_envpool_threads_share_the_cores_after_one_for_the_learner(monkeypatch):
+    import os
+
+    from podrace.config import replace
+    from podrace.envs import EnvSource
+
+    cfg = TrainConfig()
+    for cores, actors, expected in ((2, 1, 1), (2, 2, 1), (1, 1, 1), (16, 2, 7), (16, 1, 15)):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda _pid, n=cores: set(range(n)))
+        assert build.env_threads(replace(cfg, **{"layout.actors_per_device": actors})) == expected, (cores, actors)
+    assert build.env_threads(replace(cfg, **{"env.num_threads": 3})) == 3  # the user's count wins
+    assert build.env_threads(replace(cfg, runtime="ray")) is None  # Ray workers: envpool's default
+    for source, threads, expected in ((EnvSource(cfg.env), 1, 1), (EnvSource(replace(cfg, **{"env.num_threads": 2}).env), 1, 2)):
+        env = source.make(4, 0, threads)
+        try:
+            assert env._env.config["num_threads"] == expected
+        finally:
+            env.close()

@@ -172,3 +172,47 @@ def test_a_stop_that_closes_the_publisher_during_prepare_is_a_stop(tmp_path, mon
     with pytest.raises(Stopped):
         prepare(small(tmp_path), lifetime)
     assert list(tmp_path.iterdir()) == []
+
+
+class CompileLog:
+    """Records every XLA compile JAX logs while it is active (jax_log_compiles)."""
+
+    def __init__(self):
+        import logging
+
+        self.messages: list[str] = []
+        self.handler = logging.Handler()
+        self.handler.emit = lambda record: self.messages.append(record.getMessage())
+        self.loggers = [logging.getLogger(name) for name in ("jax._src.interpreters.pxla", "jax._src.dispatch")]
+
+    def __enter__(self):
+        jax.config.update("jax_log_compiles", True)
+        for logger in self.loggers:
+            logger.addHandler(self.handler)
+        return self
+
+    def __exit__(self, *exc):
+        jax.config.update("jax_log_compiles", False)
+        for logger in self.loggers:
+            logger.removeHandler(self.handler)
+
+    @property
+    def compiles(self) -> list[str]:
+        return [m.split(" with ")[0] for m in self.messages if m.startswith("Compiling ")]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("layout", [
+    {},  # actors on the learner's device: rollouts and params are passed as they are
+    {"layout.actor_device_ids": (1,)},  # rollouts moved to the learner, params to the actor
+    {"layout.actor_device_ids": (0, 1), "layout.actors_per_device": 1},  # one actor of each kind
+    {"layout.learner_device_ids": (0, 1), "layout.actor_device_ids": (2,)},  # split over a mesh
+])
+def test_nothing_compiles_once_the_threads_run(tmp_path, layout):
+    """Everything an actor, the learner and the evaluator run is compiled in prepare(): a
+    placement that hands a program arrays of another sharding than it was compiled for
+    would compile it again in the middle of training (seconds of a short run)."""
+    run = prepare(small(tmp_path, **{"eval.every_updates": 4, **layout}))
+    with CompileLog() as log:
+        run.run()
+    assert log.compiles == []
