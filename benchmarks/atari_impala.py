@@ -19,7 +19,8 @@ preset at benchmark sizes (below; all stated in the JSON):
 Steps/s of actor_only and e2e are steady-state: env steps consumed between the learner's
 SKIP-th and last update (the first updates include filling the pipeline). The summary
 gives serial = 1 / (1/actor_only + 1/learner_only), the rate if acting and learning never
-overlapped, perfect_overlap = min(actor_only, learner_only), and e2e over each. On a
+overlapped, perfect_overlap = min(actor_only, learner_only), and e2e over each; and the
+ratios of e2e and actor_only to env_only and of e2e to actor_only. On a
 CPU-only machine actors and learner compute on the same cores, so e2e can at best match
 serial there (plus whatever one stage leaves idle); perfect overlap needs separate
 actor and learner devices.
@@ -376,6 +377,12 @@ def main() -> None:
             "e2e_over_perfect_overlap": sps["e2e"] / overlap,
             "targets": {"e2e>=serial": sps["e2e"] >= serial},
         }
+        if "env_only" in sps:  # the ratios benchmarks/cartpole_ppo.py reports for CartPole
+            report["summary"]["ratios"] = {
+                "e2e_over_env_only": sps["e2e"] / sps["env_only"],
+                "actor_only_over_env_only": sps["actor_only"] / sps["env_only"],
+                "e2e_over_actor_only": sps["e2e"] / sps["actor_only"],
+            }
         if "learner_only_unroll1" in sps:
             report["summary"]["learner_unrolled_over_scan"] = sps["learner_only"] / sps["learner_only_unroll1"]
     path = Path(args.out)

@@ -56,9 +56,12 @@ def envpool_child(overrides: list[str]) -> dict:
     import numpy as np
 
     from podrace.cli import parse_train
-    from podrace.runtime.build import env_threads
 
     cfg = parse_train([PRESET, *overrides])
+    try:
+        from podrace.runtime.build import env_threads
+    except ImportError:  # a --baseline checkout from before env.num_threads: envpool's default
+        env_threads = lambda cfg: None  # noqa: E731
     import envpool
 
     n = cfg.env.num_envs
@@ -193,8 +196,8 @@ def main() -> None:
                 load.append(os.getloadavg()[0])
                 print(f"{mode} ({path or 'this checkout'}): {json.dumps(into[mode][-1])}", file=sys.stderr)
         if args.purejaxrl:
-            child = str(Path(__file__).with_name("purejaxrl_child.py"))
-            purejaxrl.append(run_child("purejaxrl", [], None, command=[args.purejaxrl_python, child, args.purejaxrl]))
+            driver = str(Path(__file__).with_name("purejaxrl_child.py"))
+            purejaxrl.append(run_child("purejaxrl", [], None, command=[args.purejaxrl_python, driver, args.purejaxrl]))
             load.append(os.getloadavg()[0])
             print(f"purejaxrl: {json.dumps(purejaxrl[-1])}", file=sys.stderr)
     raw, e2e, actors = (median_run(runs[m]) for m in modes)

@@ -1,15 +1,25 @@
 """Test configuration: force several CPU devices before JAX is imported anywhere."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 _FLAG = "--xla_force_host_platform_device_count=4"
 if _FLAG.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # `podrace train` turns JAX's persistent compilation cache on; the suite must neither write
-# into the user's cache nor depend on what an earlier run left there (tests/runtime/
-# test_xla_setup.py turns it on, in a temporary directory, for the one test of the cache).
-os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
+# into the user's cache nor depend on what an earlier run left there. So it shares one
+# cache of its own, empty at the start and deleted at the end: the many `podrace train`
+# processes it starts with the same preset then load most of their programs instead of
+# compiling them again (a fifth of the subprocess tests' time on 2 cores).
+# tests/runtime/test_xla_setup.py sets its own cache, in a temporary directory, for the
+# tests of the cache.
+_CACHE = tempfile.mkdtemp(prefix="podrace-suite-xla-")
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "true"
+os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
 
 _config = None
 

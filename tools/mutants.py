@@ -75,9 +75,6 @@ MUTANTS: list[Mutant] = [
            "self._last(params, key, self.carry, tuple(rows))", FUSED_TESTS),
     Mutant("episode_stats_unpacked_as_ints", "podrace/fused_rollout.py",
            "packed[1].view(np.float32)", "packed[1].astype(np.float32)", FUSED_TESTS),
-    Mutant("one_learner_device_keeps_a_rollout_of_another", "podrace/learner.py",
-           "if on_device(traj, self.devices[0]):", "if all(isinstance(x, jax.Array) for x in traj):",
-           ("tests/test_learner.py::test_one_learner_device_takes_a_rollout_made_there_as_it_is_and_moves_others",)),
     Mutant("place_keeps_a_tree_of_another_device", "podrace/sync/placement.py",
            "if isinstance(where, jax.Device) and on_device(tree, where):",
            "if isinstance(where, jax.Device):", ("tests/sync/test_placement.py",)),
@@ -262,6 +259,11 @@ MUTANTS: list[Mutant] = [
     Mutant("config_negative_lag_accepted", "podrace/validation.py",
            'non_negative("layout.max_policy_lag", cfg.layout.max_policy_lag)', "pass",
            ("tests/test_config.py", "-k", "max-policy-lag")),
+    # --- runtime/peers.py ---------------------------------------------------------------------
+    Mutant("peer_close_waits_for_its_blocked_reader", "podrace/runtime/peers.py",
+           "(lambda: self.sock.shutdown(socket.SHUT_RDWR), self.reader.close, self.sock.close)",
+           "(self.reader.close, lambda: self.sock.shutdown(socket.SHUT_RDWR), self.sock.close)",
+           ("tests/runtime/test_peers.py", "-k", "close_returns")),
     # --- cli.py (signal flow) ----------------------------------------------------------------
     Mutant("cli_signal_exit_code_not_conventional", "podrace/cli.py",
            "return 128 + self.signals.received", "return 1", ("tests/test_cli.py", "-k", "signal")),
@@ -274,3 +276,5 @@ MUTANTS: list[Mutant] = [
 # - make_update_fn using split[:, 0] for this update: keys still differ per update and per env.
 # - ThreadGroup re-raising Stopped out of the thread: the run's outcome is unchanged (only
 #   threading.excepthook prints it); dropping the `except Stopped` clause is listed instead.
+# - LearnerPlacement.place passing every jax.Array rollout to place() (not only those on the
+#   learner's device): place() itself moves one from another device there.

@@ -65,7 +65,10 @@ class _Conn:
         return json.loads(line) if line else None
 
     def close(self) -> None:
-        for close in (self.reader.close, lambda: self.sock.shutdown(socket.SHUT_RDWR), self.sock.close):
+        # Shut the socket down first: that wakes this side's reader thread, blocked in
+        # readline holding the reader's lock, which reader.close() would otherwise wait for
+        # until the socket timed out (peer_timeout_s: every multi-process run ended that late).
+        for close in (lambda: self.sock.shutdown(socket.SHUT_RDWR), self.reader.close, self.sock.close):
             try:
                 close()
             except OSError:  # already closed or shut down by the other side

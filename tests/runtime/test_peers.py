@@ -121,3 +121,22 @@ def test_a_silent_process_is_lost_after_the_timeout():
     finally:
         for link in links.values():
             link.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["finished", "failed"])
+def test_close_returns_at_once_whatever_the_peers_do(how):
+    """Each link's reader threads sit in a blocking read: closing must wake them, not wait
+    for the socket to time out (it did: every multi-process run ended peer_timeout_s late)."""
+    links, seen = open_links(3, timeout_s=20.0)
+    if how == "finished":
+        for link in links.values():
+            link.report_done()
+    else:
+        links[1].report_failure("boom")
+        wait_for(lambda: seen[0] and seen[2])
+    time.sleep(0.2)
+    for i, link in links.items():
+        start = time.monotonic()
+        link.close()
+        assert time.monotonic() - start < 2.0, (how, i)
