@@ -161,6 +161,20 @@ def test_fused_and_host_episode_returns_agree_bit_for_bit():
     np.testing.assert_array_equal(host_returns, fused_returns)
 
 
+def _cartpole_actor(num_envs: int, rollout_length: int, num_rollouts: int, control: type, lifetime: Lifetime):
+    """A compiled-rollout CartPole actor on CPU device 0 whose env calls go through `control`."""
+    env = EnvpoolEnv(EnvConfig(id="CartPole-v1"), num_envs, seed=0)
+    net = make_network(NetworkConfig(), env.spec)
+    device = jax.devices("cpu")[0]
+    params = jax.device_put(net.init(jax.random.PRNGKey(1), np.zeros((1, 4), np.float32)), device)
+    settings = ActorSettings(0, rollout_length, num_rollouts, max_policy_lag=1, key=jax.random.PRNGKey(3))
+    sink = ListSink()
+    actor = Actor(settings, env, make_policy_fns(net.apply).on(device), FixedParams(params), sink,
+                  control(lifetime, Heartbeat("actor-0"), lambda _: None))
+    actor.warm_up(params)
+    return env, actor, sink
+
+
 @pytest.mark.timeout(120)
 def test_a_long_rollout_runs_in_watched_chunks_and_a_stop_is_seen_between_them():
     from podrace.control import Stopped
@@ -168,10 +182,6 @@ def test_a_long_rollout_runs_in_watched_chunks_and_a_stop_is_seen_between_them()
 
     assert chunk_lengths(2 * CHUNK_STEPS + 4) == [CHUNK_STEPS, CHUNK_STEPS, 4]
     assert chunk_lengths(CHUNK_STEPS) == [CHUNK_STEPS] and chunk_lengths(3) == [3]
-    env = EnvpoolEnv(EnvConfig(id="CartPole-v1"), 4, seed=0)
-    net = make_network(NetworkConfig(), env.spec)
-    device = jax.devices("cpu")[0]
-    params = jax.device_put(net.init(jax.random.PRNGKey(1), np.zeros((1, 4), np.float32)), device)
     lifetime = Lifetime()
     calls = []
 
@@ -182,11 +192,7 @@ def test_a_long_rollout_runs_in_watched_chunks_and_a_stop_is_seen_between_them()
                 lifetime.stop("test")
             return super().call(what, step, fn, *args, steps=steps)
 
-    settings = ActorSettings(0, 3 * CHUNK_STEPS, 1, max_policy_lag=1, key=jax.random.PRNGKey(3))
-    sink = ListSink()
-    actor = Actor(settings, env, make_policy_fns(net.apply).on(device), FixedParams(params), sink,
-                  StopAfterFirstChunk(lifetime, Heartbeat("actor-0"), lambda _: None))
-    actor.warm_up(params)
+    env, actor, sink = _cartpole_actor(4, 3 * CHUNK_STEPS, 1, StopAfterFirstChunk, lifetime)
     with pytest.raises(Stopped):
         actor.run()
     # The runtime closes the envs after a stop: no chunk may still be running or queued
@@ -204,10 +210,6 @@ def test_a_one_call_rollout_returns_only_once_it_ran():
     too returns only once its steps ran, so a stop right after it closes no env under it."""
     from podrace.control import Stopped
 
-    env = EnvpoolEnv(EnvConfig(id="CartPole-v1"), 64, seed=0)
-    net = make_network(NetworkConfig(), env.spec)
-    device = jax.devices("cpu")[0]
-    params = jax.device_put(net.init(jax.random.PRNGKey(1), np.zeros((1, 4), np.float32)), device)
     lifetime = Lifetime()
     calls, ready = [], []
 
@@ -220,11 +222,7 @@ def test_a_one_call_rollout_returns_only_once_it_ran():
                 lifetime.stop("test")
             return out
 
-    settings = ActorSettings(0, 16, 3, max_policy_lag=1, key=jax.random.PRNGKey(3))
-    sink = ListSink()
-    actor = Actor(settings, env, make_policy_fns(net.apply).on(device), FixedParams(params), sink,
-                  StopAfterTheRollout(lifetime, Heartbeat("actor-0"), lambda _: None))
-    actor.warm_up(params)
+    env, actor, sink = _cartpole_actor(64, 16, 3, StopAfterTheRollout, lifetime)
     with pytest.raises(Stopped):
         actor.run()
     assert calls == ["env.reset", "env.rollout"] and len(sink.rollouts) == 1
