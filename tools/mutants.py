@@ -264,6 +264,9 @@ MUTANTS: list[Mutant] = [
            "(lambda: self.sock.shutdown(socket.SHUT_RDWR), self.reader.close, self.sock.close)",
            "(self.reader.close, lambda: self.sock.shutdown(socket.SHUT_RDWR), self.sock.close)",
            ("tests/runtime/test_peers.py", "-k", "close_returns")),
+    Mutant("peer_loss_overrides_its_own_stop", "podrace/runtime/peers.py",
+           "or self._closed.is_set() or self._leaving:", "or self._closed.is_set():",
+           ("tests/runtime/test_peers.py", "-k", "own_reason")),
     # --- cli.py (signal flow) ----------------------------------------------------------------
     Mutant("cli_signal_exit_code_not_conventional", "podrace/cli.py",
            "return 128 + self.signals.received", "return 1", ("tests/test_cli.py", "-k", "signal")),

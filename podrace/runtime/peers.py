@@ -8,7 +8,9 @@ spoke), apart from jax.distributed. Each side sends a beat every `timeout_s / 4`
   was killed (noticed at once, SIGKILL included); silence for `timeout_s` means it hung;
 - a process that fails or is interrupted says so (`fail` / `stop`) before it shuts down;
 - the hub relays every such event to all other spokes, so every process learns, within a
-  bounded time, which process was lost and why, and stops with that as its error.
+  bounded time, which process was lost and why, and stops with that as its error;
+- a process that said it stops or fails has its own reason: the others then stop too and
+  close their connections, which is no loss to it (its exit code stays its own).
 
 The hub's address travels through jax.distributed's key-value store; messages are JSON lines.
 """
@@ -87,6 +89,7 @@ class PeerLink:
         self._lost: PeerLost | None = None
         self._event = threading.Event()
         self._closed = threading.Event()
+        self._leaving = False  # this process said it stops or fails: no later loss is its reason
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._server: socket.socket | None = None
@@ -148,10 +151,12 @@ class PeerLink:
     # -- what this process tells the others ---------------------------------------------
     def report_failure(self, message: str) -> None:
         """This process failed: tell the others (relayed by the hub) before shutting down."""
+        self._leaving = True
         self._broadcast(kind="fail", origin=self.process_id, message=message)
 
     def report_stop(self, signum: int, name: str) -> None:
         """This process was interrupted: every other process stops too."""
+        self._leaving = True
         self._broadcast(kind="stop", origin=self.process_id, signum=signum, message=name)
 
     def report_done(self) -> None:
@@ -174,7 +179,7 @@ class PeerLink:
 
     def _declare(self, error: PeerLost, relay_from: _Conn | None) -> None:
         with self._lock:
-            if self._lost is not None or self._closed.is_set():
+            if self._lost is not None or self._closed.is_set() or self._leaving:
                 return
             self._lost = error
             on_lost = self._on_lost

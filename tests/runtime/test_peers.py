@@ -112,6 +112,28 @@ def test_a_stop_on_one_spoke_stops_the_others_with_its_signal():
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.parametrize("how", ["stop", "fail"])
+def test_a_process_that_said_it_leaves_keeps_its_own_reason(how):
+    """Ctrl-C on a spoke: the hub stops with it and closes its connection first; that close
+    is no loss to the spoke, whose exit code must stay its signal's (it was "process 0
+    closed its connection", exit 1, whenever the hub was quicker)."""
+    links, seen = open_links(3)
+    try:
+        if how == "stop":
+            links[1].report_stop(2, "SIGINT")
+        else:
+            links[1].report_failure("learner failed: ValueError: boom")
+        wait_for(lambda: seen[0] and seen[2])
+        links[0].close()  # the hub's process exits
+        time.sleep(0.5)
+        assert not seen[1]
+        assert seen[2][0].process == 1  # a spoke that did not leave still hears why
+    finally:
+        for link in links.values():
+            link.close()
+
+
+@pytest.mark.timeout(30)
 def test_a_silent_process_is_lost_after_the_timeout():
     links, seen = open_links(2, timeout_s=1.0)
     try:
