@@ -32,7 +32,9 @@ def free_port() -> int:
 def env() -> dict:
     out = dict(os.environ)
     out["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), out.get("PYTHONPATH")]))
-    out.pop("XLA_FLAGS", None)  # each process forces its own device count
+    # Each process forces its own device count; the suite's other XLA flags stay.
+    flags = [f for f in out.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
+    out["XLA_FLAGS"] = " ".join(flags)
     out["JAX_PLATFORMS"] = "cpu"
     return out
 
