@@ -61,9 +61,12 @@ def test_resume_errors_are_one_line_exit_2_and_change_nothing(capsys, tmp_path):
 
 
 def cli(*args: str, script: str | None = None) -> subprocess.Popen:
-    """`podrace` in a subprocess, with no XLA_FLAGS of the test's own: the CLI sets them
-    from the (resumed) config before JAX starts a backend, or device 1 would not exist."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    """`podrace` in a subprocess, without the suite's device count: the CLI sets it from the
+    (resumed) config before JAX starts a backend, or device 1 would not exist."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = " ".join(
+        f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")
+    )
     env["PYTHONPATH"] = str(REPO)
     command = [sys.executable, "-c", script, *args] if script else [sys.executable, "-m", "podrace.cli", *args]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
