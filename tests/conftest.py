@@ -5,13 +5,15 @@ import os
 import shutil
 import tempfile
 
+from tests.xla_flags import DEVICE_COUNT
+
 # Four CPU devices; and LLVM's optimization level 0 for the suite's programs: most tests
 # spend their time compiling small programs once, and at -O0 the compile-heavy files run
 # about a quarter faster (tests/algos, test_learner, test_single_host: 319 s -> 235 s on
 # 2 cores; whole suite 1397 s -> 1198 s). XLA:CPU uses no fast-math at either level, and
 # the whole suite passes at both. Subprocesses inherit both flags; the multi-process and
 # resume tests drop only the device count.
-for _flag in ("--xla_force_host_platform_device_count=4", "--xla_backend_optimization_level=0"):
+for _flag in (f"{DEVICE_COUNT}=4", "--xla_backend_optimization_level=0"):
     if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")

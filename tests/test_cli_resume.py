@@ -21,6 +21,7 @@ from tests.runtime.test_resume import fake_run, snapshot
 from tests.runtime.test_signals import EXIT_SLACK_S
 from tests.runtime.test_single_host import small
 from tests.test_cli import run_cli
+from tests.xla_flags import without_device_count
 
 REPO = Path(__file__).resolve().parents[1]
 SPU = 64 * 8  # cartpole-ppo: env steps per update
@@ -63,10 +64,7 @@ def test_resume_errors_are_one_line_exit_2_and_change_nothing(capsys, tmp_path):
 def cli(*args: str, script: str | None = None) -> subprocess.Popen:
     """`podrace` in a subprocess, without the suite's device count: the CLI sets it from the
     (resumed) config before JAX starts a backend, or device 1 would not exist."""
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = " ".join(
-        f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")
-    )
+    env = without_device_count(os.environ)
     env["PYTHONPATH"] = str(REPO)
     command = [sys.executable, "-c", script, *args] if script else [sys.executable, "-m", "podrace.cli", *args]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)

@@ -20,6 +20,8 @@ import jax
 import numpy as np
 import pytest
 
+from tests.xla_flags import without_device_count
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -30,11 +32,8 @@ def free_port() -> int:
 
 
 def env() -> dict:
-    out = dict(os.environ)
+    out = without_device_count(os.environ)  # each process forces its own device count
     out["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), out.get("PYTHONPATH")]))
-    # Each process forces its own device count; the suite's other XLA flags stay.
-    flags = [f for f in out.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
-    out["XLA_FLAGS"] = " ".join(flags)
     out["JAX_PLATFORMS"] = "cpu"
     return out
 
