@@ -9,6 +9,9 @@ caches and peak RSS are not shared), one after the other, `--repeats` times inte
               rest (interpreter start and exit: whole_process_s minus what the child saw);
   actor-only  the same actors and pipeline with the learner's update replaced by a no-op
               (params are still published every batch, so actors pace exactly as in e2e);
+  learner-only  the same learner with no actors: its compiled update (and batch
+              preparation) run back to back on the placed trajectories it was compiled
+              for, as many updates as the preset trains;
   envpool     raw envpool stepping of the preset's env id with the preset's env count per
               actor (synchronous, random actions, no policy), with envpool's default worker
               threads and with the count podrace gives an actor (`env.num_threads`): the
@@ -17,7 +20,11 @@ caches and peak RSS are not shared), one after the other, `--repeats` times inte
               compiled into JAX, the same 976 updates of 512 samples, whole process, in its
               own environment (benchmarks/purejaxrl_child.py).
 Ratios: e2e_sps / actor_only_sps (how well the learner hides behind the actors) and each
-over envpool_sps (how much of raw env speed the actor loop keeps). Every child also reports
+over envpool_sps (how much of raw env speed the actor loop keeps). The actors and the
+learner share the machine's cores, so e2e can reach at most `e2e_bound_sps`: the smallest
+of actor_only_sps, learner_only_sps and cores / (actor-only + learner-only CPU seconds per
+env step); `e2e_over_bound` says how much of that the overlap delivers, and
+`ratio>=0.9 reachable` whether e2e / actor-only >= 0.9 fits under the bound at all. Every child also reports
 its process CPU seconds (user + system, all threads): on a shared, loaded machine the CPU
 seconds per env step move much less than wall-clock rates, and `load_avg` says how loaded
 the machine was. `--baseline DIR` also runs every child against another checkout (e.g.
@@ -102,6 +109,8 @@ def child(mode: str, overrides: list[str]) -> dict:
 
     start = time.perf_counter()
     import_s = start - _START
+    if mode == "learner-only":
+        return learner_only(cfg, start, import_s)
     run = prepare(cfg)
     prepare_s = time.perf_counter() - start
     if mode == "actor-only":
@@ -130,6 +139,40 @@ def child(mode: str, overrides: list[str]) -> dict:
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "devices": [str(d) for d in jax.devices()],
     }
+
+
+def learner_only(cfg, start: float, import_s: float) -> dict:
+    """The learner's compiled update, back to back, on the trajectories it was compiled for."""
+    import jax
+
+    from podrace.runtime import single_host
+
+    compiled_for = []
+    warm_up = single_host.warm_up_learner
+    single_host.warm_up_learner = lambda learner, trajs: (compiled_for.append(tuple(trajs)), warm_up(learner, trajs))
+    run = single_host.prepare(cfg)
+    prepare_s = time.perf_counter() - start
+    learner, (trajs,) = run.learner, compiled_for
+    state, keys, versions = learner.state, learner.keys, [learner.version] * len(trajs)
+    updates = cfg.num_updates
+    cpu0, begin = cpu_s(), time.perf_counter()
+    for _ in range(updates):
+        _, batch = learner.prepare(trajs, versions)
+        state, keys, metrics = learner.update_fn(state, batch, keys)
+        jax.block_until_ready(state.params)
+        jax.device_get(metrics)  # as the learner loop does
+    wall, cpu = time.perf_counter() - begin, cpu_s() - cpu0
+    env_steps = updates * cfg.steps_per_update
+    return {"mode": "learner-only", "import_s": import_s, "prepare_s": prepare_s, "updates": updates,
+            "env_steps": env_steps, "learn_s": wall, "sps": env_steps / wall, "train_cpu_s": cpu,
+            "cpu_us_per_env_step": cpu / env_steps * 1e6, "ms_per_update": wall / updates * 1e3,
+            "child_total_s": time.perf_counter() - _START}
+
+
+def overlap_bound(actors: dict, learner: dict, cores: int) -> float:
+    """The most env steps/s actors and learner can give together on `cores` cores."""
+    cpu_bound = cores * 1e6 / (actors["cpu_us_per_env_step"] + learner["cpu_us_per_env_step"])
+    return min(actors["sps"], learner["sps"], cpu_bound)
 
 
 def run_child(mode: str, overrides: list[str], pythonpath: str | None, compile_cache: str | None = None,
@@ -176,14 +219,14 @@ def main() -> None:
                         help="also run PureJaxRL's CartPole PPO from this checkout of luchris429/purejaxrl")
     parser.add_argument("--purejaxrl-python", metavar="PY",
                         help="the Python of an environment with PureJaxRL's requirements (for --purejaxrl)")
-    parser.add_argument("--mode", choices=["e2e", "actor-only", "envpool"], help=argparse.SUPPRESS)
+    parser.add_argument("--mode", choices=["e2e", "actor-only", "learner-only", "envpool"], help=argparse.SUPPRESS)
     args, overrides = parser.parse_known_args()
     if args.mode:
         print(json.dumps(child(args.mode, overrides)))
         return
     if bool(args.purejaxrl) != bool(args.purejaxrl_python):
         parser.error("--purejaxrl and --purejaxrl-python go together")
-    modes = ("envpool", "e2e", "actor-only")
+    modes = ("envpool", "e2e", "actor-only", "learner-only")
     runs: dict[str, list[dict]] = {m: [] for m in modes}
     baseline: dict[str, list[dict]] = {m: [] for m in modes}
     purejaxrl: list[dict] = []
@@ -200,7 +243,9 @@ def main() -> None:
             purejaxrl.append(run_child("purejaxrl", [], None, command=[args.purejaxrl_python, driver, args.purejaxrl]))
             load.append(os.getloadavg()[0])
             print(f"purejaxrl: {json.dumps(purejaxrl[-1])}", file=sys.stderr)
-    raw, e2e, actors = (median_run(runs[m]) for m in modes)
+    raw, e2e, actors, learner = (median_run(runs[m]) for m in modes)
+    cores = len(os.sched_getaffinity(0))
+    bound = overlap_bound(actors, learner, cores)
     startup = {
         "whole_process_s": e2e["whole_process_s"],
         "import_s": e2e["import_s"],
@@ -216,6 +261,9 @@ def main() -> None:
         "e2e_over_envpool": e2e["sps"] / raw["sps"],
         "actor_only_over_envpool": actors["sps"] / raw["sps"],
         "e2e_cpu_per_step_over_envpool": e2e["cpu_us_per_env_step"] / raw["cpu_us_per_env_step"],
+        "learner_only_over_actor_only": learner["sps"] / actors["sps"],
+        "e2e_over_bound": e2e["sps"] / bound,
+        "bound_over_actor_only": bound / actors["sps"],
     }
     report = {
         "benchmark": "cartpole_ppo",
@@ -228,6 +276,8 @@ def main() -> None:
         "envpool": raw,
         "e2e": e2e,
         "actor_only": actors,
+        "learner_only": learner,
+        "e2e_bound": {"cores": cores, "sps": bound},
         "ratio_e2e_over_actor_only": ratios["e2e_over_actor_only"],
         "ratios": ratios,
         "startup": startup,
@@ -236,6 +286,7 @@ def main() -> None:
             "wall_s<30": e2e["wall_s"] < 30,
             "peak_rss_mb<2048": e2e["peak_rss_mb"] < 2048,
             "ratio>=0.9": ratios["e2e_over_actor_only"] >= 0.9,
+            "ratio>=0.9 reachable": ratios["bound_over_actor_only"] >= 0.9,
             "e2e>=0.4*envpool": ratios["e2e_over_envpool"] >= 0.4,
             "actor_only>=0.5*envpool": ratios["actor_only_over_envpool"] >= 0.5,
             "whole_process<=purejaxrl": None if pjr is None else startup["whole_process_s"] <= pjr["whole_process_s"],
@@ -246,12 +297,13 @@ def main() -> None:
     if pjr is not None:
         ratios["whole_process_over_purejaxrl"] = startup["whole_process_s"] / pjr["whole_process_s"]
     if args.baseline:
-        b_raw, b_e2e, b_actors = (median_run(baseline[m]) for m in modes)
+        b_raw, b_e2e, b_actors, b_learner = (median_run(baseline[m]) for m in modes)
         report["baseline"] = {
             "pythonpath": args.baseline,
             "envpool": b_raw,
             "e2e": b_e2e,
             "actor_only": b_actors,
+            "learner_only": b_learner,
             "ratios": {
                 "e2e_over_actor_only": b_e2e["sps"] / b_actors["sps"],
                 "e2e_over_envpool": b_e2e["sps"] / b_raw["sps"],
@@ -262,6 +314,7 @@ def main() -> None:
                 "actor_only_sps": actors["sps"] / b_actors["sps"],
                 "e2e_cpu_per_step": e2e["cpu_us_per_env_step"] / b_e2e["cpu_us_per_env_step"],
                 "actor_only_cpu_per_step": actors["cpu_us_per_env_step"] / b_actors["cpu_us_per_env_step"],
+                "learner_only_sps": learner["sps"] / b_learner["sps"],
                 "whole_process_s": e2e["whole_process_s"] / b_e2e["whole_process_s"],
             },
             "runs": baseline,
