@@ -11,7 +11,8 @@ caches and peak RSS are not shared), one after the other, `--repeats` times inte
               (params are still published every batch, so actors pace exactly as in e2e);
   learner-only  the same learner with no actors: its compiled update (and batch
               preparation) run back to back on the placed trajectories it was compiled
-              for, as many updates as the preset trains;
+              for (zeros: XLA:CPU's time for these dense programs does not depend on the
+              values), as many updates as the preset trains;
   envpool     raw envpool stepping of the preset's env id with the preset's env count per
               actor (synchronous, random actions, no policy), with envpool's default worker
               threads and with the count podrace gives an actor (`env.num_threads`): the
@@ -21,13 +22,13 @@ caches and peak RSS are not shared), one after the other, `--repeats` times inte
               own environment (benchmarks/purejaxrl_child.py).
 Ratios: e2e_sps / actor_only_sps (how well the learner hides behind the actors) and each
 over envpool_sps (how much of raw env speed the actor loop keeps). The actors and the
-learner share the machine's cores, so e2e can reach at most `e2e_bound_sps`: the smallest
-of actor_only_sps, learner_only_sps and cores / (actor-only + learner-only CPU seconds per
-env step); `e2e_over_bound` says how much of that the overlap delivers, and
-`ratio>=0.9 reachable` whether e2e / actor-only >= 0.9 fits under the bound at all. Every child also reports
-its process CPU seconds (user + system, all threads): on a shared, loaded machine the CPU
-seconds per env step move much less than wall-clock rates, and `load_avg` says how loaded
-the machine was. `--baseline DIR` also runs every child against another checkout (e.g.
+learner share the machine's cores, so e2e can reach at most `e2e_bound`: the smallest of
+actor_only_sps, learner_only_sps and cores / (actor-only + learner-only CPU seconds per env
+step); `e2e_over_bound` says how much of that the overlap delivers, and the target
+`ratio>=0.9 reachable` whether e2e / actor-only >= 0.9 fits under the bound at all. Every
+child also reports its process CPU seconds (user + system, all threads): on a shared,
+loaded machine the CPU seconds per env step move much less than wall-clock rates, and
+`load_avg` says how loaded the machine was. `--baseline DIR` also runs every child against another checkout (e.g.
 `git archive <commit> podrace | tar -x -C DIR`), interleaved, for a before/after comparison.
 
     python benchmarks/cartpole_ppo.py [--out benchmarks/results/cartpole_ppo.json] [overrides...]

@@ -108,7 +108,7 @@ def test_impala_learner_count_does_not_change_the_update(num_shards, num_minibat
     assert moved > 1e-3
     # Shards sum the gradient in another order; RMSProp's first step divides by the
     # gradient's own size, so an element whose gradient is near 0 moves ~1e-6 apart on some
-    # CPUs (seen on an AMD EPYC). Other minibatches move params ~1e-2 apart.
+    # CPUs (seen on an AMD EPYC). A wrong reduction (pmean for psum) moves them 2e-3 apart.
     _assert_trees_close(many.params, one.params, atol=1e-5)
     for name in metrics1:
         np.testing.assert_allclose(metrics_n[name], metrics1[name], rtol=1e-4, atol=1e-5, err_msg=name)
