@@ -176,6 +176,19 @@ def overlap_bound(actors: dict, learner: dict, cores: int) -> float:
     return min(actors["sps"], learner["sps"], cpu_bound)
 
 
+def ratios_of(raw: dict, e2e: dict, actors: dict, learner: dict, bound: float) -> dict:
+    """The report's ratios of one checkout's medians."""
+    return {
+        "e2e_over_actor_only": e2e["sps"] / actors["sps"],
+        "e2e_over_envpool": e2e["sps"] / raw["sps"],
+        "actor_only_over_envpool": actors["sps"] / raw["sps"],
+        "e2e_cpu_per_step_over_envpool": e2e["cpu_us_per_env_step"] / raw["cpu_us_per_env_step"],
+        "learner_only_over_actor_only": learner["sps"] / actors["sps"],
+        "e2e_over_bound": e2e["sps"] / bound,
+        "bound_over_actor_only": bound / actors["sps"],
+    }
+
+
 def run_child(mode: str, overrides: list[str], pythonpath: str | None, compile_cache: str | None = None,
               command: list[str] | None = None) -> dict:
     """One child process: this script in `mode`, or `command` (another program's run)."""
@@ -257,15 +270,7 @@ def main() -> None:
         "interpreter_start_and_exit_s": e2e["interpreter_start_and_exit_s"],
     }
     pjr = median_run(purejaxrl) if purejaxrl else None
-    ratios = {
-        "e2e_over_actor_only": e2e["sps"] / actors["sps"],
-        "e2e_over_envpool": e2e["sps"] / raw["sps"],
-        "actor_only_over_envpool": actors["sps"] / raw["sps"],
-        "e2e_cpu_per_step_over_envpool": e2e["cpu_us_per_env_step"] / raw["cpu_us_per_env_step"],
-        "learner_only_over_actor_only": learner["sps"] / actors["sps"],
-        "e2e_over_bound": e2e["sps"] / bound,
-        "bound_over_actor_only": bound / actors["sps"],
-    }
+    ratios = ratios_of(raw, e2e, actors, learner, bound)
     report = {
         "benchmark": "cartpole_ppo",
         "preset": PRESET,
@@ -305,11 +310,7 @@ def main() -> None:
             "e2e": b_e2e,
             "actor_only": b_actors,
             "learner_only": b_learner,
-            "ratios": {
-                "e2e_over_actor_only": b_e2e["sps"] / b_actors["sps"],
-                "e2e_over_envpool": b_e2e["sps"] / b_raw["sps"],
-                "actor_only_over_envpool": b_actors["sps"] / b_raw["sps"],
-            },
+            "ratios": ratios_of(b_raw, b_e2e, b_actors, b_learner, overlap_bound(b_actors, b_learner, cores)),
             "this_over_baseline": {
                 "e2e_sps": e2e["sps"] / b_e2e["sps"],
                 "actor_only_sps": actors["sps"] / b_actors["sps"],
