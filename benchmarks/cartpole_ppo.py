@@ -25,7 +25,11 @@ over envpool_sps (how much of raw env speed the actor loop keeps). The actors an
 learner share the machine's cores, so e2e can reach at most `e2e_bound`: the smallest of
 actor_only_sps, learner_only_sps and cores / (actor-only + learner-only CPU seconds per env
 step); `e2e_over_bound` says how much of that the overlap delivers, and the target
-`ratio>=0.9 reachable` whether e2e / actor-only >= 0.9 fits under the bound at all. Every
+`ratio>=0.9 reachable` whether e2e / actor-only >= 0.9 fits under the bound at all. The e2e and
+actor-only children also report the cores their threads kept busy while training
+(`cores_busy`) and CPU seconds per thread group (`cpu_by_thread_s`: each podrace thread by
+name, `xla_pool` for XLA:CPU's intra-op pool, where compiled programs mostly run whichever
+thread called them, and `other`: envpool's workers and the rest). Every
 child also reports its process CPU seconds (user + system, all threads): on a shared,
 loaded machine the CPU seconds per env step move much less than wall-clock rates, and
 `load_avg` says how loaded the machine was. `--baseline DIR` also runs every child against another checkout (e.g.
@@ -47,6 +51,7 @@ import subprocess
 import sys
 import tempfile
 import statistics
+import threading
 import time
 from pathlib import Path
 
@@ -94,6 +99,35 @@ def envpool_child(overrides: list[str]) -> dict:
     return out
 
 
+def thread_cpu() -> dict[int, tuple[str, float]]:
+    """CPU seconds (user + system) of every live thread of this process, by native id, with
+    the group it counts in: a podrace thread by its Python name (actor-0, learner, ...),
+    XLA:CPU's intra-op pool (where compiled programs mostly run, whichever thread called
+    them), and everything else (envpool's workers, JAX's and Python's own threads)."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                comm = f.read().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        group = names.get(int(tid)) or ("xla_pool" if comm.startswith("tf_XLAEigen") else "other")
+        out[int(tid)] = (group, (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def cpu_by_thread(before: dict, after: dict) -> dict[str, float]:
+    """CPU seconds per thread group between two `thread_cpu()` snapshots."""
+    groups: dict[str, float] = {}
+    for tid, (group, seconds) in after.items():
+        groups[group] = groups.get(group, 0.0) + seconds - before.get(tid, (group, 0.0))[1]
+    return groups
+
+
 def child(mode: str, overrides: list[str]) -> dict:
     if mode == "envpool":
         return envpool_child(overrides)
@@ -116,9 +150,22 @@ def child(mode: str, overrides: list[str]) -> dict:
     prepare_s = time.perf_counter() - start
     if mode == "actor-only":
         run.learner.update_fn = lambda state, trajs, keys: (state, keys, {"finite": True})
+    # Per-thread CPU while training: the last snapshot is taken as the learner returns, and
+    # each actor thread reports its own CPU as it returns (it ends before the learner).
+    snapshots, actors_cpu = [thread_cpu()], {}
+    learn = run.learner.run
+    run.learner.run = lambda: (learn(), snapshots.append(thread_cpu()))[0]
+    for actor in run.actors:
+        def actor_run(loop=actor.run, name=f"actor-{actor.actor_id}"):
+            try:
+                loop()
+            finally:
+                actors_cpu[name] = time.thread_time()
+        actor.run = actor_run
     cpu0 = cpu_s()
     result = run.run()
     train_cpu = cpu_s() - cpu0
+    threads_cpu = dict(sorted({**cpu_by_thread(*snapshots), **actors_cpu}.items(), key=lambda item: -item[1]))
     wall = time.perf_counter() - start
     return {
         "mode": mode,
@@ -135,6 +182,8 @@ def child(mode: str, overrides: list[str]) -> dict:
         "env_steps": result.env_steps,
         "updates": result.updates,
         "sps": result.env_steps / result.learn_s,
+        "cores_busy": sum(threads_cpu.values()) / result.learn_s,
+        "cpu_by_thread_s": threads_cpu,
         "final_eval_return": result.final_eval.mean_return if result.final_eval else None,
         "max_policy_lag": result.max_policy_lag,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

@@ -5,10 +5,10 @@ On 2 CPU cores the `cartpole-ppo` preset is bound by its learner: every update i
 costs about as much CPU as the actors' whole rollout. This script times that update (the
 jitted, sharded step the learner runs, on a rollout of the preset's shape) against
 alternatives, interleaved round by round so machine noise hits every variant alike:
-  as_built            the learner's update, default XLA:CPU options;
-  memory_scheduler    the same program scheduled by XLA:CPU's memory-optimized scheduler
-                      (less concurrency between thunks);
-  no_concurrency_opt  the concurrency-optimized scheduler turned off;
+  as_built            the learner's update as the learner compiles it (on CPU with XLA's
+                      memory-optimized scheduler, see `learner_compiler_options`);
+  default_scheduler   the same program under XLA:CPU's default scheduler (how the update
+                      was compiled before: more of its ops run concurrently on the pool);
   fused_twin_mlp      the same maths with the actor and critic MLPs as one program: a
                       [4, 128] first layer and one batched [2, 64, 64] second layer
                       (fewer, larger matmuls);
@@ -37,7 +37,7 @@ import numpy as np
 from podrace import presets
 from podrace.algos.distributions import Categorical
 from podrace.config import replace, resolved
-from podrace.learner import env_keys, make_algorithm, make_mesh, make_update_fn
+from podrace.learner import env_keys, learner_compiler_options, make_algorithm, make_mesh, make_update_fn
 from podrace.networks import make_network
 from podrace.networks.actor_critic import POLICY_GAIN, VALUE_GAIN
 from podrace.networks.torsos import TORSO_GAIN
@@ -74,7 +74,8 @@ class FusedTwinMLP(nn.Module):
 
 
 def compiled_update(cfg, network, options: dict):
-    """(compiled update, state, rollout, keys) for `network` under `cfg` on device 0."""
+    """(compiled update, state, rollout, keys) for `network` under `cfg` on device 0;
+    `options` are added to (and override) the learner's own compiler options."""
     device = jax.devices()[0]
     mesh = make_mesh([device])
     params = jax.jit(network.init)(seed_key(0, 0), np.zeros((1,) + SPEC.obs_shape, np.float32))
@@ -84,7 +85,7 @@ def compiled_update(cfg, network, options: dict):
     traj = dummy_trajectory(cfg, SPEC, device)
     obs = np.random.default_rng(0).normal(size=traj.obs.shape).astype(np.float32)
     traj = traj._replace(obs=jax.device_put(obs, device))
-    update = make_update_fn(algo, mesh, 1)
+    update = make_update_fn(algo, mesh, 1, learner_compiler_options(cfg.network, mesh))
     return update.jitted.lower(state, (traj,), keys).compile(compiler_options=options), state, traj, keys
 
 
@@ -99,8 +100,7 @@ def main() -> None:
     separate = make_network(cfg.network, SPEC)
     variants = {
         "as_built": (cfg, separate, {}),
-        "memory_scheduler": (cfg, separate, {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}),
-        "no_concurrency_opt": (cfg, separate, {"xla_cpu_enable_concurrency_optimized_scheduler": False}),
+        "default_scheduler": (cfg, separate, {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_DEFAULT"}),
         "fused_twin_mlp": (cfg, FusedTwinMLP(), {}),
         "shared_torso": (shared, make_network(shared.network, SPEC), {}),
     }

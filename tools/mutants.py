@@ -177,7 +177,7 @@ MUTANTS: list[Mutant] = [
            "", THREADS_TESTS),
     Mutant("threads_no_transfer_guard", "podrace/runtime/threads.py",
            'with jax.transfer_guard("disallow"):', 'with jax.transfer_guard("allow"):', THREADS_TESTS),
-    # --- runtime/build.py (seeds) -----------------------------------------------------------
+    # --- runtime/build.py (seeds, the learner's compile options) ----------------------------
     Mutant("build_same_env_seed_for_every_actor", "podrace/runtime/build.py",
            "env_seed(cfg.seed, 0, global_id, *later)", "env_seed(cfg.seed, 0, 0, *later)", ("tests/runtime/test_build.py",)),
     Mutant("build_same_policy_key_for_every_actor", "podrace/runtime/build.py",
@@ -188,6 +188,12 @@ MUTANTS: list[Mutant] = [
            ("tests/runtime/test_build.py",)),
     Mutant("build_evaluator_shares_actor_0_envs", "podrace/runtime/build.py",
            "env_seed(cfg.seed, 1, 0)", "env_seed(cfg.seed, 0, 0)", ("tests/runtime/test_build.py",)),
+    Mutant("build_learner_programs_on_the_default_schedule", "podrace/runtime/build.py",
+           "    options = learner_compiler_options(cfg.network, mesh)\n", "    options = None\n",
+           ("tests/runtime/test_build.py",)),
+    Mutant("build_normalization_on_the_default_schedule", "podrace/runtime/build.py",
+           "cfg.num_actors, options)\n    if restore", "cfg.num_actors)\n    if restore",
+           ("tests/runtime/test_build.py",)),
     # --- sync/local.py, versions.py ---------------------------------------------------------
     Mutant("local_poll_repeats_the_acked_version", "podrace/sync/local.py",
            "self._newest(-1 if self._acked is None else self._acked + 1)",

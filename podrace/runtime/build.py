@@ -28,6 +28,7 @@ from podrace.learner import (
     LearnerPlacement,
     LearnerSettings,
     env_keys,
+    learner_compiler_options,
     make_algorithm,
     make_mesh,
     make_normalize_fn,
@@ -102,17 +103,18 @@ def build_learner(
         max_policy_lag=cfg.max_policy_lag,
     )
     normalizer = init_normalizer(cfg.normalize, spec.obs_shape, cfg.num_actors * cfg.env.num_envs)
+    options = learner_compiler_options(cfg.network, mesh)
     normalize_fn = None
     if normalizer is not None:
         normalizer = place_normalizer(normalizer, mesh)
-        normalize_fn = make_normalize_fn(cfg.normalize, cfg.gamma, mesh, normalizer, cfg.num_actors)
+        normalize_fn = make_normalize_fn(cfg.normalize, cfg.gamma, mesh, normalizer, cfg.num_actors, options)
     if restore is not None:
         state, keys, normalizer = restore(state, keys, normalizer)
     learner = Learner(
         settings,
         state=state,
         keys=keys,
-        update_fn=make_update_fn(algo, mesh, cfg.num_actors),
+        update_fn=make_update_fn(algo, mesh, cfg.num_actors, options),
         pipeline=pipeline,
         publisher=publisher,
         metrics=metrics,

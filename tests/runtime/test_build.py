@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from podrace.config import TrainConfig
+from podrace.config import NetworkConfig, TrainConfig
 from podrace.control import Control, Heartbeat, Lifetime
 from podrace.runtime import build
 
@@ -93,3 +93,84 @@ def test_envpool_threads_share_the_cores_after_one_for_the_learner(monkeypatch):
             assert env._env.config["num_threads"] == expected
         finally:
             env.close()
+
+
+def built_learner(network: NetworkConfig, normalize: bool = False):
+    """A CartPole learner as `build_learner` makes it, and a placed dummy rollout."""
+    from podrace.config import EnvConfig, LayoutConfig, NormalizeConfig, PPOConfig, replace
+    from podrace.envs import env_spec
+    from podrace.metrics.registry import Metrics
+    from podrace.networks import make_network
+    from podrace.pipeline import Pipeline
+    from podrace.sync.local import LocalPublisher
+
+    cfg = TrainConfig(
+        env=EnvConfig(id="CartPole-v1", num_envs=4), network=network, rollout_length=4, total_steps=64,
+        ppo=PPOConfig(num_epochs=1, num_minibatches=2), layout=LayoutConfig(actors_per_device=1),
+    )
+    if normalize:
+        cfg = replace(cfg, normalize=NormalizeConfig(obs=True, reward=True))
+    spec = env_spec(cfg.env)
+    lifetime = Lifetime()
+    learner, placement = build.build_learner(
+        cfg, spec, make_network(cfg.network, spec), jax.devices()[:1], Pipeline(1, 1, 1, lifetime),
+        LocalPublisher(), Metrics(), lifetime,
+    )
+    return learner, (placement.place(build.dummy_trajectory(cfg, spec, jax.devices()[0])),)
+
+
+def schedule(jitted, *args, **options) -> str:
+    """The compiled program's text (its thunk order) with `options` added."""
+    return jitted.lower(*args).compile(options or None).as_text()
+
+
+DEFAULT_SCHEDULE = {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_DEFAULT"}
+MEMORY_SCHEDULE = {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}
+
+
+@pytest.mark.timeout(120)
+def test_an_mlp_learner_on_cpu_compiles_its_programs_with_the_memory_optimized_schedule():
+    # The learner's own programs, as the runtimes build them: the update and (normalizing)
+    # the batch preparation are scheduled as with the option given explicitly, and not as
+    # XLA's default would schedule them.
+    learner, trajs = built_learner(NetworkConfig(hidden_sizes=(16, 16)), normalize=True)
+    update_args = (learner.state, trajs, learner.keys)
+    built = schedule(learner.update_fn.jitted, *update_args)
+    assert built == schedule(learner.update_fn.jitted, *update_args, **MEMORY_SCHEDULE), "update not memory-scheduled"
+    assert built != schedule(learner.update_fn.jitted, *update_args, **DEFAULT_SCHEDULE), "the option changes nothing"
+    behaviour = (learner.normalizer.obs,)
+    normalize_args = (learner.normalizer, trajs, behaviour)
+    built = schedule(learner.normalize_fn, *normalize_args)
+    assert built == schedule(learner.normalize_fn, *normalize_args, **MEMORY_SCHEDULE), "normalization not memory-scheduled"
+
+
+@pytest.mark.timeout(120)
+def test_the_memory_optimized_schedule_changes_no_value():
+    # Only the order of the update's ops changes: five updates give the same params, bit for bit.
+    learner, trajs = built_learner(NetworkConfig(hidden_sizes=(16, 16)))
+    jitted = learner.update_fn.jitted
+    args = (learner.state, trajs, learner.keys)
+    results = []
+    for options in (MEMORY_SCHEDULE, DEFAULT_SCHEDULE):
+        update = jitted.lower(*args).compile(options)
+        state, _, keys = args
+        for _ in range(5):
+            state, keys, _ = update(state, trajs, keys)
+        results.append(jax.tree.leaves(jax.device_get(state)))
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_only_mlp_learners_on_cpu_change_the_schedule():
+    from types import SimpleNamespace
+
+    from podrace.learner import learner_compiler_options
+
+    def mesh(platform):
+        return SimpleNamespace(devices=np.array([SimpleNamespace(platform=platform)]))
+
+    assert learner_compiler_options(NetworkConfig(torso="mlp"), mesh("cpu")) == MEMORY_SCHEDULE
+    # Convolutional updates gain from XLA:CPU's concurrency; accelerators keep their defaults.
+    assert learner_compiler_options(NetworkConfig(torso="nature_cnn"), mesh("cpu")) is None
+    assert learner_compiler_options(NetworkConfig(torso="impala_resnet"), mesh("cpu")) is None
+    assert learner_compiler_options(NetworkConfig(torso="mlp"), mesh("gpu")) is None
