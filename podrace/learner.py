@@ -9,6 +9,7 @@ are blocked on, checked finite, and only then published (version = updates appli
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -195,8 +196,11 @@ def learner_compiler_options(network: NetworkConfig, mesh: Mesh) -> dict[str, st
     CPU and less wall-clock, and end to end the actors' rollouts wait less
     (`benchmarks/learner_update.py`, `benchmarks/cartpole_ppo.py`; the results are bit for
     bit the same). A convolutional update's ops are big enough for the concurrency to pay:
-    `atari-ppo`'s took about a tenth longer that way, so image torsos keep XLA's default."""
+    `atari-ppo`'s took about a tenth longer that way, so image torsos keep XLA's default.
+    A scheduler chosen in XLA_FLAGS (`--xla_cpu_scheduler_type`) is the user's and stays."""
     if network.torso != "mlp" or mesh.devices.flat[0].platform != "cpu":
+        return None
+    if "--xla_cpu_scheduler_type" in os.environ.get("XLA_FLAGS", ""):
         return None
     return {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}
 

@@ -161,7 +161,7 @@ def test_the_memory_optimized_schedule_changes_no_value():
         np.testing.assert_array_equal(a, b)
 
 
-def test_only_mlp_learners_on_cpu_change_the_schedule():
+def test_only_mlp_learners_on_cpu_change_the_schedule(monkeypatch):
     from types import SimpleNamespace
 
     from podrace.learner import learner_compiler_options
@@ -174,3 +174,6 @@ def test_only_mlp_learners_on_cpu_change_the_schedule():
     assert learner_compiler_options(NetworkConfig(torso="nature_cnn"), mesh("cpu")) is None
     assert learner_compiler_options(NetworkConfig(torso="impala_resnet"), mesh("cpu")) is None
     assert learner_compiler_options(NetworkConfig(torso="mlp"), mesh("gpu")) is None
+    # A scheduler the user chose in XLA_FLAGS is left to apply.
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2 --xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_DEFAULT")
+    assert learner_compiler_options(NetworkConfig(torso="mlp"), mesh("cpu")) is None
