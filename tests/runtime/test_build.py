@@ -1,5 +1,7 @@
 """The factories every topology calls: seeds and keys derive from (run seed, stream, id)."""
 
+import re
+
 import jax
 import numpy as np
 import pytest
@@ -120,8 +122,12 @@ def built_learner(network: NetworkConfig, normalize: bool = False):
 
 
 def schedule(jitted, *args, **options) -> str:
-    """The compiled program's text (its thunk order) with `options` added."""
-    return jitted.lower(*args).compile(options or None).as_text()
+    """The compiled program's computations with `options` added: their instructions in the
+    order they run, without the source locations (an executable JAX's persistent cache
+    returns may have been compiled from the same program traced elsewhere)."""
+    lines = jitted.lower(*args).compile(options or None).as_text().splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith(("%", "ENTRY")))
+    return re.sub(r", metadata=\{[^}]*\}", "", "\n".join(lines[first:]))
 
 
 DEFAULT_SCHEDULE = {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_DEFAULT"}
