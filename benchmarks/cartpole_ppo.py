@@ -37,6 +37,10 @@ loaded machine the CPU seconds per env step move much less than wall-clock rates
 
     python benchmarks/cartpole_ppo.py [--out benchmarks/results/cartpole_ppo.json] [overrides...]
 
+`--modes e2e --baseline DIR --repeats 10` runs only the end-to-end children, this checkout
+and the baseline interleaved: single e2e runs on 2 cores spread by a fifth, so a
+before/after claim wants many pairs (the report then has the medians and their ratio only).
+
 Extra arguments are passed to the preset as `podrace train` flags (e.g. --seed 2).
 """
 
@@ -58,6 +62,7 @@ from pathlib import Path
 _START = time.perf_counter()
 PRESET = "cartpole-ppo"
 ENVPOOL_STEPS = 3000
+MODES = ("envpool", "e2e", "actor-only", "learner-only")
 
 
 def cpu_s() -> float:
@@ -268,6 +273,34 @@ def median_run(runs: list[dict]) -> dict:
     return out
 
 
+def machine(load: list[float]) -> dict:
+    return {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
+            "load_avg_1min_during": load}
+
+
+def partial_report(modes: tuple[str, ...], runs: dict, baseline: dict | None, overrides: list[str], load: list[float]) -> dict:
+    """Medians of the children that ran (a subset of MODES), each against the baseline's."""
+    report = {"benchmark": "cartpole_ppo", "preset": PRESET, "overrides": overrides, "modes": list(modes),
+              "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine(load),
+              **{m.replace("-", "_"): median_run(runs[m]) for m in modes}, "runs": runs}
+    if baseline is not None:
+        medians = {m: median_run(baseline[m]) for m in modes}
+        report["baseline"] = {
+            **{m.replace("-", "_"): medians[m] for m in modes},
+            "this_over_baseline": {
+                f"{m.replace('-', '_')}_sps": report[m.replace("-", "_")]["sps"] / medians[m]["sps"] for m in modes
+            },
+            "runs": baseline,
+        }
+    return report
+
+
+def write_report(out: str, report: dict) -> None:
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="benchmarks/results/cartpole_ppo.json")
@@ -282,14 +315,17 @@ def main() -> None:
                         help="also run PureJaxRL's CartPole PPO from this checkout of luchris429/purejaxrl")
     parser.add_argument("--purejaxrl-python", metavar="PY",
                         help="the Python of an environment with PureJaxRL's requirements (for --purejaxrl)")
-    parser.add_argument("--mode", choices=["e2e", "actor-only", "learner-only", "envpool"], help=argparse.SUPPRESS)
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
+                        help="run only these children (e.g. `--modes e2e --baseline DIR --repeats 10` for "
+                             "many before/after pairs of the end-to-end run); ratios, bound and targets need all")
+    parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     args, overrides = parser.parse_known_args()
     if args.mode:
         print(json.dumps(child(args.mode, overrides)))
         return
     if bool(args.purejaxrl) != bool(args.purejaxrl_python):
         parser.error("--purejaxrl and --purejaxrl-python go together")
-    modes = ("envpool", "e2e", "actor-only", "learner-only")
+    modes = tuple(m for m in MODES if m in args.modes)
     runs: dict[str, list[dict]] = {m: [] for m in modes}
     baseline: dict[str, list[dict]] = {m: [] for m in modes}
     purejaxrl: list[dict] = []
@@ -306,6 +342,9 @@ def main() -> None:
             purejaxrl.append(run_child("purejaxrl", [], None, command=[args.purejaxrl_python, driver, args.purejaxrl]))
             load.append(os.getloadavg()[0])
             print(f"purejaxrl: {json.dumps(purejaxrl[-1])}", file=sys.stderr)
+    if modes != MODES:
+        write_report(args.out, partial_report(modes, runs, baseline if args.baseline else None, overrides, load))
+        return
     raw, e2e, actors, learner = (median_run(runs[m]) for m in modes)
     cores = len(os.sched_getaffinity(0))
     bound = overlap_bound(actors, learner, cores)
@@ -326,8 +365,7 @@ def main() -> None:
         "overrides": overrides,
         "compile_cache": args.compile_cache,
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                    "cpus": os.cpu_count(), "load_avg_1min_during": load},
+        "machine": machine(load),
         "envpool": raw,
         "e2e": e2e,
         "actor_only": actors,
@@ -370,9 +408,7 @@ def main() -> None:
             },
             "runs": baseline,
         }
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.out, report)
     print(json.dumps({k: report[k] for k in ("ratios", "startup", "targets", "purejaxrl")}, indent=2))
     if args.baseline:
         print(json.dumps({"this_over_baseline": report["baseline"]["this_over_baseline"]}, indent=2))

@@ -1,4 +1,5 @@
-"""The factories every topology calls: seeds and keys derive from (run seed, stream, id)."""
+"""The factories every topology calls: seeds and keys derive from (run seed, stream, id); the
+learner's programs are compiled with the options its network and devices call for."""
 
 import re
 
