@@ -177,10 +177,14 @@ def test_only_mlp_learners_on_cpu_change_the_schedule(monkeypatch):
         return SimpleNamespace(devices=np.array([SimpleNamespace(platform=platform)]))
 
     assert learner_compiler_options(NetworkConfig(torso="mlp"), mesh("cpu")) == MEMORY_SCHEDULE
-    # Convolutional updates gain from XLA:CPU's concurrency; accelerators keep their defaults.
+    assert learner_compiler_options(NetworkConfig(hidden_sizes=(128, 32)), mesh("cpu")) == MEMORY_SCHEDULE
+    # Wider layers and convolutional updates gain from XLA:CPU's concurrency; accelerators
+    # keep their defaults.
+    assert learner_compiler_options(NetworkConfig(hidden_sizes=(64, 256)), mesh("cpu")) is None
     assert learner_compiler_options(NetworkConfig(torso="nature_cnn"), mesh("cpu")) is None
     assert learner_compiler_options(NetworkConfig(torso="impala_resnet"), mesh("cpu")) is None
     assert learner_compiler_options(NetworkConfig(torso="mlp"), mesh("gpu")) is None
     # A scheduler the user chose in XLA_FLAGS is left to apply.
-    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2 --xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_DEFAULT")
-    assert learner_compiler_options(NetworkConfig(torso="mlp"), mesh("cpu")) is None
+    for flag in ("--xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_DEFAULT", "--xla_cpu_enable_concurrency_optimized_scheduler=false"):
+        monkeypatch.setenv("XLA_FLAGS", f"--xla_force_host_platform_device_count=2 {flag}")
+        assert learner_compiler_options(NetworkConfig(torso="mlp"), mesh("cpu")) is None
