@@ -264,11 +264,20 @@ def run_child(mode: str, overrides: list[str], pythonpath: str | None, compile_c
 
 
 def median_run(runs: list[dict]) -> dict:
-    """Per numeric field, the median over repeats; other fields from the first run."""
+    """Per numeric field, the median over repeats (fields that are dicts of numbers, such as
+    `cpu_by_thread_s`, per key); other fields from the first run."""
+
+    def numeric(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
     out = dict(runs[0])
     for key, value in runs[0].items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and all(key in r for r in runs):
+        if not all(key in r for r in runs):
+            continue
+        if numeric(value):
             out[key] = statistics.median(r[key] for r in runs)
+        elif isinstance(value, dict) and value and all(numeric(v) for v in value.values()):
+            out[key] = {k: statistics.median(r[key].get(k, 0.0) for r in runs) for k in value}
     out["repeats"] = len(runs)
     return out
 
@@ -278,14 +287,17 @@ def machine(load: list[float]) -> dict:
             "load_avg_1min_during": load}
 
 
-def partial_report(modes: tuple[str, ...], runs: dict, baseline: dict | None, overrides: list[str], load: list[float]) -> dict:
+def partial_report(args: argparse.Namespace, modes: tuple[str, ...], runs: dict, baseline: dict,
+                   purejaxrl: list[dict], overrides: list[str], load: list[float]) -> dict:
     """Medians of the children that ran (a subset of MODES), each against the baseline's."""
     report = {"benchmark": "cartpole_ppo", "preset": PRESET, "overrides": overrides, "modes": list(modes),
-              "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine(load),
-              **{m.replace("-", "_"): median_run(runs[m]) for m in modes}, "runs": runs}
-    if baseline is not None:
+              "compile_cache": args.compile_cache, "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+              "machine": machine(load), **{m.replace("-", "_"): median_run(runs[m]) for m in modes},
+              "purejaxrl": median_run(purejaxrl) if purejaxrl else None, "runs": {**runs, "purejaxrl": purejaxrl}}
+    if args.baseline:
         medians = {m: median_run(baseline[m]) for m in modes}
         report["baseline"] = {
+            "pythonpath": args.baseline,
             **{m.replace("-", "_"): medians[m] for m in modes},
             "this_over_baseline": {
                 f"{m.replace('-', '_')}_sps": report[m.replace("-", "_")]["sps"] / medians[m]["sps"] for m in modes
@@ -325,6 +337,13 @@ def main() -> None:
         return
     if bool(args.purejaxrl) != bool(args.purejaxrl_python):
         parser.error("--purejaxrl and --purejaxrl-python go together")
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
+    for flag, path in (("--baseline", args.baseline), ("--pythonpath", args.pythonpath)):
+        # Without a podrace package there, the children would import this checkout's
+        # (the editable install) and compare it with itself.
+        if path and not (Path(path) / "podrace" / "__init__.py").is_file():
+            parser.error(f"{flag} {path}: no podrace package there (expected {Path(path) / 'podrace'})")
     modes = tuple(m for m in MODES if m in args.modes)
     runs: dict[str, list[dict]] = {m: [] for m in modes}
     baseline: dict[str, list[dict]] = {m: [] for m in modes}
@@ -343,7 +362,7 @@ def main() -> None:
             load.append(os.getloadavg()[0])
             print(f"purejaxrl: {json.dumps(purejaxrl[-1])}", file=sys.stderr)
     if modes != MODES:
-        write_report(args.out, partial_report(modes, runs, baseline if args.baseline else None, overrides, load))
+        write_report(args.out, partial_report(args, modes, runs, baseline, purejaxrl, overrides, load))
         return
     raw, e2e, actors, learner = (median_run(runs[m]) for m in modes)
     cores = len(os.sched_getaffinity(0))
