@@ -247,8 +247,18 @@ def normalizer_specs(normalizer: Normalizer) -> Normalizer:
 
 
 def place_normalizer(normalizer: Normalizer, mesh: Mesh) -> Normalizer:
+    """The normalizer on the learner mesh, from values every process holds whole (its
+    return tracker has one entry per env of every process): each process places only the
+    slices of its own devices, so the arrays are global ones over a multi-process mesh too.
+    (A device_put of this process's arrays onto such a mesh built arrays no program could
+    use: a run with normalization over several processes failed while preparing.)"""
+    host = jax.device_get(normalizer)
+
+    def place(sharding: NamedSharding, subtree):
+        return jax.tree.map(lambda x: jax.make_array_from_callback(x.shape, sharding, lambda index: x[index]), subtree)
+
     shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), normalizer_specs(normalizer))
-    return jax.device_put(normalizer, shardings)
+    return jax.tree.map(place, shardings, host)
 
 
 def make_normalize_fn(

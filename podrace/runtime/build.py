@@ -102,7 +102,7 @@ def build_learner(
         max_skipped=math.floor(cfg.safety.max_skipped_fraction * cfg.num_updates),
         max_policy_lag=cfg.max_policy_lag,
     )
-    normalizer = init_normalizer(cfg.normalize, spec.obs_shape, cfg.num_actors * cfg.env.num_envs)
+    normalizer = init_normalizer(cfg.normalize, spec.obs_shape, jax.process_count() * cfg.num_actors * cfg.env.num_envs)
     options = learner_compiler_options(cfg.network, mesh)
     normalize_fn = None
     if normalizer is not None:

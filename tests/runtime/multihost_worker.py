@@ -1,10 +1,12 @@
 """One process of the learner-equivalence check (run by tests/runtime/test_multihost.py).
 
-    python -m tests.runtime.multihost_worker OUT.npz PROCESS NUM_PROCESSES COORDINATOR
+    python -m tests.runtime.multihost_worker OUT.npz PROCESS NUM_PROCESSES COORDINATOR [normalize]
 
-Joins the run, builds the global learner mesh (one learner device per process), feeds its
-own actors' slices of the same random batches the single-process reference uses, runs
-UPDATES learner updates, and (process 0) saves the params.
+Joins the run, builds the learner as the runtimes do over the global learner mesh (one
+learner device per process), feeds its own actors' slices of the same random batches the
+single-process reference uses, runs UPDATES learner updates (with `normalize`, each batch
+normalized first: observation and return statistics), and saves the params (and the
+normalizer's statistics).
 """
 
 from __future__ import annotations
@@ -14,28 +16,25 @@ import sys
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
 
-from podrace.config import EnvConfig, LayoutConfig, NetworkConfig, PPOConfig, TrainConfig, replace
+from podrace.config import EnvConfig, LayoutConfig, NetworkConfig, NormalizeConfig, PPOConfig, TrainConfig, replace
+from podrace.control import Lifetime
 from podrace.envs import env_spec
-from podrace.learner import (
-    LearnerPlacement,
-    env_keys,
-    make_algorithm,
-    make_mesh,
-    make_update_fn,
-    trajectory_shardings,
-)
+from podrace.metrics.registry import Metrics
 from podrace.networks import make_network
+from podrace.pipeline import Pipeline
+from podrace.runtime.build import build_learner, seed_key
+from podrace.sync.local import LocalPublisher
 from podrace.types import Trajectory
 
 T, B, GLOBAL_ACTORS, UPDATES = 8, 8, 4, 3
 
 
-def config(num_processes: int) -> TrainConfig:
+def config(num_processes: int, normalize: bool = False) -> TrainConfig:
     cfg = TrainConfig(
         env=EnvConfig(id="CartPole-v1", num_envs=B),
         network=NetworkConfig(hidden_sizes=(16, 16)),
+        normalize=NormalizeConfig(obs=normalize, reward=normalize),
         ppo=PPOConfig(num_epochs=2, num_minibatches=4),
         layout=LayoutConfig(actors_per_device=GLOBAL_ACTORS // num_processes),
         rollout_length=T,
@@ -67,35 +66,46 @@ def batch(update: int, spec) -> list[Trajectory]:
     return out
 
 
-def train(learner_devices, num_processes: int, process: int) -> dict:
-    """UPDATES updates over a mesh of `learner_devices`; returns this process's params copy."""
-    cfg = config(num_processes)
+def train(learner_devices, num_processes: int, process: int, normalize: bool = False) -> dict:
+    """UPDATES updates over a mesh of `learner_devices`; returns this process's copy of the
+    params (and, normalizing, of the observation and return statistics)."""
+    from podrace.runtime.distributed import local_copy
+
+    cfg = config(num_processes, normalize)
     spec = env_spec(cfg.env)
-    network = make_network(cfg.network, spec)
-    mesh = make_mesh(learner_devices)
-    replicated = NamedSharding(mesh, P())
-    params = jax.jit(network.init, out_shardings=replicated)(jax.random.PRNGKey(0), np.zeros((1, 4), np.float32))
-    algo = make_algorithm(cfg, network.apply)
-    state = jax.jit(algo.init, out_shardings=replicated)(params)
-    keys = env_keys(jax.random.PRNGKey(1), cfg.num_actors, B, mesh)
-    placement = LearnerPlacement(*trajectory_shardings(mesh))
-    update = make_update_fn(algo, mesh, cfg.num_actors)
+    lifetime = Lifetime()
+    learner, placement = build_learner(
+        cfg, spec, make_network(cfg.network, spec), learner_devices, Pipeline(cfg.num_actors, 1, 1, lifetime),
+        LocalPublisher(), Metrics(), lifetime,
+    )
+    local_copy(learner.acting_params())  # what the runtimes give their actors and evaluator
+    state, keys, normalizer = learner.state, learner.keys, learner.normalizer
     local = jax.local_devices()[0]
     for u in range(UPDATES):
         mine = batch(u, spec)[process * cfg.num_actors : (process + 1) * cfg.num_actors]
         trajs = tuple(placement.place(jax.device_put(t, local)) for t in mine)
-        state, keys, _ = update(state, trajs, keys)
-    from podrace.runtime.distributed import local_copy
+        if normalize:  # every rollout acted with the statistics of the update before
+            normalizer, trajs = learner.normalize_fn(normalizer, trajs, (normalizer.obs,) * cfg.num_actors)
+        state, keys, _ = learner.update_fn(state, trajs, keys)
+    out = {"params": state.params}
+    if normalize:
+        out["stats"] = (normalizer.obs, normalizer.returns)
+    return jax.device_get(local_copy(out))
 
-    return jax.device_get(local_copy(state.params))
+
+def initial_params(normalize: bool = False) -> dict:
+    """The params the learner starts from (as `build_learner` initializes them)."""
+    cfg = config(1, normalize)
+    network = make_network(cfg.network, env_spec(cfg.env))
+    return network.init(seed_key(cfg.seed, 0), np.zeros((1, 4), np.float32))
 
 
-def main(out: str, process: int, num_processes: int, coordinator: str) -> None:
+def main(out: str, process: int, num_processes: int, coordinator: str, normalize: bool) -> None:
     from podrace.config import DistributedConfig
     from podrace.runtime.distributed import global_learner_devices, join
 
     join(DistributedConfig(coordinator, num_processes, process, init_timeout_s=60))
-    params = train(global_learner_devices((0,), "cpu"), num_processes, process)
+    params = train(global_learner_devices((0,), "cpu"), num_processes, process, normalize)
     leaves = {str(i): np.asarray(x) for i, x in enumerate(jax.tree.leaves(params))}
     np.savez(f"{out}.{process}.npz", **leaves)
     jax.distributed.shutdown()
@@ -131,4 +141,4 @@ if __name__ == "__main__":
         code = faulty_run(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
         sys.stdout.flush(), sys.stderr.flush()
         os._exit(code)
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5:] == ["normalize"])
