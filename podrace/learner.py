@@ -62,6 +62,12 @@ def trajectory_shardings(mesh: Mesh) -> tuple[NamedSharding, NamedSharding]:
     return NamedSharding(mesh, P(None, AXIS)), NamedSharding(mesh, P(AXIS))
 
 
+def global_array(value: np.ndarray, sharding: NamedSharding) -> jax.Array:
+    """`value` (held whole by every process) as one array with `sharding`: each process
+    places only the slices of its own devices, so this works over a multi-process mesh."""
+    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+
+
 def env_keys(key: jax.Array, num_actors: int, envs_per_actor: int, mesh: Mesh) -> jax.Array:
     """One raw key per env of every process, [processes * num_actors * envs_per_actor, 2],
     sharded along the mesh axis; `num_actors` counts the actors of one process.
@@ -90,7 +96,7 @@ def env_keys(key: jax.Array, num_actors: int, envs_per_actor: int, mesh: Mesh) -
         ]
     total = len(per_process) * num_actors * envs_per_actor
     keys = np.asarray(jax.device_get(jax.random.split(key, total)))[np.asarray(order)]
-    return jax.make_array_from_callback(keys.shape, NamedSharding(mesh, P(AXIS)), lambda index: keys[index])
+    return global_array(keys, NamedSharding(mesh, P(AXIS)))
 
 
 class LearnerPlacement:
@@ -247,18 +253,12 @@ def normalizer_specs(normalizer: Normalizer) -> Normalizer:
 
 
 def place_normalizer(normalizer: Normalizer, mesh: Mesh) -> Normalizer:
-    """The normalizer on the learner mesh, from values every process holds whole (its
-    return tracker has one entry per env of every process): each process places only the
-    slices of its own devices, so the arrays are global ones over a multi-process mesh too.
-    (A device_put of this process's arrays onto such a mesh built arrays no program could
-    use: a run with normalization over several processes failed while preparing.)"""
-    host = jax.device_get(normalizer)
-
-    def place(sharding: NamedSharding, subtree):
-        return jax.tree.map(lambda x: jax.make_array_from_callback(x.shape, sharding, lambda index: x[index]), subtree)
-
+    """The normalizer on the learner mesh as global arrays (`global_array`: its return
+    tracker has one entry per env of every process). A device_put of this process's arrays
+    onto a multi-process mesh built arrays no program could use."""
     shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), normalizer_specs(normalizer))
-    return jax.tree.map(place, shardings, host)
+    host = jax.device_get(normalizer)
+    return jax.tree.map(lambda sharding, part: jax.tree.map(lambda x: global_array(x, sharding), part), shardings, host)
 
 
 def make_normalize_fn(
