@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from podrace.checkpoint import Checkpointer, RunState, restore  # noqa: E402
 from podrace.config import replace  # noqa: E402
 from podrace.envs import env_spec  # noqa: E402
-from podrace.learner import make_algorithm  # noqa: E402
+from podrace.learner_mesh import make_algorithm  # noqa: E402
 from podrace.metrics.registry import Metrics  # noqa: E402
 from podrace.networks import make_network  # noqa: E402
 from podrace.presets import PRESETS  # noqa: E402

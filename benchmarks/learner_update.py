@@ -37,7 +37,7 @@ import numpy as np
 from podrace import presets
 from podrace.algos.distributions import Categorical
 from podrace.config import replace, resolved
-from podrace.learner import env_keys, learner_compiler_options, make_algorithm, make_mesh, make_update_fn
+from podrace.learner_mesh import env_keys, learner_compiler_options, make_algorithm, make_mesh, make_update_fn
 from podrace.networks import make_network
 from podrace.networks.actor_critic import POLICY_GAIN, VALUE_GAIN
 from podrace.networks.torsos import TORSO_GAIN

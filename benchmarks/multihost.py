@@ -61,7 +61,7 @@ def child(args: argparse.Namespace, flags: list[str]) -> dict:
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     from podrace.envs import env_spec
-    from podrace.learner import LearnerPlacement, trajectory_shardings
+    from podrace.learner_mesh import LearnerPlacement, trajectory_shardings
     from podrace.runtime.build import dummy_trajectory
 
     if args.processes > 1:

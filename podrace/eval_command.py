@@ -25,7 +25,7 @@ from podrace.algos.normalizer import acting_apply, acting_params, init_normalize
 from podrace.checkpoint import RunState, checkpoint_dir, read_config, restore
 from podrace.config import ConfigError, EnvConfig, TrainConfig
 from podrace.envs import BatchedEnv, env_spec, make_env, resolve_backend
-from podrace.learner import make_algorithm
+from podrace.learner_mesh import make_algorithm
 from podrace.networks import make_network
 from podrace.types import EnvSpec
 

@@ -1,42 +1,27 @@
-"""The learner: a mesh over the learner devices, the sharded update step, the learner loop.
+"""The learner loop: one rollout per actor per update, the update, and the publish.
 
-The update is `jit(shard_map(...))` over the mesh axis `learner`: every shard sees its own
-slice of the env axis and the random keys of exactly those envs (one key per env, sharded
-like the data), and the algorithm combines gradients across shards. Because keys belong
-to envs rather than to shards, the number of learner devices does not change the update. After each update the new params
-are blocked on, checked finite, and only then published (version = updates applied).
+After each update the new params are blocked on, checked finite, and only then published
+(version = updates applied). The sharded programs it runs are built in
+`podrace.learner_mesh`; here they are plain callables, so the loop is tested with fakes.
 """
 
 from __future__ import annotations
 
-import os
 import time
-from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import jax
-import jax.numpy as jnp
-import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from podrace.algos.base import Algorithm, TrainState
-from podrace.algos.impala import make_impala
-from podrace.algos.normalization import ReturnTracker, RunningStats
-from podrace.algos.normalizer import Normalizer, acting_params, normalize_batch
-from podrace.algos.ppo import make_ppo
-from podrace.config import NetworkConfig, NormalizeConfig, TrainConfig
+from podrace.algos.base import TrainState
+from podrace.algos.normalization import RunningStats
+from podrace.algos.normalizer import Normalizer, acting_params
 from podrace.control import Lifetime
 from podrace.metrics.registry import Metrics
 from podrace.pipeline import Pipeline
 from podrace.sync.base import Publisher
-from podrace.sync.placement import on_device, place
 from podrace.sync.versions import release_later
 from podrace.types import Trajectory
-
-AXIS = "learner"
-
-TRAJECTORY_SPEC = Trajectory(*(P(None, AXIS),) * 8, last_obs=P(AXIS), last_value=P(AXIS))
 
 
 class NonFiniteUpdate(FloatingPointError):
@@ -45,243 +30,6 @@ class NonFiniteUpdate(FloatingPointError):
 
 class TooManySkippedUpdates(NonFiniteUpdate):
     """More updates were skipped as non-finite than the run allows (it is not training)."""
-
-
-def make_algorithm(cfg: TrainConfig, apply_fn: Callable) -> Algorithm:
-    """The configured algorithm, its collectives bound to the learner mesh axis."""
-    make, algo_cfg = (make_ppo, cfg.ppo) if cfg.algo == "ppo" else (make_impala, cfg.impala)
-    return make(algo_cfg, apply_fn, cfg.num_updates, AXIS, cfg.layout.scan_unroll)
-
-
-def make_mesh(devices: Sequence[jax.Device]) -> Mesh:
-    return Mesh(np.asarray(devices), (AXIS,))
-
-
-def trajectory_shardings(mesh: Mesh) -> tuple[NamedSharding, NamedSharding]:
-    """(sharding of [T, B, ...] leaves, sharding of [B, ...] leaves): split along envs."""
-    return NamedSharding(mesh, P(None, AXIS)), NamedSharding(mesh, P(AXIS))
-
-
-def global_array(value: np.ndarray, sharding: NamedSharding) -> jax.Array:
-    """`value` (held whole by every process) as one array with `sharding`: each process
-    places only the slices of its own devices, so this works over a multi-process mesh."""
-    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
-
-
-def env_keys(key: jax.Array, num_actors: int, envs_per_actor: int, mesh: Mesh) -> jax.Array:
-    """One raw key per env of every process, [processes * num_actors * envs_per_actor, 2],
-    sharded along the mesh axis; `num_actors` counts the actors of one process.
-
-    Env j of actor a of process p is global env g = (p * num_actors + a) * envs_per_actor + j
-    and always gets key number g, however the mesh is split over processes and devices.
-    Rows are laid out in the order the learner shards see their columns (each shard: its
-    slice of every local actor's envs, interleaved as concat_actors does: env j of actor a
-    at column j * num_actors + a), so each shard holds the keys of exactly its own envs. Each process places only the rows of its own devices.
-    """
-    devices = list(mesh.devices.flat)
-    per_process = Counter(d.process_index for d in devices)
-    local_shards = per_process[devices[0].process_index]
-    if set(per_process.values()) != {local_shards}:
-        raise ValueError(f"every process needs the same number of learner devices, got {dict(per_process)}")
-    per_shard = envs_per_actor // local_shards
-    order = []
-    rank: Counter = Counter()
-    for device in devices:
-        p, d = device.process_index, rank[device.process_index]
-        rank[p] += 1
-        order += [
-            (p * num_actors + a) * envs_per_actor + j
-            for j in range(d * per_shard, (d + 1) * per_shard)
-            for a in range(num_actors)
-        ]
-    total = len(per_process) * num_actors * envs_per_actor
-    keys = np.asarray(jax.device_get(jax.random.split(key, total)))[np.asarray(order)]
-    return global_array(keys, NamedSharding(mesh, P(AXIS)))
-
-
-class LearnerPlacement:
-    """Splits an actor-device Trajectory along the env axis onto the learner devices.
-
-    Each learner device receives only its own slice (one explicit device_put per device);
-    the slices are then assembled into arrays sharded over the learner mesh, without ever
-    replicating the whole batch.
-    """
-
-    def __init__(self, time_sharding: NamedSharding, env_sharding: NamedSharding):
-        self.time_sharding = time_sharding  # for [T, B, ...] leaves: P(None, axis)
-        self.env_sharding = env_sharding  # for [B, ...] leaves: P(axis)
-        mesh = time_sharding.mesh
-        # This process's learner devices, in mesh order; other processes feed the rest.
-        self.devices = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
-        self.num_shards = mesh.devices.size
-        n = len(self.devices)
-
-        def split(traj: Trajectory):
-            def cut(x, axis):
-                return tuple(jnp.split(x, n, axis=axis))
-
-            return Trajectory(
-                *(cut(getattr(traj, f), 1) for f in Trajectory._fields[:8]),
-                last_obs=cut(traj.last_obs, 0),
-                last_value=cut(traj.last_value, 0),
-            )
-
-        self._split = jax.jit(split)
-        self._whole = Trajectory(*(time_sharding,) * 8, last_obs=env_sharding, last_value=env_sharding)
-
-    def place(self, traj: Trajectory) -> Trajectory:
-        if self.num_shards == 1:
-            # One learner device. A rollout made there (a CPU actor sharing the learner's
-            # device) goes as it is: jax.device_put costs about 25 us per leaf even when
-            # nothing moves, a third of a millisecond per CartPole rollout.
-            if on_device(traj, self.devices[0]):
-                return place(traj, self.devices[0])
-            return jax.device_put(traj, self._whole)
-        pieces = self._split(traj)  # per field: tuple of n arrays on the actor device
-        per_device = [
-            jax.device_put(Trajectory(*(field[i] for field in pieces)), device)
-            for i, device in enumerate(self.devices)
-        ]
-
-        def assemble(name: str, time_major: bool):
-            shards = [getattr(t, name) for t in per_device]
-            local = shards[0].shape
-            axis = 1 if time_major else 0
-            shape = local[:axis] + (local[axis] * self.num_shards,) + local[axis + 1 :]
-            sharding = self.time_sharding if time_major else self.env_sharding
-            return jax.make_array_from_single_device_arrays(shape, sharding, shards)
-
-        return Trajectory(
-            *(assemble(f, True) for f in Trajectory._fields[:8]),
-            last_obs=assemble("last_obs", False),
-            last_value=assemble("last_value", False),
-        )
-
-
-def concat_actors(trajs: Sequence[Trajectory]) -> Trajectory:
-    """Interleave per-actor (local) trajectories along the env axis: env j of actor a is
-    column j * num_actors + a. Each shard holds a slice of every actor's envs, so this
-    global column order is the same for any number of learner devices."""
-
-    def interleave(xs, axis):
-        stacked = jnp.stack(xs, axis=axis + 1)
-        return stacked.reshape(stacked.shape[:axis] + (-1,) + stacked.shape[axis + 2:])
-
-    return Trajectory(*(
-        interleave([getattr(t, f) for t in trajs], 0 if f in ("last_obs", "last_value") else 1)
-        for f in Trajectory._fields
-    ))
-
-
-class UpdateFn:
-    """The jitted, sharded update; its metrics come back to the host as one array.
-
-    A dict of scalars fetched as such costs one device->host copy per metric, on the
-    learner's critical path after every update; packed, it is one copy. Calling returns
-    (state, keys, {metric: NumPy scalar}) once the update has run (the metrics are its last
-    output). `jitted` is the step itself, for lowering."""
-
-    def __init__(self, jitted: Callable, names: list[str]):
-        self.jitted = jitted
-        self._names = names  # filled in when `jitted` is traced
-
-    def __call__(self, state: TrainState, trajs: tuple[Trajectory, ...], keys: jax.Array):
-        state, keys, packed = self.jitted(state, trajs, keys)
-        return state, keys, dict(zip(self._names, np.asarray(jax.device_get(packed))))
-
-
-SMALL_MLP_WIDTH = 128
-"""Widest MLP layer the memory-optimized schedule is used for (see `learner_compiler_options`)."""
-
-USER_SCHEDULER_FLAGS = ("--xla_cpu_scheduler_type", "--xla_cpu_enable_concurrency_optimized_scheduler")
-
-
-def learner_compiler_options(network: NetworkConfig, mesh: Mesh) -> dict[str, str] | None:
-    """XLA options for the learner's programs: the memory-optimized scheduler for a small MLP
-    network on CPU, else none (XLA's defaults).
-
-    XLA:CPU runs a program's independent ops (the actor and critic MLPs, each layer's weight
-    and input gradients) concurrently on one intra-op thread pool that every program of the
-    process shares, so the actors' compiled rollouts wait behind the learner's tasks there.
-    The memory-optimized schedule reuses buffers across those branches and the update runs
-    mostly as one chain: for `cartpole-ppo` (64 x 64) on 2 cores the update alone took a
-    quarter less CPU and less wall-clock, and end to end the actors' rollouts wait less
-    (`benchmarks/learner_update.py`, `benchmarks/cartpole_ppo.py`; the results are bit for
-    bit the same). Bigger ops gain from the concurrency: 128-wide layers ran as fast either
-    way, 256-wide ones 10-20% slower scheduled for memory, and `atari-ppo`'s convolutional
-    update about a tenth slower; those keep XLA's default. A scheduler chosen in XLA_FLAGS
-    is the user's and stays."""
-    if network.torso != "mlp" or max(network.hidden_sizes, default=0) > SMALL_MLP_WIDTH:
-        return None
-    if mesh.devices.flat[0].platform != "cpu":
-        return None
-    if any(flag in os.environ.get("XLA_FLAGS", "") for flag in USER_SCHEDULER_FLAGS):
-        return None
-    return {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}
-
-
-def make_update_fn(
-    algo: Algorithm, mesh: Mesh, num_actors: int, compiler_options: dict[str, str] | None = None
-) -> UpdateFn:
-    """jit(shard_map(update)): (state, per-actor trajectories, env keys) -> (state, keys, metrics);
-    compiled with `compiler_options` (see `learner_compiler_options`)."""
-    names: list[str] = []
-
-    def body(state: TrainState, trajs: tuple[Trajectory, ...], keys: jax.Array):
-        split = jax.vmap(jax.random.split)(keys)  # [B_local, 2, 2]: next keys, this update's
-        state, metrics = algo.update(state, concat_actors(trajs), split[:, 1])
-        names[:] = sorted(metrics)
-        packed = jnp.stack([jnp.asarray(metrics[name], jnp.float32) for name in names])
-        return state, split[:, 0], packed
-
-    sharded = jax.shard_map(
-        body,
-        mesh=mesh,
-        in_specs=(P(), (TRAJECTORY_SPEC,) * num_actors, P(AXIS)),
-        out_specs=(P(), P(AXIS), P()),
-    )
-    return UpdateFn(jax.jit(sharded, compiler_options=compiler_options), names)
-
-
-def normalizer_specs(normalizer: Normalizer) -> Normalizer:
-    """Statistics replicated, the per-env return tracker split along envs like the data."""
-    return Normalizer(
-        obs=None if normalizer.obs is None else P(),
-        returns=None if normalizer.returns is None else P(),
-        tracker=None if normalizer.tracker is None else ReturnTracker(P(AXIS)),
-    )
-
-
-def place_normalizer(normalizer: Normalizer, mesh: Mesh) -> Normalizer:
-    """The normalizer on the learner mesh as global arrays (`global_array`: its return
-    tracker has one entry per env of every process). A device_put of this process's arrays
-    onto a multi-process mesh built arrays no program could use."""
-    shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), normalizer_specs(normalizer))
-    host = jax.device_get(normalizer)
-    return jax.tree.map(lambda sharding, part: jax.tree.map(lambda x: global_array(x, sharding), part), shardings, host)
-
-
-def make_normalize_fn(
-    cfg: NormalizeConfig,
-    gamma: float,
-    mesh: Mesh,
-    normalizer: Normalizer,
-    num_actors: int,
-    compiler_options: dict[str, str] | None = None,
-) -> Callable:
-    """jit(shard_map(normalize_batch)): (normalizer, per-actor trajectories, behaviour obs
-    statistics per actor) -> (normalizer, trajectories as the update consumes them)."""
-
-    def body(norm: Normalizer, trajs: tuple[Trajectory, ...], behaviour: tuple[RunningStats, ...]):
-        return normalize_batch(norm, trajs, behaviour, cfg, gamma, AXIS)
-
-    specs = normalizer_specs(normalizer)
-    trajs_spec = (TRAJECTORY_SPEC,) * num_actors
-    behaviour_spec = (P(),) * num_actors if cfg.obs else ()
-    sharded = jax.shard_map(
-        body, mesh=mesh, in_specs=(specs, trajs_spec, behaviour_spec), out_specs=(specs, trajs_spec)
-    )
-    return jax.jit(sharded, compiler_options=compiler_options)
 
 
 @dataclass(frozen=True)
@@ -305,7 +53,7 @@ class Learner:
     step (or a fake); `pipeline.next_batch(version)` supplies rollouts already on the mesh.
 
     With normalization, `normalizer` is its state (one pytree, checkpointable) and
-    `normalize_fn` (see `make_normalize_fn`) prepares each batch before the update: every
+    `normalize_fn` (see `podrace.learner_mesh.make_normalize_fn`) prepares each batch before the update: every
     rollout is normalized with the observation statistics of the version stamped on it,
     which the learner remembers for the last `max_policy_lag` versions. The normalizer
     changes only with an accepted (finite) update, and what is published is

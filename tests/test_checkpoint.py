@@ -29,7 +29,7 @@ from podrace.checkpoint import (
 )
 from podrace.config import ConfigError, TrainConfig, config_from_dict, replace
 from podrace.envs import env_spec
-from podrace.learner import make_algorithm
+from podrace.learner_mesh import make_algorithm
 from podrace.networks import make_network
 from podrace.validation import validate
 

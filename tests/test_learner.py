@@ -1,5 +1,4 @@
-"""The sharded learner step (4 learner devices give the 1-device result; shard keys differ)
-and `Learner.run` alone with fakes."""
+"""`Learner.run` alone with fakes (and once with the real sharded update)."""
 
 from typing import NamedTuple
 
@@ -8,105 +7,18 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from podrace.config import EnvConfig, NetworkConfig, PPOConfig, TrainConfig, LayoutConfig, ImpalaConfig
+from podrace.config import EnvConfig, NetworkConfig, PPOConfig, TrainConfig, LayoutConfig
 from podrace.control import Lifetime
 from podrace.envs import env_spec
-from podrace.learner import (
-    AXIS, Learner, LearnerPlacement, LearnerSettings, NonFiniteUpdate, TooManySkippedUpdates, env_keys, make_algorithm, make_mesh,
-    make_update_fn, trajectory_shardings,
-)
+from podrace.learner import Learner, LearnerSettings, NonFiniteUpdate, TooManySkippedUpdates
+from podrace.learner_mesh import LearnerPlacement, env_keys, make_algorithm, make_mesh, make_update_fn, trajectory_shardings
 from podrace.metrics.registry import Metrics
 from podrace.networks import make_network
 from podrace.pipeline import Pipeline
 from podrace.sync.local import LocalPublisher
-from podrace.types import Rollout, Trajectory
+from podrace.types import Rollout
+from tests.test_learner_mesh import B, T, random_trajectory
 
-T, B, ACTORS = 8, 8, 2
-
-
-def random_trajectory(rng, spec):
-    obs = rng.normal(size=(T, B) + spec.obs_shape).astype(np.float32)
-    return Trajectory(
-        obs=obs,
-        actions=rng.integers(0, spec.num_actions, size=(T, B)).astype(np.int32),
-        logprobs=np.log(rng.uniform(0.3, 0.7, size=(T, B))).astype(np.float32),
-        values=rng.normal(size=(T, B)).astype(np.float32),
-        rewards=rng.normal(size=(T, B)).astype(np.float32),
-        terminated=rng.uniform(size=(T, B)) < 0.1,
-        truncated=rng.uniform(size=(T, B)) < 0.05,
-        valid=rng.uniform(size=(T, B)) < 0.9,
-        last_obs=obs[-1],
-        last_value=rng.normal(size=(B,)).astype(np.float32),
-    )
-
-
-def one_update(cfg, num_learners, host_trajs):
-    devices = jax.devices()[:num_learners]
-    spec = env_spec(cfg.env)
-    network = make_network(cfg.network, spec)
-    mesh = make_mesh(devices)
-    replicated = jax.sharding.NamedSharding(mesh, P())
-    params = jax.jit(network.init, out_shardings=replicated)(jax.random.PRNGKey(0), np.zeros((1, 4), np.float32))
-    algo = make_algorithm(cfg, network.apply)
-    state = jax.jit(algo.init, out_shardings=replicated)(params)
-    placement = LearnerPlacement(*trajectory_shardings(mesh))
-    trajs = tuple(placement.place(jax.device_put(t, jax.devices()[0])) for t in host_trajs)
-    update = make_update_fn(algo, mesh, ACTORS)
-    new_state, _, metrics = update(state, trajs, env_keys(jax.random.PRNGKey(1), ACTORS, B, mesh))
-    if num_learners > 1:  # one learner device takes a rollout made there as it is
-        assert trajs[0].obs.sharding.spec == P(None, AXIS)
-    assert len(trajs[0].obs.addressable_shards) == num_learners
-    return jax.device_get(new_state.params), jax.device_get(metrics)
-
-
-@pytest.mark.parametrize("algo", ["ppo", "impala"])
-def test_four_learner_devices_match_one(algo):
-    cfg = TrainConfig(
-        algo=algo,
-        env=EnvConfig(id="CartPole-v1", num_envs=B),
-        network=NetworkConfig(hidden_sizes=(16, 16)),
-        ppo=PPOConfig(num_epochs=2, num_minibatches=4),
-        impala=ImpalaConfig(num_minibatches=1),
-        layout=LayoutConfig(actors_per_device=ACTORS),
-        rollout_length=T,
-        total_steps=T * B * ACTORS * 10,
-    )
-    rng = np.random.default_rng(0)
-    spec = env_spec(cfg.env)
-    host = [random_trajectory(rng, spec) for _ in range(ACTORS)]
-    params_1, metrics_1 = one_update(cfg, 1, host)
-    params_4, metrics_4 = one_update(cfg, 4, host)
-    for a, b in zip(jax.tree.leaves(params_1), jax.tree.leaves(params_4)):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(metrics_1["loss"], metrics_4["loss"], rtol=1e-4, atol=1e-5)
-    moved = [np.abs(a - b).max() for a, b in zip(jax.tree.leaves(params_1), jax.tree.leaves(
-        jax.device_get(make_network(cfg.network, spec).init(jax.random.PRNGKey(0), np.zeros((1, 4), np.float32)))))]
-    assert max(moved) > 0  # the update did something
-
-
-def test_every_learner_shard_draws_from_its_own_keys():
-    mesh = make_mesh(jax.devices()[:4])
-    keys = env_keys(jax.random.PRNGKey(0), ACTORS, B, mesh)
-
-    def draw(keys):
-        return jax.random.uniform(keys[0], (1,))
-
-    draws = jax.jit(jax.shard_map(draw, mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS)))(keys)
-    draws = np.asarray(jax.device_get(draws))
-    assert len(set(draws.tolist())) == 4
-
-
-def test_an_envs_key_does_not_depend_on_the_learner_count():
-    """Env (a, j) is column j * ACTORS + a of the batch for any learner count (shard d holds
-    its slice of every actor's envs, env by env), and its key sits in the same row."""
-    keys = jax.random.split(jax.random.PRNGKey(0), ACTORS * B)
-    one = np.asarray(jax.device_get(env_keys(jax.random.PRNGKey(0), ACTORS, B, make_mesh(jax.devices()[:1]))))
-    four = np.asarray(jax.device_get(env_keys(jax.random.PRNGKey(0), ACTORS, B, make_mesh(jax.devices()[:4]))))
-    np.testing.assert_array_equal(four, one)
-    for a in range(ACTORS):
-        for j in range(B):
-            np.testing.assert_array_equal(one[j * ACTORS + a], keys[a * B + j])
-    assert len({tuple(k) for k in one.tolist()}) == ACTORS * B
 
 
 # --- Learner.run alone, with fakes --------------------------------------------------------
@@ -198,30 +110,6 @@ def test_learner_advances_its_keys_between_updates():
             assert not (used[i] == used[j]).any(), (i, j)
 
 
-@pytest.mark.timeout(240)
-@pytest.mark.parametrize("num_minibatches", [2, 4])
-def test_impala_minibatches_of_several_actors_do_not_depend_on_the_learner_count(num_minibatches):
-    """IMPALA minibatches are blocks of consecutive env columns; the batch's column order
-    (env-major across actors) is the same for 1, 2 and 4 learners, so the blocks are too."""
-    cfg = TrainConfig(
-        algo="impala",
-        env=EnvConfig(id="CartPole-v1", num_envs=B),
-        network=NetworkConfig(hidden_sizes=(16, 16)),
-        impala=ImpalaConfig(num_minibatches=num_minibatches),
-        layout=LayoutConfig(actors_per_device=ACTORS),
-        rollout_length=T,
-        total_steps=T * B * ACTORS * 10,
-    )
-    rng = np.random.default_rng(1)
-    host = [random_trajectory(rng, env_spec(cfg.env)) for _ in range(ACTORS)]
-    params_1, metrics_1 = one_update(cfg, 1, host)
-    for learners in (2, 4):
-        params_n, metrics_n = one_update(cfg, learners, host)
-        for a, b in zip(jax.tree.leaves(params_1), jax.tree.leaves(params_n)):
-            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
-        np.testing.assert_allclose(metrics_1["loss"], metrics_n["loss"], rtol=1e-4, atol=1e-5)
-
-
 @pytest.mark.timeout(60)
 def test_learner_skips_nonfinite_updates_up_to_the_limit():
     finite = iter([False, True, False])
@@ -299,35 +187,3 @@ def test_learner_passes_each_update_the_keys_the_last_one_returned():
     assert passed == [0, 1, 2] and int(learner.keys[0]) == 3
 
 
-@pytest.mark.timeout(60)
-def test_placement_gives_each_learner_device_its_slice_of_the_envs():
-    mesh = make_mesh(jax.devices()[:4])
-    placement = LearnerPlacement(*trajectory_shardings(mesh))
-    spec = env_spec(EnvConfig(id="CartPole-v1", num_envs=B))
-    host = random_trajectory(np.random.default_rng(0), spec)
-    placed = placement.place(jax.device_put(host, jax.devices()[0]))
-    for name in Trajectory._fields:
-        global_array = getattr(placed, name)
-        np.testing.assert_array_equal(np.asarray(global_array), getattr(host, name), err_msg=name)
-        env_axis = 0 if name in ("last_obs", "last_value") else 1
-        for shard in global_array.addressable_shards:
-            d = mesh.devices.flat[:].tolist().index(shard.device)
-            expected = np.take(getattr(host, name), range(d * B // 4, (d + 1) * B // 4), axis=env_axis)
-            np.testing.assert_array_equal(np.asarray(shard.data), expected, err_msg=name)
-
-
-@pytest.mark.timeout(60)
-def test_one_learner_device_takes_a_rollout_made_there_as_it_is_and_moves_others():
-    learner_device, other = jax.devices()[:2]
-    placement = LearnerPlacement(*trajectory_shardings(make_mesh([learner_device])))
-    host = random_trajectory(np.random.default_rng(0), env_spec(EnvConfig(id="CartPole-v1", num_envs=B)))
-    made_there = jax.device_put(host, learner_device)
-    placed = placement.place(made_there)  # a CPU actor sharing the learner's device: no copy
-    for name in Trajectory._fields:
-        got, src = getattr(placed, name), getattr(made_there, name)
-        assert got.devices() == {learner_device} and got.unsafe_buffer_pointer() == src.unsafe_buffer_pointer()
-    for source in (jax.device_put(host, other), host):  # another device's rollout, a host one (Ray)
-        placed = placement.place(source)
-        for name in Trajectory._fields:
-            assert getattr(placed, name).devices() == {learner_device}, name
-            np.testing.assert_array_equal(np.asarray(getattr(placed, name)), getattr(host, name), err_msg=name)

@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 from podrace.algos.advantages import vtrace
 from podrace.cli import main, parse_train
 from podrace.envs import env_spec, resolve_backend
-from podrace.learner import AXIS, TRAJECTORY_SPEC, make_algorithm, make_mesh
+from podrace.learner_mesh import AXIS, TRAJECTORY_SPEC, make_algorithm, make_mesh
 from podrace.presets import PRESETS
 from podrace.types import Trajectory
 from podrace.validation import validate

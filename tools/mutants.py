@@ -26,7 +26,7 @@ ACTOR_TESTS = ("tests/test_actor.py",)
 PIPELINE_TESTS = ("tests/test_pipeline.py",)
 CONTROL_TESTS = ("tests/test_control.py",)
 THREADS_TESTS = ("tests/runtime/test_threads.py",)
-LEARNER_FAKES = ("tests/test_learner.py", "-k", "learner_ and not four_learner and not advances_its_keys")
+LEARNER_FAKES = ("tests/test_learner.py", "-k", "learner_ and not advances_its_keys")
 LOCAL_CONFORMANCE = ("tests/sync/test_conformance.py", "-k", "local")
 SHM_CONFORMANCE = ("tests/sync/test_conformance.py", "-k", "shm")
 SHM_LAYOUT = ("tests/sync/test_shm.py", "-k", "seqlock and not stress")
@@ -133,14 +133,15 @@ MUTANTS: list[Mutant] = [
     Mutant("learner_lag_metrics_dropped", "podrace/learner.py",
            'm.set("lag/max_seen", max(m.last("lag/max_seen", 0.0), lag["lag_max"]))',
            'm.set("lag/max_seen", lag["lag_max"])', LEARNER_FAKES),
-    Mutant("placement_splits_along_time", "podrace/learner.py",
+    # --- learner_mesh.py -------------------------------------------------------------------
+    Mutant("placement_splits_along_time", "podrace/learner_mesh.py",
            "*(cut(getattr(traj, f), 1) for f in Trajectory._fields[:8]),",
            "*(cut(getattr(traj, f), 0) for f in Trajectory._fields[:8]),",
-           ("tests/test_learner.py::test_placement_gives_each_learner_device_its_slice_of_the_envs",)),
-    Mutant("env_keys_laid_out_actor_major", "podrace/learner.py",
+           ("tests/test_learner_mesh.py::test_placement_gives_each_learner_device_its_slice_of_the_envs",)),
+    Mutant("env_keys_laid_out_actor_major", "podrace/learner_mesh.py",
            "            for j in range(d * per_shard, (d + 1) * per_shard)\n            for a in range(num_actors)\n",
            "            for a in range(num_actors)\n            for j in range(d * per_shard, (d + 1) * per_shard)\n",
-           ("tests/test_learner.py::test_an_envs_key_does_not_depend_on_the_learner_count",)),
+           ("tests/test_learner_mesh.py::test_an_envs_key_does_not_depend_on_the_learner_count",)),
     # --- algos/common.py (the finite check the learner relies on) ---------------------------
     Mutant("nonfinite_check_on_loss_only", "podrace/algos/common.py",
            'finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)',

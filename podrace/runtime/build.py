@@ -23,10 +23,9 @@ from podrace.config import TrainConfig
 from podrace.control import Control, Lifetime
 from podrace.envs import EnvSource
 from podrace.evaluate import Evaluator
-from podrace.learner import (
-    Learner,
+from podrace.learner import Learner, LearnerSettings
+from podrace.learner_mesh import (
     LearnerPlacement,
-    LearnerSettings,
     env_keys,
     learner_compiler_options,
     make_algorithm,

@@ -10,7 +10,7 @@ them to its own actors through its local sync transport.
 
 Seeds: actor keys and env seeds derive from (run seed, global actor id), the global id being
 process id x actors per process + local id, so a 2-process run with one actor each samples
-like a 1-process run with two actors; learner keys belong to envs (`learner.env_keys`).
+like a 1-process run with two actors; learner keys belong to envs (`learner_mesh.env_keys`).
 
 Files: process 0 owns the run directory (config.json, metrics.jsonl with the global learner
 metrics and env-step counter, its own actors' episode statistics, and all evaluation).

@@ -11,7 +11,7 @@ import pytest
 from podrace.algos.normalization import ReturnTracker, RunningStats, discounted_returns, update_stats
 from podrace.algos.normalizer import acting_apply, acting_params, init_normalizer, normalize_batch
 from podrace.config import ConfigError, NormalizeConfig, TrainConfig, replace
-from podrace.learner import make_mesh, make_normalize_fn, place_normalizer
+from podrace.learner_mesh import make_mesh, make_normalize_fn, place_normalizer
 from podrace.sync.local import LocalPublisher
 from podrace.types import Trajectory
 from podrace.validation import validate

@@ -171,7 +171,7 @@ def test_the_memory_optimized_schedule_changes_no_value():
 def test_only_mlp_learners_on_cpu_change_the_schedule(monkeypatch):
     from types import SimpleNamespace
 
-    from podrace.learner import learner_compiler_options
+    from podrace.learner_mesh import learner_compiler_options
 
     def mesh(platform):
         return SimpleNamespace(devices=np.array([SimpleNamespace(platform=platform)]))
