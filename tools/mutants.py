@@ -214,6 +214,13 @@ MUTANTS: list[Mutant] = [
            "version <= self.latest:", "version < self.latest:", LOCAL_CONFORMANCE),
     Mutant("transform_failure_not_counted", "podrace/sync/versions.py",
            "                self.failures += 1\n", "", LOCAL_CONFORMANCE),
+    # --- sync/ray_board.py (the ray transport's board) ---------------------------------------
+    Mutant("ray_board_ack_can_go_back", "podrace/sync/ray_board.py",
+           "state.acks[name] = max(state.acks.get(name, -1), version)", "state.acks[name] = version",
+           ("tests/sync/test_ray_board.py",)),
+    Mutant("ray_board_wait_is_no_heartbeat", "podrace/sync/ray_board.py",
+           "state.heard_from(name, timeout + grace)", "state.heard_from(name, grace)",
+           ("tests/sync/test_ray_board.py",)),
     # --- sync/background.py (shm and ray publishers) ------------------------------------------
     Mutant("background_transform_failure_ends_delivery", "podrace/sync/background.py",
            "                        self._cond.notify_all()\n                    continue",

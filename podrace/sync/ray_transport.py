@@ -1,9 +1,9 @@
 """`ray` transport: subscribers in other Ray workers, on any node of the cluster.
 
 Each version is ONE object in the Ray object store (`ray.put` on a background thread, after
-the transform and a host copy). A small async "board" actor, owned by the publisher's
-process, holds a reference to the newest object only; the publisher keeps the last `keep`.
-Once both have moved on and no subscriber still holds its arrays, Ray frees the object.
+the transform and a host copy). A small async "board" actor (`ray_board`), owned by the
+publisher's process, holds a reference to the newest object only; the publisher keeps the
+last `keep`. Once both have moved on and no subscriber still holds its arrays, Ray frees the object.
 Readers on one node share that node's copy of each object, so a node costs one transfer.
 
 Every subscriber runs a fetch thread that long-polls the board (an awaited condition on the
@@ -22,7 +22,6 @@ Ray is imported only when this module is used: `pip install podrace[ray]`.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 import os
@@ -48,150 +47,11 @@ from podrace.sync.base import (
     wait_limit,
 )
 from podrace.sync.placement import DeviceKey, device_from_key, device_key
+from podrace.sync.ray_board import connected, process_board, ray_module
 from podrace.sync.spec import TreeSpec, unreadable_tree
 from podrace.sync.stats import RunningStat
 
 _names = itertools.count()
-
-
-def _ray() -> Any:
-    try:
-        import ray
-    except ImportError as exc:  # pragma: no cover - exercised only without ray installed
-        raise ImportError("the ray weight-sync transport needs Ray: pip install 'podrace[ray]'") from exc
-    return ray
-
-
-def _connected() -> bool:
-    """This process is connected to Ray. Checked before every call a finalizer or a
-    background thread makes: after `ray.shutdown()` any Ray call would auto-start a new
-    local Ray (daemons and all) in the user's process, with nobody to stop it."""
-    return _ray().is_initialized()
-
-
-class _Channel:
-    __slots__ = ("version", "refs", "acks", "alive_until")
-
-    def __init__(self) -> None:
-        self.version: int | None = None
-        self.refs: list[Any] | None = None
-        self.acks: dict[str, int] = {}
-        self.alive_until: dict[str, float] = {}  # subscriber -> when its next wait is overdue
-
-    def heard_from(self, name: str, grace: float) -> None:
-        self.alive_until[name] = max(self.alive_until.get(name, 0.0), time.monotonic() + grace)
-
-    def drop_silent(self) -> None:
-        """Forget subscribers overdue for their next wait: their process died (as on shm,
-        where the doorbell's socket closes, a dead subscriber is no longer reported)."""
-        now = time.monotonic()
-        for name in [n for n, until in self.alive_until.items() if until < now]:
-            del self.alive_until[name]
-            self.acks.pop(name, None)
-
-
-class _Board:
-    """Ray actor holding each channel's newest object reference; subscribers long-poll it.
-
-    One board serves every publisher of a process and is owned by that process, so it
-    dies with it: that is how subscribers learn that a publisher went away. A channel it
-    does not know (never opened, or closed) reads as closed. Each wait is also a
-    subscriber's heartbeat: one that stops waiting for longer than its `grace` is dropped
-    from the acknowledged versions.
-    """
-
-    def __init__(self) -> None:
-        self._channels: dict[str, _Channel] = {}
-        self._errors: dict[str, str] = {}  # channels closed with an error: why
-        self._cond: asyncio.Condition | None = None
-
-    def _condition(self) -> asyncio.Condition:
-        if self._cond is None:  # created inside the actor's event loop
-            self._cond = asyncio.Condition()
-        return self._cond
-
-    async def open(self, channel: str) -> None:
-        self._channels.setdefault(channel, _Channel())
-
-    async def set(self, channel: str, version: int, refs: list[Any]) -> None:
-        async with self._condition():
-            state = self._channels.get(channel)
-            if state is not None:
-                state.version, state.refs = version, refs  # the old reference is dropped here
-            self._condition().notify_all()
-
-    async def wait(
-        self, channel: str, min_version: int, timeout: float, name: str = "", grace: float = 0.0
-    ) -> tuple[str, int | None, Any]:
-        """("ok", version, [ref]) once version >= min_version; ("timeout", latest, None) or
-        ("closed", None, error or None) otherwise."""
-        cond = self._condition()
-        state = self._channels.get(channel)
-        if state is not None and name:
-            state.heard_from(name, timeout + grace)
-
-        def ready() -> bool:
-            state = self._channels.get(channel)
-            return state is None or (state.version is not None and state.version >= min_version)
-
-        async with cond:
-            try:
-                await asyncio.wait_for(cond.wait_for(ready), timeout)
-            except asyncio.TimeoutError:
-                state = self._channels.get(channel)
-                return "timeout", None if state is None else state.version, None
-            state = self._channels.get(channel)
-            if state is None:
-                return "closed", None, self._errors.get(channel)
-            if name:
-                state.heard_from(name, grace)
-            return "ok", state.version, state.refs
-
-    async def close(self, channel: str, error: str | None = None) -> None:
-        async with self._condition():
-            if error is not None and channel in self._channels:
-                self._errors[channel] = error
-            self._channels.pop(channel, None)
-            self._condition().notify_all()
-
-    async def ack(self, channel: str, name: str, version: int, grace: float = 60.0) -> None:
-        state = self._channels.get(channel)
-        if state is not None:
-            state.acks[name] = max(state.acks.get(name, -1), version)
-            state.heard_from(name, grace)
-
-    async def forget(self, channel: str, name: str) -> None:
-        state = self._channels.get(channel)
-        if state is not None:
-            state.acks.pop(name, None)
-            state.alive_until.pop(name, None)
-
-    async def acks(self, channel: str) -> dict[str, int]:
-        state = self._channels.get(channel)
-        if state is None:
-            return {}
-        state.drop_silent()
-        return dict(state.acks)
-
-
-_board_lock = threading.Lock()
-_board_actor: Any = None
-_boards: dict[str, Any] = {}  # this process's (node, job, worker) in a Ray session -> its board
-
-
-def _process_board() -> Any:
-    """This process's board actor (a new one after ray.shutdown() and ray.init())."""
-    global _board_actor
-    ray = _ray()
-    with _board_lock:
-        if _board_actor is None:
-            _board_actor = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=10_000)(_Board)
-        ctx = ray.get_runtime_context()
-        key = f"{ctx.get_node_id()}/{ctx.get_job_id()}/{ctx.get_worker_id()}"
-        if key not in _boards:
-            _boards.clear()  # a handle from an earlier Ray session is useless
-            _boards[key] = _board_actor.remote()
-        return _boards[key]
 
 
 class RayPublisher(BackgroundPublisher):
@@ -206,13 +66,13 @@ class RayPublisher(BackgroundPublisher):
         keep: int = 2,
         first_version: int = 0,
     ) -> None:
-        ray = _ray()
+        ray = ray_module()
         if not ray.is_initialized():
             raise SyncError("RayPublisher needs a running Ray: call ray.init() first")
         super().__init__(transform, keep, first_version, label="ray")
         self._ray = ray
         self._refs: deque[Any] = deque(maxlen=keep)
-        self.board = _process_board()
+        self.board = process_board()
         self.channel = uuid.uuid4().hex
         ray.get(self.board.open.remote(self.channel))  # before any subscriber can ask for it
         self._start()
@@ -226,27 +86,27 @@ class RayPublisher(BackgroundPublisher):
         return RaySubscriber(self.board, self.channel, device, expect=expect, name=name, long_poll=long_poll)
 
     def _deliver(self, version: int, host: PyTree, spec: TreeSpec) -> None:
-        if not _connected():
+        if not connected():
             raise SyncError("ray publisher: Ray was shut down in this process")
         ref = self._ray.put(host)  # the one object of this version
         self._ray.get(self.board.set.remote(self.channel, version, [ref]))  # in a list: stays a reference
         self._refs.append(ref)  # the oldest falls out: Ray frees it once readers let go
 
     def _fail(self, reason: str) -> None:
-        if _connected():
+        if connected():
             self.board.close.remote(self.channel, reason)
 
     def _shutdown(self, error: str | None) -> None:
         # Wakes every waiting subscriber with "closed" and drops the board's reference;
         # best effort, since the board may already be gone with its process.
         with contextlib.suppress(Exception):
-            if _connected():
+            if connected():
                 self._ray.get(self.board.close.remote(self.channel, error), timeout=10)
         self._refs.clear()
 
     def _transport_metrics(self) -> dict[str, float | int]:
         out: dict[str, float | int] = {"objects_alive": len(self._refs)}
-        if self.closed or not _connected():
+        if self.closed or not connected():
             return out
         try:
             acks = self._ray.get(self.board.acks.remote(self.channel), timeout=5)
@@ -322,12 +182,12 @@ class RaySubscriber(Subscriber):
     def _fetch_step(self, last: int) -> int | None:
         """One board wait, and the fetch of what it announced; the next `last`, or None
         once the thread must end."""
-        ray = _ray()
+        ray = ray_module()
         try:
             with self._cond:  # close() cancels exactly the call issued before it
                 if self._closed:
                     return None
-                if not _connected():
+                if not connected():
                     self._ended = PublisherGone(f"ray subscriber {self.name!r}: Ray was shut down in this process")
                     self._cond.notify_all()
                     return None
@@ -398,7 +258,7 @@ class RaySubscriber(Subscriber):
     def _accept(self, snapshot: Snapshot) -> Snapshot:
         if snapshot.version != self._acked:
             self._acked = snapshot.version
-            if _connected():
+            if connected():
                 self._board.ack.remote(self.channel, self.name, snapshot.version, self._grace)  # fire and forget
         return snapshot
 
@@ -451,9 +311,9 @@ class RaySubscriber(Subscriber):
         # Interrupts the long poll (the daemon fetch thread exits on its own); the call may
         # have finished already, or the board be gone: nothing is left to release then.
         with contextlib.suppress(Exception):
-            if _connected():
+            if connected():
                 if call is not None:
-                    _ray().cancel(call)
+                    ray_module().cancel(call)
                 self._board.forget.remote(self.channel, self.name)
 
 
@@ -469,7 +329,7 @@ def _fetch_loop(ref: "weakref.ref[RaySubscriber]") -> None:
 
 def _forget(board: Any, channel: str, name: str) -> None:
     with contextlib.suppress(Exception):  # best effort: Ray or the board may be gone
-        if _connected():
+        if connected():
             board.forget.remote(channel, name)
 
 
