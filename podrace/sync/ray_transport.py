@@ -3,8 +3,9 @@
 Each version is ONE object in the Ray object store (`ray.put` on a background thread, after
 the transform and a host copy). A small async "board" actor (`ray_board`), owned by the
 publisher's process, holds a reference to the newest object only; the publisher keeps the
-last `keep`. Once both have moved on and no subscriber still holds its arrays, Ray frees the object.
-Readers on one node share that node's copy of each object, so a node costs one transfer.
+last `keep`. Once both have moved on and no subscriber still holds its arrays, Ray frees
+the object. Readers on one node share that node's copy of each object, so a node costs one
+transfer.
 
 Every subscriber runs a fetch thread that long-polls the board (an awaited condition on the
 actor, not a sleep loop), pulls the newest object and places it on the subscriber's device;
