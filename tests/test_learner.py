@@ -20,10 +20,6 @@ from podrace.types import Rollout
 from tests.test_learner_mesh import B, T, random_trajectory
 
 
-
-# --- Learner.run alone, with fakes --------------------------------------------------------
-
-
 class FakeState(NamedTuple):
     params: dict
 
