@@ -13,24 +13,13 @@ from podrace.learner_mesh import (
 )
 from podrace.networks import make_network
 from podrace.types import Trajectory
+from tests import trajectories
 
 T, B, ACTORS = 8, 8, 2
 
 
 def random_trajectory(rng, spec):
-    obs = rng.normal(size=(T, B) + spec.obs_shape).astype(np.float32)
-    return Trajectory(
-        obs=obs,
-        actions=rng.integers(0, spec.num_actions, size=(T, B)).astype(np.int32),
-        logprobs=np.log(rng.uniform(0.3, 0.7, size=(T, B))).astype(np.float32),
-        values=rng.normal(size=(T, B)).astype(np.float32),
-        rewards=rng.normal(size=(T, B)).astype(np.float32),
-        terminated=rng.uniform(size=(T, B)) < 0.1,
-        truncated=rng.uniform(size=(T, B)) < 0.05,
-        valid=rng.uniform(size=(T, B)) < 0.9,
-        last_obs=obs[-1],
-        last_value=rng.normal(size=(B,)).astype(np.float32),
-    )
+    return trajectories.random_trajectory(rng, spec, T, B)
 
 
 def one_update(cfg, num_learners, host_trajs):

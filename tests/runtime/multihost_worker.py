@@ -26,6 +26,7 @@ from podrace.pipeline import Pipeline
 from podrace.runtime.build import build_learner, seed_key
 from podrace.sync.local import LocalPublisher
 from podrace.types import Trajectory
+from tests.trajectories import random_trajectory
 
 T, B, GLOBAL_ACTORS, UPDATES = 8, 8, 4, 3
 
@@ -46,24 +47,7 @@ def config(num_processes: int, normalize: bool = False) -> TrainConfig:
 def batch(update: int, spec) -> list[Trajectory]:
     """The rollouts of every global actor for one update (the same in every process)."""
     rng = np.random.default_rng(update)
-    out = []
-    for _ in range(GLOBAL_ACTORS):
-        obs = rng.normal(size=(T, B) + spec.obs_shape).astype(np.float32)
-        out.append(
-            Trajectory(
-                obs=obs,
-                actions=rng.integers(0, spec.num_actions, size=(T, B)).astype(np.int32),
-                logprobs=np.log(rng.uniform(0.3, 0.7, size=(T, B))).astype(np.float32),
-                values=rng.normal(size=(T, B)).astype(np.float32),
-                rewards=rng.normal(size=(T, B)).astype(np.float32),
-                terminated=rng.uniform(size=(T, B)) < 0.1,
-                truncated=rng.uniform(size=(T, B)) < 0.05,
-                valid=rng.uniform(size=(T, B)) < 0.9,
-                last_obs=obs[-1],
-                last_value=rng.normal(size=(B,)).astype(np.float32),
-            )
-        )
-    return out
+    return [random_trajectory(rng, spec, T, B) for _ in range(GLOBAL_ACTORS)]
 
 
 def train(learner_devices, num_processes: int, process: int, normalize: bool = False) -> dict:

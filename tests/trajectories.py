@@ -1,0 +1,21 @@
+"""Random trajectories of a given shape for learner tests (values are arbitrary but seeded)."""
+
+import numpy as np
+
+from podrace.types import Trajectory
+
+
+def random_trajectory(rng: np.random.Generator, spec, steps: int, envs: int) -> Trajectory:
+    obs = rng.normal(size=(steps, envs) + spec.obs_shape).astype(np.float32)
+    return Trajectory(
+        obs=obs,
+        actions=rng.integers(0, spec.num_actions, size=(steps, envs)).astype(np.int32),
+        logprobs=np.log(rng.uniform(0.3, 0.7, size=(steps, envs))).astype(np.float32),
+        values=rng.normal(size=(steps, envs)).astype(np.float32),
+        rewards=rng.normal(size=(steps, envs)).astype(np.float32),
+        terminated=rng.uniform(size=(steps, envs)) < 0.1,
+        truncated=rng.uniform(size=(steps, envs)) < 0.05,
+        valid=rng.uniform(size=(steps, envs)) < 0.9,
+        last_obs=obs[-1],
+        last_value=rng.normal(size=(envs,)).astype(np.float32),
+    )
