@@ -6,6 +6,8 @@ many CPU devices as the layout names (appending to, never replacing, the user's 
 
 from __future__ import annotations
 
+import errno
+import faulthandler
 import os
 import signal
 import sys
@@ -36,7 +38,10 @@ def _explains_itself(error: BaseException) -> bool:
     """Failures whose one-line message is the whole story (no traceback helps the user)."""
     from podrace.learner import NonFiniteUpdate
 
-    return isinstance(error, (NonFiniteUpdate, SinkError))
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    # A full disk under a checkpoint write reaches us as orbax/TensorStore's ValueError.
+    return isinstance(error, (NonFiniteUpdate, SinkError)) or "No space left on device" in str(error)
 
 
 def make_working_dir_importable(env_id: str) -> None:
@@ -142,6 +147,12 @@ EXIT_GRACE_S = 1.5
 exits regardless (a thread stuck in native code, a long compile)."""
 RAY_EXIT_GRACE_S = 30.0
 """The same for `--runtime ray`: killing workers and stopping a local Ray take seconds."""
+STARVED_EXIT_S = 120.0
+"""Seconds the main thread may go without running Python before the process is ended
+(exit 1, every thread's stack on stderr; at least twice the run's watchdog timeout). Only a
+native call that holds the GIL and never returns (an env extension that does not release
+it) does that, and it starves the watchdog and the signal handlers, which are Python too;
+faulthandler's timer is a C thread that needs no GIL."""
 
 
 class _Training:
@@ -151,6 +162,7 @@ class _Training:
         self.args, self.signals = args, signals
         self.lifetime = None  # the run's Lifetime, once JAX is imported
         self.grace_s = EXIT_GRACE_S
+        self.starved_exit_s = STARVED_EXIT_S
         self.run = None
         self.outcome: list = []
         self.distributed = False
@@ -179,6 +191,7 @@ class _Training:
         make_working_dir_importable(cfg.env.id)
         try:
             validate(cfg)
+            self.starved_exit_s = max(STARVED_EXIT_S, 2 * cfg.safety.watchdog_s)
             from podrace.envs import resolve_backend
             from podrace.runtime.rundir import check_run_dir
 
@@ -297,23 +310,16 @@ def train_command(args: Sequence[str]) -> int:
 def _supervise(training: _Training, signals: _Signals) -> int:
     worker = threading.Thread(target=training, name="podrace-train", daemon=True)
     worker.start()
-    deadline = None
-    while worker.is_alive():
-        worker.join(0.05)
-        if signals.received and deadline is None:
-            if training.lifetime is None:  # still parsing and validating: nothing written yet
-                _exit_now(training.stopped())
-            deadline = time.monotonic() + training.grace_s
-            training.lifetime.stop(f"{signals.name} received")
-        if deadline is not None and worker.is_alive() and time.monotonic() > deadline:
-            if training.run is None and training.lifetime.run_dir is not None:
-                # still compiling: nothing was trained, so leave no config-only run behind
-                from podrace.runtime.rundir import remove_run_dir
-
-                remove_run_dir(training.lifetime.run_dir)
-            print(training.unfinished_checkpoint() or "podrace: threads still busy in native code are left behind",
-                  file=sys.stderr)
-            _exit_now(training.stopped())
+    deadline, armed = None, 0.0
+    try:
+        while worker.is_alive():
+            if time.monotonic() - armed > 1.0:  # re-armed while this thread runs Python
+                faulthandler.dump_traceback_later(training.starved_exit_s, exit=True, file=2)
+                armed = time.monotonic()
+            worker.join(0.05)
+            deadline = _act_on_signals(training, signals, worker, deadline)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
     outcome = training.outcome[0]
     if isinstance(outcome, BaseException):
         raise outcome
@@ -327,6 +333,26 @@ def _supervise(training: _Training, signals: _Signals) -> int:
         print(f"podrace: threads stuck in native code left behind: {', '.join(training.run.stuck)}", file=sys.stderr)
         _exit_now(outcome)
     return outcome
+
+
+def _act_on_signals(training: _Training, signals: _Signals, worker: threading.Thread, deadline: float | None):
+    """Stop the run on the first signal; exit once its grace period is over. Returns the
+    exit deadline (None until a signal came)."""
+    if signals.received and deadline is None:
+        if training.lifetime is None:  # still parsing and validating: nothing written yet
+            _exit_now(training.stopped())
+        deadline = time.monotonic() + training.grace_s
+        training.lifetime.stop(f"{signals.name} received")
+    if deadline is not None and worker.is_alive() and time.monotonic() > deadline:
+        if training.run is None and training.lifetime.run_dir is not None:
+            # still compiling: nothing was trained, so leave no config-only run behind
+            from podrace.runtime.rundir import remove_run_dir
+
+            remove_run_dir(training.lifetime.run_dir)
+        print(training.unfinished_checkpoint() or "podrace: threads still busy in native code are left behind",
+              file=sys.stderr)
+        _exit_now(training.stopped())
+    return deadline
 
 
 def eval_command(args: Sequence[str]) -> int:

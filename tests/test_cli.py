@@ -143,3 +143,16 @@ def test_wandb_missing_is_exit_2_and_writes_nothing(capsys, tmp_path, monkeypatc
     assert code == 2
     assert err.strip().splitlines() == ["podrace: error: log.wandb needs the wandb package: pip install 'podrace[wandb]'"]
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.timeout(30)
+def test_a_full_disk_explains_itself_in_one_line():
+    """Found by the CLI attack: a checkpoint write on a full disk printed a 51-line traceback
+    before its one-line error."""
+    import errno
+
+    from podrace.cli import _explains_itself
+
+    assert _explains_itself(OSError(errno.ENOSPC, "No space left on device"))
+    assert _explains_itself(ValueError("RESOURCE_EXHAUSTED: Error writing local file: No space left on device"))
+    assert not _explains_itself(ValueError("shapes do not match"))

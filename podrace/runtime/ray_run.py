@@ -49,7 +49,7 @@ from podrace.runtime.devices import resolve_devices
 from podrace.runtime.ray_worker import RolloutWorker, Shipment, WorkerSpec
 from podrace.runtime.rundir import create_run_dir, remove_run_dir
 from podrace.runtime.single_host import TrainResult
-from podrace.runtime.threads import ThreadGroup
+from podrace.runtime.threads import ThreadGroup, close_envs
 from podrace.types import Rollout
 from podrace.validation import validate
 
@@ -326,7 +326,7 @@ class RayRun:
             log.write(train_start, final=True)
             log.close()
             if "evaluator" not in self.stuck:
-                self.evaluator.env.close()
+                self.stuck += close_envs([("evaluator", self.evaluator.env)])
         if lifetime.failure is not None:
             raise lifetime.failure
         return RayTrainResult(

@@ -46,7 +46,8 @@ from podrace.runtime.devices import resolve_devices
 from podrace.runtime.memory import check_fits
 from podrace.runtime.resume import Resume, ResumePoint, commit, resume_point
 from podrace.runtime.rundir import create_run_dir, remove_run_dir, write_config
-from podrace.runtime.threads import ThreadGroup
+from podrace.runtime.run_lock import RunLock
+from podrace.runtime.threads import ThreadGroup, close_envs
 from podrace.runtime.distributed import local_copy
 from podrace.sync.base import ChannelClosed
 from podrace.sync.local import LocalPublisher
@@ -112,20 +113,33 @@ def prepare(
     check_fits(cfg, make_network(cfg.network, spec), spec, devices)
     lifetime.check()
     if point is not None:
-        run = SingleHostRun(cfg, spec, devices, point.run_dir, lifetime, envs, point)
-        # last: the run directory changes only once the resumed run is fully built
-        written = commit(point, run.start.version, run.start.env_steps, cfg)
+        lock = RunLock(point.run_dir)  # before this run reads or writes anything there
+        run = None
+        try:
+            run = SingleHostRun(cfg, spec, devices, point.run_dir, lifetime, envs, point)
+            # last: the run directory changes only once the resumed run is fully built
+            written = commit(point, run.start.version, run.start.env_steps, cfg)
+        except BaseException:
+            if run is not None:
+                run.close_envs()
+            lock.release()
+            raise
+        run.lock = lock
         run.time_offset = max(run.time_offset, written)
         return run
     run_dir = lifetime.run_dir = create_run_dir(cfg)  # last: nothing is written unless every check passed
+    lock = RunLock(run_dir)
     try:
         effective = replace(resolved(cfg), **{"log.run_name": run_dir.name})
         write_config(run_dir, effective)
-        return SingleHostRun(effective, spec, devices, run_dir, lifetime, envs)
+        run = SingleHostRun(effective, spec, devices, run_dir, lifetime, envs)
     except BaseException as error:
+        lock.release()
         remove_run_dir(run_dir)
         raise_stopped_if_stopping(lifetime, error)
         raise
+    run.lock = lock
+    return run
 
 
 class SingleHostRun:
@@ -144,8 +158,13 @@ class SingleHostRun:
         self.cfg, self.run_dir, self.devices = cfg, run_dir, devices
         self.lifetime = lifetime
         self.metrics = metrics = Metrics()
-        self.watchdog = watchdog = Watchdog(lifetime, cfg.safety.watchdog_s)
+        self.watchdog = Watchdog(lifetime, cfg.safety.watchdog_s)
         self.stuck: list[str] = []
+        self.actors: list = []
+        self.evaluator = None
+        self.lock: RunLock | None = None
+        """This process's hold on `run_dir` (see `podrace.runtime.run_lock`), released when
+        `run()` returns."""
         self.evaluates = not cfg.distributed.process_id
         """Only process 0 of a multi-host run evaluates (and every single-host run)."""
         self.extra_sinks: list[Sink] = []
@@ -198,10 +217,20 @@ class SingleHostRun:
         warm_up_learner(self.learner, [dummies[self._actor_device(i)] for i in range(cfg.num_actors)])
         self.compile_s = time.perf_counter() - compile_start
 
+        try:
+            self._build_acting(envs, fns, greedy, sink, published, first)
+        except BaseException:
+            self.close_envs()  # the envs built so far (their subprocesses, threads)
+            raise
+
+    def _build_acting(self, envs: EnvSource, fns, greedy, sink, published, first: int) -> None:
+        """Build and warm up the actors and the evaluator (each builds its envs)."""
+        cfg, lifetime, devices, publisher = self.cfg, self.lifetime, self.devices, self.publisher
+        metrics, watchdog = self.metrics, self.watchdog
+
         def control(name: str) -> Control:
             return Control(lifetime, watchdog.heartbeat(name), metrics.add_many)
 
-        self.actors = []
         for actor_id in range(cfg.num_actors):
             lifetime.check()
             device = self._actor_device(actor_id)
@@ -307,12 +336,10 @@ class SingleHostRun:
             train_s = time.perf_counter() - train_start
             log.write(train_start, final=True)
             log.close()
-            for actor in self.actors:
-                if f"actor-{actor.actor_id}" not in stuck:
-                    actor.env.close()
-            if "evaluator" not in stuck:
-                self.evaluator.env.close()
-            self.checkpoints.close(lifetime)
+            self.checkpoints.close(lifetime)  # before user code (env.close) runs again
+            if self.lock is not None:
+                self.lock.release()
+            stuck += self.close_envs(exclude=stuck)
             if stuck and lifetime.stop_reason == "finished":
                 lifetime.fail("runtime", TimeoutError(f"threads did not stop within {STOP_GRACE_S}s: {stuck}"))
         if lifetime.failure is not None:
@@ -329,6 +356,15 @@ class SingleHostRun:
             skipped_updates=self.learner.skipped,
             checkpoint=self.checkpoints.latest,
         )
+
+    def close_envs(self, exclude: list[str] = ()) -> list[str]:
+        """Close the envs of the components built so far, except those of threads in
+        `exclude` (stuck inside an env call: closing under it can crash the process);
+        see `close_envs` for errors and closes that block."""
+        envs = [(f"actor-{actor.actor_id}", actor.env) for actor in self.actors]
+        if self.evaluator is not None:
+            envs.append(("evaluator", self.evaluator.env))
+        return close_envs((owner, env) for owner, env in envs if owner not in exclude)
 
     def _save_final(self, group: ThreadGroup) -> None:
         """Start the last save as soon as the learner thread has returned (before the other

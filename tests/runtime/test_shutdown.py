@@ -86,3 +86,74 @@ def test_metrics_sink_failure_fails_the_run_as_logger(tmp_path):
     assert exc.value.component == "logger"
     assert last_line(run)["final"] == 1  # the other sinks still got the last line
     assert not podrace_threads()
+
+
+class RaisingClose:
+    """An env whose close raises (or blocks until `release` is set), as user code may."""
+
+    def __init__(self, env, release=None):
+        self.env, self.release = env, release
+
+    def __getattr__(self, name):
+        return getattr(self.env, name)
+
+    def close(self):
+        self.env.close()
+        if self.release is not None:
+            self.release.wait()
+        else:
+            raise RuntimeError("user close() failed")
+
+
+@pytest.mark.timeout(120)
+def test_an_env_close_that_raises_keeps_the_result_and_the_final_checkpoint(tmp_path, caplog):
+    run = prepare(small(tmp_path))
+    for actor in run.actors:
+        actor.env = RaisingClose(actor.env)
+    run.evaluator.env = RaisingClose(run.evaluator.env)
+    result = run.run()
+    assert result.checkpoint == run.cfg.num_updates
+    assert (run.run_dir / "checkpoints" / str(result.checkpoint)).is_dir()
+    assert last_line(run)["final"] == 1
+    assert "actor-0: env.close() raised RuntimeError: user close() failed" in caplog.text
+    assert "evaluator: env.close() raised RuntimeError" in caplog.text
+
+
+@pytest.mark.timeout(120)
+def test_an_env_close_that_blocks_is_left_behind_after_the_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.setattr("podrace.runtime.threads.ENV_CLOSE_GRACE_S", 0.5)
+    release = threading.Event()
+    run = prepare(small(tmp_path))
+    run.actors[1].env = RaisingClose(run.actors[1].env, release)
+    try:
+        with pytest.raises(ComponentError) as exc:  # a finished run whose threads did not all stop
+            run.run()
+        assert "actor-1 env.close" in str(exc.value) and run.stuck == ["actor-1 env.close"]
+        assert (run.run_dir / "checkpoints" / str(run.cfg.num_updates)).is_dir()
+    finally:
+        release.set()
+
+
+@pytest.mark.timeout(120)
+def test_envs_built_before_a_failed_preparation_are_closed(tmp_path, monkeypatch):
+    import podrace.runtime.single_host as single_host
+
+    built = []
+    build_actor = single_host.build_actor
+
+    def recording(*args, **kwargs):
+        actor = build_actor(*args, **kwargs)
+        built.append(actor.env)
+        return actor
+
+    def no_evaluator(*args, **kwargs):
+        raise RuntimeError("evaluator env cannot be built")
+
+    monkeypatch.setattr(single_host, "build_actor", recording)
+    monkeypatch.setattr(single_host, "build_evaluator", no_evaluator)
+    closed = []
+    monkeypatch.setattr(single_host, "close_envs", lambda envs: closed.extend(env for _, env in envs) or [])
+    with pytest.raises(RuntimeError, match="evaluator env cannot be built"):
+        prepare(small(tmp_path))
+    assert len(built) == 2 and closed == built
+    assert list(tmp_path.iterdir()) == []  # and no run directory is left

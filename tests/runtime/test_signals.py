@@ -137,3 +137,65 @@ def test_signal_during_a_compile_longer_than_the_grace_leaves_no_run_dir(tmp_pat
     finally:
         proc.kill()
         proc.wait()
+
+
+GIL_HOLDING_ENV = '''
+import ctypes, os, gymnasium, numpy as np
+
+class GilHolding(gymnasium.Env):
+    """CartPole-like; its 40th step sleeps in C while holding the GIL, as a native
+    extension that never releases it would."""
+    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+    steps = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(4, np.float32), {}
+
+    def step(self, action):
+        GilHolding.steps += 1
+        if GilHolding.steps == 40:
+            open(os.environ["HELD_MARK"], "w").close()
+            ctypes.PyDLL(None).sleep(1000)
+        return np.zeros(4, np.float32), 1.0, False, False, {}
+
+gymnasium.register("GilHolding-v0", entry_point=GilHolding)
+'''
+
+
+@pytest.mark.timeout(120)
+def test_a_native_call_holding_the_gil_cannot_keep_the_process_forever(tmp_path):
+    """Found by the lifecycle attack: an env step stuck in C with the GIL held starved the
+    watchdog and both signal handlers (alive after SIGTERM, SIGINT, SIGINT; SIGKILL only).
+    The C-level last resort ends the process with every thread's stack."""
+    (tmp_path / "gilenv.py").write_text(GIL_HOLDING_ENV)
+    code = (
+        "import sys\n"
+        "import podrace.cli as cli\n"
+        "cli.STARVED_EXIT_S = 4.0\n"
+        "sys.exit(cli.main(sys.argv[1:]))\n"
+    )
+    mark = tmp_path / "held"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "train", "cartpole-ppo", "--env.id", "gilenv:GilHolding-v0",
+         "--env.num-envs", "2", "--log.run-dir", str(tmp_path / "runs"), "--log.console", "none",
+         "--safety.watchdog-s", "1"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, PYTHONPATH=str(REPO), HELD_MARK=str(mark)),
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while not mark.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        held = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        elapsed = time.monotonic() - held
+        assert proc.returncode == 1, err
+        assert "Timeout" in err and "in step" in err and "gilenv.py" in err, err
+        assert elapsed < 4.0 + 1.0 + EXIT_SLACK_S, elapsed
+    finally:
+        proc.kill()
+        proc.wait()

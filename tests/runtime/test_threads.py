@@ -1,9 +1,14 @@
-"""ThreadGroup: a thread's exception fails the run naming it; a stop is not a failure."""
+"""ThreadGroup: a thread's exception fails the run naming it; a stop is not a failure.
+close_envs: a user's env.close that raises or blocks neither propagates nor keeps us."""
+
+import logging
+import threading
+import time
 
 import pytest
 
 from podrace.control import Lifetime
-from podrace.runtime.threads import ThreadGroup
+from podrace.runtime.threads import ThreadGroup, close_envs
 from podrace.sync.base import ChannelClosed
 
 
@@ -64,3 +69,35 @@ def test_threads_run_under_the_disallow_transfer_guard_unless_told_otherwise():
     group = ThreadGroup(lifetime)
     group.spawn("watchdog", implicit_transfer, guard_transfers=False)
     assert group.join(20) == [] and lifetime.failure is None
+
+
+class Env:
+    def __init__(self, close=None):
+        self.closed, self._close = False, close
+
+    def close(self):
+        if self._close is not None:
+            self._close()
+        self.closed = True
+
+
+@pytest.mark.timeout(30)
+def test_close_envs_logs_a_raising_close_and_still_closes_the_others(caplog):
+    def explode():
+        raise RuntimeError("user close() failed")
+
+    bad, good = Env(explode), Env()
+    with caplog.at_level(logging.WARNING, logger="podrace.runtime.threads"):
+        assert close_envs([("actor-0", bad), ("evaluator", good)]) == []
+    assert good.closed and not bad.closed
+    assert "actor-0: env.close() raised RuntimeError: user close() failed" in caplog.text
+
+
+@pytest.mark.timeout(30)
+def test_close_envs_leaves_a_blocking_close_behind_and_names_it():
+    release = threading.Event()
+    blocking, good = Env(release.wait), Env()
+    start = time.monotonic()
+    assert close_envs([("actor-1", blocking), ("actor-2", good)], timeout=0.3) == ["actor-1 env.close"]
+    assert time.monotonic() - start < 5 and good.closed
+    release.set()
