@@ -284,6 +284,22 @@ MUTANTS: list[Mutant] = [
     # --- cli.py (signal flow) ----------------------------------------------------------------
     Mutant("cli_signal_exit_code_not_conventional", "podrace/cli.py",
            "return 128 + self.signals.received", "return 1", ("tests/test_cli.py", "-k", "signal")),
+    # --- runtime: closing envs, holding the run directory -----------------------------------
+    Mutant("env_close_error_propagates", "podrace/runtime/threads.py",
+           "        except Exception as error:  # noqa: BLE001 - user code at shutdown",
+           "        except ZeroDivisionError as error:  # noqa: BLE001 - user code at shutdown",
+           ("tests/runtime/test_threads.py", "-k", "close_envs")),
+    Mutant("envs_closed_before_the_last_checkpoint", "podrace/runtime/single_host.py",
+           "            self.checkpoints.close(lifetime)  # before user code (env.close) runs again\n"
+           "            if self.lock is not None:\n                self.lock.release()\n"
+           "            stuck += self.close_envs(exclude=stuck)\n",
+           "            stuck += self.close_envs(exclude=stuck)\n"
+           "            self.checkpoints.close(lifetime)\n"
+           "            if self.lock is not None:\n                self.lock.release()\n",
+           ("tests/runtime/test_shutdown.py", "-k", "close")),
+    Mutant("run_lock_on_the_parent_directory", "podrace/runtime/single_host.py",
+           "lock = RunLock(point.run_dir)", "lock = RunLock(point.run_dir.parent)",
+           ("tests/runtime/test_run_lock.py",)),
 ]
 
 # Considered and left out (equivalent or unobservable without asserting speed):

@@ -62,6 +62,8 @@ def test_a_resumed_run_holds_its_directory_against_another_resume(tmp_path):
     before = files(tmp_path / "r")
     with pytest.raises(ConfigError, match="in use by another podrace process"):
         prepare(longer, resume=Resume(tmp_path / "r"))
+    with pytest.raises(ConfigError, match="in use"):
+        RunLock(tmp_path / "r")
     assert files(tmp_path / "r") == before
     assert second.run().updates == 3
     RunLock(tmp_path / "r").release()  # released when run() returned

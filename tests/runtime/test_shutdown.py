@@ -91,13 +91,16 @@ def test_metrics_sink_failure_fails_the_run_as_logger(tmp_path):
 class RaisingClose:
     """An env whose close raises (or blocks until `release` is set), as user code may."""
 
-    def __init__(self, env, release=None):
-        self.env, self.release = env, release
+    def __init__(self, env, release=None, checkpoints=None):
+        self.env, self.release, self.checkpoints = env, release, checkpoints
+        self.checkpoint_at_close = None
 
     def __getattr__(self, name):
         return getattr(self.env, name)
 
     def close(self):
+        if self.checkpoints is not None:
+            self.checkpoint_at_close = self.checkpoints.latest
         self.env.close()
         if self.release is not None:
             self.release.wait()
@@ -109,10 +112,12 @@ class RaisingClose:
 def test_an_env_close_that_raises_keeps_the_result_and_the_final_checkpoint(tmp_path, caplog):
     run = prepare(small(tmp_path))
     for actor in run.actors:
-        actor.env = RaisingClose(actor.env)
+        actor.env = RaisingClose(actor.env, checkpoints=run.checkpoints)
     run.evaluator.env = RaisingClose(run.evaluator.env)
     result = run.run()
     assert result.checkpoint == run.cfg.num_updates
+    # user code runs again only once the last checkpoint is complete
+    assert [actor.env.checkpoint_at_close for actor in run.actors] == [run.cfg.num_updates] * 2
     assert (run.run_dir / "checkpoints" / str(result.checkpoint)).is_dir()
     assert last_line(run)["final"] == 1
     assert "actor-0: env.close() raised RuntimeError: user close() failed" in caplog.text
