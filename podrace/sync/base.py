@@ -7,6 +7,7 @@ conformance suite, so the actor and learner loops never know which one they use.
 from __future__ import annotations
 
 import math
+import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -46,10 +47,11 @@ class SnapshotMismatch(SyncError):
 
 
 def wait_limit(timeout: float | None) -> float | None:
-    """A `timeout` argument as threading waits take it: None (or +inf) waits forever, a
-    negative one is 0; NaN is a ValueError (it would wait forever or not at all)."""
-    if timeout is None or timeout == math.inf:
-        return None  # threading's waits reject inf (OverflowError)
+    """A `timeout` argument as threading waits take it: None, +inf or anything beyond
+    `threading.TIMEOUT_MAX` (about 292 years) waits forever, a negative one is 0; NaN is a
+    ValueError (it would wait forever or not at all)."""
+    if timeout is None or timeout >= threading.TIMEOUT_MAX:
+        return None  # threading's waits reject inf and time_t overflows (OverflowError)
     if math.isnan(timeout):
         raise ValueError("timeout is NaN")
     return max(0.0, float(timeout))
@@ -64,17 +66,25 @@ class Subscriber(ABC):
 
     @abstractmethod
     def poll(self) -> Snapshot | None:
-        """The latest snapshot if newer than the last one returned, else None. Never blocks."""
+        """The newest snapshot this subscriber has received, if newer than the last one
+        returned, else None. Never blocks.
+
+        Remote transports (ray) receive versions in the background, so for a moment after a
+        publish, even after `Publisher.flush()`, this may return None or an older version;
+        `get(min_version=v)` is the way to wait for version v.
+        """
 
     @abstractmethod
     def get(self, min_version: int, timeout: float | None = None) -> Snapshot:
-        """Block until a version >= `min_version` is visible, then return the newest one.
+        """Block until this subscriber has received a version >= `min_version`, then
+        return the newest one it has (as `poll()`: remote transports may trail the latest
+        published version for a moment, so only `min_version` is guaranteed).
 
         Returns at once (the same snapshot again, if nothing is newer) when already
         satisfied. Cross-process transports make a publish visible a moment after
         `publish()` returns (`Publisher.flush()` waits for that). Raises SyncTimeout after
-        `timeout` seconds, ChannelClosed if the publisher closes (PublisherGone if it died
-        or failed).
+        `timeout` seconds (None, inf or anything beyond `threading.TIMEOUT_MAX` waits
+        forever), ChannelClosed if the publisher closes (PublisherGone if it died or failed).
         """
 
     @property
@@ -127,11 +137,14 @@ class Publisher(ABC):
         """
 
     def flush(self, timeout: float | None = None) -> None:
-        """Wait until the latest published version is visible to subscribers (or skipped,
-        if its transform failed).
+        """Wait until the latest published version v is visible (or skipped, if its
+        transform failed): from then on every subscriber's `get(min_version=v)` returns it
+        without waiting for the publisher (a ray subscriber may still be fetching it).
 
-        Transports that copy in the background (shm, ray) override this; the learner need
-        not call it, but a synchronous (lag 0) loop or an orderly shutdown may.
+        It does not wait for subscribers: on ray, `poll()` and `get(0)` may return an older
+        version for a moment longer (see `Subscriber.poll`). Transports that copy in the
+        background (shm, ray) override this; the learner need not call it, but a
+        synchronous (lag 0) loop or an orderly shutdown may.
         """
 
     @abstractmethod

@@ -6,10 +6,16 @@ Shared memory holds the data; this only wakes sleepers and carries acknowledgeme
   shared memory for the truth). The kernel closes the socket when the publisher process
   dies, so a blocked reader learns at once that its publisher went away.
 * subscriber -> publisher: "hello <name>" then "ack <version>" lines, so the publisher can
-  report every subscriber's acknowledged version.
+  report every subscriber's acknowledged version (a name already connected gets a suffix).
 
 Sends are non-blocking and best effort: a reader that already has wake-ups queued needs no
 more, and a stuck reader can never block the publisher.
+
+Sockets never cross a fork: a child that kept copies would hold a dead publisher's
+connections open (its readers would wait forever, the sweep would think it alive), and a
+`shutdown()` of a shared socket in the child would cut the parent's connection. So a fork
+child closes its copies at once (the descriptors only: the parent's connections stay as they
+were); the inherited objects are dead in the child, and subscribers re-attach (see `shm`).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import socket
 import sys
 import tempfile
 import threading
+import weakref
 from typing import Callable
 
 _LINUX = sys.platform.startswith("linux")
@@ -31,6 +38,18 @@ def socket_address(channel: str) -> str:
     if _LINUX:
         return "\0podrace-sync-" + channel
     return os.path.join(tempfile.gettempdir(), f"podrace-sync-{channel}.sock")
+
+
+_live: weakref.WeakSet[Doorbell | DoorbellClient] = weakref.WeakSet()  # this process's sockets
+
+
+def _close_inherited() -> None:
+    for obj in list(_live):
+        obj._close_in_fork_child()
+    _live.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited)
 
 
 class _Client:
@@ -57,6 +76,7 @@ class Doorbell:
         self._acks: dict[str, int] = {}
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name=f"podrace-doorbell-{channel}", daemon=True)
+        _live.add(self)
         self._thread.start()
 
     def ring(self, version: int) -> None:
@@ -124,10 +144,19 @@ class Doorbell:
             for line in lines:
                 kind, _, arg = line.decode("utf-8", "replace").partition(" ")
                 if kind == "hello":
-                    client.name = arg
-                    self._acks.setdefault(arg, -1)
+                    client.name = self._unique(arg)
+                    self._acks[client.name] = -1
                 elif kind == "ack" and client.name is not None and arg.lstrip("-").isdigit():
                     self._acks[client.name] = max(self._acks.get(client.name, -1), int(arg))
+
+    def _unique(self, name: str) -> str:
+        """`name`, or `name#2`, `name#3`... if a connected subscriber has it: copies of a
+        subscriber (pickled, forked) keep its name, but each reports and leaves alone."""
+        key, n = name, 1
+        while key in self._acks:
+            n += 1
+            key = f"{name}#{n}"
+        return key
 
     def _drop(self, sock: socket.socket) -> None:
         with self._lock:
@@ -138,6 +167,12 @@ class Doorbell:
             sock.close()
         except OSError:
             return  # already closed by the peer going away: nothing left to release
+
+    def _close_in_fork_child(self) -> None:
+        # no server thread here, and no lock is taken: one may have been held at the fork
+        self._closed = True
+        for sock in [*self._clients, self._listener, self._wake_r, self._wake_w]:
+            sock.close()
 
     def close(self) -> None:
         """Disconnect everyone: their listeners see end-of-file."""
@@ -173,6 +208,7 @@ class DoorbellClient:
         self._on_gone = on_gone
         self._send_lock = threading.Lock()
         self._send(f"hello {name}\n".encode())
+        _live.add(self)
         self._thread = threading.Thread(target=self._listen, name=f"podrace-doorbell-client-{name}", daemon=True)
         self._thread.start()
 
@@ -197,9 +233,12 @@ class DoorbellClient:
     def ack(self, version: int) -> None:
         self._send(b"ack %d\n" % version)
 
+    def _close_in_fork_child(self) -> None:
+        self._sock.close()  # the listener thread is not here: nothing to wake
+
     def close(self) -> None:
-        with contextlib.suppress(OSError):  # already disconnected: the reader is ending anyway
-            self._sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):  # already disconnected (or closed in a fork child)
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the listener thread
         if threading.current_thread() is not self._thread:  # a finalizer may run on it
             self._thread.join(5)
         self._sock.close()

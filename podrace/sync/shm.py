@@ -8,7 +8,9 @@ tells them at once when the publisher closes or its process dies.
 
 A subscriber is created in the consumer's process from the channel name alone:
 `ShmSubscriber(publisher.name, device)`; `publisher.subscribe()` builds one for the
-publisher's own process (handy for tests and relays), and subscribers pickle by name.
+publisher's own process (handy for tests and relays), and subscribers pickle by name. A
+copy that a fork child inherits re-attaches on first use, as an unpickled one does: the
+child has no doorbell thread, and the parent's connection is not the child's to use.
 """
 
 from __future__ import annotations
@@ -178,17 +180,44 @@ class ShmSubscriber(Subscriber):
         self._read_time = RunningStat()
         self._pool = _BufferPool()
         self._reader = SlotReader(channel)
+        self._release: weakref.finalize | None = None
+        try:
+            self._attach()
+        except ChannelClosed:
+            self._reader.close()
+            raise
+        _subscribers.add(self)
+
+    def _attach(self) -> None:
+        """Connect to the publisher's doorbell, or raise why nobody listens there."""
         me = weakref.ref(self)  # the doorbell thread must not keep a dropped subscriber alive
         try:
-            self._bell = DoorbellClient(
-                channel, self.name, lambda: _call(me, "_on_ring"), lambda: _call(me, "_on_gone")
+            bell = DoorbellClient(
+                self.channel, self.name, lambda: _call(me, "_on_ring"), lambda: _call(me, "_on_gone")
             )
         except ConnectionError as exc:
-            self._reader.close()
-            raise ChannelClosed(f"shm channel {channel!r}: publisher is gone") from exc
+            self._check_open()  # it closed or failed: say so
+            raise PublisherGone(f"shm channel {self.channel!r}: publisher went away (nobody listens)") from exc
+        if self._release is not None:
+            self._release.detach()  # an inherited copy's: its socket is closed (see doorbell)
+        self._bell = bell
         # A subscriber dropped without close() (e.g. one unpickled per pool task) releases its
         # thread, socket, mappings and buffers when collected, instead of leaking them.
-        self._release = weakref.finalize(self, _release, self._bell, self._reader)
+        self._release = weakref.finalize(self, _release, bell, self._reader)
+        self._attached = True
+
+    def _inherited(self) -> None:
+        """In a fork child: fresh locks (a parent thread may have held one at the fork), and
+        re-attach on first use."""
+        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._attached = False
+
+    def _ensure_attached(self) -> None:
+        if not self._attached:
+            with self._lock:
+                if not self._attached and not self._closed:
+                    self._attach()
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_reattach, (self.channel, device_key(self._device), self._expect, self.name))
@@ -216,6 +245,7 @@ class ShmSubscriber(Subscriber):
             raise PublisherGone(f"shm channel {self.channel!r}: publisher went away (its process ended)")
 
     def poll(self) -> Snapshot | None:
+        self._ensure_attached()
         with self._lock:
             self._check_open()
             latest = self._reader.ctl.latest_version()
@@ -229,6 +259,7 @@ class ShmSubscriber(Subscriber):
     def get(self, min_version: int, timeout: float | None = None) -> Snapshot:
         timeout = wait_limit(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
+        self._ensure_attached()
         with self._cond:
             while True:
                 self._check_open()
@@ -312,7 +343,19 @@ class ShmSubscriber(Subscriber):
         with self._lock:
             self._last = None
             self._pool.clear()
+            assert self._release is not None
             self._release()  # the doorbell, then the mappings; once
+
+
+_subscribers: weakref.WeakSet[ShmSubscriber] = weakref.WeakSet()
+
+
+def _inherited_by_fork_child() -> None:
+    for sub in list(_subscribers):
+        sub._inherited()
+
+
+os.register_at_fork(after_in_child=_inherited_by_fork_child)
 
 
 def _call(ref: "weakref.ref[ShmSubscriber]", method: str) -> None:

@@ -536,3 +536,29 @@ def test_a_push_target_may_close_its_publisher(harness, new_pub):
     assert errors == [] and pub.closed
     with pytest.raises(ChannelClosed):
         sub.get(2, timeout=10)
+
+
+@pytest.mark.timeout(60)
+def test_a_timeout_beyond_what_threads_can_wait_waits_forever(harness, new_pub):
+    """threading rejects waits past TIMEOUT_MAX (about 292 years) with OverflowError."""
+    pub = new_pub()
+    sub = harness.subscribe(pub)
+    threading.Timer(0.2, lambda: pub.publish(make_params(0))).start()
+    assert sub.get(0, timeout=1e10).version == 0  # blocked first: the wait itself took 1e10
+    pub.flush(timeout=1e10)
+    with pytest.raises(SyncTimeout):
+        sub.get(1, timeout=0.05)  # finite timeouts still time out
+
+
+@pytest.mark.timeout(60)
+def test_after_flush_get_of_the_flushed_version_returns_it(harness, new_pub):
+    """flush() promises get(min_version=v) of the flushed v; poll() and get(0) return the
+    newest version the subscriber has, which on ray may trail v for a moment."""
+    pub = new_pub()
+    sub = harness.subscribe(pub)
+    for v in range(5):
+        pub.publish(make_params(v))
+        pub.flush(timeout=10)
+        assert sub.get(v, timeout=10).version == v
+        assert sub.get(0, timeout=10).version == v  # received now: get(0) has it too
+    assert sub.poll() is None

@@ -8,6 +8,7 @@ import os
 import pickle
 import threading
 import time
+import warnings
 
 import jax
 import numpy as np
@@ -604,4 +605,140 @@ def test_a_transform_that_raises_systemexit_fails_the_channel_loudly():
     with pytest.raises(PublisherGone, match="SystemExit: transform gave up"):
         sub.get(1, timeout=10)
     assert pub.metrics()["failed"] == 1
+    pub.close()
+
+
+def _start_forking_publisher():
+    """A publisher in a process group of its own that forks a long-lived child (say an env
+    worker) once a subscriber is connected; its name and that child's PID come on stdout."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, time; from podrace.sync.shm import ShmPublisher; from tests.sync.workers import stamped_params\n"
+        "p = ShmPublisher(); p.publish(stamped_params(0, 8)); p.flush(30); print(p.name, flush=True)\n"
+        "while not any(k.endswith('/acked_version') for k in p.metrics()): time.sleep(0.01)\n"
+        "child = os.fork()\n"
+        "if child == 0: time.sleep(600); os._exit(0)\n"
+        "print(child, flush=True); time.sleep(600)"
+    )
+    proc = subprocess.Popen([sys.executable, "-W", "ignore", "-c", code], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True, cwd=REPO)
+    return proc, proc.stdout.readline().strip()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_a_killed_publisher_is_gone_even_while_a_child_it_forked_lives():
+    """The child used to inherit the doorbell's sockets: readers waited forever, new ones
+    attached to the dead channel, and the sweep took the channel for alive."""
+    import signal
+
+    from podrace.sync import PublisherGone, sweep_shm
+
+    proc, name = _start_forking_publisher()
+    try:
+        sub = ShmSubscriber(name)
+        assert sub.get(0, timeout=10).version == 0
+        child = int(proc.stdout.readline())  # forked with `sub` connected
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        with pytest.raises(PublisherGone, match="went away"):
+            sub.get(1, timeout=10)
+        sub.close()
+        with pytest.raises(PublisherGone, match="went away"):
+            ShmSubscriber(name)
+        assert set(sweep_shm(dry_run=True)) >= {name, name + "_d"}
+        os.kill(child, 0)  # still alive: all of the above held while it lived
+    finally:
+        _kill_group(proc)  # the forked child and the resource tracker
+    sweep_shm()
+    assert not segment_exists(name) and not segment_exists(name + "_d")
+
+
+def _start_forked(target, *args):
+    proc = mp.get_context("fork").Process(target=target, args=args)
+    with warnings.catch_warnings():  # JAX warns about any fork; these children run no JAX computation
+        warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
+        proc.start()
+    return proc
+
+
+def _stop(proc) -> None:
+    proc.join(30)
+    if proc.is_alive():
+        proc.kill()
+        proc.join(10)
+
+
+@pytest.mark.timeout(60)
+def test_a_subscriber_inherited_through_fork_reattaches_in_the_child():
+    """A fork copies the subscriber instead of pickling it: the copy used to have no
+    doorbell thread, so its get() never woke although the version was published."""
+    pub = ShmPublisher()
+    sub = pub.subscribe(name="reader")
+    pub.publish(workers.stamped_params(0, 8))
+    assert sub.get(0, timeout=10).version == 0
+    results = mp.get_context("fork").Queue()
+    proc = _start_forked(workers.forked_reader, sub, results)
+    try:
+        deadline = time.monotonic() + 20
+        while "subscriber/reader#2/acked_version" not in pub.metrics():  # the child's copy attached
+            assert time.monotonic() < deadline, pub.metrics()
+            time.sleep(0.01)
+        pub.publish(workers.stamped_params(1, 8))
+        assert results.get(timeout=30) == (1, 1)
+        assert sub.get(1, timeout=10).version == 1  # the parent's own is unaffected
+    finally:
+        _stop(proc)
+    sub.close()
+    pub.close()
+
+
+@pytest.mark.timeout(60)
+def test_closing_a_forked_copy_of_a_subscriber_leaves_the_parents_alone():
+    """close() in the child used to shut down the socket both shared: the parent's
+    subscriber then raised PublisherGone and vanished from the publisher's metrics."""
+    pub = ShmPublisher()
+    sub = pub.subscribe(name="reader")
+    pub.publish(workers.stamped_params(0, 8))
+    assert sub.get(0, timeout=10).version == 0
+    proc = _start_forked(workers.close_inherited, sub)
+    _stop(proc)
+    assert proc.exitcode == 0
+    pub.publish(workers.stamped_params(1, 8))
+    assert sub.get(1, timeout=10).version == 1
+    deadline = time.monotonic() + 10
+    while pub.metrics().get("subscriber/reader/acked_version") != 1:
+        assert time.monotonic() < deadline, pub.metrics()
+        time.sleep(0.01)
+    sub.close()
+    pub.close()
+
+
+@pytest.mark.timeout(60)
+def test_copies_of_a_subscriber_are_reported_apart():
+    """Pickled copies keep their original's name: they used to share one metrics entry,
+    and closing one removed it for all."""
+    pub = ShmPublisher()
+    a = pub.subscribe(name="actor")
+    b = pickle.loads(pickle.dumps(a))
+    pub.publish(workers.stamped_params(0, 8))
+    assert b.get(0, timeout=10).version == 0
+    pub.publish(workers.stamped_params(1, 8))
+    assert a.get(1, timeout=10).version == 1
+
+    def acked() -> dict[str, int]:
+        return {k: v for k, v in pub.metrics().items() if k.endswith("/acked_version")}
+
+    deadline = time.monotonic() + 10
+    while sorted(acked().values()) != [0, 1]:
+        assert time.monotonic() < deadline, acked()
+        time.sleep(0.01)
+    assert set(acked()) == {"subscriber/actor/acked_version", "subscriber/actor#2/acked_version"}
+    a.close()
+    while list(acked().values()) != [0]:  # b is still reported, with its own version
+        assert time.monotonic() < deadline, acked()
+        time.sleep(0.01)
+    b.close()
     pub.close()

@@ -93,3 +93,16 @@ def shm_ack_then_hang(channel: str, name: str, ready: Any) -> None:
     sub.get(0, timeout=30)
     ready.set()
     time.sleep(600)  # killed by the test
+
+
+def forked_reader(sub: Any, results: Any) -> None:
+    """Use a subscriber inherited through a fork (a copy of the parent's, not pickled)."""
+    sub.poll()  # its first use attaches this copy (the parent then sees it in its metrics)
+    snap = sub.get(1, timeout=30)
+    results.put((snap.version, stamp_of(snap.params)))
+    sub.close()
+
+
+def close_inherited(sub: Any) -> None:
+    """Close a subscriber inherited through a fork, as a child that is done with it does."""
+    sub.close()
