@@ -15,17 +15,21 @@ writes it on a background thread. Reading: `restore(directory, like, spec)`.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import os
 import re
+import threading
 import time
+import typing
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import jax
 import numpy as np
@@ -225,9 +229,12 @@ def verify_manifest(step_dir: Path) -> None:
         logging.getLogger(__name__).warning("checkpoint %s has no %s; not verified", step_dir, MANIFEST)
         return
     try:
-        files = json.loads(manifest_path.read_text())["files"]
-    except (ValueError, KeyError, TypeError) as error:
-        raise ConfigError(f"corrupt checkpoint: {manifest_path} is not a valid manifest ({error})") from None
+        files = _manifest_files(json.loads(manifest_path.read_bytes()))
+    except (ValueError, KeyError, TypeError) as error:  # UnicodeDecodeError is a ValueError
+        text = " ".join(str(error).split())[:200]
+        raise ConfigError(f"corrupt checkpoint: {manifest_path} is not a valid manifest ({text})") from None
+    except OSError as error:
+        raise ConfigError(f"corrupt checkpoint: cannot read {manifest_path}: {error.strerror or error}") from None
     for name, expected in files.items():
         path = step_dir / name
         if not path.is_file():
@@ -237,6 +244,22 @@ def verify_manifest(step_dir: Path) -> None:
             raise ConfigError(f"corrupt checkpoint: {path} has {size} bytes, {expected['bytes']} were written")
         if _sha256(path) != expected["sha256"]:
             raise ConfigError(f"corrupt checkpoint: {path} differs from what was written (SHA-256 mismatch)")
+
+
+def _manifest_files(manifest: object) -> dict[str, dict]:
+    """The manifest's {relative path: {"bytes": int, "sha256": hex}}; ValueError for any other shape."""
+    files = manifest["files"] if isinstance(manifest, dict) else None
+    if not isinstance(files, dict):
+        raise ValueError(f"'files' must map file names to sizes and hashes, got {type(files).__name__}")
+    for name, entry in files.items():
+        inside = not Path(name).is_absolute() and ".." not in Path(name).parts
+        size = entry.get("bytes") if isinstance(entry, dict) else None
+        digest = entry.get("sha256") if isinstance(entry, dict) else None
+        if not (inside and isinstance(size, int) and not isinstance(size, bool) and size >= 0
+                and isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest)):
+            raise ValueError(f"entry {name!r} must be a file in the checkpoint with 'bytes' and 'sha256', "
+                             f"got {json.dumps(entry)[:80]}")
+    return files
 
 
 def _corrupt(step_dir: Path, item: str, error: Exception) -> ConfigError:
@@ -254,26 +277,128 @@ def _checkpointer() -> ocp.Checkpointer:
     return ocp.Checkpointer(ocp.CompositeCheckpointHandler(**handlers))
 
 
-def read_meta(directory: Path, step: int | None = None) -> tuple[int, dict]:
-    """(step, meta JSON) of a checkpoint, after verifying its files."""
+# orbax runs each read on a fresh asyncio loop that it closes as soon as the read returns or
+# raises. When one tensorstore read fails (a damaged chunk), the others are still in flight
+# and, completing later, call back into the closed loop: "RuntimeError: Event loop is
+# closed" tracebacks on stderr after the one-line error. While podrace reads a checkpoint,
+# loops are made that first let their remaining tasks finish (bounded) when closed.
+DRAIN_S = 30.0
+"""Longest a failed read waits for its other reads to finish before its loop is closed."""
+
+
+class _DrainingLoop(asyncio.SelectorEventLoop):
+    def close(self) -> None:
+        if not self.is_closed() and not self.is_running():
+            pending = [task for task in asyncio.all_tasks(self) if not task.done()]
+            if pending:
+                self.run_until_complete(asyncio.wait(pending, timeout=DRAIN_S))
+                for task in pending:
+                    task.cancel()
+                self.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        super().close()
+
+
+class _DrainingPolicy(asyncio.DefaultEventLoopPolicy):
+    def new_event_loop(self) -> asyncio.AbstractEventLoop:
+        return _DrainingLoop()
+
+
+_policy_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _draining_loops() -> Iterator[None]:
+    """Event loops made meanwhile (by orbax's run_sync) drain their tasks when closed."""
+    with _policy_lock:
+        previous = asyncio.get_event_loop_policy()
+        asyncio.set_event_loop_policy(_DrainingPolicy())
+        try:
+            yield
+        finally:
+            asyncio.set_event_loop_policy(previous)
+
+
+def _read_item(step_dir: Path, item: str, read: typing.Callable[[ocp.Checkpointer], Any]) -> Any:
+    """`read(checkpointer)`; any failure is a one-line "corrupt checkpoint" ConfigError."""
+    try:
+        with _draining_loops():
+            return read(_checkpointer())
+    except Exception as error:  # orbax/tensorstore raise many types; all mean "unreadable"
+        raise _corrupt(step_dir, item, error) from None
+
+
+_META_FIELDS = {"config": dict, "env_spec": dict, "version": int, "env_steps": int, "episodes": int,
+                "actor_next_seq": list}
+_OPTIONAL_META = {"time_s": (int, float), "skipped_updates": int}
+
+
+def _check_meta(step_dir: Path, meta: dict) -> None:
+    """ConfigError unless every field restore() and the CLIs read has the type save() wrote."""
+
+    def problem(name: str, what: str) -> ConfigError:
+        return ConfigError(f"corrupt checkpoint: {step_dir / 'meta'}: {what}")
+
+    def count(value: object) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    for name, kind in _META_FIELDS.items():
+        if name not in meta:
+            raise problem(name, f"{name!r} is missing")
+        value = meta[name]
+        ok = count(value) if kind is int else isinstance(value, kind)
+        if ok and name == "actor_next_seq":
+            ok = bool(value) and all(count(v) for v in value)
+        if not ok:
+            wanted = {int: "a non-negative integer", dict: "a mapping", list: "a list of non-negative integers"}[kind]
+            raise problem(name, f"{name!r} must be {wanted}, got {json.dumps(value)[:80]}")
+    for name, kinds in _OPTIONAL_META.items():
+        value = meta.get(name, 0)
+        if isinstance(value, bool) or not isinstance(value, kinds) or value < 0:
+            raise problem(name, f"{name!r} must be a non-negative number, got {json.dumps(value)[:80]}")
+
+
+def _stored_config(step_dir: Path, meta: dict) -> TrainConfig:
+    """The config saved in `meta`, checked as a run's config is (types, then validate())."""
+    from podrace.validation import validate
+
+    where = f"config of checkpoint {step_dir}"
+    try:
+        cfg = config_from_dict(meta["config"], where=where)  # its errors name `where`
+    except ConfigError as error:
+        raise ConfigError(f"corrupt checkpoint: {error}") from None
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"corrupt checkpoint: {where}: {' '.join(str(error).split())[:200]}") from None
+    try:
+        validate(cfg)
+    except ConfigError as error:
+        raise ConfigError(f"corrupt checkpoint: {where}: {error}") from None
+    return cfg
+
+
+def _read(directory: Path, step: int | None) -> tuple[int, Path, dict, TrainConfig]:
+    """(step, its directory, meta JSON, config) of a checkpoint, after verifying its files."""
     directory = Path(directory).absolute()
     step = resolve_step(directory, step)
     step_dir = directory / str(step)
     verify_manifest(step_dir)
-    try:
-        meta = _checkpointer().restore(step_dir, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-    except Exception as error:  # orbax/tensorstore raise many types; all mean "unreadable"
-        raise _corrupt(step_dir, "meta", error) from None
+    meta = _read_item(step_dir, "meta", lambda c: c.restore(step_dir, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"])
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else None
         raise ConfigError(f"checkpoint {step_dir} has format {found}, this podrace reads format {FORMAT}")
+    _check_meta(step_dir, meta)
+    return step, step_dir, meta, _stored_config(step_dir, meta)
+
+
+def read_meta(directory: Path, step: int | None = None) -> tuple[int, dict]:
+    """(step, meta JSON) of a checkpoint, after verifying its files and fields."""
+    step, _, meta, _ = _read(directory, step)
     return step, meta
 
 
 def read_config(directory: Path, step: int | None = None) -> tuple[int, TrainConfig]:
     """(step, the resolved config the checkpoint was saved with)."""
-    step, meta = read_meta(directory, step)
-    return step, config_from_dict(meta["config"], where=f"config of checkpoint {Path(directory) / str(step)}")
+    step, _, _, cfg = _read(directory, step)
+    return step, cfg
 
 
 def _flat_shapes(tree: PyTree) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
@@ -289,18 +414,15 @@ def _flat_shapes(tree: PyTree) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     return {".".join(part(k) for k in path): (tuple(x.shape), np.dtype(x.dtype)) for path, x in leaves}
 
 
-def _check_fits(step_dir: Path, meta: dict, like: RunState, spec: EnvSpec) -> None:
+def _check_fits(step_dir: Path, meta: dict, cfg: TrainConfig, like: RunState, spec: EnvSpec) -> None:
     stored, current = meta["env_spec"], spec_json(spec)
     for name, value in stored.items():
         if current.get(name) != value:
             raise ConfigError(
-                f"checkpoint {step_dir} was saved for env {meta['config']['env']['id']!r} with {name} {value}, "
+                f"checkpoint {step_dir} was saved for env {cfg.env.id!r} with {name} {value}, "
                 f"the config's env has {current.get(name)}"
             )
-    try:
-        metadata = _checkpointer().metadata(step_dir).item_metadata["arrays"]
-    except Exception as error:
-        raise _corrupt(step_dir, "arrays", error) from None
+    metadata = _read_item(step_dir, "arrays", lambda c: c.metadata(step_dir).item_metadata["arrays"])
     saved = {
         m.name: (tuple(m.shape), np.dtype(m.dtype))
         for m in jax.tree.leaves(getattr(metadata, "tree", metadata))
@@ -328,9 +450,12 @@ def restore(directory: Path, like: RunState, spec: EnvSpec, step: int | None = N
     ConfigError (one line) when there is no checkpoint, it is corrupt, or it does not fit
     `like` or `spec`.
     """
-    step, meta = read_meta(directory, step)
-    step_dir = Path(directory).absolute() / str(step)
-    _check_fits(step_dir, meta, like, spec)
+    step, step_dir, meta, cfg = _read(directory, step)
+    _check_fits(step_dir, meta, cfg, like, spec)
+    actors = like.actor_keys.shape[0]  # as saved: _check_fits compared the shapes
+    if len(meta["actor_next_seq"]) != actors:
+        raise ConfigError(f"corrupt checkpoint: {step_dir / 'meta'}: 'actor_next_seq' has "
+                          f"{len(meta['actor_next_seq'])} entries for {actors} actors")
 
     def target(x):
         sharding = getattr(x, "sharding", None)
@@ -339,10 +464,8 @@ def restore(directory: Path, like: RunState, spec: EnvSpec, step: int | None = N
         return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
 
     template = jax.tree.map(target, like.arrays())
-    try:
-        arrays = _checkpointer().restore(step_dir, args=ocp.args.Composite(arrays=ocp.args.StandardRestore(template)))
-    except Exception as error:
-        raise _corrupt(step_dir, "arrays", error) from None
+    arrays = _read_item(step_dir, "arrays",
+                        lambda c: c.restore(step_dir, args=ocp.args.Composite(arrays=ocp.args.StandardRestore(template))))
     arrays = arrays["arrays"]
     return RunState(
         train_state=TrainState(*arrays["train_state"]),

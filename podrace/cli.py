@@ -44,13 +44,6 @@ def _explains_itself(error: BaseException) -> bool:
     return isinstance(error, (NonFiniteUpdate, SinkError)) or "No space left on device" in str(error)
 
 
-def make_working_dir_importable(env_id: str) -> None:
-    """Let `--env.id my_module:MyEnv-v0` find my_module.py in the working directory, as
-    `python -m` would (the `podrace` script's own folder is first on sys.path instead)."""
-    if ":" in env_id and os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
-
-
 def parse_train(args: Sequence[str]) -> TrainConfig:
     import tyro
 
@@ -188,6 +181,8 @@ class _Training:
                 cfg = parse_train(self.args)
         except ConfigError as error:
             return _error(str(error))
+        from podrace.envs.user_modules import make_working_dir_importable
+
         make_working_dir_importable(cfg.env.id)
         try:
             validate(cfg)

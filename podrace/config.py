@@ -7,7 +7,9 @@ which XLA flags (e.g. forced CPU device count) to set before JAX is imported.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import types
 import typing
 from dataclasses import dataclass, field
 from typing import Iterator, Literal
@@ -410,10 +412,38 @@ def config_from_dict(data: dict, cls: type = TrainConfig, where: str = "config")
         hint = hints[name]
         if dataclasses.is_dataclass(hint):
             value = config_from_dict(value, hint, f"{where}.{name}")
-        elif isinstance(value, list):
-            value = tuple(value)  # JSON has no tuples; every sequence field is a tuple
+        else:
+            if isinstance(value, list):
+                value = tuple(value)  # JSON has no tuples; every sequence field is a tuple
+            if not _fits(value, hint):
+                shown = hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
+                raise ConfigError(f"{where}.{name} must be {shown}, got {json.dumps(value, default=repr)[:80]}")
         values[name] = value
     return cls(**values)
+
+
+def _fits(value: object, annotation: object) -> bool:
+    """Whether `value` (from JSON) fits a config field's annotation (tuples as lists' tuples)."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Literal:
+        return value in args
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, a) for a in args)
+    if annotation is type(None):
+        return value is None
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return isinstance(value, tuple) and all(_fits(v, args[0]) for v in value)
+        return isinstance(value, tuple) and len(value) == len(args) and all(map(_fits, value, args))
+    if annotation is bool:
+        return isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is str:
+        return isinstance(value, str)
+    return True  # a field type this check does not know: left to validate()
 
 
 def worker_resources(ray: RayConfig) -> dict[str, float]:

@@ -22,16 +22,22 @@ import numpy as np
 import tyro
 
 from podrace.algos.normalizer import acting_apply, acting_params, init_normalizer
-from podrace.checkpoint import RunState, checkpoint_dir, read_config, restore
+from podrace.checkpoint import RunState, checkpoint_dir, latest_step, read_config, restore
 from podrace.config import ConfigError, EnvConfig, TrainConfig
 from podrace.envs import BatchedEnv, env_spec, make_env, resolve_backend
+from podrace.envs.user_modules import make_working_dir_importable
 from podrace.learner_mesh import make_algorithm
 from podrace.networks import make_network
+from podrace.runtime.rundir import check_writable
 from podrace.types import EnvSpec
+from podrace.validation import check_seed
 
 MAX_EVAL_ENVS = 16
 MAX_VIDEO_FRAMES = 3000
 VIDEO_FPS = 30
+ROTATION_RETRIES = 5
+"""Without --checkpoint, how many times a latest checkpoint that a live run rotated away
+(`--checkpoint.keep`) between listing and loading is replaced by the new latest."""
 
 
 @dataclass(frozen=True)
@@ -64,22 +70,35 @@ def _free_path(path: Path) -> Path:
 
 
 def _check_options(opts: EvalOptions) -> None:
+    """Every argument, and that the results (and video) can be written, before any loading."""
     if opts.episodes <= 0:
         raise ConfigError(f"--episodes must be positive, got {opts.episodes}")
+    check_seed("--seed", opts.seed)
+    try:
+        _check_paths(opts)
+    except OSError as error:  # e.g. a name too long for the file system
+        raise ConfigError(f"cannot use {error.filename}: {error.strerror or error}") from None
+
+
+def _check_paths(opts: EvalOptions) -> None:
     if not opts.run_dir.is_dir():
         raise ConfigError(f"run directory {opts.run_dir} does not exist")
     if opts.output is not None and opts.output.exists():
         raise ConfigError(f"{opts.output} already exists; choose another --output")
-    if opts.output is not None and not opts.output.absolute().parent.is_dir():
-        raise ConfigError(f"cannot write {opts.output}: {opts.output.absolute().parent} is not a directory")
+    if opts.output is not None:
+        check_writable(opts.output)
+    else:  # into the run directory, under a name that depends on the step
+        try:
+            check_writable(opts.run_dir / "eval-<step>.json")
+        except ConfigError as error:
+            raise ConfigError(f"{error} (choose another place with --output)") from None
     if opts.video is not None:
         suffix = opts.video.suffix.lower()
         if suffix not in (".gif", ".mp4"):
             raise ConfigError(f"--video must end in .gif or .mp4, got {opts.video}")
         if opts.video.exists():
             raise ConfigError(f"{opts.video} already exists; choose another --video")
-        if not opts.video.absolute().parent.is_dir():
-            raise ConfigError(f"cannot write {opts.video}: {opts.video.absolute().parent} is not a directory")
+        check_writable(opts.video)
         if suffix == ".mp4" and shutil.which("ffmpeg") is None:
             raise ConfigError("writing an MP4 needs ffmpeg on PATH, which was not found; use a .gif path")
 
@@ -143,57 +162,103 @@ def _stats(values: np.ndarray) -> dict[str, float]:
 # Video --------------------------------------------------------------------------------
 
 
-def record_episode(cfg: EnvConfig, policy: Callable, seed: int) -> list[np.ndarray]:
-    """RGB frames of one episode in an env of `cfg.id` made with render_mode='rgb_array'."""
-    if resolve_backend(cfg) == "envpool":
-        import envpool
+class _RenderEnv:
+    """One env of `cfg.id` made with render_mode='rgb_array': reset, step, render, close."""
 
-        from podrace.envs.envpool_backend import make_kwargs
-        from podrace.envs.resolve import is_envpool_atari
+    def __init__(self, cfg: EnvConfig, seed: int):
+        self.env_id, self.seed = cfg.id, seed
+        if resolve_backend(cfg) == "envpool":
+            import envpool
 
-        try:
-            env = envpool.make(cfg.id, env_type="gymnasium", num_envs=1, batch_size=1, seed=seed,
-                               render_mode="rgb_array", **make_kwargs(cfg))
-        except Exception as error:
-            raise ConfigError(f"env {cfg.id!r} cannot be rendered by envpool: {error}") from None
-        atari = is_envpool_atari(cfg.id)
+            from podrace.envs.envpool_backend import make_kwargs
+            from podrace.envs.resolve import is_envpool_atari
 
-        def render() -> np.ndarray:
-            return env.render()[0]
+            try:
+                self.env = envpool.make(cfg.id, env_type="gymnasium", num_envs=1, batch_size=1, seed=seed,
+                                        render_mode="rgb_array", **make_kwargs(cfg))
+            except Exception as error:
+                raise ConfigError(f"env {cfg.id!r} cannot be rendered by envpool: {_one_line(error)}") from None
+            self.envpool, self.atari = True, is_envpool_atari(cfg.id)
+        else:
+            import gymnasium
 
-        def step(action):
-            obs, _, terminated, truncated, info = env.step(action)
-            over = info["terminated"] if atari else terminated  # Atari: game over, not a lost life
+            from podrace.envs.gymnasium_backend import make_kwargs
+
+            try:
+                self.env = gymnasium.make(cfg.id, render_mode="rgb_array", **make_kwargs(cfg))
+            except Exception as error:  # e.g. DependencyNotInstalled (pygame) for classic control
+                raise ConfigError(f"env {cfg.id!r} cannot be rendered by Gymnasium: {_one_line(error)}") from None
+            self.envpool, self.atari = False, False
+
+    def reset(self) -> np.ndarray:
+        """The first observation, batched as the policy takes it ([1, ...])."""
+        if self.envpool:
+            return self.env.reset()[0]
+        return self.env.reset(seed=self.seed)[0][None]
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, bool]:
+        if self.envpool:
+            obs, _, terminated, truncated, info = self.env.step(action)
+            over = info["terminated"] if self.atari else terminated  # Atari: game over, not a lost life
             return obs, bool(over[0] or truncated[0])
+        obs, _, terminated, truncated, _ = self.env.step(action[0])
+        return obs[None], bool(terminated or truncated)
 
-        obs = env.reset()[0]
-    else:
-        import gymnasium
+    def render(self) -> np.ndarray:
+        """An RGB frame [height, width, 3]; ConfigError when the env gives none."""
+        frame = self.env.render()
+        if self.envpool and frame is not None:
+            frame = frame[0]
+        frame = None if frame is None else np.asarray(frame)
+        if frame is None or frame.ndim != 3 or frame.shape[-1] != 3 or 0 in frame.shape:
+            got = "None" if frame is None else f"an array of shape {list(frame.shape)}"
+            raise ConfigError(f"env {self.env_id!r} cannot be recorded: render() gave {got}, not an RGB frame")
+        return frame
 
-        from podrace.envs.gymnasium_backend import make_kwargs
+    def close(self) -> None:
+        self.env.close()
 
-        try:
-            env = gymnasium.make(cfg.id, render_mode="rgb_array", **make_kwargs(cfg))
-            obs = env.reset(seed=seed)[0][None]
-            env.render()
-        except Exception as error:  # e.g. DependencyNotInstalled (pygame) for classic control
-            raise ConfigError(f"env {cfg.id!r} cannot be rendered by Gymnasium: {' '.join(str(error).split())}") from None
 
-        def render() -> np.ndarray:
-            return env.render()
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
 
-        def step(action):
-            obs, _, terminated, truncated, _ = env.step(action[0])
-            return obs[None], bool(terminated or truncated)
 
+def _rendering(cfg: EnvConfig, seed: int, use: Callable[[_RenderEnv], object]):
+    """`use(env)` on a fresh render env, closed after; what the env raises is a ConfigError."""
+    env = _RenderEnv(cfg, seed)
     try:
-        frames, done = [render()], False
-        while not done and len(frames) < MAX_VIDEO_FRAMES:
-            obs, done = step(policy(obs))
-            frames.append(render())
+        return use(env)
+    except ConfigError:
+        raise
+    except Exception as error:  # e.g. NotImplementedError from an env without render()
+        raise ConfigError(f"env {cfg.id!r} cannot be recorded: {type(error).__name__}: {_one_line(error)[:300]}") from None
     finally:
         env.close()
-    return frames
+
+
+def check_renderable(cfg: EnvConfig, seed: int) -> None:
+    """ConfigError unless an env of `cfg.id` gives an RGB frame after reset (one env, one frame:
+    checked before any episode is played, so --video cannot fail only at the end)."""
+
+    def first_frame(env: _RenderEnv) -> None:
+        env.reset()
+        env.render()
+
+    _rendering(cfg, seed, first_frame)
+
+
+def record_episode(cfg: EnvConfig, policy: Callable, seed: int) -> list[np.ndarray]:
+    """RGB frames of one episode in an env of `cfg.id` made with render_mode='rgb_array'."""
+
+    def episode(env: _RenderEnv) -> list[np.ndarray]:
+        obs = env.reset()
+        frames, done = [env.render()], False
+        while not done and len(frames) < MAX_VIDEO_FRAMES:
+            obs, done = env.step(policy(obs))
+            frames.append(env.render())
+        return frames
+
+    return _rendering(cfg, seed, episode)
 
 
 def write_video(frames: list[np.ndarray], path: Path) -> None:
@@ -224,14 +289,39 @@ def write_video(frames: list[np.ndarray], path: Path) -> None:
 # The command --------------------------------------------------------------------------
 
 
+def load_checkpoint(opts: EvalOptions) -> tuple[int, TrainConfig, EnvSpec, RunState]:
+    """(step, config, env spec, state) of --checkpoint, or of the latest checkpoint.
+
+    A live run with `--checkpoint.keep K` deletes its oldest checkpoint after writing a new
+    one, so the latest step listed here can be gone (or half deleted) by the time it is
+    read: then the new latest is taken instead, up to ROTATION_RETRIES times. A step the
+    user asked for is never replaced.
+    """
+    directory = checkpoint_dir(opts.run_dir)
+    for attempt in range(ROTATION_RETRIES + 1):
+        step = opts.checkpoint if opts.checkpoint is not None else latest_step(directory)
+        try:
+            step, cfg = read_config(directory, step)
+            make_working_dir_importable(cfg.env.id)  # a `module:Env` id, as `podrace train` does
+            resolve_backend(cfg.env)
+            spec = env_spec(cfg.env)
+            state = restore(directory, abstract_run_state(cfg, spec), spec, step)
+            return step, cfg, spec, state
+        except ConfigError:
+            newer = latest_step(directory)
+            rotated = opts.checkpoint is None and step is not None and newer is not None and newer > step
+            if not rotated or attempt == ROTATION_RETRIES:
+                raise
+    raise AssertionError("unreachable")
+
+
 def evaluate_run(opts: EvalOptions) -> dict:
     """Load, play, print, write JSON (and a video). ConfigError for every user mistake."""
     _check_options(opts)
-    step, cfg = read_config(checkpoint_dir(opts.run_dir), opts.checkpoint)
+    step, cfg, spec, state = load_checkpoint(opts)
     output = opts.output or _free_path(opts.run_dir / f"eval-{step}.json")
-    resolve_backend(cfg.env)
-    spec = env_spec(cfg.env)
-    state = restore(checkpoint_dir(opts.run_dir), abstract_run_state(cfg, spec), spec, step)
+    if opts.video is not None:
+        check_renderable(cfg.env, opts.seed)
     network = make_network(cfg.network, spec)
     # As the run's actors did: with the observation statistics saved with these params.
     apply = acting_apply(network.apply, cfg.normalize)
@@ -257,17 +347,32 @@ def evaluate_run(opts: EvalOptions) -> dict:
         "returns": returns.tolist(),
         "lengths": lengths.tolist(),
     }
+    video_error = None
     if opts.video is not None:
-        frames = record_episode(cfg.env, make_actor(apply, params, opts.stochastic, opts.seed),
-                                opts.seed)
-        write_video(frames, opts.video)
-        result["video"] = str(opts.video)
-        result["video_frames"] = len(frames)
-    tmp = output.with_name(f".{output.name}.tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(tmp, output)
+        try:
+            frames = record_episode(cfg.env, make_actor(apply, params, opts.stochastic, opts.seed), opts.seed)
+            write_video(frames, opts.video)
+            result["video"] = str(opts.video)
+            result["video_frames"] = len(frames)
+        except ConfigError as error:  # the episodes' results are still written
+            video_error = error
+    _write_json(result, output)
+    if video_error is not None:
+        raise ConfigError(f"{video_error} (the results were written to {output})")
     result["output"] = str(output)
     return result
+
+
+def _write_json(result: dict, output: Path) -> None:
+    """Write atomically (temp file, rename); one line when it fails after all (disk full)."""
+    tmp = output.with_name(f".{output.name}.tmp")
+    try:
+        tmp.write_text(json.dumps(result, indent=2) + "\n")
+        os.replace(tmp, output)
+    except OSError as error:
+        raise ConfigError(f"cannot write {output}: {error.strerror or error}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def summary(result: dict) -> str:

@@ -4,7 +4,6 @@ it sets XLA flags."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import threading
 import typing
@@ -55,13 +54,22 @@ def _check_every_field(cfg: TrainConfig) -> None:
                 raise ConfigError(f"{name} must not contain a NUL character")
 
 
+def check_seed(name: str, seed: int) -> None:
+    """Seeds end up in int32 env seeds and keys: [0, 2**31 - 1] (train's --seed, eval's --seed)."""
+    if not 0 <= seed <= INT32_MAX:
+        raise ConfigError(f"{name} must be in [0, 2**31 - 1], got {seed}")
+
+
 def _check_folder_name(name: str, value: str) -> None:
-    """A single folder name: no path separators, not '.' or '..', not too long, and no
-    control characters (a newline or escape in a path breaks logs, shells and scripts)."""
+    """A single folder name: no path separators, not '.' or '..', not only whitespace, not too
+    long, and no control characters (a newline or escape in a path breaks logs, shells and
+    scripts)."""
     if value in ("", ".", "..") or "/" in value or "\\" in value:
         raise ConfigError(f"{name} must be a plain folder name (no '/' or '\\', not '.' or '..'), got {value!r}")
     if any(ord(char) < 32 or ord(char) == 127 for char in value):
         raise ConfigError(f"{name} must not contain control characters (newline, tab, escape...), got {value!r}")
+    if not value.strip():
+        raise ConfigError(f"{name} must not be only whitespace, got {value!r}")
     size = len(value.encode("utf-8", "surrogateescape"))
     if size > MAX_NAME_BYTES:
         raise ConfigError(f"{name} is {size} bytes long, at most {MAX_NAME_BYTES} are allowed")
@@ -111,8 +119,7 @@ def validate(cfg: TrainConfig) -> None:
         if not low <= value <= high:
             raise ConfigError(f"{name} must be in [{low:g}, {high:g}], got {value}")
 
-    if not 0 <= cfg.seed <= INT32_MAX:
-        raise ConfigError(f"seed must be in [0, 2**31 - 1], got {cfg.seed}")
+    check_seed("seed", cfg.seed)
     _check_every_field(cfg)
     positive("total_steps", cfg.total_steps)
     if cfg.total_steps > MAX_TOTAL_STEPS:

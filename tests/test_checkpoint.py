@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from typing import Callable
 from pathlib import Path
 
 import jax
@@ -294,3 +295,74 @@ def test_no_checkpoint_or_unknown_step_is_a_config_error(tmp_path):
     save_versions(tmp_path, cfg, [1, 2])
     with pytest.raises(ConfigError, match=r"no checkpoint for step 5 .*\(saved: 1, 2\)"):
         restore(tmp_path, fresh_state(cfg), env_spec(cfg.env), step=5)
+
+
+def _manifest(text: bytes) -> Callable[[Path], None]:
+    return lambda step_dir: (step_dir / MANIFEST).write_bytes(text)
+
+
+def _meta(edit: Callable[[dict], object]) -> Callable[[Path], None]:
+    """Edit the meta JSON of a checkpoint whose manifest is gone (a write killed before it)."""
+
+    def damage(step_dir: Path) -> None:
+        (step_dir / MANIFEST).unlink()
+        path = step_dir / "meta" / "metadata"
+        meta = json.loads(path.read_text())
+        edit(meta)
+        path.write_text(json.dumps(meta))
+
+    return damage
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("damage,message", [
+    (_manifest(b'{"files": [1, 2]}'), "is not a valid manifest ('files' must map file names to sizes and hashes, got list)"),
+    (_manifest(b'{"files": {"meta/metadata": {}}}'), "is not a valid manifest (entry 'meta/metadata' must be a file"),
+    (_manifest(b'{"files": {"../../x": {"bytes": 1, "sha256": "' + b"0" * 64 + b'"}}}'), "entry '../../x' must be a file"),
+    (_manifest(b"[3]"), "is not a valid manifest ('files' must map"),
+    (_manifest(b'{"files": "\xff"}'), "is not a valid manifest ("),
+    (_meta(lambda m: [m.pop(k) for k in list(m) if k != "format"]), "meta: 'config' is missing"),
+    (_meta(lambda m: m.pop("actor_next_seq")), "meta: 'actor_next_seq' is missing"),
+    (_meta(lambda m: m.update(actor_next_seq=[0])), "meta: 'actor_next_seq' has 1 entries for 2 actors"),
+    (_meta(lambda m: m.update(actor_next_seq=[0, "x"])), "meta: 'actor_next_seq' must be a list of non-negative integers"),
+    (_meta(lambda m: m.update(version="3")), 'meta: \'version\' must be a non-negative integer, got "3"'),
+    (_meta(lambda m: m.update(env_spec=None)), "meta: 'env_spec' must be a mapping, got null"),
+    (_meta(lambda m: m.update(time_s="soon")), "meta: 'time_s' must be a non-negative number"),
+    (_meta(lambda m: m["config"]["env"].update(num_envs="lots")), 'env.num_envs must be int, got "lots"'),
+    (_meta(lambda m: m["config"]["network"].update(hidden_sizes=[8, "x"])), "network.hidden_sizes must be tuple[int, ...]"),
+    (_meta(lambda m: m["config"].update(env=3)), ".env must be a mapping, got int"),
+    (_meta(lambda m: m["config"]["env"].update(num_envs=-4)), "env.num_envs must be positive, got -4"),
+], ids=["files-list", "entry-empty", "entry-outside", "not-object", "not-utf8", "meta-format-only",
+        "no-actor-seq", "actor-seq-short", "actor-seq-type", "version-type", "env-spec-type", "time-type",
+        "num-envs-type", "hidden-sizes-type", "env-section-type", "num-envs-negative"])
+def test_a_manifest_or_meta_of_the_wrong_shape_is_a_corrupt_checkpoint(tmp_path, damage, message):
+    cfg = tiny_config()
+    save_versions(tmp_path, cfg, [1])
+    damage(tmp_path / "1")
+    with pytest.raises(ConfigError) as error:
+        restore(tmp_path, fresh_state(cfg), env_spec(cfg.env))
+    text = str(error.value)
+    assert text.startswith(f"corrupt checkpoint: {tmp_path / '1'}") or text.startswith(
+        f"corrupt checkpoint: config of checkpoint {tmp_path / '1'}"), text
+    assert message in text and "\n" not in text, text
+
+
+@pytest.mark.timeout(120)
+def test_a_damaged_chunk_without_a_manifest_leaves_no_read_running_behind(tmp_path, monkeypatch):
+    """orbax's event loop is closed when the first read fails; the reads still in flight then
+    called back into it ("RuntimeError: Event loop is closed" tracebacks after the error)."""
+    cfg = tiny_config()
+    save_versions(tmp_path, cfg, [1])
+    (tmp_path / "1" / MANIFEST).unlink()
+    index = max((tmp_path / "1" / "arrays" / "d").iterdir(), key=lambda p: p.stat().st_size)  # ocdbt's b-tree
+    _flip_byte(index)
+    stray = []
+    monkeypatch.setattr(sys, "unraisablehook", stray.append)
+    with pytest.raises(ConfigError, match=rf"^corrupt checkpoint: {index}: .*checksum verification failed"):
+        restore(tmp_path, fresh_state(cfg), env_spec(cfg.env))
+    for _ in range(20):  # the late callbacks came within milliseconds; wait well beyond
+        if stray:
+            break
+        time.sleep(0.1)
+    assert [f"{u.exc_type.__name__}: {u.exc_value}" for u in stray] == []
+    assert checkpoint_steps(tmp_path) == [1]

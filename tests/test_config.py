@@ -6,7 +6,7 @@ import json
 import pytest
 
 from podrace.cli import main
-from podrace.config import TrainConfig, replace, resolved
+from podrace.config import ConfigError, TrainConfig, replace, resolved
 
 BAD = [
     (["--env.num-envs", "0"], "env.num_envs must be positive"),
@@ -171,3 +171,25 @@ def test_bad_impala_config(capsys, tmp_path, flags, message):
     assert message in err
     assert len(err.strip().splitlines()) == 1, err
     assert not runs.exists()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("section,field,value,message", [
+    ("env", "num_envs", "lots", "config.env.num_envs must be int"),
+    ("env", "num_envs", True, "config.env.num_envs must be int"),
+    ("ppo", "learning_rate", "fast", "config.ppo.learning_rate must be float"),
+    ("network", "hidden_sizes", [64, "x"], "config.network.hidden_sizes must be tuple"),
+    ("layout", "synchronous", 1, "config.layout.synchronous must be bool"),
+])
+def test_a_stored_config_with_a_value_of_the_wrong_type_is_a_config_error(section, field, value, message):
+    """A damaged config.json or checkpoint meta: one line naming the field, not a TypeError later."""
+    import dataclasses
+    import json
+
+    from podrace.config import config_from_dict
+    from podrace.presets import get
+
+    data = json.loads(json.dumps(dataclasses.asdict(get("cartpole-ppo"))))
+    data[section][field] = value
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict(data)

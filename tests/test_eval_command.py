@@ -5,21 +5,26 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import gymnasium
 import jax
 import numpy as np
 import pytest
 from PIL import Image
 
+import podrace.checkpoint
+import podrace.eval_command
 from podrace.checkpoint import Checkpointer, RunState, checkpoint_dir
 from podrace.config import ConfigError
 from podrace.envs import env_spec, make_env
 from podrace.eval_command import EvalOptions, evaluate_run, play_episodes
 from podrace.types import EnvSpec, EnvStep
-from tests.test_checkpoint import fresh_state, tiny_config
+from tests.envs.user_envs import MatchEnv
+from tests.test_checkpoint import fresh_state, save_versions, tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,8 +38,8 @@ def always_right(state: RunState) -> RunState:
     return dataclasses.replace(state, train_state=state.train_state._replace(params=params))
 
 
-def make_run(run_dir: Path, state_fn=lambda s: s) -> Path:
-    cfg = tiny_config()
+def make_run(run_dir: Path, state_fn=lambda s: s, cfg=None) -> Path:
+    cfg = tiny_config() if cfg is None else cfg
     run_dir.mkdir()
     (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg)))
     checkpointer = Checkpointer(checkpoint_dir(run_dir), cfg, env_spec(cfg.env))
@@ -143,3 +148,162 @@ def test_cli_eval_prints_statistics_and_exits_2_on_errors(tmp_path):
     assert bad.stderr.strip().splitlines() == [
         f"podrace: error: no checkpoint for step 7 in {run / 'checkpoints'} (saved: 3)"
     ]
+
+
+def fail_if_called(what: str):
+    def called(*args, **kwargs):
+        raise AssertionError(f"{what} was called")
+
+    return called
+
+
+def unwritable_dir(path: Path) -> Path:
+    """A directory this process cannot create files in: mode 0o500, or, as root (whom the
+    mode does not stop), /proc, where nobody can create a file."""
+    if os.geteuid() == 0:
+        return Path("/proc")
+    path.mkdir()
+    path.chmod(0o500)
+    return path
+
+
+@pytest.mark.timeout(60)
+def test_an_output_that_cannot_be_written_is_refused_before_loading(tmp_path, monkeypatch):
+    run = make_run(tmp_path / "run")
+    monkeypatch.setattr(podrace.eval_command, "read_config", fail_if_called("read_config"))
+    monkeypatch.setattr(podrace.eval_command, "make_env", fail_if_called("make_env"))
+    locked = unwritable_dir(tmp_path / "locked")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    cases = [
+        (EvalOptions(run, output=locked / "out.json"), f"cannot write {locked / 'out.json'}: "),
+        (EvalOptions(run, video=locked / "v.gif"), f"cannot write {locked / 'v.gif'}: "),
+        (EvalOptions(run, output=a_file / "out.json"), f"{a_file} is not a directory"),
+        (EvalOptions(run, video=tmp_path / ("v" * 300 + ".gif")), "File name too long"),
+        (EvalOptions(run, output=tmp_path / ("o" * 300 + ".json")), "File name too long"),
+    ]
+    for opts, message in cases:
+        with pytest.raises(ConfigError) as error:
+            evaluate_run(opts)
+        assert message in str(error.value) and "\n" not in str(error.value)
+    if os.geteuid() != 0:  # the default output goes into the run directory
+        run.chmod(0o500)
+        try:
+            with pytest.raises(ConfigError, match=re.escape(
+                    f"cannot write {run / 'eval-<step>.json'}: Permission denied (choose another place with --output)")):
+                evaluate_run(EvalOptions(run))
+        finally:
+            run.chmod(0o700)
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["a-file", "run"] + (["locked"] if locked != Path("/proc") else []))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("seed", [-1, 2**31, 2**64])
+def test_a_seed_out_of_range_is_refused_before_loading(tmp_path, monkeypatch, seed):
+    run = make_run(tmp_path / "run")
+    monkeypatch.setattr(podrace.eval_command, "read_config", fail_if_called("read_config"))
+    with pytest.raises(ConfigError, match=rf"^--seed must be in \[0, 2\*\*31 - 1\], got {seed}$"):
+        evaluate_run(EvalOptions(run, seed=seed))
+    monkeypatch.undo()
+    assert evaluate_run(EvalOptions(run, episodes=1, seed=2**31 - 1))["seed"] == 2**31 - 1  # the bound is fine
+
+
+USER_MODULE = """
+import gymnasium
+from tests.envs.user_envs import MatchEnv
+gymnasium.register("podrace-eval-user/Match-v0", entry_point=MatchEnv)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_run_of_an_env_from_a_module_in_the_working_directory_evaluates(tmp_path, monkeypatch):
+    """As `podrace train --env.id my_module:Env` finds my_module.py in the working directory
+    (tests/envs/test_user_modules.py), so does `podrace eval` of its run."""
+    env_id = "podrace_eval_user_envs:podrace-eval-user/Match-v0"
+    (tmp_path / "podrace_eval_user_envs.py").write_text(USER_MODULE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [str(tmp_path)] + [p for p in sys.path if p not in ("", str(tmp_path))])
+    try:
+        run = make_run(tmp_path / "run", cfg=tiny_config(**{"env.id": env_id}))
+        # A new process: the module not imported, the working directory not on sys.path.
+        sys.modules.pop("podrace_eval_user_envs")
+        gymnasium.registry.pop("podrace-eval-user/Match-v0")
+        sys.path.remove(str(tmp_path))
+        result = evaluate_run(EvalOptions(run, episodes=2))
+    finally:
+        sys.modules.pop("podrace_eval_user_envs", None)
+        gymnasium.registry.pop("podrace-eval-user/Match-v0", None)
+    assert result["env_id"] == env_id and len(result["returns"]) == 2
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("read", [1, 2], ids=["while-reading-the-config", "while-restoring"])
+def test_a_live_run_rotating_its_latest_checkpoint_away_is_still_evaluated(tmp_path, monkeypatch, read):
+    """`--checkpoint.keep 1`: the run writes 4 and deletes 3 just after eval picked 3."""
+    run = make_run(tmp_path / "run")
+    verify, reads = podrace.checkpoint.verify_manifest, []
+
+    def run_saves_meanwhile(step_dir: Path) -> None:
+        reads.append(step_dir.name)
+        if len(reads) == read:
+            save_versions(checkpoint_dir(run), tiny_config(**{"checkpoint.keep": 1}), [4])
+            assert not step_dir.exists()
+        verify(step_dir)
+
+    monkeypatch.setattr(podrace.checkpoint, "verify_manifest", run_saves_meanwhile)
+    result = evaluate_run(EvalOptions(run, episodes=1))
+    assert result["checkpoint"] == 4 and reads[read - 1] == "3" and reads[-1] == "4"
+
+    reads.clear()  # a step the user asked for is never replaced by another
+    monkeypatch.setattr(podrace.checkpoint, "verify_manifest", lambda d: (reads.append(d.name), verify(d)))
+    save_versions(checkpoint_dir(run), tiny_config(**{"checkpoint.keep": 1}), [5])
+    with pytest.raises(ConfigError, match=r"no checkpoint for step 4 .*\(saved: 5\)"):
+        evaluate_run(EvalOptions(run, checkpoint=4))
+
+
+class NoFrames(MatchEnv):
+    """Takes render_mode but renders nothing (render() gives None)."""
+
+    metadata = {"render_modes": ["rgb_array"]}
+
+    def __init__(self, render_mode=None):
+        self.render_mode = render_mode
+
+    def render(self):
+        return None
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("entry_point,message", [
+    (MatchEnv, r"cannot be rendered by Gymnasium: MatchEnv\(\) takes no arguments"),  # no render_mode
+    (NoFrames, r"cannot be recorded: render\(\) gave None, not an RGB frame"),
+], ids=["no-render-mode", "render-gives-none"])
+def test_video_of_an_env_that_cannot_render_is_refused_before_playing(tmp_path, monkeypatch, entry_point, message):
+    gymnasium.register("PodraceNoRender-v0", entry_point=entry_point)
+    try:
+        run = make_run(tmp_path / "run", cfg=tiny_config(**{"env.id": "PodraceNoRender-v0"}))
+        monkeypatch.setattr(podrace.eval_command, "make_env", fail_if_called("make_env"))
+        with pytest.raises(ConfigError, match=f"^env 'PodraceNoRender-v0' {message}") as error:
+            evaluate_run(EvalOptions(run, episodes=2, video=tmp_path / "episode.gif"))
+    finally:
+        gymnasium.registry.pop("PodraceNoRender-v0", None)
+    assert "\n" not in str(error.value)
+    assert not (tmp_path / "episode.gif").exists()
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.json"]
+
+
+@pytest.mark.timeout(120)
+def test_a_video_that_fails_after_playing_still_leaves_the_results(tmp_path, monkeypatch):
+    run = make_run(tmp_path / "run")
+
+    def encoder_fails(frames, path):
+        raise ConfigError(f"ffmpeg could not write {path}: Unknown encoder")
+
+    monkeypatch.setattr(podrace.eval_command, "write_video", encoder_fails)
+    with pytest.raises(ConfigError) as error:
+        evaluate_run(EvalOptions(run, episodes=2, video=tmp_path / "episode.gif"))
+    assert str(error.value) == (f"ffmpeg could not write {tmp_path / 'episode.gif'}: Unknown encoder "
+                                f"(the results were written to {run / 'eval-3.json'})")
+    written = json.loads((run / "eval-3.json").read_text())
+    assert written["episodes"] == 2 and len(written["returns"]) == 2 and "video" not in written

@@ -1,6 +1,8 @@
 """validate() called from Python: values the CLI cannot pass, every float field, every preset,
 and Ray settings that must be refused before Ray starts."""
 
+import re
+
 import pytest
 
 from podrace.config import ConfigError, TrainConfig, replace
@@ -31,6 +33,19 @@ def test_bad_config_from_python(changes, message):
         validate(replace(TrainConfig(), **changes))
     assert message in str(exc.value)
     assert "\n" not in str(exc.value)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", [" ", "   ", "\u3000\u00a0"])
+def test_a_run_name_of_only_whitespace_is_refused_before_anything_is_created(capsys, tmp_path, name):
+    from podrace.cli import main
+
+    with pytest.raises(ConfigError, match=re.escape(f"log.run_name must not be only whitespace, got {name!r}")):
+        validate(replace(TrainConfig(), **{"log.run_name": name}))
+    code = main(["train", "cartpole-ppo", "--log.run-dir", str(tmp_path), "--log.run-name", name])
+    err = capsys.readouterr().err
+    assert code == 2 and err == f"podrace: error: log.run_name must not be only whitespace, got {name!r}\n"
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.timeout(10)

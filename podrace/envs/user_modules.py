@@ -7,6 +7,8 @@ threads, Ray workers, a resumed run) imports the module again before looking the
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 
 from podrace.config import ConfigError
 
@@ -35,3 +37,17 @@ def import_env_module(env_id: str) -> str:
         except ImportError as error:
             raise ConfigError(f"env.id {env_id!r}: cannot import module {module!r} ({error})") from None
     return name
+
+
+def make_working_dir_importable(env_id: str) -> None:
+    """Let `my_module:MyEnv-v0` find my_module.py in the working directory, as `python -m`
+    would (the `podrace` script's own folder is first on sys.path instead). Every command
+    that builds envs from a config (train, --resume, eval) calls it before resolving the id."""
+    if ":" not in env_id or "" in sys.path:
+        return
+    try:
+        cwd = os.getcwd()
+    except OSError:  # the working directory was deleted: nothing to import from it
+        return
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)

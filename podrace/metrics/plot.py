@@ -22,6 +22,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter
 
 from podrace.config import ConfigError, TrainConfig, config_from_dict
+from podrace.runtime.rundir import check_writable
 
 FIGSIZE = (12.0, 9.0)
 DPI = 100
@@ -60,24 +61,40 @@ class RunData:
 
 
 def load_run(run_dir: Path) -> RunData:
-    """config.json and metrics.jsonl of a run; a truncated last line (killed run) is skipped."""
+    """config.json and metrics.jsonl of a run; a truncated last line (killed run) is skipped.
+
+    Anything else that is not a JSON object in UTF-8 is a ConfigError naming file and line.
+    """
     run_dir = Path(run_dir)
     config_path, metrics_path = run_dir / "config.json", run_dir / "metrics.jsonl"
     for path in (config_path, metrics_path):
         if not path.is_file():
             raise ConfigError(f"{path} not found: is {run_dir} a podrace run directory?")
     try:
-        cfg = config_from_dict(json.loads(config_path.read_text()), where=str(config_path))
+        config_bytes, raw = config_path.read_bytes(), metrics_path.read_bytes().splitlines()
+    except OSError as error:
+        raise ConfigError(f"cannot read {error.filename}: {error.strerror or error}") from None
+    try:
+        cfg = config_from_dict(json.loads(config_bytes.decode("utf-8")), where=str(config_path))
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{config_path} is not valid UTF-8: {error.reason} at byte {error.start}") from None
     except json.JSONDecodeError as error:
         raise ConfigError(f"{config_path} is not valid JSON: {error}") from None
-    raw = metrics_path.read_text().splitlines()
     lines = []
-    for number, text in enumerate(raw, 1):
+    for number, data in enumerate(raw, 1):
         try:
-            lines.append(json.loads(text))
+            line = json.loads(data.decode("utf-8"))
+        except UnicodeDecodeError as error:
+            problem = f"is not valid UTF-8: {error.reason} at byte {error.start}"
         except json.JSONDecodeError as error:
-            if number < len(raw):
-                raise ConfigError(f"{metrics_path}:{number} is not valid JSON: {error}") from None
+            problem = f"is not valid JSON: {error}"
+        else:
+            if isinstance(line, dict):
+                lines.append(line)
+                continue
+            problem = f"is not a JSON object of metrics (got {type(line).__name__})"
+        if number < len(raw):  # the last line may be cut short by a kill
+            raise ConfigError(f"{metrics_path}:{number} {problem}")
     if not lines:
         raise ConfigError(f"{metrics_path} has no metric lines yet")
     return RunData(run_dir.absolute().name, cfg, lines)
@@ -208,12 +225,12 @@ def _time_bars(ax, runs: Sequence[RunData]) -> None:
 
 
 def check_output(path: Path) -> None:
-    """ConfigError unless matplotlib can write `path`'s format into an existing directory."""
+    """ConfigError unless matplotlib can write `path`'s format and a file can be written
+    there: not a directory, in a directory that takes a new file (checked by creating one)."""
     formats = Figure().canvas.get_supported_filetypes()
     if path.suffix.lower().lstrip(".") not in formats:
         raise ConfigError(f"cannot write {path}: use one of {', '.join('.' + f for f in sorted(formats))}")
-    if not path.absolute().parent.is_dir():
-        raise ConfigError(f"cannot write {path}: {path.absolute().parent} is not a directory")
+    check_writable(path)
 
 
 def save_figure(fig: Figure, path: Path) -> None:
@@ -225,5 +242,7 @@ def save_figure(fig: Figure, path: Path) -> None:
     try:
         fig.savefig(tmp, dpi=DPI)
         os.replace(tmp, path)
+    except OSError as error:  # e.g. the disk filled up; `path` is left as it was
+        raise ConfigError(f"cannot write {path}: {error.strerror or error}") from None
     finally:
         tmp.unlink(missing_ok=True)

@@ -208,9 +208,14 @@ def commit(point: ResumePoint, version: int, env_steps: float, effective: TrainC
 
 
 def _replace_text(path: Path, text: str) -> None:
+    """Replace `path` atomically (temp file, rename); when that fails (a full disk) the temp
+    file is removed and `path` is as it was."""
     tmp = path.with_name(f".{path.name}.resume-tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 __all__ = [

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -97,6 +98,27 @@ def _make_unique(path: Path, unique: bool) -> Path:
 def remove_run_dir(path: Path) -> None:
     """Undo `create_run_dir` for a run that failed before it started training."""
     shutil.rmtree(path, ignore_errors=True)
+
+
+def check_writable(path: Path) -> None:
+    """ConfigError unless a file can be written at `path` the way podrace writes files (a
+    temporary file next to it, then renamed over it): `path` is not a directory and its
+    directory takes a new file. Checked by creating and removing such a file, which also
+    catches what permission bits do not say (a read-only file system, root squash, ACLs, a
+    name too long). Leaves nothing behind; says nothing about free space."""
+    path = Path(path)
+    parent = path.absolute().parent
+    try:
+        if path.is_dir():
+            raise ConfigError(f"cannot write {_shown(path)}: it is a directory")
+        if not parent.is_dir():
+            raise ConfigError(f"cannot write {_shown(path)}: {_shown(parent)} is not a directory")
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
+    except OSError as error:
+        raise ConfigError(f"cannot write {_shown(path)}: {error.strerror or error}") from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
 
 
 def write_config(run_dir: Path, cfg: TrainConfig) -> None:

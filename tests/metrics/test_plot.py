@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from podrace.cli import main
 from podrace.config import ConfigError, TrainConfig, replace
-from podrace.metrics.plot import DPI, FIGSIZE, load_run, plot_runs, save_figure, time_breakdown
+from podrace.metrics.plot import DPI, FIGSIZE, check_output, load_run, plot_runs, save_figure, time_breakdown
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -142,3 +143,67 @@ def test_cli_plot_writes_the_image_and_exits_2_on_errors(tmp_path):
 def test_no_run_directory_is_a_config_error():
     with pytest.raises(ConfigError, match="at least one run directory"):
         plot_runs([])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("bad,problem", [
+    (b"3", "is not a JSON object of metrics (got int)"),
+    (b"[1, 2]", "is not a JSON object of metrics (got list)"),
+    (b'"text"', "is not a JSON object of metrics (got str)"),
+    (b'{"version": 5, "time_s": \xff\xfe}', "is not valid UTF-8: invalid start byte at byte 25"),
+])
+def test_a_metrics_line_that_is_not_an_object_is_an_error_naming_file_and_line(tmp_path, capsys, bad, problem):
+    synthetic_run(tmp_path / "run")
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    lines = metrics.read_bytes().splitlines()
+    metrics.write_bytes(b"\n".join(lines[:2] + [bad] + lines[2:]) + b"\n")
+    with pytest.raises(ConfigError) as error:
+        load_run(tmp_path / "run")
+    assert str(error.value) == f"{metrics}:3 {problem}"
+
+    code = main(["plot", str(tmp_path / "run"), "-o", str(tmp_path / "out.png")])
+    err = capsys.readouterr().err
+    assert code == 2 and err == f"podrace: error: {metrics}:3 {problem}\n"
+    assert not (tmp_path / "out.png").exists()
+
+    metrics.write_bytes(b"\n".join(lines + [bad]))  # as the cut last line of a killed run: skipped
+    assert len(load_run(tmp_path / "run").lines) == 3
+
+
+@pytest.mark.timeout(60)
+def test_a_config_json_that_is_not_utf8_is_an_error(tmp_path):
+    synthetic_run(tmp_path / "run")
+    (tmp_path / "run" / "config.json").write_bytes(b'{"algo": "\xe9"}')
+    with pytest.raises(ConfigError, match=r"config.json is not valid UTF-8"):
+        load_run(tmp_path / "run")
+
+
+@pytest.mark.timeout(60)
+def test_an_output_that_cannot_be_written_is_refused_before_plotting(tmp_path, capsys):
+    synthetic_run(tmp_path / "run")
+    directory = tmp_path / "dir.png"
+    directory.mkdir()
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    cases = [
+        (directory, f"cannot write {directory}: it is a directory"),
+        (a_file / "p.png", f"cannot write {a_file / 'p.png'}: {a_file} is not a directory"),
+        (tmp_path / ("p" * 300 + ".png"), "File name too long"),
+    ]
+    if os.geteuid() != 0:  # root writes into a mode 0o500 directory anyway
+        locked = tmp_path / "locked"
+        locked.mkdir(0o500)
+        cases.append((locked / "p.png", f"cannot write {locked / 'p.png'}: Permission denied"))
+    else:  # nobody, root included, can create a file in /proc
+        cases.append((Path("/proc/p.png"), "cannot write /proc/p.png: "))
+    for path, message in cases:
+        with pytest.raises(ConfigError) as error:
+            check_output(path)
+        assert message in str(error.value)
+        code = main(["plot", str(tmp_path / "run"), "-o", str(path)])
+        err = capsys.readouterr().err
+        assert code == 2 and err.startswith("podrace: error: cannot write ") and err.count("\n") == 1, err
+        assert message in err or "File name too long" in message
+    assert directory.is_dir() and list(directory.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["run", "dir.png", "a-file"] + (["locked"] if os.geteuid() != 0 else []))

@@ -278,3 +278,22 @@ def test_resume_errors_name_the_problem_and_change_nothing(tmp_path):
     with pytest.raises(ConfigError, match=re.escape(f"corrupt checkpoint: {array_file} differs from what was written")):
         prepare(None, resume=Resume(run_dir))
     assert snapshot(run_dir) == before
+
+
+@pytest.mark.timeout(30)
+def test_a_full_disk_while_updating_the_run_directory_leaves_no_temp_file(tmp_path):
+    """config.json's replacement is written to a temp file first; here that write hits a full
+    disk (the temp name points at /dev/full). The error is one line, config.json is as it
+    was, and the temp file is gone."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text("{}\n")
+    (run_dir / "metrics.jsonl").write_text(line(1, 10, 0.5) + "\n")
+    tmp = run_dir / ".config.json.resume-tmp"
+    tmp.symlink_to("/dev/full")
+    stored = small(tmp_path, **{"log.run_name": "run"})
+    with pytest.raises(ConfigError, match=rf"^cannot update {re.escape(str(run_dir))} for the resumed run: No space left on device$"):
+        commit(ResumePoint(run_dir, 2, stored, stored), 2, 20, stored)
+    assert not tmp.is_symlink() and not tmp.exists()
+    assert sorted(p.name for p in run_dir.iterdir()) == ["config.json", "metrics.jsonl"]
+    assert (run_dir / "config.json").read_text() == "{}\n"

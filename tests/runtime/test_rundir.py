@@ -4,6 +4,7 @@ when the run fails before it starts, and config.json holding the resolved config
 import json
 import threading
 from collections import namedtuple
+from types import SimpleNamespace
 
 import pytest
 
@@ -61,7 +62,7 @@ def stop_at_construction(monkeypatch, error=None):
     def fake(cfg, spec, devices, run_dir, lifetime=None, envs=None, point=None):
         if error is not None:
             raise error
-        return cfg, run_dir
+        return SimpleNamespace(cfg=cfg, run_dir=run_dir)
 
     monkeypatch.setattr(single_host, "SingleHostRun", fake)
 
@@ -70,7 +71,9 @@ def stop_at_construction(monkeypatch, error=None):
 def test_prepare_writes_the_resolved_config(tmp_path, monkeypatch):
     stop_at_construction(monkeypatch)
     cfg = config(tmp_path, deterministic=True, total_steps=4096, **{"layout.max_policy_lag": 2})
-    effective, run_dir = single_host.prepare(cfg)
+    run = single_host.prepare(cfg)
+    run.lock.release()
+    effective, run_dir = run.cfg, run.run_dir
     written = json.loads((run_dir / "config.json").read_text())
     assert written["layout"]["synchronous"] is True
     assert written["layout"]["max_policy_lag"] == 0
