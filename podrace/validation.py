@@ -17,6 +17,9 @@ INT32_MAX = 2**31 - 1
 MAX_TOTAL_STEPS = 2**53
 """Env-step counters are float64 in the metrics: exact up to 2**53."""
 MAX_CPU_DEVICES = 1024
+MAX_ENV_THREADS = 1024
+"""envpool starts one OS thread per `env.num_threads`: more than this is a typo (2**31 of
+them aborted the process instead of failing as a config error)."""
 MAX_ACTORS_PER_DEVICE = 256
 """Each actor is an OS thread with its own envs; more than this is a typo, not a layout."""
 MIN_LOG_INTERVAL_S = 0.05
@@ -129,6 +132,8 @@ def validate(cfg: TrainConfig) -> None:
     positive("env.num_envs", cfg.env.num_envs)
     if cfg.env.num_threads is not None:
         positive("env.num_threads", cfg.env.num_threads)
+        if cfg.env.num_threads > MAX_ENV_THREADS:
+            raise ConfigError(f"env.num_threads must be at most {MAX_ENV_THREADS}, got {cfg.env.num_threads:,}")
     positive("layout.actors_per_device", cfg.layout.actors_per_device)
     if cfg.layout.actors_per_device > MAX_ACTORS_PER_DEVICE:
         raise ConfigError(
@@ -142,6 +147,12 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"layout.cpu_devices must be at most {MAX_CPU_DEVICES}, got {cfg.layout.cpu_devices}")
     positive("eval.episodes", cfg.eval.episodes)
     positive("eval.num_envs", cfg.eval.num_envs)
+    if cfg.eval.num_envs > cfg.eval.episodes:
+        # The first `episodes` to end are counted: extra envs only add uncounted ones (the
+        # longer episodes, a bias), and 2**31 of them hung building envs.
+        raise ConfigError(
+            f"eval.num_envs ({cfg.eval.num_envs:,}) must be at most eval.episodes ({cfg.eval.episodes:,})"
+        )
     within("log.interval_s", cfg.log.interval_s, MIN_LOG_INTERVAL_S, MAX_WAIT_S)
     within("safety.watchdog_s", cfg.safety.watchdog_s, MIN_WATCHDOG_S, MAX_WAIT_S)
     within("safety.max_skipped_fraction", cfg.safety.max_skipped_fraction, 0.0, 1.0)
