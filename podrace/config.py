@@ -212,7 +212,7 @@ class EvalConfig:
     episodes: int = 16
     """Episodes per evaluation."""
     num_envs: int = 8
-    """Evaluation envs stepped together (at most `episodes`)."""
+    """Evaluation envs stepped together (no more than `episodes` are made)."""
     device_id: int | None = None
     """Device for evaluation inference; None uses the first actor device."""
 

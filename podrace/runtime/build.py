@@ -169,7 +169,10 @@ def build_evaluator(
     envs: EnvSource | None = None,
 ) -> Evaluator:
     envs = envs or EnvSource(cfg.env)
-    env = envs.make(cfg.eval.num_envs, env_seed(cfg.seed, 1, 0), env_threads(cfg))
+    # The first `episodes` to end are counted: more envs would only play uncounted episodes
+    # (and 2**31 of them hung building envs).
+    num_envs = min(cfg.eval.num_envs, cfg.eval.episodes)
+    env = envs.make(num_envs, env_seed(cfg.seed, 1, 0), env_threads(cfg))
     return Evaluator(env, device, greedy, params, cfg.eval.episodes, metrics, control)
 
 

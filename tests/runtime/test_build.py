@@ -188,3 +188,25 @@ def test_only_mlp_learners_on_cpu_change_the_schedule(monkeypatch):
     for flag in ("--xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_DEFAULT", "--xla_cpu_enable_concurrency_optimized_scheduler=false"):
         monkeypatch.setenv("XLA_FLAGS", f"--xla_force_host_platform_device_count=2 {flag}")
         assert learner_compiler_options(NetworkConfig(torso="mlp"), mesh("cpu")) is None
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_envs,episodes,made", [(8, 16, 8), (16, 2, 2), (2**31 - 1, 16, 16)])
+def test_the_evaluator_makes_no_more_envs_than_it_counts_episodes(monkeypatch, num_envs, episodes, made):
+    """Found by the CLI attack: --eval.num-envs 2147483647 hung building envs, and
+    --eval.episodes 2 with the preset's 16 envs would play 14 envs' uncounted episodes."""
+    from podrace.config import replace
+    from podrace.metrics.registry import Metrics
+
+    asked = []
+
+    class CountingSource:
+        def make(self, n, seed, threads=None):
+            asked.append(n)
+            return FakeEnv(seed)
+
+    monkeypatch.setattr(build, "EnvSource", lambda env_cfg, factory=None: CountingSource())
+    cfg = replace(TrainConfig(), **{"eval.num_envs": num_envs, "eval.episodes": episodes})
+    control = Control(Lifetime(), Heartbeat("evaluator"), lambda metrics: None)
+    build.build_evaluator(cfg, greedy=None, device=None, params=None, metrics=Metrics(), control=control)
+    assert asked == [made]
