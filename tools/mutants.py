@@ -298,7 +298,7 @@ MUTANTS: list[Mutant] = [
            "            if self.lock is not None:\n                self.lock.release()\n",
            ("tests/runtime/test_shutdown.py", "-k", "close")),
     Mutant("run_lock_on_the_parent_directory", "podrace/runtime/single_host.py",
-           "lock = RunLock(point.run_dir)", "lock = RunLock(point.run_dir.parent)",
+           "lock = RunLock(resume.run_dir) if", "lock = RunLock(Path(resume.run_dir).parent) if",
            ("tests/runtime/test_run_lock.py",)),
 ]
 

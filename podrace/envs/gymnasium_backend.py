@@ -44,7 +44,9 @@ def gymnasium_spec(cfg: EnvConfig) -> EnvSpec:
     try:
         return spec_from_spaces(cfg.id, env.observation_space, env.action_space)
     finally:
-        env.close()
+        from podrace.runtime.threads import close_envs
+
+        close_envs([(f"env {cfg.id!r} (spec probe)", env)])  # user code: a warning, bounded
 
 
 def make_gymnasium_env(cfg: EnvConfig, num_envs: int, seed: int) -> VectorEnvAdapter:

@@ -79,7 +79,9 @@ class EnvSource:
         try:
             return probe.spec
         finally:
-            probe.close()
+            from podrace.runtime.threads import close_envs
+
+            close_envs([(f"env factory {factory_name(self.factory)!r} (spec probe)", probe)])  # user code
 
     def make(self, num_envs: int, seed: int, threads: int | None = None) -> BatchedEnv:
         """`num_envs` envs, deterministic given `seed` (a non-negative int); `threads` is

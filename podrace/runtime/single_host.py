@@ -47,6 +47,7 @@ from podrace.runtime.memory import check_fits
 from podrace.runtime.resume import Resume, ResumePoint, commit, resume_point
 from podrace.runtime.rundir import create_run_dir, remove_run_dir, write_config
 from podrace.runtime.run_lock import RunLock
+from podrace.runtime import threads
 from podrace.runtime.threads import ThreadGroup, close_envs
 from podrace.runtime.distributed import local_copy
 from podrace.sync.base import ChannelClosed
@@ -101,32 +102,19 @@ def prepare(
     `podrace.runtime.resume.RESUMABLE` allows.
     """
     lifetime = lifetime or Lifetime()
-    point = None
     if resume is not None:
-        point = resume_point(resume, cfg)
-        cfg = point.cfg
-    envs = envs or EnvSource(cfg.env)
-    validate(cfg)
-    spec = envs.spec()  # the backend (or the factory) is checked first
-    check_sinks(cfg.log)
-    devices = resolve_devices(cfg)
-    check_fits(cfg, make_network(cfg.network, spec), spec, devices)
-    lifetime.check()
-    if point is not None:
-        lock = RunLock(point.run_dir)  # before this run reads or writes anything there
-        run = None
+        # Held before the resume point is read: a run still writing there (or another resume)
+        # would change it under us. A path that is no directory gets resume_point's message.
+        lock = RunLock(resume.run_dir) if Path(resume.run_dir).is_dir() else None
         try:
-            run = SingleHostRun(cfg, spec, devices, point.run_dir, lifetime, envs, point)
-            # last: the run directory changes only once the resumed run is fully built
-            written = commit(point, run.start.version, run.start.env_steps, cfg)
+            run = _prepare_resumed(cfg, lifetime, envs, resume)
         except BaseException:
-            if run is not None:
-                run.close_envs()
-            lock.release()
+            if lock is not None:
+                lock.release()
             raise
         run.lock = lock
-        run.time_offset = max(run.time_offset, written)
         return run
+    envs, spec, devices = _checked(cfg, lifetime, envs)
     run_dir = lifetime.run_dir = create_run_dir(cfg)  # last: nothing is written unless every check passed
     lock = RunLock(run_dir)
     try:
@@ -139,6 +127,32 @@ def prepare(
         raise_stopped_if_stopping(lifetime, error)
         raise
     run.lock = lock
+    return run
+
+
+def _checked(cfg: TrainConfig, lifetime: Lifetime, envs: EnvSource | None):
+    """(envs, spec, devices) once everything that needs no compile has been checked."""
+    envs = envs or EnvSource(cfg.env)
+    validate(cfg)
+    spec = envs.spec()  # the backend (or the factory) is checked first
+    check_sinks(cfg.log)
+    devices = resolve_devices(cfg)
+    check_fits(cfg, make_network(cfg.network, spec), spec, devices)
+    lifetime.check()
+    return envs, spec, devices
+
+
+def _prepare_resumed(cfg: TrainConfig | None, lifetime: Lifetime, envs: EnvSource | None, resume: Resume):
+    point = resume_point(resume, cfg)
+    cfg = point.cfg
+    envs, spec, devices = _checked(cfg, lifetime, envs)
+    run = SingleHostRun(cfg, spec, devices, point.run_dir, lifetime, envs, point)
+    try:  # last: the run directory changes only once the resumed run is fully built
+        written = commit(point, run.start.version, run.start.env_steps, cfg)
+    except BaseException:
+        run.close_envs()
+        raise
+    run.time_offset = max(run.time_offset, written)
     return run
 
 
@@ -339,9 +353,13 @@ class SingleHostRun:
             self.checkpoints.close(lifetime)  # before user code (env.close) runs again
             if self.lock is not None:
                 self.lock.release()
-            stuck += self.close_envs(exclude=stuck)
+            closing = self.close_envs(exclude=stuck)
             if stuck and lifetime.stop_reason == "finished":
                 lifetime.fail("runtime", TimeoutError(f"threads did not stop within {STOP_GRACE_S}s: {stuck}"))
+            elif closing and lifetime.stop_reason == "finished":
+                lifetime.fail("runtime", TimeoutError(f"env.close() did not return within {threads.ENV_CLOSE_GRACE_S:g}s: "
+                                                      f"{', '.join(c.removesuffix(' env.close') for c in closing)}"))
+            stuck += closing
         if lifetime.failure is not None:
             raise lifetime.failure
         return TrainResult(

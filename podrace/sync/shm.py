@@ -29,7 +29,7 @@ import jax
 import numpy as np
 
 from podrace.sync.background import BackgroundPublisher
-from podrace.sync.base import ChannelClosed, PublisherGone, PyTree, Snapshot, Subscriber, SyncTimeout, wait_limit
+from podrace.sync.base import ChannelClosed, PublisherGone, PyTree, Snapshot, Subscriber, SyncError, SyncTimeout, wait_limit
 from podrace.sync.doorbell import Doorbell, DoorbellClient
 from podrace.sync.placement import DeviceKey, device_from_key, device_key
 from podrace.sync.shm_layout import ALIGN, CLOSED_CLOSED, CLOSED_FAILED, CLOSED_OPEN, SlotReader, SlotWriter
@@ -60,6 +60,7 @@ class ShmPublisher(BackgroundPublisher):
     ) -> None:
         super().__init__(transform, keep, first_version, label="shm")
         self.name = name or f"podrace_{os.getpid()}_{secrets.token_hex(4)}"
+        self._owner = os.getpid()
         self._raw_spec: TreeSpec | None = None
         self._host_spec: TreeSpec | None = None  # of transformed versions: the slot layout
         self._spec_lock = threading.Lock()
@@ -69,6 +70,28 @@ class ShmPublisher(BackgroundPublisher):
         self._writer = SlotWriter(self.name, nslots=keep + 1)
         self._doorbell = Doorbell(self.name)
         self._start()
+
+    # A copy a fork child inherits has no delivery thread and shares the parent's segments:
+    # it must neither publish (a duplicate version; flush would wait forever) nor close them.
+    def _check_owner(self, what: str) -> None:
+        if os.getpid() != self._owner:
+            raise SyncError(
+                f"{what}() on shm channel {self.name!r} in a fork child: the publisher belongs to process "
+                f"{self._owner} (create a publisher in this process)"
+            )
+
+    def publish(self, params: PyTree, *, version: int | None = None) -> int:
+        self._check_owner("publish")
+        return super().publish(params, version=version)
+
+    def flush(self, timeout: float | None = None) -> None:
+        self._check_owner("flush")
+        super().flush(timeout)
+
+    def close(self, error: str | None = None) -> None:
+        """Close the channel; in a fork child, a no-op (the channel is the parent's)."""
+        if os.getpid() == self._owner:
+            super().close(error)
 
     def subscribe(
         self, device: Any = None, *, expect: Any = None, name: str | None = None

@@ -170,3 +170,23 @@ def test_env_source_validates_and_builds_from_id_or_factory():
         EnvSource(EnvConfig(), "CartPole-v1").spec()
     with pytest.raises(ConfigError, match="unknown env id"):
         EnvSource(EnvConfig(id="NoSuchEnv-v0")).spec()
+
+
+class CloseRaises(CounterEnv):
+    def close(self):
+        raise RuntimeError("user close() failed")
+
+
+@pytest.mark.timeout(60)
+def test_a_spec_probe_whose_close_raises_is_a_warning_not_a_failure(caplog):
+    """Found by the second attack: the probe env's close() raising ended `podrace train`
+    with a traceback before anything started (and a blocking one hung it)."""
+    gymnasium.register("PodraceCloseRaises-v0", entry_point=CloseRaises, max_episode_steps=COUNTER_TIME_LIMIT)
+    try:
+        spec = EnvSource(EnvConfig(id="PodraceCloseRaises-v0", num_envs=2)).spec()
+        assert spec.num_actions == CounterEnv.action_space.n
+        factory = lambda n, seed: gymnasium.vector.SyncVectorEnv([CloseRaises] * n)  # noqa: E731
+        assert EnvSource(EnvConfig(num_envs=2), factory).spec() == spec
+    finally:
+        gymnasium.envs.registration.registry.pop("PodraceCloseRaises-v0", None)
+    assert caplog.text.count("env.close() raised RuntimeError: user close() failed") == 2

@@ -67,3 +67,58 @@ def test_a_resumed_run_holds_its_directory_against_another_resume(tmp_path):
     assert files(tmp_path / "r") == before
     assert second.run().updates == 3
     RunLock(tmp_path / "r").release()  # released when run() returned
+
+
+@pytest.mark.timeout(60)
+def test_a_fork_child_that_outlives_a_killed_holder_does_not_keep_the_lock(tmp_path):
+    """Found by the second attack: an env's helper process forked by the run kept the flock
+    (it shares the open file) after the run was SIGKILLed, so the run could not be resumed."""
+    code = textwrap.dedent("""
+        import os, sys, time
+        from podrace.runtime.run_lock import RunLock
+        lock = RunLock(sys.argv[1])
+        if os.fork() == 0:  # a helper that outlives its parent
+            time.sleep(60)
+            os._exit(0)
+        print("held", flush=True)
+        time.sleep(120)
+    """)
+    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ConfigError, match="in use"):
+            RunLock(tmp_path)
+        os.kill(holder.pid, signal.SIGKILL)  # the run only, not its helper
+        holder.wait(30)
+        RunLock(tmp_path).release()
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait(30)
+
+
+@pytest.mark.timeout(180)
+def test_the_resume_point_is_read_only_once_the_directory_is_held(tmp_path, monkeypatch):
+    """Found by the second attack: a resume read its checkpoint before taking the lock, waited
+    (slow env construction) while another resume ran to the end, then resumed from the stale
+    point and moved that run's final metrics line away."""
+    import podrace.runtime.single_host as single_host
+
+    first = prepare(small(tmp_path, total_steps=2 * 8 * 16 * 2, **{"log.run_name": "r"}))
+    first.run()
+    read_point = single_host.resume_point
+    held_while_read = []
+
+    def checking(resume, cfg):
+        try:
+            RunLock(resume.run_dir).release()
+            held_while_read.append(False)
+        except ConfigError:
+            held_while_read.append(True)
+        return read_point(resume, cfg)
+
+    monkeypatch.setattr(single_host, "resume_point", checking)
+    run = prepare(replace(first.cfg, total_steps=2 * 8 * 16 * 3), resume=Resume(tmp_path / "r"))
+    run.close_envs()
+    run.lock.release()
+    assert held_while_read == [True]

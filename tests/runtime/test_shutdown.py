@@ -133,7 +133,8 @@ def test_an_env_close_that_blocks_is_left_behind_after_the_checkpoint(tmp_path, 
     try:
         with pytest.raises(ComponentError) as exc:  # a finished run whose threads did not all stop
             run.run()
-        assert "actor-1 env.close" in str(exc.value) and run.stuck == ["actor-1 env.close"]
+        assert "env.close() did not return within 0.5s: actor-1" in str(exc.value)
+        assert run.stuck == ["actor-1 env.close"]
         assert (run.run_dir / "checkpoints" / str(run.cfg.num_updates)).is_dir()
     finally:
         release.set()

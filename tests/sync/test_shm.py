@@ -742,3 +742,28 @@ def test_copies_of_a_subscriber_are_reported_apart():
         time.sleep(0.01)
     b.close()
     pub.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_fork_child_can_neither_publish_on_nor_close_the_parents_channel():
+    """Found by the second attack: a child's publish() took the parent's next version number
+    and its flush() waited forever (no delivery thread there); its close() marked the shared
+    segment closed and unlinked it under the parent's subscribers."""
+    pub = ShmPublisher()
+    sub = pub.subscribe(name="reader")
+    pub.publish(workers.stamped_params(0, 8))
+    assert sub.get(0, timeout=10).version == 0
+    results = mp.get_context("fork").Queue()
+    proc = _start_forked(workers.use_inherited_publisher, pub, results)
+    try:
+        publish, flush, close = results.get(timeout=30)
+    finally:
+        _stop(proc)
+    assert publish.startswith("SyncError: publish() on shm channel") and "in a fork child" in publish
+    assert flush.startswith("SyncError: flush() on shm channel")
+    assert close == "ok"
+    assert pub.publish(workers.stamped_params(1, 8)) == 1
+    assert sub.get(1, timeout=10).version == 1
+    ShmSubscriber(pub.name).close()  # the segments are still there
+    sub.close()
+    pub.close()

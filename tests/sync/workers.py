@@ -106,3 +106,15 @@ def forked_reader(sub: Any, results: Any) -> None:
 def close_inherited(sub: Any) -> None:
     """Close a subscriber inherited through a fork, as a child that is done with it does."""
     sub.close()
+
+
+def use_inherited_publisher(pub, results) -> None:
+    """In a fork child: publish, flush and close the parent's publisher; report what each did."""
+    outcomes = []
+    for call in (lambda: pub.publish(stamped_params(9, 8)), lambda: pub.flush(5), pub.close):
+        try:
+            call()
+            outcomes.append("ok")
+        except Exception as error:  # noqa: BLE001 - reported to the test
+            outcomes.append(f"{type(error).__name__}: {error}")
+    results.put(outcomes)
