@@ -15,21 +15,18 @@ writes it on a background thread. Reading: `restore(directory, like, spec)`.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import os
 import re
-import threading
 import time
 import typing
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import jax
 import numpy as np
@@ -38,6 +35,7 @@ import orbax.checkpoint as ocp
 from podrace.algos.base import TrainState
 from podrace.config import ConfigError, TrainConfig, config_from_dict
 from podrace.metrics.registry import Metrics
+from podrace.orbax_loops import draining_loops
 from podrace.types import EnvSpec, PyTree
 
 FORMAT = 1
@@ -277,51 +275,10 @@ def _checkpointer() -> ocp.Checkpointer:
     return ocp.Checkpointer(ocp.CompositeCheckpointHandler(**handlers))
 
 
-# orbax runs each read on a fresh asyncio loop that it closes as soon as the read returns or
-# raises. When one tensorstore read fails (a damaged chunk), the others are still in flight
-# and, completing later, call back into the closed loop: "RuntimeError: Event loop is
-# closed" tracebacks on stderr after the one-line error. While podrace reads a checkpoint,
-# loops are made that first let their remaining tasks finish (bounded) when closed.
-DRAIN_S = 30.0
-"""Longest a failed read waits for its other reads to finish before its loop is closed."""
-
-
-class _DrainingLoop(asyncio.SelectorEventLoop):
-    def close(self) -> None:
-        if not self.is_closed() and not self.is_running():
-            pending = [task for task in asyncio.all_tasks(self) if not task.done()]
-            if pending:
-                self.run_until_complete(asyncio.wait(pending, timeout=DRAIN_S))
-                for task in pending:
-                    task.cancel()
-                self.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-        super().close()
-
-
-class _DrainingPolicy(asyncio.DefaultEventLoopPolicy):
-    def new_event_loop(self) -> asyncio.AbstractEventLoop:
-        return _DrainingLoop()
-
-
-_policy_lock = threading.Lock()
-
-
-@contextlib.contextmanager
-def _draining_loops() -> Iterator[None]:
-    """Event loops made meanwhile (by orbax's run_sync) drain their tasks when closed."""
-    with _policy_lock:
-        previous = asyncio.get_event_loop_policy()
-        asyncio.set_event_loop_policy(_DrainingPolicy())
-        try:
-            yield
-        finally:
-            asyncio.set_event_loop_policy(previous)
-
-
 def _read_item(step_dir: Path, item: str, read: typing.Callable[[ocp.Checkpointer], Any]) -> Any:
     """`read(checkpointer)`; any failure is a one-line "corrupt checkpoint" ConfigError."""
     try:
-        with _draining_loops():
+        with draining_loops():
             return read(_checkpointer())
     except Exception as error:  # orbax/tensorstore raise many types; all mean "unreadable"
         raise _corrupt(step_dir, item, error) from None
