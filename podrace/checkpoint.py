@@ -33,6 +33,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from podrace.algos.base import TrainState
+from podrace import json_text
 from podrace.config import ConfigError, TrainConfig, config_from_dict
 from podrace.metrics.registry import Metrics
 from podrace.orbax_loops import draining_loops
@@ -227,7 +228,7 @@ def verify_manifest(step_dir: Path) -> None:
         logging.getLogger(__name__).warning("checkpoint %s has no %s; not verified", step_dir, MANIFEST)
         return
     try:
-        files = _manifest_files(json.loads(manifest_path.read_bytes()))
+        files = _manifest_files(json_text.loads(manifest_path.read_bytes()))
     except (ValueError, KeyError, TypeError) as error:  # UnicodeDecodeError is a ValueError
         text = " ".join(str(error).split())[:200]
         raise ConfigError(f"corrupt checkpoint: {manifest_path} is not a valid manifest ({text})") from None

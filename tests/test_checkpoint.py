@@ -320,6 +320,7 @@ def _meta(edit: Callable[[dict], object]) -> Callable[[Path], None]:
     (_manifest(b'{"files": {"meta/metadata": {}}}'), "is not a valid manifest (entry 'meta/metadata' must be a file"),
     (_manifest(b'{"files": {"../../x": {"bytes": 1, "sha256": "' + b"0" * 64 + b'"}}}'), "entry '../../x' must be a file"),
     (_manifest(b"[3]"), "is not a valid manifest ('files' must map"),
+    (_manifest(b"[" * 100_000 + b"]" * 100_000), "is not a valid manifest (nested too deeply to decode"),
     (_manifest(b'{"files": "\xff"}'), "is not a valid manifest ("),
     (_meta(lambda m: [m.pop(k) for k in list(m) if k != "format"]), "meta: 'config' is missing"),
     (_meta(lambda m: m.pop("actor_next_seq")), "meta: 'actor_next_seq' is missing"),
@@ -332,7 +333,7 @@ def _meta(edit: Callable[[dict], object]) -> Callable[[Path], None]:
     (_meta(lambda m: m["config"]["network"].update(hidden_sizes=[8, "x"])), "network.hidden_sizes must be tuple[int, ...]"),
     (_meta(lambda m: m["config"].update(env=3)), ".env must be a mapping, got int"),
     (_meta(lambda m: m["config"]["env"].update(num_envs=-4)), "env.num_envs must be positive, got -4"),
-], ids=["files-list", "entry-empty", "entry-outside", "not-object", "not-utf8", "meta-format-only",
+], ids=["files-list", "entry-empty", "entry-outside", "not-object", "too-deep", "not-utf8", "meta-format-only",
         "no-actor-seq", "actor-seq-short", "actor-seq-type", "version-type", "env-spec-type", "time-type",
         "num-envs-type", "hidden-sizes-type", "env-section-type", "num-envs-negative"])
 def test_a_manifest_or_meta_of_the_wrong_shape_is_a_corrupt_checkpoint(tmp_path, damage, message):

@@ -21,6 +21,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter
 
+from podrace import json_text
 from podrace.config import ConfigError, TrainConfig, config_from_dict
 from podrace.runtime.rundir import check_writable
 
@@ -75,7 +76,7 @@ def load_run(run_dir: Path) -> RunData:
     except OSError as error:
         raise ConfigError(f"cannot read {error.filename}: {error.strerror or error}") from None
     try:
-        cfg = config_from_dict(json.loads(config_bytes.decode("utf-8")), where=str(config_path))
+        cfg = config_from_dict(json_text.loads(config_bytes.decode("utf-8")), where=str(config_path))
     except UnicodeDecodeError as error:
         raise ConfigError(f"{config_path} is not valid UTF-8: {error.reason} at byte {error.start}") from None
     except json.JSONDecodeError as error:
@@ -83,7 +84,7 @@ def load_run(run_dir: Path) -> RunData:
     lines = []
     for number, data in enumerate(raw, 1):
         try:
-            line = json.loads(data.decode("utf-8"))
+            line = json_text.loads(data.decode("utf-8"))
         except UnicodeDecodeError as error:
             problem = f"is not valid UTF-8: {error.reason} at byte {error.start}"
         except json.JSONDecodeError as error:

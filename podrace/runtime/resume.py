@@ -23,6 +23,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from podrace import json_text
 from podrace.config import ConfigError, TrainConfig, replace
 from podrace.config import leaves
 
@@ -89,7 +90,7 @@ def run_config_json(run_dir: Path) -> TrainConfig | None:
     from podrace.config import config_from_dict
 
     try:
-        return config_from_dict(json.loads((Path(run_dir) / "config.json").read_text()))
+        return config_from_dict(json_text.loads((Path(run_dir) / "config.json").read_text()))
     except (OSError, ValueError, TypeError):  # ConfigError is a ValueError
         return None
 
@@ -158,7 +159,7 @@ def split_metrics(lines: list[str], version: int, env_steps: float) -> tuple[lis
     """
     for number, text in enumerate(lines):
         try:
-            line = json.loads(text)
+            line = json_text.loads(text)
             past = line.get("version", 0) <= version and line.get("env_steps", 0) <= env_steps
         except (ValueError, AttributeError, TypeError):
             past = False
@@ -170,7 +171,7 @@ def split_metrics(lines: list[str], version: int, env_steps: float) -> tuple[lis
 def last_time_s(lines: list[str]) -> float:
     """`time_s` of the last kept line (0 when none): the resumed clock never goes back."""
     for text in reversed(lines):
-        value = json.loads(text).get("time_s")
+        value = json_text.loads(text).get("time_s")
         if isinstance(value, (int, float)):
             return float(value)
     return 0.0

@@ -151,6 +151,7 @@ def test_no_run_directory_is_a_config_error():
     (b"[1, 2]", "is not a JSON object of metrics (got list)"),
     (b'"text"', "is not a JSON object of metrics (got str)"),
     (b'{"version": 5, "time_s": \xff\xfe}', "is not valid UTF-8: invalid start byte at byte 25"),
+    (b"[" * 100_000 + b"]" * 100_000, "is not valid JSON: nested too deeply to decode: line 1 column 1 (char 0)"),
 ])
 def test_a_metrics_line_that_is_not_an_object_is_an_error_naming_file_and_line(tmp_path, capsys, bad, problem):
     synthetic_run(tmp_path / "run")
@@ -175,6 +176,14 @@ def test_a_config_json_that_is_not_utf8_is_an_error(tmp_path):
     synthetic_run(tmp_path / "run")
     (tmp_path / "run" / "config.json").write_bytes(b'{"algo": "\xe9"}')
     with pytest.raises(ConfigError, match=r"config.json is not valid UTF-8"):
+        load_run(tmp_path / "run")
+
+
+@pytest.mark.timeout(60)
+def test_a_config_json_nested_too_deeply_is_an_error(tmp_path):
+    synthetic_run(tmp_path / "run")
+    (tmp_path / "run" / "config.json").write_text('{"algo": ' * 100_000 + "1" + "}" * 100_000)
+    with pytest.raises(ConfigError, match=r"config.json is not valid JSON: nested too deeply to decode"):
         load_run(tmp_path / "run")
 
 

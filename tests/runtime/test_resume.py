@@ -18,7 +18,9 @@ from podrace.checkpoint import checkpoint_dir, checkpoint_steps, restore
 from podrace.config import ConfigError, replace
 from podrace.envs import env_spec
 from podrace.eval_command import abstract_run_state
-from podrace.runtime.resume import SUPERSEDED, Resume, ResumePoint, check_changes, commit, split_metrics
+from podrace.runtime.resume import (
+    SUPERSEDED, Resume, ResumePoint, check_changes, commit, run_config_json, split_metrics,
+)
 from podrace.runtime.single_host import prepare
 from tests.runtime.test_single_host import small
 from tests.test_checkpoint import save_versions
@@ -189,6 +191,8 @@ def test_metric_lines_after_the_checkpoint_are_superseded_not_lost(tmp_path):
     ]
     kept, superseded = split_metrics(lines, version=2, env_steps=20)
     assert kept == lines[:4] and superseded == lines[4:]
+    too_deep = "[" * 100_000 + "]" * 100_000  # json raises RecursionError, not a ValueError
+    assert split_metrics(lines[:2] + [too_deep], version=2, env_steps=20) == (lines[:2], [too_deep])
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -297,3 +301,9 @@ def test_a_full_disk_while_updating_the_run_directory_leaves_no_temp_file(tmp_pa
     assert not tmp.is_symlink() and not tmp.exists()
     assert sorted(p.name for p in run_dir.iterdir()) == ["config.json", "metrics.jsonl"]
     assert (run_dir / "config.json").read_text() == "{}\n"
+
+
+@pytest.mark.timeout(30)
+def test_a_config_json_nested_too_deeply_is_unreadable_not_a_crash(tmp_path):
+    (tmp_path / "config.json").write_text('{"algo": ' * 100_000 + "1" + "}" * 100_000)
+    assert run_config_json(tmp_path) is None
