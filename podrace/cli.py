@@ -101,7 +101,7 @@ def parse_resumed(run_dir: str, step: int | None, args: Sequence[str]):
 
     cfg = parse(lambda: tyro.cli(TrainConfig, default=stored, args=list(args), prog="podrace train --resume RUN_DIR"))
     check_changes(stored, cfg, step)
-    return Resume(Path(run_dir), step), cfg
+    return Resume(Path(run_dir), step, step_was_latest=resume.step is None), cfg
 
 
 class _Signals:

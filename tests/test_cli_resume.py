@@ -61,6 +61,18 @@ def test_resume_errors_are_one_line_exit_2_and_change_nothing(capsys, tmp_path):
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.timeout(120)
+def test_the_cli_pins_the_latest_step_and_says_so(tmp_path):
+    """A resume reads the config before it holds the run: if another resume of the run ends
+    in between, the refusal must say so, not name a step the user never chose."""
+    from podrace.cli import parse_resumed
+    from podrace.runtime.resume import Resume
+
+    run_dir = fake_run(tmp_path, small(tmp_path, **{"log.run_name": "r"}), versions=(1, 2))
+    assert parse_resumed(str(run_dir), None, ["--total-steps", "100000"])[0] == Resume(run_dir, 2, step_was_latest=True)
+    assert parse_resumed(str(run_dir), 2, ["--total-steps", "100000"])[0] == Resume(run_dir, 2)
+
+
 def cli(*args: str, script: str | None = None) -> subprocess.Popen:
     """`podrace` in a subprocess, without the suite's device count: the CLI sets it from the
     (resumed) config before JAX starts a backend, or device 1 would not exist."""

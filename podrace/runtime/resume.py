@@ -52,6 +52,9 @@ class Resume:
 
     run_dir: Path
     step: int | None = None
+    step_was_latest: bool = False
+    """`step` was the latest checkpoint when the config was read (a CLI pins it): a later
+    one now means another process resumed the run in between."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,11 @@ def stored_config(resume: Resume) -> tuple[int, TrainConfig]:
     if resume.step is not None and resume.step not in steps:
         raise ConfigError(f"cannot resume {run_dir} from step {resume.step}: saved steps are {', '.join(map(str, steps))}")
     later = [s for s in steps if resume.step is not None and s > resume.step]
+    if later and resume.step_was_latest:
+        raise ConfigError(
+            f"cannot resume {run_dir}: another process resumed it while this one started (checkpoint "
+            f"{resume.step} was the latest, now {later[-1]} is); run the command again"
+        )
     if later:
         raise ConfigError(
             f"cannot resume {run_dir} from step {resume.step}: checkpoint(s) {', '.join(map(str, later))} come after it "
