@@ -25,7 +25,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from podrace.checkpoint import Checkpointer, RunState, restore  # noqa: E402
+from podrace.checkpoint import Checkpointer, RunState  # noqa: E402
+from podrace.restore import restore  # noqa: E402
 from podrace.config import replace  # noqa: E402
 from podrace.envs import env_spec  # noqa: E402
 from podrace.learner_mesh import make_algorithm  # noqa: E402

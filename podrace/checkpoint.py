@@ -10,7 +10,7 @@ this rather than trusting it). The manifest exists because orbax's array chunks 
 checksum: a flipped byte would otherwise load as silently wrong weights.
 
 Writing: `Checkpointer.save(state)` copies the state to the host on the caller's thread and
-writes it on a background thread. Reading: `restore(directory, like, spec)`.
+writes it on a background thread. Reading, verified against the manifest: `podrace.restore`.
 """
 
 from __future__ import annotations
@@ -18,11 +18,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import logging
 import os
-import re
 import time
-import typing
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,10 +30,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from podrace.algos.base import TrainState
-from podrace import json_text
-from podrace.config import ConfigError, TrainConfig, config_from_dict
+from podrace.config import ConfigError, TrainConfig
 from podrace.metrics.registry import Metrics
-from podrace.orbax_loops import draining_loops
 from podrace.types import EnvSpec, PyTree
 
 FORMAT = 1
@@ -178,13 +173,13 @@ def write_manifest(step_dir: Path) -> None:
     """Record size and SHA-256 of every file of a complete step (atomically replaced)."""
     files = {}
     for path in sorted(p for p in step_dir.rglob("*") if p.is_file() and p.name != MANIFEST):
-        files[path.relative_to(step_dir).as_posix()] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+        files[path.relative_to(step_dir).as_posix()] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
     tmp = step_dir / f".{MANIFEST}.tmp"
     tmp.write_text(json.dumps({"format": FORMAT, "files": files}, indent=1) + "\n")
     os.replace(tmp, step_dir / MANIFEST)
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -218,222 +213,3 @@ def resolve_step(directory: Path, step: int | None = None) -> int:
     if step not in steps:
         raise ConfigError(f"no checkpoint for step {step} in {directory} (saved: {', '.join(map(str, steps))})")
     return step
-
-
-def verify_manifest(step_dir: Path) -> None:
-    """ConfigError naming the first file that is missing, truncated or altered."""
-    manifest_path = step_dir / MANIFEST
-    if not manifest_path.exists():
-        # Killed between orbax's rename and the manifest: complete but unverifiable.
-        logging.getLogger(__name__).warning("checkpoint %s has no %s; not verified", step_dir, MANIFEST)
-        return
-    try:
-        files = _manifest_files(json_text.loads(manifest_path.read_bytes()))
-    except (ValueError, KeyError, TypeError) as error:  # UnicodeDecodeError is a ValueError
-        text = " ".join(str(error).split())[:200]
-        raise ConfigError(f"corrupt checkpoint: {manifest_path} is not a valid manifest ({text})") from None
-    except OSError as error:
-        raise ConfigError(f"corrupt checkpoint: cannot read {manifest_path}: {error.strerror or error}") from None
-    for name, expected in files.items():
-        path = step_dir / name
-        if not path.is_file():
-            raise ConfigError(f"corrupt checkpoint: {path} is missing")
-        size = path.stat().st_size
-        if size != expected["bytes"]:
-            raise ConfigError(f"corrupt checkpoint: {path} has {size} bytes, {expected['bytes']} were written")
-        if _sha256(path) != expected["sha256"]:
-            raise ConfigError(f"corrupt checkpoint: {path} differs from what was written (SHA-256 mismatch)")
-
-
-def _manifest_files(manifest: object) -> dict[str, dict]:
-    """The manifest's {relative path: {"bytes": int, "sha256": hex}}; ValueError for any other shape."""
-    files = manifest["files"] if isinstance(manifest, dict) else None
-    if not isinstance(files, dict):
-        raise ValueError(f"'files' must map file names to sizes and hashes, got {type(files).__name__}")
-    for name, entry in files.items():
-        inside = not Path(name).is_absolute() and ".." not in Path(name).parts
-        size = entry.get("bytes") if isinstance(entry, dict) else None
-        digest = entry.get("sha256") if isinstance(entry, dict) else None
-        if not (inside and isinstance(size, int) and not isinstance(size, bool) and size >= 0
-                and isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest)):
-            raise ValueError(f"entry {name!r} must be a file in the checkpoint with 'bytes' and 'sha256', "
-                             f"got {json.dumps(entry)[:80]}")
-    return files
-
-
-def _corrupt(step_dir: Path, item: str, error: Exception) -> ConfigError:
-    """One-line ConfigError naming the damaged file (from tensorstore's message when it says)."""
-    text = " ".join(str(error).split())
-    files = re.findall(r'local file "([^"]+)"', text)
-    where = files[-1] if files else str(step_dir / item)
-    what = text.split("[tensorstore_spec")[0]
-    what = what.rsplit(f'"{where}":', 1)[-1].strip(" :;") if files else f"{type(error).__name__}: {what}"
-    return ConfigError(f"corrupt checkpoint: {where}: {what[:300]}")
-
-
-def _checkpointer() -> ocp.Checkpointer:
-    handlers = {"arrays": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}
-    return ocp.Checkpointer(ocp.CompositeCheckpointHandler(**handlers))
-
-
-def _read_item(step_dir: Path, item: str, read: typing.Callable[[ocp.Checkpointer], Any]) -> Any:
-    """`read(checkpointer)`; any failure is a one-line "corrupt checkpoint" ConfigError."""
-    try:
-        with draining_loops():
-            return read(_checkpointer())
-    except Exception as error:  # orbax/tensorstore raise many types; all mean "unreadable"
-        raise _corrupt(step_dir, item, error) from None
-
-
-_META_FIELDS = {"config": dict, "env_spec": dict, "version": int, "env_steps": int, "episodes": int,
-                "actor_next_seq": list}
-_OPTIONAL_META = {"time_s": (int, float), "skipped_updates": int}
-
-
-def _check_meta(step_dir: Path, meta: dict) -> None:
-    """ConfigError unless every field restore() and the CLIs read has the type save() wrote."""
-
-    def problem(name: str, what: str) -> ConfigError:
-        return ConfigError(f"corrupt checkpoint: {step_dir / 'meta'}: {what}")
-
-    def count(value: object) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-    for name, kind in _META_FIELDS.items():
-        if name not in meta:
-            raise problem(name, f"{name!r} is missing")
-        value = meta[name]
-        ok = count(value) if kind is int else isinstance(value, kind)
-        if ok and name == "actor_next_seq":
-            ok = bool(value) and all(count(v) for v in value)
-        if not ok:
-            wanted = {int: "a non-negative integer", dict: "a mapping", list: "a list of non-negative integers"}[kind]
-            raise problem(name, f"{name!r} must be {wanted}, got {json.dumps(value)[:80]}")
-    for name, kinds in _OPTIONAL_META.items():
-        value = meta.get(name, 0)
-        if isinstance(value, bool) or not isinstance(value, kinds) or value < 0:
-            raise problem(name, f"{name!r} must be a non-negative number, got {json.dumps(value)[:80]}")
-
-
-def _stored_config(step_dir: Path, meta: dict) -> TrainConfig:
-    """The config saved in `meta`, checked as a run's config is (types, then validate())."""
-    from podrace.validation import validate
-
-    where = f"config of checkpoint {step_dir}"
-    try:
-        cfg = config_from_dict(meta["config"], where=where)  # its errors name `where`
-    except ConfigError as error:
-        raise ConfigError(f"corrupt checkpoint: {error}") from None
-    except (TypeError, ValueError) as error:
-        raise ConfigError(f"corrupt checkpoint: {where}: {' '.join(str(error).split())[:200]}") from None
-    try:
-        validate(cfg)
-    except ConfigError as error:
-        raise ConfigError(f"corrupt checkpoint: {where}: {error}") from None
-    return cfg
-
-
-def _read(directory: Path, step: int | None) -> tuple[int, Path, dict, TrainConfig]:
-    """(step, its directory, meta JSON, config) of a checkpoint, after verifying its files."""
-    directory = Path(directory).absolute()
-    step = resolve_step(directory, step)
-    step_dir = directory / str(step)
-    verify_manifest(step_dir)
-    meta = _read_item(step_dir, "meta", lambda c: c.restore(step_dir, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"])
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        found = meta.get("format") if isinstance(meta, dict) else None
-        raise ConfigError(f"checkpoint {step_dir} has format {found}, this podrace reads format {FORMAT}")
-    _check_meta(step_dir, meta)
-    return step, step_dir, meta, _stored_config(step_dir, meta)
-
-
-def read_meta(directory: Path, step: int | None = None) -> tuple[int, dict]:
-    """(step, meta JSON) of a checkpoint, after verifying its files and fields."""
-    step, _, meta, _ = _read(directory, step)
-    return step, meta
-
-
-def read_config(directory: Path, step: int | None = None) -> tuple[int, TrainConfig]:
-    """(step, the resolved config the checkpoint was saved with)."""
-    step, _, _, cfg = _read(directory, step)
-    return step, cfg
-
-
-def _flat_shapes(tree: PyTree) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-    """{dotted path: (shape, dtype)} with orbax's naming (dict keys, field names, indices)."""
-
-    def part(key) -> str:
-        for attr in ("key", "name", "idx"):
-            if hasattr(key, attr):
-                return str(getattr(key, attr))
-        return str(key)
-
-    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return {".".join(part(k) for k in path): (tuple(x.shape), np.dtype(x.dtype)) for path, x in leaves}
-
-
-def _check_fits(step_dir: Path, meta: dict, cfg: TrainConfig, like: RunState, spec: EnvSpec) -> None:
-    stored, current = meta["env_spec"], spec_json(spec)
-    for name, value in stored.items():
-        if current.get(name) != value:
-            raise ConfigError(
-                f"checkpoint {step_dir} was saved for env {cfg.env.id!r} with {name} {value}, "
-                f"the config's env has {current.get(name)}"
-            )
-    metadata = _read_item(step_dir, "arrays", lambda c: c.metadata(step_dir).item_metadata["arrays"])
-    saved = {
-        m.name: (tuple(m.shape), np.dtype(m.dtype))
-        for m in jax.tree.leaves(getattr(metadata, "tree", metadata))
-        if hasattr(m, "shape")
-    }
-    wanted = _flat_shapes(like.arrays())
-    problems = []
-    for name, (shape, dtype) in wanted.items():
-        if name not in saved:
-            problems.append(f"{name} is missing from the checkpoint")
-        elif saved[name] != (shape, dtype):
-            s_shape, s_dtype = saved[name]
-            problems.append(f"{name} is {s_dtype.name}{list(s_shape)} in the checkpoint, {dtype.name}{list(shape)} under this config")
-    problems += [f"{name} is in the checkpoint but not in this config" for name in saved if name not in wanted]
-    if problems:
-        more = f" (and {len(problems) - 1} more differences)" if len(problems) > 1 else ""
-        raise ConfigError(f"checkpoint {step_dir} does not fit this config: {problems[0]}{more}")
-
-
-def restore(directory: Path, like: RunState, spec: EnvSpec, step: int | None = None) -> RunState:
-    """The checkpoint at `step` (default: latest) as a RunState shaped and placed like `like`.
-
-    `like`'s array leaves (arrays or jax.ShapeDtypeStruct) give shapes, dtypes and, where
-    they have one, the sharding to restore onto; other leaves come back as NumPy arrays.
-    ConfigError (one line) when there is no checkpoint, it is corrupt, or it does not fit
-    `like` or `spec`.
-    """
-    step, step_dir, meta, cfg = _read(directory, step)
-    _check_fits(step_dir, meta, cfg, like, spec)
-    actors = like.actor_keys.shape[0]  # as saved: _check_fits compared the shapes
-    if len(meta["actor_next_seq"]) != actors:
-        raise ConfigError(f"corrupt checkpoint: {step_dir / 'meta'}: 'actor_next_seq' has "
-                          f"{len(meta['actor_next_seq'])} entries for {actors} actors")
-
-    def target(x):
-        sharding = getattr(x, "sharding", None)
-        if isinstance(x, np.ndarray) or sharding is None:
-            return np.zeros(x.shape, x.dtype)  # restored as a NumPy array
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
-
-    template = jax.tree.map(target, like.arrays())
-    arrays = _read_item(step_dir, "arrays",
-                        lambda c: c.restore(step_dir, args=ocp.args.Composite(arrays=ocp.args.StandardRestore(template))))
-    arrays = arrays["arrays"]
-    return RunState(
-        train_state=TrainState(*arrays["train_state"]),
-        learner_keys=arrays["learner_keys"],
-        actor_keys=arrays["actor_keys"],
-        actor_next_seq=tuple(meta["actor_next_seq"]),
-        version=meta["version"],
-        env_steps=meta["env_steps"],
-        episodes=meta["episodes"],
-        normalizer=arrays.get("normalizer"),
-        time_s=float(meta.get("time_s", 0.0)),  # absent in checkpoints of older podrace
-        skipped_updates=int(meta.get("skipped_updates", 0)),
-    )

@@ -22,7 +22,8 @@ import numpy as np
 import tyro
 
 from podrace.algos.normalizer import acting_apply, acting_params, init_normalizer
-from podrace.checkpoint import RunState, checkpoint_dir, latest_step, read_config, restore
+from podrace.checkpoint import RunState, checkpoint_dir, latest_step
+from podrace.restore import read_config, restore
 from podrace.config import ConfigError, EnvConfig, TrainConfig
 from podrace.envs import BatchedEnv, env_spec, make_env, resolve_backend
 from podrace.envs.user_modules import make_working_dir_importable

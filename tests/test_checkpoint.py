@@ -25,9 +25,8 @@ from podrace.checkpoint import (
     RunState,
     checkpoint_steps,
     latest_step,
-    read_config,
-    restore,
 )
+from podrace.restore import read_config, restore
 from podrace.config import ConfigError, TrainConfig, config_from_dict, replace
 from podrace.envs import env_spec
 from podrace.learner_mesh import make_algorithm

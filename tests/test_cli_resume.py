@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from podrace.checkpoint import checkpoint_dir, checkpoint_steps, read_meta
+from podrace.checkpoint import checkpoint_dir, checkpoint_steps
+from podrace.restore import read_meta
 from podrace.runtime.resume import SUPERSEDED
 from tests.runtime.test_resume import fake_run, snapshot
 from tests.runtime.test_signals import EXIT_SLACK_S

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import podrace.checkpoint
+import podrace.restore
 import podrace.eval_command
 from podrace.checkpoint import Checkpointer, RunState, checkpoint_dir
 from podrace.config import ConfigError
@@ -242,7 +242,7 @@ def test_a_run_of_an_env_from_a_module_in_the_working_directory_evaluates(tmp_pa
 def test_a_live_run_rotating_its_latest_checkpoint_away_is_still_evaluated(tmp_path, monkeypatch, read):
     """`--checkpoint.keep 1`: the run writes 4 and deletes 3 just after eval picked 3."""
     run = make_run(tmp_path / "run")
-    verify, reads = podrace.checkpoint.verify_manifest, []
+    verify, reads = podrace.restore.verify_manifest, []
 
     def run_saves_meanwhile(step_dir: Path) -> None:
         reads.append(step_dir.name)
@@ -251,12 +251,12 @@ def test_a_live_run_rotating_its_latest_checkpoint_away_is_still_evaluated(tmp_p
             assert not step_dir.exists()
         verify(step_dir)
 
-    monkeypatch.setattr(podrace.checkpoint, "verify_manifest", run_saves_meanwhile)
+    monkeypatch.setattr(podrace.restore, "verify_manifest", run_saves_meanwhile)
     result = evaluate_run(EvalOptions(run, episodes=1))
     assert result["checkpoint"] == 4 and reads[read - 1] == "3" and reads[-1] == "4"
 
     reads.clear()  # a step the user asked for is never replaced by another
-    monkeypatch.setattr(podrace.checkpoint, "verify_manifest", lambda d: (reads.append(d.name), verify(d)))
+    monkeypatch.setattr(podrace.restore, "verify_manifest", lambda d: (reads.append(d.name), verify(d)))
     save_versions(checkpoint_dir(run), tiny_config(**{"checkpoint.keep": 1}), [5])
     with pytest.raises(ConfigError, match=r"no checkpoint for step 4 .*\(saved: 5\)"):
         evaluate_run(EvalOptions(run, checkpoint=4))

@@ -105,7 +105,8 @@ def stored_config(resume: Resume) -> tuple[int, TrainConfig]:
     starts JAX's backend (orbax asks for the process index): a CLI sets XLA_FLAGS before,
     from `run_config_json`.
     """
-    from podrace.checkpoint import checkpoint_steps, read_config
+    from podrace.checkpoint import checkpoint_steps
+    from podrace.restore import read_config
 
     run_dir = Path(resume.run_dir)
     check_run_dir(run_dir)

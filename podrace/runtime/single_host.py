@@ -23,7 +23,8 @@ import numpy as np
 
 from podrace.actor import make_policy_fns
 from podrace.algos.normalizer import acting_apply
-from podrace.checkpoint import RunState, checkpoint_dir, restore
+from podrace.checkpoint import RunState, checkpoint_dir
+from podrace.restore import restore
 from podrace.config import ConfigError, TrainConfig, replace, resolved
 from podrace.control import Control, Lifetime, Watchdog, raise_stopped_if_stopping
 from podrace.envs import EnvSource

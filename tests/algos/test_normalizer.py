@@ -132,7 +132,8 @@ def test_checkpoint_keeps_the_normalizer_and_eval_acts_with_its_statistics(tmp_p
     import dataclasses
     import json
 
-    from podrace.checkpoint import Checkpointer, checkpoint_dir, restore
+    from podrace.checkpoint import Checkpointer, checkpoint_dir
+    from podrace.restore import restore
     from podrace.envs import env_spec, make_env
     from podrace.eval_command import EvalOptions, abstract_run_state, evaluate_run, make_actor, play_episodes
     from podrace.networks import make_network

@@ -14,7 +14,8 @@ import jax
 import numpy as np
 import pytest
 
-from podrace.checkpoint import checkpoint_dir, checkpoint_steps, restore
+from podrace.checkpoint import checkpoint_dir, checkpoint_steps
+from podrace.restore import restore
 from podrace.config import ConfigError, replace
 from podrace.envs import env_spec
 from podrace.eval_command import abstract_run_state
