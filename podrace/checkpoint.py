@@ -15,7 +15,9 @@ writes it on a background thread. Reading, verified against the manifest: `podra
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
@@ -23,7 +25,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import jax
 import numpy as np
@@ -101,8 +103,9 @@ class Checkpointer:
         self.every_updates = cfg.checkpoint.every_updates
         self.metrics = metrics if metrics is not None else Metrics()
         self._meta = {"format": FORMAT, "config": dataclasses.asdict(cfg), "env_spec": spec_json(spec)}
+        self.keep = cfg.checkpoint.keep
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=cfg.checkpoint.keep,
+            max_to_keep=None,  # rotation is ours: it spares a step a reader holds, see rotate()
             enable_async_checkpointing=False,  # our own thread writes; see save()
             cleanup_tmp_directories=True,  # leftovers of a killed write
             create=True,
@@ -151,8 +154,18 @@ class Checkpointer:
         self._manager.save(step, args=args, force=True)
         self._manager.wait_until_finished()
         write_manifest(self.directory / str(step))
+        self.rotate()
         self.metrics.add("checkpoint/write_s", time.perf_counter() - start)
         self.metrics.set("checkpoint/version", step)
+
+    def rotate(self) -> None:
+        """Delete the oldest steps beyond checkpoint.keep, except one that a reader holds
+        (`podrace eval` of this live run, see `step_lock`): it goes at a later save."""
+        for step in checkpoint_steps(self.directory)[: -self.keep]:
+            with step_lock(self.directory / str(step), shared=False) as free:
+                if free:
+                    with contextlib.suppress(FileNotFoundError):  # gone already: so much the better
+                        self._manager.delete(step)
 
     def wait(self) -> None:
         """Block until the write in progress (if any) is complete; re-raise its error."""
@@ -179,6 +192,28 @@ def write_manifest(step_dir: Path) -> None:
     os.replace(tmp, step_dir / MANIFEST)
 
 
+@contextlib.contextmanager
+def step_lock(step_dir: Path, shared: bool) -> Iterator[bool]:
+    """An flock on a step's directory. A reader holds it shared while it reads (waiting
+    while a rotation deletes the step: the read then finds it gone); the writer's rotation
+    takes it exclusively without waiting and deletes the step only with it. Yields whether
+    it is held: False when the step is gone, or (exclusive) while a reader holds it."""
+    try:
+        fd = os.open(step_dir, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+        else:
+            yield True
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -187,7 +222,7 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-# Reading ----------------------------------------------------------------------------
+# Steps on disk ----------------------------------------------------------------------
 
 
 def checkpoint_steps(directory: Path) -> list[int]:

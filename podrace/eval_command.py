@@ -22,7 +22,7 @@ import numpy as np
 import tyro
 
 from podrace.algos.normalizer import acting_apply, acting_params, init_normalizer
-from podrace.checkpoint import RunState, checkpoint_dir, latest_step
+from podrace.checkpoint import RunState, checkpoint_dir, latest_step, step_lock
 from podrace.restore import read_config, restore
 from podrace.config import ConfigError, EnvConfig, TrainConfig
 from podrace.envs import BatchedEnv, env_spec, make_env, resolve_backend
@@ -38,7 +38,7 @@ MAX_VIDEO_FRAMES = 3000
 VIDEO_FPS = 30
 ROTATION_RETRIES = 5
 """Without --checkpoint, how many times a latest checkpoint that a live run rotated away
-(`--checkpoint.keep`) between listing and loading is replaced by the new latest."""
+(`--checkpoint.keep`) between listing and holding it is replaced by the new latest."""
 
 
 @dataclass(frozen=True)
@@ -293,20 +293,23 @@ def write_video(frames: list[np.ndarray], path: Path) -> None:
 def load_checkpoint(opts: EvalOptions) -> tuple[int, TrainConfig, EnvSpec, RunState]:
     """(step, config, env spec, state) of --checkpoint, or of the latest checkpoint.
 
-    A live run with `--checkpoint.keep K` deletes its oldest checkpoint after writing a new
-    one, so the latest step listed here can be gone (or half deleted) by the time it is
-    read: then the new latest is taken instead, up to ROTATION_RETRIES times. A step the
-    user asked for is never replaced.
+    A live run with `--checkpoint.keep K` deletes its oldest checkpoints after writing a new
+    one. The step read here is held (`step_lock`), so the rotation spares it until the
+    arrays are read, but it can be deleted between listing and holding: then the new latest
+    is taken instead, up to ROTATION_RETRIES times. A step the user asked for is never
+    replaced.
     """
     directory = checkpoint_dir(opts.run_dir)
     for attempt in range(ROTATION_RETRIES + 1):
         step = opts.checkpoint if opts.checkpoint is not None else latest_step(directory)
         try:
-            step, cfg = read_config(directory, step)
-            make_working_dir_importable(cfg.env.id)  # a `module:Env` id, as `podrace train` does
-            resolve_backend(cfg.env)
-            spec = env_spec(cfg.env)
-            state = restore(directory, abstract_run_state(cfg, spec), spec, step)
+            # Held from the config to the arrays: the run's rotation cannot delete it meanwhile.
+            with step_lock(directory / str(step), shared=True):
+                step, cfg = read_config(directory, step)
+                make_working_dir_importable(cfg.env.id)  # a `module:Env` id, as `podrace train` does
+                resolve_backend(cfg.env)
+                spec = env_spec(cfg.env)
+                state = restore(directory, abstract_run_state(cfg, spec), spec, step)
             return step, cfg, spec, state
         except ConfigError:
             newer = latest_step(directory)

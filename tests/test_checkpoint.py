@@ -25,6 +25,7 @@ from podrace.checkpoint import (
     RunState,
     checkpoint_steps,
     latest_step,
+    step_lock,
 )
 from podrace.restore import read_config, restore
 from podrace.config import ConfigError, TrainConfig, config_from_dict, replace
@@ -102,6 +103,30 @@ def test_keeps_the_last_k_and_skips_a_version_already_saved(tmp_path):
     assert latest_step(tmp_path) == 3
     restored = restore(tmp_path, fresh_state(cfg), env_spec(cfg.env), step=2)
     assert restored.version == 2
+
+
+@pytest.mark.timeout(120)
+def test_rotation_spares_a_step_a_reader_holds_until_it_is_released(tmp_path):
+    """`podrace eval` of a live run holds the step it reads; keep 1 would delete it under it."""
+    cfg = tiny_config(**{"checkpoint.keep": 1})
+    checkpointer = Checkpointer(tmp_path, cfg, env_spec(cfg.env))
+    try:
+        checkpointer.save(fresh_state(cfg, seed=1, version=1))
+        checkpointer.wait()
+        with step_lock(tmp_path / "1", shared=True) as held:
+            assert held
+            for v in (2, 3):
+                checkpointer.save(fresh_state(cfg, seed=v, version=v))
+                checkpointer.wait()
+                assert checkpoint_steps(tmp_path) == [1, v]  # 2 goes at 3's save, 1 is held
+            restore(tmp_path, fresh_state(cfg), env_spec(cfg.env), step=1)
+        checkpointer.save(fresh_state(cfg, seed=4, version=4))
+        checkpointer.wait()
+        assert checkpoint_steps(tmp_path) == [4]
+    finally:
+        checkpointer.close()
+    with step_lock(tmp_path / "1", shared=True) as held:  # gone: nothing to hold
+        assert not held
 
 
 @pytest.mark.timeout(120)

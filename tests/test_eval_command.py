@@ -18,7 +18,7 @@ from PIL import Image
 
 import podrace.restore
 import podrace.eval_command
-from podrace.checkpoint import Checkpointer, RunState, checkpoint_dir
+from podrace.checkpoint import Checkpointer, RunState, checkpoint_dir, checkpoint_steps, latest_step
 from podrace.config import ConfigError
 from podrace.envs import env_spec, make_env
 from podrace.eval_command import EvalOptions, evaluate_run, play_episodes
@@ -239,8 +239,8 @@ def test_a_run_of_an_env_from_a_module_in_the_working_directory_evaluates(tmp_pa
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("read", [1, 2], ids=["while-reading-the-config", "while-restoring"])
-def test_a_live_run_rotating_its_latest_checkpoint_away_is_still_evaluated(tmp_path, monkeypatch, read):
-    """`--checkpoint.keep 1`: the run writes 4 and deletes 3 just after eval picked 3."""
+def test_a_live_run_rotating_its_checkpoints_spares_the_one_being_evaluated(tmp_path, monkeypatch, read):
+    """`--checkpoint.keep 1`: the run writes 4 while eval reads 3; 3 stays until eval is done."""
     run = make_run(tmp_path / "run")
     verify, reads = podrace.restore.verify_manifest, []
 
@@ -248,18 +248,36 @@ def test_a_live_run_rotating_its_latest_checkpoint_away_is_still_evaluated(tmp_p
         reads.append(step_dir.name)
         if len(reads) == read:
             save_versions(checkpoint_dir(run), tiny_config(**{"checkpoint.keep": 1}), [4])
-            assert not step_dir.exists()
+            assert checkpoint_steps(checkpoint_dir(run)) == [3, 4]
         verify(step_dir)
 
     monkeypatch.setattr(podrace.restore, "verify_manifest", run_saves_meanwhile)
     result = evaluate_run(EvalOptions(run, episodes=1))
-    assert result["checkpoint"] == 4 and reads[read - 1] == "3" and reads[-1] == "4"
+    assert result["checkpoint"] == 3 and reads == ["3", "3"]
 
-    reads.clear()  # a step the user asked for is never replaced by another
+    reads.clear()  # the next save deletes both; a step the user asked for is never replaced
     monkeypatch.setattr(podrace.restore, "verify_manifest", lambda d: (reads.append(d.name), verify(d)))
     save_versions(checkpoint_dir(run), tiny_config(**{"checkpoint.keep": 1}), [5])
+    assert checkpoint_steps(checkpoint_dir(run)) == [5]
     with pytest.raises(ConfigError, match=r"no checkpoint for step 4 .*\(saved: 5\)"):
         evaluate_run(EvalOptions(run, checkpoint=4))
+
+
+@pytest.mark.timeout(120)
+def test_a_latest_checkpoint_deleted_before_it_is_held_is_replaced_by_the_new_latest(tmp_path, monkeypatch):
+    """The window left: the run rotates 3 away between eval listing it and holding it."""
+    run = make_run(tmp_path / "run")
+    listed = []
+
+    def list_then_rotate(directory: Path):
+        listed.append(latest_step(directory))
+        if len(listed) == 1:
+            save_versions(directory, tiny_config(**{"checkpoint.keep": 1}), [4])
+        return listed[-1]
+
+    monkeypatch.setattr(podrace.eval_command, "latest_step", list_then_rotate)
+    result = evaluate_run(EvalOptions(run, episodes=1))
+    assert listed[0] == 3 and result["checkpoint"] == 4
 
 
 class NoFrames(MatchEnv):

@@ -300,6 +300,14 @@ MUTANTS: list[Mutant] = [
     Mutant("run_lock_on_the_parent_directory", "podrace/runtime/single_host.py",
            "lock = RunLock(resume.run_dir) if", "lock = RunLock(Path(resume.run_dir).parent) if",
            ("tests/runtime/test_run_lock.py",)),
+    # --- checkpoints: a step being read survives the live run's rotation ---------------------
+    Mutant("rotation_ignores_a_readers_hold", "podrace/checkpoint.py",
+           "                if free:\n", "                if True:\n",
+           ("tests/test_checkpoint.py", "-k", "rotation")),
+    Mutant("eval_reads_without_holding_the_step", "podrace/eval_command.py",
+           "            with step_lock(directory / str(step), shared=True):",
+           "            with step_lock(directory / \"no such step\", shared=True):",
+           ("tests/test_eval_command.py", "-k", "rotating")),
 ]
 
 # Considered and left out (equivalent or unobservable without asserting speed):
