@@ -192,24 +192,37 @@ def write_manifest(step_dir: Path) -> None:
     os.replace(tmp, step_dir / MANIFEST)
 
 
+READ_HOLD_WAIT_S = 10.0
+"""How long a reader waits for a step a rotation holds (it is being deleted: a moment)."""
+
+
 @contextlib.contextmanager
 def step_lock(step_dir: Path, shared: bool) -> Iterator[bool]:
-    """An flock on a step's directory. A reader holds it shared while it reads (waiting
-    while a rotation deletes the step: the read then finds it gone); the writer's rotation
-    takes it exclusively without waiting and deletes the step only with it. Yields whether
-    it is held: False when the step is gone, or (exclusive) while a reader holds it."""
+    """An flock on a step's directory: a reader holds it shared while it reads, the writer's
+    rotation takes it exclusively and deletes the step only with it. Yields whether it is
+    held. Exclusive: tried once (False while a reader holds the step, so it is spared).
+    Shared: retried for up to READ_HOLD_WAIT_S (a rotation is deleting the step, or a fork
+    child of the writer kept its descriptor), then the read goes ahead unheld; a step that
+    is gone yields False. Where flock is not supported, neither side is held back."""
     try:
-        fd = os.open(step_dir, os.O_RDONLY | os.O_DIRECTORY)
+        fd = os.open(step_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:
         yield False
         return
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-        else:
-            yield True
+        held, deadline = False, time.monotonic() + READ_HOLD_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+                held = True
+            except BlockingIOError:
+                if shared and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                    continue
+            except OSError:  # no flock on this file system: rotate as if no one reads
+                held = not shared
+            break
+        yield held
     finally:
         os.close(fd)  # releases the lock
 

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from orbax.checkpoint._src.path import atomicity
 
+import podrace.checkpoint
 from podrace.checkpoint import (
     MANIFEST,
     Checkpointer,
@@ -127,6 +128,21 @@ def test_rotation_spares_a_step_a_reader_holds_until_it_is_released(tmp_path):
         checkpointer.close()
     with step_lock(tmp_path / "1", shared=True) as held:  # gone: nothing to hold
         assert not held
+
+
+@pytest.mark.timeout(30)
+def test_a_reader_waits_a_bounded_time_for_a_step_held_exclusively(tmp_path, monkeypatch):
+    """A rotation deleting the step holds it for a moment; a fork child of the writer that
+    kept the descriptor could hold it for good: the reader must not hang on it."""
+    monkeypatch.setattr(podrace.checkpoint, "READ_HOLD_WAIT_S", 0.3)
+    (tmp_path / "7").mkdir()
+    with step_lock(tmp_path / "7", shared=False) as deleting:
+        assert deleting
+        start = time.monotonic()
+        with step_lock(tmp_path / "7", shared=True) as held:
+            assert not held and 0.3 <= time.monotonic() - start < 5
+    with step_lock(tmp_path / "7", shared=True) as held, step_lock(tmp_path / "7", shared=True) as also:
+        assert held and also  # readers share it
 
 
 @pytest.mark.timeout(120)
