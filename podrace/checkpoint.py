@@ -20,6 +20,7 @@ import dataclasses
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -158,14 +159,25 @@ class Checkpointer:
         self.metrics.add("checkpoint/write_s", time.perf_counter() - start)
         self.metrics.set("checkpoint/version", step)
 
-    def rotate(self) -> None:
+    def rotate(self) -> int:
         """Delete the oldest steps beyond checkpoint.keep, except one that a reader holds
-        (`podrace eval` of this live run, see `step_lock`): it goes at a later save."""
+        (`podrace eval` of this live run, see `step_lock`): it goes at a later rotation.
+        Returns how many steps were spared. A step that cannot be deleted is a warning: the
+        new checkpoint is complete all the same."""
+        spared = 0
         for step in checkpoint_steps(self.directory)[: -self.keep]:
-            with step_lock(self.directory / str(step), shared=False) as free:
-                if free:
-                    with contextlib.suppress(FileNotFoundError):  # gone already: so much the better
-                        self._manager.delete(step)
+            step_dir = self.directory / str(step)
+            with step_lock(step_dir, shared=False) as free:
+                if not free:
+                    spared += step_dir.is_dir()  # held by a reader, or already gone
+                    continue
+                try:
+                    self._manager.delete(step)
+                except FileNotFoundError:
+                    pass  # gone already: so much the better
+                except OSError as error:
+                    logging.getLogger(__name__).warning("could not delete old checkpoint %s: %s", step_dir, error)
+        return spared
 
     def wait(self) -> None:
         """Block until the write in progress (if any) is complete; re-raise its error."""
@@ -174,9 +186,15 @@ class Checkpointer:
             pending.result()
 
     def close(self) -> None:
-        """Finish the write in progress, then release the writer thread."""
+        """Finish the write in progress, rotate once more, then release the writer thread.
+
+        A step an eval held at the last save is deleted once released, waited for up to
+        CLOSE_ROTATION_WAIT_S; one held longer stays until the run's next save (a resume)."""
         try:
             self.wait()
+            deadline = time.monotonic() + CLOSE_ROTATION_WAIT_S
+            while self.rotate() and time.monotonic() < deadline:
+                time.sleep(0.05)
         finally:
             self._executor.shutdown(wait=True)
             self._manager.close()
@@ -192,6 +210,8 @@ def write_manifest(step_dir: Path) -> None:
     os.replace(tmp, step_dir / MANIFEST)
 
 
+CLOSE_ROTATION_WAIT_S = 1.0
+"""At the end of a run, how long a step an eval still reads may delay the last rotation."""
 READ_HOLD_WAIT_S = 10.0
 """How long a reader waits for a step a rotation holds (it is being deleted: a moment)."""
 

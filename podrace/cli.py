@@ -90,12 +90,15 @@ def parse_resumed(run_dir: str, step: int | None, args: Sequence[str]):
 
     import tyro
 
-    from podrace.runtime.resume import Resume, check_changes, run_config_json, stored_config
+    from podrace.runtime.resume import Resume, check_changes, check_run_dir, run_config_json, stored_config
+    from podrace.runtime.run_lock import RunLock
 
     early = run_config_json(Path(run_dir))
     if early is not None:
         set_xla_flags(early)  # opening the checkpoint starts JAX's backend
     resume = Resume(Path(run_dir), step)
+    check_run_dir(resume.run_dir)
+    RunLock(resume.run_dir).release()  # a run still writing it is "in use" before its checkpoints are read
     step, stored = stored_config(resume)
     from podrace.arguments import parse
 

@@ -1,8 +1,8 @@
 """JSON from files a user can damage (config.json, metrics.jsonl, checkpoint manifests).
 
-`json.loads` raises RecursionError, not a JSONDecodeError, on nesting deeper than the
-interpreter's recursion limit: every reader here turns a JSONDecodeError into one clear line,
-so too deep a nesting is made one too.
+`json.loads` raises RecursionError on nesting deeper than the interpreter's recursion limit
+and a plain ValueError on an integer too long to convert, not a JSONDecodeError: every
+reader here turns a JSONDecodeError into one clear line, so these are made one too.
 """
 
 from __future__ import annotations
@@ -12,9 +12,13 @@ from typing import Any
 
 
 def loads(data: str | bytes) -> Any:
-    """`json.loads`, with nesting too deep to decode raised as a `json.JSONDecodeError`."""
+    """`json.loads`; nesting too deep to decode, or an integer longer than Python converts
+    (4300 digits), is raised as a `json.JSONDecodeError` too."""
     try:
         return json.loads(data)
-    except RecursionError:
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise
+    except (RecursionError, ValueError) as error:
         text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
-        raise json.JSONDecodeError("nested too deeply to decode", text[:80], 0) from None
+        what = "nested too deeply to decode" if isinstance(error, RecursionError) else str(error).split(";")[0]
+        raise json.JSONDecodeError(what, text[:80], 0) from None

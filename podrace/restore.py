@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 import typing
 from pathlib import Path
 from typing import Any
@@ -25,9 +26,17 @@ from podrace.orbax_loops import draining_loops
 from podrace.types import EnvSpec, PyTree
 
 
+MANIFEST_WAIT_S = 2.0
+"""How long a step without its manifest is given to get one: a live run (the `podrace eval`
+of a training run) writes it a moment after orbax renames the step into place."""
+
+
 def verify_manifest(step_dir: Path) -> None:
     """ConfigError naming the first file that is missing, truncated or altered."""
     manifest_path = step_dir / MANIFEST
+    deadline = time.monotonic() + MANIFEST_WAIT_S
+    while not manifest_path.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)  # a live run writes it just after orbax's rename
     if not manifest_path.exists():
         # Killed between orbax's rename and the manifest: complete but unverifiable.
         logging.getLogger(__name__).warning("checkpoint %s has no %s; not verified", step_dir, MANIFEST)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from typing import Callable
 from pathlib import Path
@@ -20,6 +22,7 @@ import pytest
 from orbax.checkpoint._src.path import atomicity
 
 import podrace.checkpoint
+import podrace.restore
 from podrace.checkpoint import (
     MANIFEST,
     Checkpointer,
@@ -36,6 +39,13 @@ from podrace.networks import make_network
 from podrace.validation import validate
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def short_manifest_wait(monkeypatch):
+    """Readers give a step without a manifest 2 s to get one (a live run writes it just
+    after orbax's rename); here steps lose theirs on purpose, so the wait is cut short."""
+    monkeypatch.setattr(podrace.restore, "MANIFEST_WAIT_S", 0.05)
 
 
 def tiny_config(**changes) -> TrainConfig:
@@ -128,6 +138,56 @@ def test_rotation_spares_a_step_a_reader_holds_until_it_is_released(tmp_path):
         checkpointer.close()
     with step_lock(tmp_path / "1", shared=True) as held:  # gone: nothing to hold
         assert not held
+
+
+@pytest.mark.timeout(120)
+def test_a_step_held_at_the_last_save_goes_at_close_once_released(tmp_path, monkeypatch):
+    cfg = tiny_config(**{"checkpoint.keep": 1})
+    save_versions(tmp_path, cfg, [1])
+
+    # held through the save of 2, released 0.3 s into close's last rotation: gone at close
+    reader = os.open(tmp_path / "1", os.O_RDONLY)
+    fcntl.flock(reader, fcntl.LOCK_SH)
+    checkpointer = Checkpointer(tmp_path, cfg, env_spec(cfg.env))
+    checkpointer.save(fresh_state(cfg, seed=2, version=2))
+    checkpointer.wait()
+    assert checkpoint_steps(tmp_path) == [1, 2]
+    threading.Timer(0.3, os.close, (reader,)).start()
+    checkpointer.close()
+    assert checkpoint_steps(tmp_path) == [2]
+
+    # held past the wait: kept, and deleted by the next save (a resumed run's)
+    monkeypatch.setattr(podrace.checkpoint, "CLOSE_ROTATION_WAIT_S", 0.2)
+    with step_lock(tmp_path / "2", shared=True):
+        save_versions(tmp_path, cfg, [3])
+    assert checkpoint_steps(tmp_path) == [2, 3]
+    save_versions(tmp_path, cfg, [4])
+    assert checkpoint_steps(tmp_path) == [4]
+
+
+@pytest.mark.timeout(120)
+def test_an_old_step_that_cannot_be_deleted_is_a_warning_not_a_failed_save(tmp_path, caplog):
+    cfg = tiny_config(**{"checkpoint.keep": 1})
+    save_versions(tmp_path, cfg, [1])
+    (tmp_path / "1").rename(tmp_path / "elsewhere")
+    (tmp_path / "1").symlink_to(tmp_path / "elsewhere")  # orbax will not rmtree a symlink
+    save_versions(tmp_path, cfg, [2])
+    assert latest_step(tmp_path) == 2
+    assert f"could not delete old checkpoint {tmp_path / '1'}" in caplog.text
+
+
+@pytest.mark.timeout(30)
+def test_a_reader_gives_a_live_step_time_to_get_its_manifest(tmp_path, monkeypatch, caplog):
+    """The writer renames the step into place, then writes the manifest: a reader in between
+    must verify it, not read it unverified."""
+    cfg = tiny_config()
+    save_versions(tmp_path, cfg, [1])
+    manifest = (tmp_path / "1" / MANIFEST).read_bytes()
+    (tmp_path / "1" / MANIFEST).unlink()
+    monkeypatch.setattr(podrace.restore, "MANIFEST_WAIT_S", 10.0)
+    threading.Timer(0.3, lambda: (tmp_path / "1" / MANIFEST).write_bytes(manifest)).start()
+    restore(tmp_path, fresh_state(cfg), env_spec(cfg.env))
+    assert "not verified" not in caplog.text
 
 
 @pytest.mark.timeout(30)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from podrace.checkpoint import checkpoint_dir, checkpoint_steps
+from podrace.config import ConfigError
 from podrace.restore import read_meta
 from podrace.runtime.resume import SUPERSEDED
 from tests.runtime.test_resume import fake_run, snapshot
@@ -72,6 +73,24 @@ def test_the_cli_pins_the_latest_step_and_says_so(tmp_path):
     run_dir = fake_run(tmp_path, small(tmp_path, **{"log.run_name": "r"}), versions=(1, 2))
     assert parse_resumed(str(run_dir), None, ["--total-steps", "100000"])[0] == Resume(run_dir, 2, step_was_latest=True)
     assert parse_resumed(str(run_dir), 2, ["--total-steps", "100000"])[0] == Resume(run_dir, 2)
+
+
+@pytest.mark.timeout(120)
+def test_a_resume_of_a_run_still_writing_is_in_use_before_its_checkpoints_are_read(tmp_path, monkeypatch):
+    """A live run rotates its checkpoints: read before the lock, the latest could vanish
+    mid-read and be reported as corrupt."""
+    import podrace.runtime.resume
+    from podrace.cli import parse_resumed
+    from podrace.runtime.run_lock import RunLock
+
+    run_dir = fake_run(tmp_path, small(tmp_path, **{"log.run_name": "r"}), versions=(1, 2))
+    monkeypatch.setattr(podrace.runtime.resume, "stored_config", lambda resume: pytest.fail("read while in use"))
+    lock = RunLock(run_dir)
+    try:
+        with pytest.raises(ConfigError, match=f"run directory {run_dir} is in use by another podrace process"):
+            parse_resumed(str(run_dir), None, [])
+    finally:
+        lock.release()
 
 
 def cli(*args: str, script: str | None = None) -> subprocess.Popen:

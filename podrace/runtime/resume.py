@@ -105,28 +105,31 @@ def stored_config(resume: Resume) -> tuple[int, TrainConfig]:
     starts JAX's backend (orbax asks for the process index): a CLI sets XLA_FLAGS before,
     from `run_config_json`.
     """
-    from podrace.checkpoint import checkpoint_steps
+    from podrace.checkpoint import checkpoint_steps, step_lock
     from podrace.restore import read_config
 
     run_dir = Path(resume.run_dir)
     check_run_dir(run_dir)
     steps = checkpoint_steps(_checkpoints(run_dir))
+    if resume.step_was_latest and steps[-1:] != [resume.step]:
+        raise ConfigError(
+            f"cannot resume {run_dir}: its checkpoints changed while this command started (checkpoint {resume.step} "
+            f"was the latest, now {steps[-1] if steps else 'none'} is: another podrace process wrote it); "
+            "run the command again"
+        )
     if not steps:
         raise ConfigError(f"cannot resume {run_dir}: it has no checkpoint (none was saved in {_checkpoints(run_dir)})")
     if resume.step is not None and resume.step not in steps:
         raise ConfigError(f"cannot resume {run_dir} from step {resume.step}: saved steps are {', '.join(map(str, steps))}")
     later = [s for s in steps if resume.step is not None and s > resume.step]
-    if later and resume.step_was_latest:
-        raise ConfigError(
-            f"cannot resume {run_dir}: another process resumed it while this one started (checkpoint "
-            f"{resume.step} was the latest, now {later[-1]} is); run the command again"
-        )
     if later:
         raise ConfigError(
             f"cannot resume {run_dir} from step {resume.step}: checkpoint(s) {', '.join(map(str, later))} come after it "
             f"and would be replaced; move them out of {_checkpoints(run_dir)} first"
         )
-    step, cfg = read_config(_checkpoints(run_dir), resume.step)
+    chosen = steps[-1] if resume.step is None else resume.step
+    with step_lock(_checkpoints(run_dir) / str(chosen), shared=True):  # a live run's rotation spares it
+        step, cfg = read_config(_checkpoints(run_dir), chosen)
     here = {"log.run_dir": str(run_dir.absolute().parent), "log.run_name": run_dir.absolute().name}
     return step, replace(cfg, **here)
 

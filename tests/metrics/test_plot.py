@@ -152,6 +152,8 @@ def test_no_run_directory_is_a_config_error():
     (b'"text"', "is not a JSON object of metrics (got str)"),
     (b'{"version": 5, "time_s": \xff\xfe}', "is not valid UTF-8: invalid start byte at byte 25"),
     (b"[" * 100_000 + b"]" * 100_000, "is not valid JSON: nested too deeply to decode: line 1 column 1 (char 0)"),
+    (b'{"version": ' + b"7" * 5000 + b"}", "is not valid JSON: Exceeds the limit (4300 digits) for integer string "
+     "conversion: value has 5000 digits: line 1 column 1 (char 0)"),
 ])
 def test_a_metrics_line_that_is_not_an_object_is_an_error_naming_file_and_line(tmp_path, capsys, bad, problem):
     synthetic_run(tmp_path / "run")

@@ -268,8 +268,9 @@ def test_resume_errors_name_the_problem_and_change_nothing(tmp_path):
         (Resume(tmp_path), r"not a podrace run directory \(no config.json\)"),
         (Resume(run_dir, 5), "saved steps are 1, 2"),
         (Resume(run_dir, 1), r"checkpoint\(s\) 2 come after it and would be replaced"),
-        (Resume(run_dir, 1, step_was_latest=True),
-         r"another process resumed it while this one started \(checkpoint 1 was the latest, now 2 is\); run the command again"),
+        (Resume(run_dir, 1, step_was_latest=True), r"its checkpoints changed while this command started \(checkpoint 1 "
+         r"was the latest, now 2 is: another podrace process wrote it\); run the command again"),
+        (Resume(run_dir, 0, step_was_latest=True), r"checkpoint 0 was the latest, now 2 is"),  # 0 rotated away
     ]
     for resume, message in cases:
         with pytest.raises(ConfigError, match=message):
