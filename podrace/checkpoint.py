@@ -10,7 +10,9 @@ this rather than trusting it). The manifest exists because orbax's array chunks 
 checksum: a flipped byte would otherwise load as silently wrong weights.
 
 Writing: `Checkpointer.save(state)` copies the state to the host on the caller's thread and
-writes it on a background thread. Reading, verified against the manifest: `podrace.restore`.
+writes it on a background thread; after each write the oldest steps beyond `keep` are
+deleted, each only under an exclusive `step_lock`, which a reader of the live run (`podrace
+eval`) holds shared while it reads. Reading, verified against the manifest: `podrace.restore`.
 """
 
 from __future__ import annotations
