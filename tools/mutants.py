@@ -292,8 +292,8 @@ MUTANTS: list[Mutant] = [
     Mutant("envs_closed_before_the_last_checkpoint", "podrace/runtime/single_host.py",
            "            self.checkpoints.close(lifetime)  # before user code (env.close) runs again\n"
            "            if self.lock is not None:\n                self.lock.release()\n"
-           "            stuck += self.close_envs(exclude=stuck)\n",
-           "            stuck += self.close_envs(exclude=stuck)\n"
+           "            closing = self.close_envs(exclude=stuck)\n",
+           "            closing = self.close_envs(exclude=stuck)\n"
            "            self.checkpoints.close(lifetime)\n"
            "            if self.lock is not None:\n                self.lock.release()\n",
            ("tests/runtime/test_shutdown.py", "-k", "close")),
@@ -302,12 +302,21 @@ MUTANTS: list[Mutant] = [
            ("tests/runtime/test_run_lock.py",)),
     # --- checkpoints: a step being read survives the live run's rotation ---------------------
     Mutant("rotation_ignores_a_readers_hold", "podrace/checkpoint.py",
-           "                if free:\n", "                if True:\n",
+           "                if not free:\n", "                if False:\n",
            ("tests/test_checkpoint.py", "-k", "rotation")),
     Mutant("eval_reads_without_holding_the_step", "podrace/eval_command.py",
            "            with step_lock(directory / str(step), shared=True):",
            "            with step_lock(directory / \"no such step\", shared=True):",
            ("tests/test_eval_command.py", "-k", "rotating")),
+    Mutant("no_last_rotation_at_close", "podrace/checkpoint.py",
+           "            while self.rotate() and time.monotonic() < deadline:", "            while False:",
+           ("tests/test_checkpoint.py", "-k", "last_save")),
+    Mutant("unverified_read_of_a_step_just_renamed", "podrace/restore.py",
+           "    while not manifest_path.exists() and time.monotonic() < deadline:", "    while False:",
+           ("tests/test_checkpoint.py", "-k", "live_step")),
+    Mutant("resume_reads_a_live_runs_checkpoints", "podrace/cli.py",
+           "    RunLock(resume.run_dir).release()", "    RunLock",
+           ("tests/test_cli_resume.py", "-k", "in_use")),
 ]
 
 # Considered and left out (equivalent or unobservable without asserting speed):
