@@ -225,10 +225,11 @@ def step_lock(step_dir: Path, shared: bool) -> Iterator[bool]:
     held. Exclusive: tried once (False while a reader holds the step, so it is spared).
     Shared: retried for up to READ_HOLD_WAIT_S (a rotation is deleting the step, or a fork
     child of the writer kept its descriptor), then the read goes ahead unheld; a step that
-    is gone yields False. Where flock is not supported, neither side is held back."""
+    is gone (or cannot be opened) yields False. Where flock is not supported, neither side
+    is held back."""
     try:
         fd = os.open(step_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except FileNotFoundError:
+    except OSError:  # gone, not a directory, not readable: nothing to hold (reading it fails)
         yield False
         return
     try:

@@ -203,6 +203,9 @@ def test_a_reader_waits_a_bounded_time_for_a_step_held_exclusively(tmp_path, mon
             assert not held and 0.3 <= time.monotonic() - start < 5
     with step_lock(tmp_path / "7", shared=True) as held, step_lock(tmp_path / "7", shared=True) as also:
         assert held and also  # readers share it
+    (tmp_path / "8").write_text("")  # `eval --checkpoint 8` where 8 is a file: its read fails, not the hold
+    with step_lock(tmp_path / "8", shared=True) as held:
+        assert not held
 
 
 @pytest.mark.timeout(120)
