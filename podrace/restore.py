@@ -35,7 +35,7 @@ def verify_manifest(step_dir: Path) -> None:
     """ConfigError naming the first file that is missing, truncated or altered."""
     manifest_path = step_dir / MANIFEST
     deadline = time.monotonic() + MANIFEST_WAIT_S
-    while not manifest_path.exists() and time.monotonic() < deadline:
+    while not manifest_path.exists() and step_dir.is_dir() and time.monotonic() < deadline:
         time.sleep(0.02)  # a live run writes it just after orbax's rename
     if not manifest_path.exists():
         # Killed between orbax's rename and the manifest: complete but unverifiable.

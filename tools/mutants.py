@@ -312,7 +312,7 @@ MUTANTS: list[Mutant] = [
            "            while self.rotate() and time.monotonic() < deadline:", "            while False:",
            ("tests/test_checkpoint.py", "-k", "last_save")),
     Mutant("unverified_read_of_a_step_just_renamed", "podrace/restore.py",
-           "    while not manifest_path.exists() and time.monotonic() < deadline:", "    while False:",
+           "    while not manifest_path.exists() and step_dir.is_dir() and time.monotonic() < deadline:", "    while False:",
            ("tests/test_checkpoint.py", "-k", "live_step")),
     Mutant("resume_reads_a_live_runs_checkpoints", "podrace/cli.py",
            "    RunLock(resume.run_dir).release()", "    RunLock",
