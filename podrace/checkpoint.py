@@ -24,6 +24,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -161,17 +162,14 @@ class Checkpointer:
         self.metrics.add("checkpoint/write_s", time.perf_counter() - start)
         self.metrics.set("checkpoint/version", step)
 
-    def rotate(self) -> int:
+    def rotate(self) -> None:
         """Delete the oldest steps beyond checkpoint.keep, except one that a reader holds
-        (`podrace eval` of this live run, see `step_lock`): it goes at a later rotation.
-        Returns how many steps were spared. A step that cannot be deleted is a warning: the
-        new checkpoint is complete all the same."""
-        spared = 0
+        (`podrace eval` of this live run, see `step_lock`): it goes at a later rotation. A
+        step that cannot be deleted is a warning: the new checkpoint is complete all the same."""
         for step in checkpoint_steps(self.directory)[: -self.keep]:
             step_dir = self.directory / str(step)
             with step_lock(step_dir, shared=False) as free:
                 if not free:
-                    spared += step_dir.is_dir()  # held by a reader, or already gone
                     continue
                 try:
                     self._manager.delete(step)
@@ -179,7 +177,6 @@ class Checkpointer:
                     pass  # gone already: so much the better
                 except OSError as error:
                     logging.getLogger(__name__).warning("could not delete old checkpoint %s: %s", step_dir, error)
-        return spared
 
     def wait(self) -> None:
         """Block until the write in progress (if any) is complete; re-raise its error."""
@@ -188,15 +185,12 @@ class Checkpointer:
             pending.result()
 
     def close(self) -> None:
-        """Finish the write in progress, rotate once more, then release the writer thread.
-
-        A step an eval held at the last save is deleted once released, waited for up to
-        CLOSE_ROTATION_WAIT_S; one held longer stays until the run's next save (a resume)."""
+        """Finish the write in progress, rotate once more (a step an eval held at the last
+        save and has released since), then release the writer thread. A step still held
+        stays until the run's next save (a resume): the end of a run does not wait for it."""
         try:
             self.wait()
-            deadline = time.monotonic() + CLOSE_ROTATION_WAIT_S
-            while self.rotate() and time.monotonic() < deadline:
-                time.sleep(0.05)
+            self.rotate()
         finally:
             self._executor.shutdown(wait=True)
             self._manager.close()
@@ -212,8 +206,6 @@ def write_manifest(step_dir: Path) -> None:
     os.replace(tmp, step_dir / MANIFEST)
 
 
-CLOSE_ROTATION_WAIT_S = 1.0
-"""At the end of a run, how long a step an eval still reads may delay the last rotation."""
 READ_HOLD_WAIT_S = 10.0
 """How long a reader waits for a step a rotation holds (it is being deleted: a moment)."""
 
@@ -225,12 +217,15 @@ def step_lock(step_dir: Path, shared: bool) -> Iterator[bool]:
     held. Exclusive: tried once (False while a reader holds the step, so it is spared).
     Shared: retried for up to READ_HOLD_WAIT_S (a rotation is deleting the step, or a fork
     child of the writer kept its descriptor), then the read goes ahead unheld; a step that
-    is gone (or cannot be opened) yields False. Where flock is not supported, neither side
-    is held back."""
+    is gone yields False. A step that cannot be opened, or a file system without flock,
+    holds neither side back."""
     try:
         fd = os.open(step_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:  # gone, not a directory, not readable: nothing to hold (reading it fails)
+    except FileNotFoundError:
         yield False
+        return
+    except OSError:  # not a directory, not readable: no reader holds it (reading it fails)
+        yield not shared  # the rotation tries to delete it, and warns if it cannot
         return
     try:
         held, deadline = False, time.monotonic() + READ_HOLD_WAIT_S
@@ -266,7 +261,7 @@ def checkpoint_steps(directory: Path) -> list[int]:
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    return sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit())
+    return sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and re.fullmatch(r"[0-9]+", p.name))
 
 
 def latest_step(directory: Path) -> int | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import faulthandler
 import os
+import re
 import signal
 import sys
 import threading
@@ -66,6 +67,8 @@ def split_resume(args: Sequence[str]) -> tuple[tuple[str, int | None] | None, li
                 value = next(items, None)
                 if value is None or value.startswith("--"):
                     raise ConfigError(f"{name} needs a value")
+            if not value.strip():
+                raise ConfigError(f"{name} needs a value, got {value!r}")
             if name in found:
                 raise ConfigError(f"{name} given twice")
             found[name] = value
@@ -76,7 +79,7 @@ def split_resume(args: Sequence[str]) -> tuple[tuple[str, int | None] | None, li
             raise ConfigError("--resume-from needs --resume RUN_DIR")
         return None, rest
     step = found.get("--resume-from")
-    if step is not None and not (step.isdigit() and int(step) < 2**31):
+    if step is not None and not (re.fullmatch(r"[0-9]+", step) and int(step) < 2**31):
         raise ConfigError(f"--resume-from must be a checkpoint step (a non-negative integer), got {step!r}")
     if rest and not rest[0].startswith("-"):
         raise ConfigError(f"--resume continues a run with the config of its checkpoint; drop {rest[0]!r}")

@@ -23,7 +23,7 @@ import tyro
 
 from podrace.algos.normalizer import acting_apply, acting_params, init_normalizer
 from podrace.checkpoint import RunState, checkpoint_dir, latest_step, step_lock
-from podrace.restore import read_config, restore
+from podrace.restore import read_config, restore, wait_for_manifest
 from podrace.config import ConfigError, EnvConfig, TrainConfig
 from podrace.envs import BatchedEnv, env_spec, make_env, resolve_backend
 from podrace.envs.user_modules import make_working_dir_importable
@@ -305,6 +305,7 @@ def load_checkpoint(opts: EvalOptions) -> tuple[int, TrainConfig, EnvSpec, RunSt
         try:
             # Held from the config to the arrays: the run's rotation cannot delete it meanwhile.
             with step_lock(directory / str(step), shared=True):
+                wait_for_manifest(directory / str(step))
                 step, cfg = read_config(directory, step)
                 make_working_dir_importable(cfg.env.id)  # a `module:Env` id, as `podrace train` does
                 resolve_backend(cfg.env)

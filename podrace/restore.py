@@ -27,16 +27,21 @@ from podrace.types import EnvSpec, PyTree
 
 
 MANIFEST_WAIT_S = 2.0
-"""How long a step without its manifest is given to get one: a live run (the `podrace eval`
-of a training run) writes it a moment after orbax renames the step into place."""
+"""How long a reader of a live run gives a step without its manifest to get one."""
+
+
+def wait_for_manifest(step_dir: Path) -> None:
+    """For a reader of a run that may still be training (`podrace eval`): the run writes a
+    step's manifest a moment after orbax renames the step into place, so a step listed in
+    between is given MANIFEST_WAIT_S to get it before it is read as unverifiable."""
+    deadline = time.monotonic() + MANIFEST_WAIT_S
+    while not (step_dir / MANIFEST).exists() and step_dir.is_dir() and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def verify_manifest(step_dir: Path) -> None:
     """ConfigError naming the first file that is missing, truncated or altered."""
     manifest_path = step_dir / MANIFEST
-    deadline = time.monotonic() + MANIFEST_WAIT_S
-    while not manifest_path.exists() and step_dir.is_dir() and time.monotonic() < deadline:
-        time.sleep(0.02)  # a live run writes it just after orbax's rename
     if not manifest_path.exists():
         # Killed between orbax's rename and the manifest: complete but unverifiable.
         logging.getLogger(__name__).warning("checkpoint %s has no %s; not verified", step_dir, MANIFEST)

@@ -31,7 +31,7 @@ from podrace.checkpoint import (
     latest_step,
     step_lock,
 )
-from podrace.restore import read_config, restore
+from podrace.restore import read_config, restore, wait_for_manifest
 from podrace.config import ConfigError, TrainConfig, config_from_dict, replace
 from podrace.envs import env_spec
 from podrace.learner_mesh import make_algorithm
@@ -39,13 +39,6 @@ from podrace.networks import make_network
 from podrace.validation import validate
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(autouse=True)
-def short_manifest_wait(monkeypatch):
-    """Readers give a step without a manifest 2 s to get one (a live run writes it just
-    after orbax's rename); here steps lose theirs on purpose, so the wait is cut short."""
-    monkeypatch.setattr(podrace.restore, "MANIFEST_WAIT_S", 0.05)
 
 
 def tiny_config(**changes) -> TrainConfig:
@@ -110,6 +103,8 @@ def test_round_trip_restores_every_field_onto_the_template_sharding(tmp_path):
 def test_keeps_the_last_k_and_skips_a_version_already_saved(tmp_path):
     cfg = tiny_config(**{"checkpoint.keep": 2})
     save_versions(tmp_path, cfg, [1, 2, 3, 3])
+    (tmp_path / "\u00b2").mkdir()  # str.isdigit() says yes; int() says no
+    (tmp_path / "\u0664\u0660").mkdir()  # Arabic-Indic 40: int() says 40
     assert checkpoint_steps(tmp_path) == [2, 3]
     assert latest_step(tmp_path) == 3
     restored = restore(tmp_path, fresh_state(cfg), env_spec(cfg.env), step=2)
@@ -141,25 +136,26 @@ def test_rotation_spares_a_step_a_reader_holds_until_it_is_released(tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_a_step_held_at_the_last_save_goes_at_close_once_released(tmp_path, monkeypatch):
+def test_a_step_held_at_the_last_save_goes_at_close_once_released(tmp_path):
     cfg = tiny_config(**{"checkpoint.keep": 1})
     save_versions(tmp_path, cfg, [1])
-
-    # held through the save of 2, released 0.3 s into close's last rotation: gone at close
+    # held through the save of 2, released before the run ends: gone at close
     reader = os.open(tmp_path / "1", os.O_RDONLY)
     fcntl.flock(reader, fcntl.LOCK_SH)
     checkpointer = Checkpointer(tmp_path, cfg, env_spec(cfg.env))
     checkpointer.save(fresh_state(cfg, seed=2, version=2))
     checkpointer.wait()
     assert checkpoint_steps(tmp_path) == [1, 2]
-    threading.Timer(0.3, os.close, (reader,)).start()
+    os.close(reader)
     checkpointer.close()
     assert checkpoint_steps(tmp_path) == [2]
 
-    # held past the wait: kept, and deleted by the next save (a resumed run's)
-    monkeypatch.setattr(podrace.checkpoint, "CLOSE_ROTATION_WAIT_S", 0.2)
+    # still held when the run ends: kept (the end of a run does not wait for a reader), and
+    # deleted by the next save (a resumed run's)
     with step_lock(tmp_path / "2", shared=True):
+        start = time.monotonic()
         save_versions(tmp_path, cfg, [3])
+        assert time.monotonic() - start < 30
     assert checkpoint_steps(tmp_path) == [2, 3]
     save_versions(tmp_path, cfg, [4])
     assert checkpoint_steps(tmp_path) == [4]
@@ -177,17 +173,26 @@ def test_an_old_step_that_cannot_be_deleted_is_a_warning_not_a_failed_save(tmp_p
 
 
 @pytest.mark.timeout(30)
-def test_a_reader_gives_a_live_step_time_to_get_its_manifest(tmp_path, monkeypatch, caplog):
-    """The writer renames the step into place, then writes the manifest: a reader in between
-    must verify it, not read it unverified."""
+def test_a_live_step_is_given_time_to_get_its_manifest_and_a_dead_one_is_not_waited_for(tmp_path, monkeypatch, caplog):
+    """The writer renames the step into place, then writes the manifest: `podrace eval` of a
+    live run waits for it (`wait_for_manifest`); everything else (a resume, under the run
+    lock: no writer) reads a step without one at once, unverified."""
     cfg = tiny_config()
     save_versions(tmp_path, cfg, [1])
     manifest = (tmp_path / "1" / MANIFEST).read_bytes()
     (tmp_path / "1" / MANIFEST).unlink()
     monkeypatch.setattr(podrace.restore, "MANIFEST_WAIT_S", 10.0)
+    start = time.monotonic()
+    restore(tmp_path, fresh_state(cfg), env_spec(cfg.env))
+    assert time.monotonic() - start < 5 and "has no podrace_manifest.json; not verified" in caplog.text
+    caplog.clear()
     threading.Timer(0.3, lambda: (tmp_path / "1" / MANIFEST).write_bytes(manifest)).start()
+    wait_for_manifest(tmp_path / "1")
     restore(tmp_path, fresh_state(cfg), env_spec(cfg.env))
     assert "not verified" not in caplog.text
+    start = time.monotonic()
+    wait_for_manifest(tmp_path / "2")  # no such step: nothing to wait for
+    assert time.monotonic() - start < 1
 
 
 @pytest.mark.timeout(30)
@@ -206,6 +211,8 @@ def test_a_reader_waits_a_bounded_time_for_a_step_held_exclusively(tmp_path, mon
     (tmp_path / "8").write_text("")  # `eval --checkpoint 8` where 8 is a file: its read fails, not the hold
     with step_lock(tmp_path / "8", shared=True) as held:
         assert not held
+    with step_lock(tmp_path / "8", shared=False) as free:
+        assert free  # no reader can hold what cannot be opened: the rotation tries, and warns
 
 
 @pytest.mark.timeout(120)

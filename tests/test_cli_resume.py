@@ -47,6 +47,9 @@ def test_resume_errors_are_one_line_exit_2_and_change_nothing(capsys, tmp_path):
         (["--resume", str(run_dir), "cartpole-ppo"], "drop 'cartpole-ppo'"),
         (["--resume-from", "2", "cartpole-ppo"], "--resume-from needs --resume RUN_DIR"),
         (["--resume", str(run_dir), "--resume-from", "x"], "--resume-from must be a checkpoint step"),
+        (["--resume", str(run_dir), "--resume-from", "\u00b2"], "--resume-from must be a checkpoint step"),
+        (["--resume", ""], "--resume needs a value, got ''"),
+        (["--resume=", "--total-steps", "100"], "--resume needs a value"),
     ]
     for args, message in cases:
         code, out, err = run_cli(capsys, "train", *args)

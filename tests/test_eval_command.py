@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import gymnasium
@@ -261,6 +262,18 @@ def test_a_live_run_rotating_its_checkpoints_spares_the_one_being_evaluated(tmp_
     assert checkpoint_steps(checkpoint_dir(run)) == [5]
     with pytest.raises(ConfigError, match=r"no checkpoint for step 4 .*\(saved: 5\)"):
         evaluate_run(EvalOptions(run, checkpoint=4))
+
+
+@pytest.mark.timeout(120)
+def test_eval_of_a_step_just_renamed_into_place_waits_for_its_manifest(tmp_path, caplog):
+    """A live run writes the manifest a moment after the step appears: eval verifies it."""
+    run = make_run(tmp_path / "run")
+    manifest_path = checkpoint_dir(run) / "3" / "podrace_manifest.json"
+    manifest = manifest_path.read_bytes()
+    manifest_path.unlink()
+    threading.Timer(0.5, manifest_path.write_bytes, (manifest,)).start()
+    assert evaluate_run(EvalOptions(run, episodes=1))["checkpoint"] == 3
+    assert "not verified" not in caplog.text
 
 
 @pytest.mark.timeout(120)
