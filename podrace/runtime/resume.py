@@ -53,8 +53,8 @@ class Resume:
     run_dir: Path
     step: int | None = None
     step_was_latest: bool = False
-    """`step` was the latest checkpoint when the config was read (a CLI pins it): a later
-    one now means another process resumed the run in between."""
+    """`step` was the latest checkpoint when the config was read (a CLI pins it): another
+    latest now means another podrace process wrote the run in between."""
 
 
 @dataclass(frozen=True)
