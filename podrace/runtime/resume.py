@@ -117,6 +117,8 @@ def stored_config(resume: Resume) -> tuple[int, TrainConfig]:
             f"was the latest, now {steps[-1] if steps else 'none'} is: another podrace process wrote it); "
             "run the command again"
         )
+    if not steps and _checkpoints(run_dir).exists() and not _checkpoints(run_dir).is_dir():
+        raise ConfigError(f"cannot resume {run_dir}: {_checkpoints(run_dir)} is not a directory")
     if not steps:
         raise ConfigError(f"cannot resume {run_dir}: it has no checkpoint (none was saved in {_checkpoints(run_dir)})")
     if resume.step is not None and resume.step not in steps:

@@ -278,6 +278,9 @@ def test_resume_errors_name_the_problem_and_change_nothing(tmp_path):
     empty = fake_run(tmp_path, replace(cfg, **{"log.run_name": "empty"}), versions=())
     with pytest.raises(ConfigError, match="has no checkpoint"):
         prepare(None, resume=Resume(empty))
+    (empty / "checkpoints").write_text("")  # no checkpoint yet, and a file in the way
+    with pytest.raises(ConfigError, match=f"cannot resume {empty}: {empty / 'checkpoints'} is not a directory"):
+        prepare(None, resume=Resume(empty))
     array_file = max((p for p in (run_dir / "checkpoints" / "2").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
     data = bytearray(array_file.read_bytes())
     data[len(data) // 2] ^= 0xFF
