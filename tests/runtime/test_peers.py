@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from podrace.runtime.peers import PeerLink, PeerLost, PeerStopped
+from tests.waiting import wait_until
 
 
 @dataclass
@@ -57,13 +58,6 @@ def open_links(n: int, timeout_s: float = 5.0):
     return links, seen
 
 
-def wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-
-
 @pytest.mark.timeout(30)
 def test_a_vanished_spoke_is_named_on_every_other_process():
     links, seen = open_links(3)
@@ -71,7 +65,7 @@ def test_a_vanished_spoke_is_named_on_every_other_process():
         links[2]._closed.set()
         for conn in links[2]._conns:  # process 2 "is killed": its socket closes, no goodbye
             conn.close()
-        wait_for(lambda: seen[0] and seen[1])
+        wait_until(lambda: seen[0] and seen[1])
         assert seen[0][0].process == 2 and "process 2 closed its connection" in str(seen[0][0])
         assert seen[1][0].process == 2 and "process 2" in str(seen[1][0])
         assert len(seen[0]) == len(seen[1]) == 1
@@ -90,7 +84,7 @@ def test_a_failure_report_is_relayed_and_done_is_not_a_loss():
         time.sleep(0.3)
         assert not seen[0]  # finished, then closed: not lost
         links[0].report_failure("learner failed: ValueError: boom")
-        wait_for(lambda: seen[2])
+        wait_until(lambda: seen[2])
         assert seen[2][0].process == 0 and "process 0 failed: learner failed: ValueError: boom" in str(seen[2][0])
     finally:
         for link in links.values():
@@ -102,7 +96,7 @@ def test_a_stop_on_one_spoke_stops_the_others_with_its_signal():
     links, seen = open_links(3)
     try:
         links[2].report_stop(2, "SIGINT")
-        wait_for(lambda: seen[0] and seen[1])
+        wait_until(lambda: seen[0] and seen[1])
         for i in (0, 1):
             assert isinstance(seen[i][0], PeerStopped) and seen[i][0].signum == 2
             assert "process 2 received SIGINT" in str(seen[i][0])
@@ -123,7 +117,7 @@ def test_a_process_that_said_it_leaves_keeps_its_own_reason(how):
             links[1].report_stop(2, "SIGINT")
         else:
             links[1].report_failure("learner failed: ValueError: boom")
-        wait_for(lambda: seen[0] and seen[2])
+        wait_until(lambda: seen[0] and seen[2])
         links[0].close()  # the hub's process exits
         time.sleep(0.5)
         assert not seen[1]
@@ -138,7 +132,7 @@ def test_a_silent_process_is_lost_after_the_timeout():
     links, seen = open_links(2, timeout_s=1.0)
     try:
         links[1]._closed.set()  # stops beating but keeps the connection open (a hung host)
-        wait_for(lambda: seen[0], timeout=10)
+        wait_until(lambda: seen[0], timeout=10)
         assert "process 1 sent nothing for 1s" in str(seen[0][0])
     finally:
         for link in links.values():
@@ -156,7 +150,7 @@ def test_close_returns_at_once_whatever_the_peers_do(how):
             link.report_done()
     else:
         links[1].report_failure("boom")
-        wait_for(lambda: seen[0] and seen[2])
+        wait_until(lambda: seen[0] and seen[2])
     time.sleep(0.2)
     for i, link in links.items():
         start = time.monotonic()

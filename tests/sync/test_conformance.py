@@ -10,6 +10,7 @@ import pytest
 
 from podrace.sync.base import ChannelClosed, Snapshot, SnapshotMismatch, SyncError, SyncTimeout
 from tests.sync.conftest import check_params, make_params
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -27,13 +28,6 @@ def new_pub(harness):
     yield make
     for pub in made:
         pub.close()
-
-
-def wait_until(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.005)
 
 
 def test_versions_start_at_first_version_and_increase(harness, new_pub):

@@ -17,6 +17,7 @@ import pytest
 from podrace.sync.base import ChannelClosed, SnapshotMismatch
 from podrace.sync.shm import ShmPublisher, ShmSubscriber
 from tests.sync import workers
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 ctx = mp.get_context("spawn")
@@ -682,10 +683,7 @@ def test_a_subscriber_inherited_through_fork_reattaches_in_the_child():
     results = mp.get_context("fork").Queue()
     proc = _start_forked(workers.forked_reader, sub, results)
     try:
-        deadline = time.monotonic() + 20
-        while "subscriber/reader#2/acked_version" not in pub.metrics():  # the child's copy attached
-            assert time.monotonic() < deadline, pub.metrics()
-            time.sleep(0.01)
+        wait_until(lambda: "subscriber/reader#2/acked_version" in pub.metrics(), 20, pub.metrics)  # the child's copy attached
         pub.publish(workers.stamped_params(1, 8))
         assert results.get(timeout=30) == (1, 1)
         assert sub.get(1, timeout=10).version == 1  # the parent's own is unaffected
@@ -708,10 +706,7 @@ def test_closing_a_forked_copy_of_a_subscriber_leaves_the_parents_alone():
     assert proc.exitcode == 0
     pub.publish(workers.stamped_params(1, 8))
     assert sub.get(1, timeout=10).version == 1
-    deadline = time.monotonic() + 10
-    while pub.metrics().get("subscriber/reader/acked_version") != 1:
-        assert time.monotonic() < deadline, pub.metrics()
-        time.sleep(0.01)
+    wait_until(lambda: pub.metrics().get("subscriber/reader/acked_version") == 1, 10, pub.metrics)
     sub.close()
     pub.close()
 
@@ -731,15 +726,10 @@ def test_copies_of_a_subscriber_are_reported_apart():
     def acked() -> dict[str, int]:
         return {k: v for k, v in pub.metrics().items() if k.endswith("/acked_version")}
 
-    deadline = time.monotonic() + 10
-    while sorted(acked().values()) != [0, 1]:
-        assert time.monotonic() < deadline, acked()
-        time.sleep(0.01)
+    wait_until(lambda: sorted(acked().values()) == [0, 1], 10, acked)
     assert set(acked()) == {"subscriber/actor/acked_version", "subscriber/actor#2/acked_version"}
     a.close()
-    while list(acked().values()) != [0]:  # b is still reported, with its own version
-        assert time.monotonic() < deadline, acked()
-        time.sleep(0.01)
+    wait_until(lambda: list(acked().values()) == [0], 10, acked)  # b is still reported, with its own version
     b.close()
     pub.close()
 
