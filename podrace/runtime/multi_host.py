@@ -157,6 +157,7 @@ def shutdown(ok: bool, timeout_s: float = SHUTDOWN_TIMEOUT_S + 30) -> None:
     (a finished process waits there for process 0's final evaluation: leaving early would
     look like a dead process to the coordinator); after a failure a peer may be gone, so
     the barrier is skipped (the caller exits)."""
+    import logging
     import threading
 
     import jax
@@ -169,8 +170,8 @@ def shutdown(ok: bool, timeout_s: float = SHUTDOWN_TIMEOUT_S + 30) -> None:
     def leave() -> None:
         try:
             jax.distributed.shutdown()
-        except Exception:  # noqa: BLE001 - the run is over; a peer that left first is fine
-            pass
+        except Exception as error:  # noqa: BLE001 - the run is over; a peer that left first is fine
+            logging.getLogger(__name__).debug("jax.distributed.shutdown() raised: %r", error)
         done.set()
 
     threading.Thread(target=leave, name="distributed-shutdown", daemon=True).start()
