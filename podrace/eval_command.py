@@ -27,6 +27,7 @@ from podrace.restore import read_config, restore, wait_for_manifest
 from podrace.config import ConfigError, EnvConfig, TrainConfig
 from podrace.envs import BatchedEnv, env_spec, make_env, resolve_backend
 from podrace.envs.user_modules import make_working_dir_importable
+from podrace.evaluate import EpisodeTally
 from podrace.learner_mesh import make_algorithm
 from podrace.networks import make_network
 from podrace.runtime.rundir import check_writable
@@ -140,20 +141,14 @@ def make_actor(apply_fn: Callable, params, stochastic: bool, seed: int) -> Calla
 
 
 def play_episodes(env: BatchedEnv, policy: Callable, episodes: int) -> tuple[np.ndarray, np.ndarray]:
-    """Returns and lengths of `episodes` episodes: env i plays the first quota[i] of its own."""
-    n = env.num_envs
-    quota = episodes // n + (np.arange(n) < episodes % n)
-    finished = np.zeros(n, int)
-    returns, lengths = [], []
+    """Returns and lengths of `episodes` episodes, each env its own share (`EpisodeTally`)."""
+    tally = EpisodeTally(episodes, env.num_envs)
     obs = env.reset()
-    while (finished < quota).any():
+    while not tally.complete:
         step = env.step(policy(obs))
-        counted = step.episode_done & (finished < quota)
-        returns.extend(step.episode_return[counted].tolist())
-        lengths.extend(step.episode_length[counted].tolist())
-        finished += step.episode_done
+        tally.add(step.episode_done, step.episode_return, step.episode_length)
         obs = step.obs
-    return np.asarray(returns, float), np.asarray(lengths, float)
+    return tally.result()
 
 
 def _stats(values: np.ndarray) -> dict[str, float]:

@@ -45,6 +45,39 @@ def make_greedy_policy(apply_fn: Callable) -> Callable:
     return jax.jit(lambda params, obs: apply_fn(params, obs)[0].mode())
 
 
+class EpisodeTally:
+    """The episodes an evaluation counts: env i counts the first quota[i] episodes of its
+    own (`episodes` spread evenly over the envs, the first envs taking the remainder).
+
+    Counting "the first `episodes` to end" instead over-counts short episodes: an env whose
+    policy fails early ends two or three episodes while another plays one to the limit, so
+    the mean return is biased low exactly when the policy is uneven. With per-env quotas
+    every counted episode is the first (or k-th) episode of a freshly reset env."""
+
+    def __init__(self, episodes: int, num_envs: int) -> None:
+        self.quota = episodes // num_envs + (np.arange(num_envs) < episodes % num_envs)
+        self.finished = np.zeros(num_envs, int)
+        self.returns: list[float] = []
+        self.lengths: list[float] = []
+
+    @property
+    def complete(self) -> bool:
+        return bool((self.finished >= self.quota).all())
+
+    def add(self, done: np.ndarray, episode_return: np.ndarray, episode_length: np.ndarray) -> None:
+        """One step ([envs]) or several ([steps, envs]) of episode ends, in step order."""
+        done = np.asarray(done, bool).reshape(-1, len(self.quota))
+        ended_so_far = self.finished + np.cumsum(done, axis=0)  # including this step's
+        counted = done & (ended_so_far <= self.quota)
+        self.returns.extend(np.asarray(episode_return).reshape(done.shape)[counted].tolist())
+        self.lengths.extend(np.asarray(episode_length).reshape(done.shape)[counted].tolist())
+        self.finished = ended_so_far[-1]
+
+    def result(self) -> tuple[np.ndarray, np.ndarray]:
+        """(returns, lengths) of the counted episodes, in the order they ended."""
+        return np.asarray(self.returns, float), np.asarray(self.lengths, float)
+
+
 def run_episodes(
     env: BatchedEnv,
     policy: Callable,
@@ -54,8 +87,8 @@ def run_episodes(
     control: Control,
     fused: FusedEpisodes | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Step `env` with the greedy policy until `episodes` episodes have ended: the first
-    `episodes` to end, in the order they ended (by step, then env).
+    """Step `env` with the greedy policy until `episodes` episodes are counted
+    (`EpisodeTally`: each env its own share, from its reset).
 
     Every env call (the reset too) is watched by the heartbeat and preceded by a stop check,
     so a stop is seen within one env call however long the evaluation is. With `fused`
@@ -64,26 +97,20 @@ def run_episodes(
     """
     steps = 0
     obs = control.call("evaluation env.reset", steps, env.reset)
-    returns, lengths = [], []
+    tally = EpisodeTally(episodes, env.num_envs)
     if fused is not None:
         fused.begin(obs)
-    while len(returns) < episodes:
+    while not tally.complete:
         if fused is not None:
             steps += CHUNK_STEPS
-            done, episode_return, episode_length = control.call(
-                "evaluation env.step", steps, fused.chunk, params, steps=CHUNK_STEPS
-            )
+            tally.add(*control.call("evaluation env.step", steps, fused.chunk, params, steps=CHUNK_STEPS))
         else:
             action = jax.device_get(policy(params, jax.device_put(obs, device)))
             steps += 1
             step = control.call("evaluation env.step", steps, env.step, action)
-            done, episode_return, episode_length, obs = (
-                step.episode_done, step.episode_return, step.episode_length, step.obs
-            )
-        if done.any():
-            returns.extend(episode_return[done].tolist())
-            lengths.extend(episode_length[done].tolist())
-    return np.asarray(returns[:episodes]), np.asarray(lengths[:episodes])
+            tally.add(step.episode_done, step.episode_return, step.episode_length)
+            obs = step.obs
+    return tally.result()
 
 
 class Evaluator:

@@ -23,8 +23,8 @@ from podrace.checkpoint import Checkpointer, RunState, checkpoint_dir, checkpoin
 from podrace.config import ConfigError
 from podrace.envs import env_spec, make_env
 from podrace.eval_command import EvalOptions, evaluate_run, play_episodes
-from podrace.types import EnvSpec, EnvStep
 from tests.envs.user_envs import MatchEnv
+from tests.test_evaluate import FixedLengthEnv
 from tests.test_checkpoint import fresh_state, save_versions, tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,28 +73,6 @@ def test_eval_plays_the_checkpoint_policy_and_writes_json_without_overwriting(tm
     assert again["output"] == str(run / "eval-3-2.json")
     assert json.loads((run / "eval-3.json").read_text()) == written
     assert result["output"] == str(run / "eval-3.json")
-
-
-class FixedLengthEnv:
-    """Env i ends an episode every lengths[i] steps, with return = its length."""
-
-    def __init__(self, lengths):
-        self.lengths = np.asarray(lengths)
-        self.num_envs = len(lengths)
-        self.spec = EnvSpec((1,), np.dtype(np.float32), 2, ())
-        self.t = np.zeros(self.num_envs, int)
-
-    def reset(self):
-        return np.zeros((self.num_envs, 1), np.float32)
-
-    def step(self, actions):
-        self.t += 1
-        done = self.t % self.lengths == 0
-        zeros = np.zeros(self.num_envs)
-        return EnvStep(self.reset(), zeros, done, done & False, done, self.lengths.astype(float), self.lengths)
-
-    def close(self):
-        pass
 
 
 @pytest.mark.timeout(30)

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from podrace.control import Control, Heartbeat, Lifetime, Stopped
-from podrace.evaluate import Evaluator, run_episodes
+from podrace.evaluate import EpisodeTally, Evaluator, run_episodes
 from podrace.metrics.registry import Metrics
+from podrace.types import EnvSpec, EnvStep
 from tests.test_actor import FakeParams, ScriptedEnv
 
 pytestmark = pytest.mark.timeout(60)
@@ -29,6 +30,49 @@ def test_run_episodes_returns_exactly_the_episodes_asked_for():
     returns, lengths = run_episodes(env, jax.jit(policy), None, jax.devices()[0], 1, control())
     assert env.steps == 2  # two episodes ended together; one was asked for
     assert returns.tolist() == [2.0] and lengths.tolist() == [2]
+
+
+class FixedLengthEnv:
+    """Env i ends an episode every lengths[i] steps, with return = its length."""
+
+    def __init__(self, lengths):
+        self.lengths = np.asarray(lengths)
+        self.num_envs = len(lengths)
+        self.spec = EnvSpec((1,), np.dtype(np.float32), 2, ())
+        self.t = np.zeros(self.num_envs, int)
+
+    def reset(self):
+        return np.zeros((self.num_envs, 1), np.float32)
+
+    def step(self, actions):
+        self.t += 1
+        done = self.t % self.lengths == 0
+        zeros = np.zeros(self.num_envs)
+        return EnvStep(self.reset(), zeros, done, done & False, done, self.lengths.astype(float), self.lengths)
+
+    def close(self):
+        pass
+
+
+def test_each_env_counts_its_own_share_so_short_episodes_are_not_over_counted():
+    # The first four episodes to end would be env 0's four one-step episodes (mean 1).
+    returns, lengths = run_episodes(FixedLengthEnv([1, 10]), jax.jit(policy), None, jax.devices()[0], 4, control())
+    assert sorted(lengths.tolist()) == [1, 1, 10, 10]
+    assert returns.mean() == 5.5
+
+
+def test_a_tally_of_several_steps_at_once_counts_each_env_up_to_its_quota_in_step_order():
+    tally = EpisodeTally(5, 2)  # quotas 3 and 2
+    done = np.array([[1, 0], [1, 1], [1, 0], [1, 0]], bool)  # [steps, envs]
+    returns = np.arange(8.0).reshape(4, 2)
+    tally.add(done, returns, returns + 100)
+    assert not tally.complete  # env 1 has one of its two
+    assert tally.returns == [0.0, 2.0, 3.0, 4.0]
+    tally.add(np.array([True, True]), np.array([50.0, 51.0]), np.array([1, 2]))  # env 0 is past its quota
+    assert tally.complete
+    returns, lengths = tally.result()
+    assert returns.tolist() == [0.0, 2.0, 3.0, 4.0, 51.0]
+    assert lengths.tolist() == [100.0, 102.0, 103.0, 104.0, 2.0]
 
 
 def test_a_stop_is_seen_within_one_evaluation_step():

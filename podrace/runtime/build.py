@@ -169,8 +169,8 @@ def build_evaluator(
     envs: EnvSource | None = None,
 ) -> Evaluator:
     envs = envs or EnvSource(cfg.env)
-    # The first `episodes` to end are counted: more envs would only play uncounted episodes
-    # (and 2**31 of them hung building envs).
+    # Each env counts its own share of `episodes` (`EpisodeTally`): more envs than episodes
+    # would only play uncounted episodes (and 2**31 of them hung building envs).
     num_envs = min(cfg.eval.num_envs, cfg.eval.episodes)
     env = envs.make(num_envs, env_seed(cfg.seed, 1, 0), env_threads(cfg))
     return Evaluator(env, device, greedy, params, cfg.eval.episodes, metrics, control)
