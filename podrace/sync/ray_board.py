@@ -25,24 +25,44 @@ def connected() -> bool:
 
 
 class Channel:
-    __slots__ = ("version", "refs", "acks", "alive_until")
+    """A channel's newest reference and its subscribers' acknowledgements. Subscribers are
+    keyed by an id of their own (each copy of a pickled subscriber has one) and reported by
+    their name, or `name#2`, `name#3`... while another live subscriber has it (as the shm
+    doorbell does)."""
+
+    __slots__ = ("version", "refs", "acks", "alive_until", "labels")
 
     def __init__(self) -> None:
         self.version: int | None = None
         self.refs: list[Any] | None = None
-        self.acks: dict[str, int] = {}
-        self.alive_until: dict[str, float] = {}  # subscriber -> when its next wait is overdue
+        self.acks: dict[str, int] = {}  # subscriber id -> highest acknowledged version
+        self.alive_until: dict[str, float] = {}  # subscriber id -> when its next wait is overdue
+        self.labels: dict[str, str] = {}  # subscriber id -> its name in the publisher's metrics
 
-    def heard_from(self, name: str, grace: float) -> None:
-        self.alive_until[name] = max(self.alive_until.get(name, 0.0), time.monotonic() + grace)
+    def heard_from(self, subscriber: str, name: str, grace: float) -> None:
+        if subscriber not in self.labels:
+            taken = set(self.labels.values())
+            label, n = name, 1
+            while label in taken:
+                n += 1
+                label = f"{name}#{n}"
+            self.labels[subscriber] = label
+        self.alive_until[subscriber] = max(self.alive_until.get(subscriber, 0.0), time.monotonic() + grace)
+
+    def forget(self, subscriber: str) -> None:
+        self.acks.pop(subscriber, None)
+        self.alive_until.pop(subscriber, None)
+        self.labels.pop(subscriber, None)
 
     def drop_silent(self) -> None:
         """Forget subscribers overdue for their next wait: their process died (as on shm,
         where the doorbell's socket closes, a dead subscriber is no longer reported)."""
         now = time.monotonic()
-        for name in [n for n, until in self.alive_until.items() if until < now]:
-            del self.alive_until[name]
-            self.acks.pop(name, None)
+        for subscriber in [s for s, until in self.alive_until.items() if until < now]:
+            self.forget(subscriber)
+
+    def reported_acks(self) -> dict[str, int]:
+        return {self.labels[s]: version for s, version in self.acks.items()}
 
 
 class Board:
@@ -76,14 +96,16 @@ class Board:
             self._condition().notify_all()
 
     async def wait(
-        self, channel: str, min_version: int, timeout: float, name: str = "", grace: float = 0.0
+        self, channel: str, min_version: int, timeout: float, subscriber: str = "", name: str = "",
+        grace: float = 0.0,
     ) -> tuple[str, int | None, Any]:
         """("ok", version, [ref]) once version >= min_version; ("timeout", latest, None) or
-        ("closed", None, error or None) otherwise."""
+        ("closed", None, error or None) otherwise. A `subscriber` id (with its `name`) makes
+        the wait that subscriber's heartbeat."""
         cond = self._condition()
         state = self._channels.get(channel)
-        if state is not None and name:
-            state.heard_from(name, timeout + grace)
+        if state is not None and subscriber:
+            state.heard_from(subscriber, name, timeout + grace)
 
         def ready() -> bool:
             state = self._channels.get(channel)
@@ -98,8 +120,8 @@ class Board:
             state = self._channels.get(channel)
             if state is None:
                 return "closed", None, self._errors.get(channel)
-            if name:
-                state.heard_from(name, grace)
+            if subscriber:
+                state.heard_from(subscriber, name, grace)
             return "ok", state.version, state.refs
 
     async def close(self, channel: str, error: str | None = None) -> None:
@@ -109,24 +131,23 @@ class Board:
             self._channels.pop(channel, None)
             self._condition().notify_all()
 
-    async def ack(self, channel: str, name: str, version: int, grace: float = 60.0) -> None:
+    async def ack(self, channel: str, subscriber: str, name: str, version: int, grace: float = 60.0) -> None:
         state = self._channels.get(channel)
         if state is not None:
-            state.acks[name] = max(state.acks.get(name, -1), version)
-            state.heard_from(name, grace)
+            state.heard_from(subscriber, name, grace)
+            state.acks[subscriber] = max(state.acks.get(subscriber, -1), version)
 
-    async def forget(self, channel: str, name: str) -> None:
+    async def forget(self, channel: str, subscriber: str) -> None:
         state = self._channels.get(channel)
         if state is not None:
-            state.acks.pop(name, None)
-            state.alive_until.pop(name, None)
+            state.forget(subscriber)
 
     async def acks(self, channel: str) -> dict[str, int]:
         state = self._channels.get(channel)
         if state is None:
             return {}
         state.drop_silent()
-        return dict(state.acks)
+        return state.reported_acks()
 
 
 _board_lock = threading.Lock()

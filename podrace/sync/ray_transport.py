@@ -127,7 +127,8 @@ class RaySubscriber(Subscriber):
       board, channel: the publisher's `board` actor handle and `channel` id.
       device: jax Device/Sharding for the snapshots, or None for read-only NumPy arrays.
       expect: a params-like pytree or TreeSpec every snapshot must match.
-      name: label in the publisher's metrics.
+      name: label in the publisher's metrics (copies of one pickled subscriber are
+        reported as `name`, `name#2`, ...: each has its own id on the board).
       long_poll: seconds one board wait may last (how long the fetch thread can outlive
         close() if cancelling its wait fails). A subscriber silent for 2 x long_poll + 5 s
         (its process died) is dropped from the publisher's metrics.
@@ -146,6 +147,7 @@ class RaySubscriber(Subscriber):
         self._board = board
         self.channel = channel
         self.name = name or f"pid{os.getpid()}-{next(_names)}"
+        self._id = uuid.uuid4().hex  # not pickled: the board tells copies apart by it
         self._device = device
         self._expect = None if expect is None else TreeSpec.of(expect)
         self._long_poll = long_poll
@@ -176,7 +178,7 @@ class RaySubscriber(Subscriber):
                 self._thread = threading.Thread(
                     target=_fetch_loop, args=(weakref.ref(self),), name=f"podrace-ray-fetch-{self.name}", daemon=True
                 )
-                self._forget = weakref.finalize(self, _forget, self._board, self.channel, self.name)
+                self._forget = weakref.finalize(self, _forget, self._board, self.channel, self._id)
                 self._forget.atexit = False
                 self._thread.start()
 
@@ -193,7 +195,7 @@ class RaySubscriber(Subscriber):
                     self._cond.notify_all()
                     return None
                 self._call = call = self._board.wait.remote(
-                    self.channel, last + 1, self._long_poll, self.name, self._grace
+                    self.channel, last + 1, self._long_poll, self._id, self.name, self._grace
                 )
             try:
                 status, version, refs = ray.get(call)  # refs: the error text when "closed"
@@ -260,7 +262,7 @@ class RaySubscriber(Subscriber):
         if snapshot.version != self._acked:
             self._acked = snapshot.version
             if connected():
-                self._board.ack.remote(self.channel, self.name, snapshot.version, self._grace)  # fire and forget
+                self._board.ack.remote(self.channel, self._id, self.name, snapshot.version, self._grace)  # fire and forget
         return snapshot
 
     def poll(self) -> Snapshot | None:
@@ -315,7 +317,7 @@ class RaySubscriber(Subscriber):
             if connected():
                 if call is not None:
                     ray_module().cancel(call)
-                self._board.forget.remote(self.channel, self.name)
+                self._board.forget.remote(self.channel, self._id)
 
 
 def _fetch_loop(ref: "weakref.ref[RaySubscriber]") -> None:
@@ -328,10 +330,10 @@ def _fetch_loop(ref: "weakref.ref[RaySubscriber]") -> None:
         del sub
 
 
-def _forget(board: Any, channel: str, name: str) -> None:
+def _forget(board: Any, channel: str, subscriber: str) -> None:
     with contextlib.suppress(Exception):  # best effort: Ray or the board may be gone
         if connected():
-            board.forget.remote(channel, name)
+            board.forget.remote(channel, subscriber)
 
 
 def _reattach(

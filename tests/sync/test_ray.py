@@ -14,6 +14,7 @@ import pytest
 
 from podrace.sync.base import ChannelClosed, SyncError
 from tests.sync import workers
+from tests.waiting import wait_until
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.timeout(120)
@@ -186,6 +187,30 @@ def test_dead_subscribers_are_dropped_from_metrics(ray_session):
     m = pub.metrics()
     assert "subscriber/doomed/lag" not in m and m["subscriber/live/acked_version"] == 0  # alive: kept
     live.close()
+    pub.close()
+
+
+def test_copies_of_a_subscriber_are_reported_apart(ray_session):
+    """A subscriber passed to a Ray actor is a copy with the same name: its acks used to
+    merge with the original's on the board, and closing one removed the entry for both."""
+    from podrace.sync.ray_transport import RayPublisher
+
+    pub = RayPublisher()
+    original = pub.subscribe(name="actor", long_poll=0.5)
+    copy = _Reader.remote(original)
+    pub.publish(workers.stamped_params(0, 8))
+    assert original.get(0, timeout=30).version == 0
+    pub.publish(workers.stamped_params(1, 8))
+    assert ray.get(copy.read.remote(1), timeout=60) == 1
+
+    def acked() -> dict[str, int]:
+        return {k: v for k, v in pub.metrics().items() if k.endswith("/acked_version")}
+
+    wait_until(lambda: sorted(acked().values()) == [0, 1], 30, acked)
+    assert set(acked()) == {"subscriber/actor/acked_version", "subscriber/actor#2/acked_version"}
+    original.close()
+    wait_until(lambda: list(acked().values()) == [1], 30, acked)  # the copy is still reported
+    ray.kill(copy, no_restart=True)
     pub.close()
 
 

@@ -61,13 +61,13 @@ def test_acks_keep_the_highest_version_and_forget_silent_or_forgotten_subscriber
     async def scenario():
         board = Board()
         await board.open("c")
-        await board.ack("c", "a", 3, grace=60.0)
-        await board.ack("c", "a", 2, grace=60.0)  # an older ack never lowers it
-        await board.ack("c", "b", 1, grace=60.0)
-        await board.ack("c", "silent", 4, grace=0.01)
+        await board.ack("c", "id-a", "a", 3, grace=60.0)
+        await board.ack("c", "id-a", "a", 2, grace=60.0)  # an older ack never lowers it
+        await board.ack("c", "id-b", "b", 1, grace=60.0)
+        await board.ack("c", "id-silent", "silent", 4, grace=0.01)
         await asyncio.sleep(0.05)
         first = await board.acks("c")
-        await board.forget("c", "b")
+        await board.forget("c", "id-b")
         return first, await board.acks("c"), await board.acks("unknown")
 
     first, second, unknown = run(scenario())
@@ -76,12 +76,33 @@ def test_acks_keep_the_highest_version_and_forget_silent_or_forgotten_subscriber
     assert unknown == {}
 
 
+def test_subscribers_sharing_a_name_are_reported_apart_and_forgotten_alone():
+    """Copies of one pickled subscriber keep its name: their acks used to merge into one
+    entry (the highest), and the first copy to close removed it for all."""
+
+    async def scenario():
+        board = Board()
+        await board.open("c")
+        await board.ack("c", "copy-1", "actor", 5, grace=60.0)
+        await board.ack("c", "copy-2", "actor", 2, grace=60.0)
+        both = await board.acks("c")
+        await board.forget("c", "copy-1")
+        after_forget = await board.acks("c")
+        await board.ack("c", "copy-3", "actor", 7, grace=60.0)  # the name is free again
+        return both, after_forget, await board.acks("c")
+
+    both, after_forget, reused = run(scenario())
+    assert both == {"actor": 5, "actor#2": 2}
+    assert after_forget == {"actor#2": 2}
+    assert reused == {"actor#2": 2, "actor": 7}
+
+
 def test_each_wait_is_a_heartbeat_for_as_long_as_it_waits_plus_the_grace():
     async def scenario():
         board = Board()
         await board.open("c")
-        await board.ack("c", "reader", 1, grace=0.01)
-        waiter = asyncio.create_task(board.wait("c", 5, timeout=0.3, name="reader", grace=0.01))
+        await board.ack("c", "id-r", "reader", 1, grace=0.01)
+        waiter = asyncio.create_task(board.wait("c", 5, timeout=0.3, subscriber="id-r", name="reader", grace=0.01))
         await asyncio.sleep(0.1)  # past the ack's grace, but the reader is still waiting
         during = await board.acks("c")
         await waiter
