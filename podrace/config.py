@@ -7,9 +7,6 @@ which XLA flags (e.g. forced CPU device count) to set before JAX is imported.
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
-import types
 import typing
 from dataclasses import dataclass, field
 from typing import Iterator, Literal
@@ -392,73 +389,3 @@ def resolved(cfg: TrainConfig) -> TrainConfig:
     if cfg.runtime == "ray" and cfg.ray.envs_per_worker is not None:
         cfg = replace(cfg, **{"env.num_envs": cfg.ray.envs_per_worker, "ray.envs_per_worker": None})
     return replace(cfg, **{"layout.synchronous": cfg.synchronous, "layout.max_policy_lag": cfg.max_policy_lag})
-
-
-def config_from_dict(data: dict, cls: type = TrainConfig, where: str = "config"):
-    """Rebuild a config dataclass from `dataclasses.asdict` output (e.g. a run's config.json).
-
-    Missing fields keep their defaults (configs written by older versions); unknown fields
-    are a ConfigError, as is anything that is not a mapping where a section belongs.
-    """
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where} must be a mapping, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ConfigError(f"{where} has unknown field(s): {', '.join(unknown)}")
-    values = {}
-    for name, value in data.items():
-        hint = hints[name]
-        if dataclasses.is_dataclass(hint):
-            value = config_from_dict(value, hint, f"{where}.{name}")
-        else:
-            if isinstance(value, list):
-                value = tuple(value)  # JSON has no tuples; every sequence field is a tuple
-            if not _fits(value, hint):
-                shown = hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
-                raise ConfigError(f"{where}.{name} must be {shown}, got {json.dumps(value, default=repr)[:80]}")
-        values[name] = value
-    return cls(**values)
-
-
-def _fits(value: object, annotation: object) -> bool:
-    """Whether `value` (from JSON) fits a config field's annotation (tuples as lists' tuples)."""
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin is typing.Literal:
-        return value in args
-    if origin in (typing.Union, types.UnionType):
-        return any(_fits(value, a) for a in args)
-    if annotation is type(None):
-        return value is None
-    if origin is tuple:
-        if len(args) == 2 and args[1] is Ellipsis:
-            return isinstance(value, tuple) and all(_fits(v, args[0]) for v in value)
-        return isinstance(value, tuple) and len(value) == len(args) and all(map(_fits, value, args))
-    if annotation is bool:
-        return isinstance(value, bool)
-    if annotation is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if annotation is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if annotation is str:
-        return isinstance(value, str)
-    return True  # a field type this check does not know: left to validate()
-
-
-def worker_resources(ray: RayConfig) -> dict[str, float]:
-    """`--ray.worker-resources` as a dict; ConfigError for a malformed entry."""
-    out: dict[str, float] = {}
-    for entry in ray.worker_resources:
-        name, sep, amount = entry.partition("=")
-        try:
-            value = float(amount)
-        except ValueError:
-            value = -1.0
-        if not sep or not name or not 0 < value < math.inf or name in ("CPU", "GPU", "memory"):
-            raise ConfigError(
-                f"ray.worker_resources entries must be NAME=AMOUNT with a custom resource name and a "
-                f"positive amount, got {entry!r}"
-            )
-        out[name] = value
-    return out

@@ -21,7 +21,8 @@ import orbax.checkpoint as ocp
 from podrace import json_text
 from podrace.algos.base import TrainState
 from podrace.checkpoint import FORMAT, MANIFEST, RunState, file_sha256, resolve_step, spec_json
-from podrace.config import ConfigError, TrainConfig, config_from_dict
+from podrace.config import ConfigError, TrainConfig
+from podrace.config_dict import config_from_dict
 from podrace.orbax_loops import draining_loops
 from podrace.types import EnvSpec, PyTree
 

@@ -9,7 +9,7 @@ import threading
 import typing
 from typing import Literal
 
-from podrace.config import ConfigError, DistributedConfig, TrainConfig, leaves, resolved, worker_resources
+from podrace.config import ConfigError, DistributedConfig, RayConfig, TrainConfig, leaves, resolved
 
 
 INT32_MAX = 2**31 - 1
@@ -282,3 +282,21 @@ def validate_distributed(d: DistributedConfig) -> None:
         raise ConfigError(f"distributed.init_timeout_s must be positive, got {d.init_timeout_s}")
     if d.peer_timeout_s <= 0:
         raise ConfigError(f"distributed.peer_timeout_s must be positive, got {d.peer_timeout_s}")
+
+
+def worker_resources(ray: RayConfig) -> dict[str, float]:
+    """`--ray.worker-resources` as a dict; ConfigError for a malformed entry."""
+    out: dict[str, float] = {}
+    for entry in ray.worker_resources:
+        name, sep, amount = entry.partition("=")
+        try:
+            value = float(amount)
+        except ValueError:
+            value = -1.0
+        if not sep or not name or not 0 < value < math.inf or name in ("CPU", "GPU", "memory"):
+            raise ConfigError(
+                f"ray.worker_resources entries must be NAME=AMOUNT with a custom resource name and a "
+                f"positive amount, got {entry!r}"
+            )
+        out[name] = value
+    return out

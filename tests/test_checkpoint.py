@@ -32,7 +32,8 @@ from podrace.checkpoint import (
     step_lock,
 )
 from podrace.restore import read_config, restore, wait_for_manifest
-from podrace.config import ConfigError, TrainConfig, config_from_dict, replace
+from podrace.config import ConfigError, TrainConfig, replace
+from podrace.config_dict import config_from_dict
 from podrace.envs import env_spec
 from podrace.learner_mesh import make_algorithm
 from podrace.networks import make_network

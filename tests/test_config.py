@@ -186,7 +186,7 @@ def test_a_stored_config_with_a_value_of_the_wrong_type_is_a_config_error(sectio
     import dataclasses
     import json
 
-    from podrace.config import config_from_dict
+    from podrace.config_dict import config_from_dict
     from podrace.presets import get
 
     data = json.loads(json.dumps(dataclasses.asdict(get("cartpole-ppo"))))

@@ -22,7 +22,8 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter
 
 from podrace import json_text
-from podrace.config import ConfigError, TrainConfig, config_from_dict
+from podrace.config import ConfigError, TrainConfig
+from podrace.config_dict import config_from_dict
 from podrace.runtime.rundir import check_writable
 
 FIGSIZE = (12.0, 9.0)

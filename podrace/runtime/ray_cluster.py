@@ -23,7 +23,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from podrace.config import ConfigError, RayConfig, worker_resources
+from podrace.config import ConfigError, RayConfig
+from podrace.validation import worker_resources
 
 
 def import_ray() -> Any:

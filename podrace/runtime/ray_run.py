@@ -34,7 +34,8 @@ from typing import Any, Callable
 import jax
 
 from podrace.algos.normalizer import acting_apply
-from podrace.config import TrainConfig, resolved, worker_resources
+from podrace.config import TrainConfig, resolved
+from podrace.validation import worker_resources
 from podrace.control import ComponentError, Control, Lifetime, Stopped, Watchdog, raise_stopped_if_stopping
 from podrace.envs import env_spec, resolve_backend
 from podrace.evaluate import EvalResult, make_greedy_policy

@@ -90,7 +90,7 @@ def run_config_json(run_dir: Path) -> TrainConfig | None:
     """The run's config.json (None when unreadable), read without JAX: what a CLI needs to
     set XLA flags before the checkpoint is opened. The layout in it is the checkpoint's, as
     a resume cannot change the layout."""
-    from podrace.config import config_from_dict
+    from podrace.config_dict import config_from_dict
 
     try:
         return config_from_dict(json_text.loads((Path(run_dir) / "config.json").read_text()))
