@@ -24,7 +24,7 @@ from podrace.metrics.loggers import SinkError
 from podrace.runtime.xla_setup import enable_compile_cache, set_xla_flags
 from podrace.validation import validate
 
-USAGE = """usage: podrace train <preset> [--flags]   (podrace train --help lists presets and flags)
+USAGE = """usage: podrace train <preset> [--flags]   (podrace train <preset> --help lists the flags)
        podrace train --resume RUN_DIR [--resume-from STEP] [--total-steps N ...]
        podrace eval RUN_DIR [--checkpoint STEP] [--episodes N] [--stochastic] [--video PATH]
        podrace plot RUN_DIR [RUN_DIR ...] -o out.png"""

@@ -274,7 +274,7 @@ class LogConfig:
     run_dir: str = "runs"
     """Parent folder of run directories."""
     run_name: str | None = None
-    """Run directory name; default <preset>-<seed>-<timestamp>."""
+    """Run directory name; default <preset>-s<seed>-<timestamp>."""
     interval_s: float = 2.0
     """Seconds between metric lines (console and metrics.jsonl)."""
     tensorboard: bool = False

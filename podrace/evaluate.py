@@ -133,6 +133,7 @@ class Evaluator:
         self.episodes = episodes
         self.metrics = metrics
         self.requests: BoundedQueue[_Request] = BoundedQueue(1, lifetime)
+        metrics.count("eval/dropped_requests", 0)  # a total: in every metrics line, from 0
         self.results: list[EvalResult] = []
         self.fused = fused_episodes_for(env, policy, device)
         """The greedy steps as XLA calls where the env allows it (`podrace.fused_rollout`)."""

@@ -125,6 +125,7 @@ def test_busy_evaluator_drops_and_counts_requests():
     metrics = Metrics()
     evaluator = Evaluator(ScriptedEnv([{}, {}]), jax.devices()[0], jax.jit(policy), FakeParams(), 1, metrics,
                           control())
+    assert metrics.collect()["eval/dropped_requests"] == 0  # reported before anything is dropped
     evaluator.request(1)
     evaluator.request(2)
     evaluator.request(3)

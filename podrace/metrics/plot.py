@@ -43,6 +43,10 @@ LEARNER_PARTS = (
     ("learner/publish", "publish"),
 )
 OTHER = "other (rollout)"
+COMPILED = "compiled env + policy steps"
+"""A compiled rollout (`podrace.fused_rollout`: envpool on CPU) steps env and policy inside
+XLA calls, so it has no env-step / inference / device-to-host timers: its rollout time but
+the transfer to the learner is this one part."""
 
 
 @dataclass(frozen=True)
@@ -141,8 +145,14 @@ def time_breakdown(run: RunData) -> dict[str, dict[str, float]]:
             mean = _value(line, key)
             if mean is not None:
                 totals[key] = totals.get(key, 0.0) + mean * updates
-    actor = {label: totals.get(key, 0.0) for key, label in ACTOR_PARTS}
-    actor[OTHER] = max(0.0, totals.get("actor/rollout", 0.0) - sum(actor.values()))
+    rollout = totals.get("actor/rollout", 0.0)
+    if "actor/env_step" in totals:
+        actor = {label: totals.get(key, 0.0) for key, label in ACTOR_PARTS}
+        actor[OTHER] = max(0.0, rollout - sum(actor.values()))
+    else:
+        to_learner = dict(ACTOR_PARTS)["actor/to_learner"]
+        actor = {COMPILED: max(0.0, rollout - totals.get("actor/to_learner", 0.0)),
+                 to_learner: totals.get("actor/to_learner", 0.0)}
     actor.update({label: totals.get(key, 0.0) for key, label in ACTOR_WAITS})
     learner = {label: totals.get(key, 0.0) for key, label in LEARNER_PARTS}
     return {"actor": actor, "learner": learner}
@@ -201,7 +211,7 @@ def plot_runs(run_dirs: Sequence[Path]) -> Figure:
 
 
 def _time_bars(ax, runs: Sequence[RunData]) -> None:
-    labels = [label for _, label in ACTOR_PARTS] + [OTHER] + [label for _, label in ACTOR_WAITS] + [
+    labels = [label for _, label in ACTOR_PARTS] + [OTHER, COMPILED] + [label for _, label in ACTOR_WAITS] + [
         label for _, label in LEARNER_PARTS]
     colors = {label: f"C{i % 10}" for i, label in enumerate(labels)}
     ticks, names = [], []

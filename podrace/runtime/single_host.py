@@ -349,6 +349,8 @@ class SingleHostRun:
             self._save_final(group)
             self.stuck = stuck = group.join(STOP_GRACE_S)
             train_s = time.perf_counter() - train_start
+            if lifetime.stop_reason == "finished":  # the final line then names the final checkpoint;
+                self.checkpoints.close(lifetime)  # after a signal the line comes first (little time)
             log.write(train_start, final=True)
             log.close()
             self.checkpoints.close(lifetime)  # before user code (env.close) runs again

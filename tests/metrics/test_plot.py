@@ -60,6 +60,20 @@ def test_time_breakdown_is_mean_times_updates_per_interval(tmp_path):
 
 
 @pytest.mark.timeout(60)
+def test_a_compiled_rollout_is_one_part_not_other_work(tmp_path):
+    """A compiled rollout (envpool on CPU) reports no env-step, inference or device-to-host
+    timers: its whole rollout used to be drawn as "other (rollout)"."""
+    synthetic_run(tmp_path / "run")
+    path = tmp_path / "run" / "metrics.jsonl"
+    drop = ("actor/env_step", "actor/inference", "actor/device_to_host")
+    lines = [{k: v for k, v in json.loads(line).items() if k not in drop} for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    breakdown = time_breakdown(load_run(tmp_path / "run"))
+    assert breakdown["actor"] == pytest.approx(
+        {"compiled env + policy steps": 1.08, "to learner devices": 0.12, "queue put wait": 0.09})
+
+
+@pytest.mark.timeout(60)
 def test_figure_has_curves_per_run_labelled_axes_and_a_time_bar_per_thread(tmp_path):
     cfg = synthetic_run(tmp_path / "first")
     synthetic_run(tmp_path / "second", scale=2.0)

@@ -179,6 +179,29 @@ def test_which_changes_a_resume_allows(change, allowed):
             check_changes(stored, replace(stored, **change), step=2)
 
 
+@pytest.mark.timeout(120)
+def test_the_final_metrics_line_names_the_final_checkpoint(tmp_path, monkeypatch):
+    """The final line was written while the final checkpoint was still being written, so
+    its `checkpoint/version` named the one before (a slow write makes that certain)."""
+    import time
+
+    from podrace.checkpoint import Checkpointer
+
+    write = Checkpointer._write
+
+    def slow_write(self, step, arrays, meta):
+        time.sleep(0.5)
+        write(self, step, arrays, meta)
+
+    monkeypatch.setattr(Checkpointer, "_write", slow_write)
+    run = prepare(small(tmp_path, **{"log.run_name": "r", "checkpoint.every_updates": 5}))
+    result = run.run()
+    steps = checkpoint_steps(checkpoint_dir(result.run_dir))
+    assert steps[-1] == result.updates == result.checkpoint == 12
+    last = json.loads((result.run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["final"] == 1 and last["checkpoint/version"] == 12
+
+
 def line(version, env_steps, time_s, **more) -> str:
     return json.dumps({"version": version, "env_steps": env_steps, "time_s": time_s, **more})
 
