@@ -5,6 +5,7 @@ it sets XLA flags."""
 from __future__ import annotations
 
 import math
+import re
 import threading
 import typing
 from typing import Literal
@@ -268,7 +269,7 @@ def validate_distributed(d: DistributedConfig) -> None:
     """The distributed fields that are set must make sense; unset ones are JAX's to detect."""
     if d.coordinator is not None:
         host, _, port = d.coordinator.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if not host or not re.fullmatch(r"[0-9]{1,5}", port) or not 0 < int(port) < 65536:
             raise ConfigError(f"distributed.coordinator must be HOST:PORT, got '{d.coordinator}'")
     if d.num_processes is not None and d.num_processes < 1:
         raise ConfigError(f"distributed.num_processes must be positive, got {d.num_processes}")

@@ -276,7 +276,13 @@ MUTANTS: list[Mutant] = [
     Mutant("config_negative_lag_accepted", "podrace/validation.py",
            'non_negative("layout.max_policy_lag", cfg.layout.max_policy_lag)', "pass",
            ("tests/test_config.py", "-k", "max-policy-lag")),
-    # --- runtime/peers.py ---------------------------------------------------------------------
+    # --- runtime/rendezvous.py, peers.py ------------------------------------------------------
+    Mutant("rendezvous_accepts_a_wrong_process_count", "podrace/runtime/rendezvous.py",
+           'elif hello.get("num_processes") != num_processes:', "elif False:",
+           ("tests/runtime/test_rendezvous.py",)),
+    Mutant("rendezvous_answers_before_everyone_joined", "podrace/runtime/rendezvous.py",
+           "while error is None and len(joined) < num_processes - 1:", "while error is None and len(joined) < 1:",
+           ("tests/runtime/test_rendezvous.py",)),
     Mutant("peer_close_waits_for_its_blocked_reader", "podrace/runtime/peers.py",
            "(lambda: self.sock.shutdown(socket.SHUT_RDWR), self.reader.close, self.sock.close)",
            "(self.reader.close, lambda: self.sock.shutdown(socket.SHUT_RDWR), self.sock.close)",

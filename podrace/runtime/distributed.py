@@ -15,12 +15,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import jax
 
 from podrace.config import ConfigError, DistributedConfig, TrainConfig, replace
+from podrace.runtime.rendezvous import rendezvous
 from podrace.types import PyTree
 
 _CONFIG_KEY = "podrace/config/{}"
@@ -59,8 +62,15 @@ class Cluster:
 
 
 def join(d: DistributedConfig) -> Cluster:
-    """Start jax.distributed; unset fields come from JAX (env vars, cluster detection)."""
+    """Start jax.distributed; unset fields come from JAX (env vars, cluster detection).
+
+    Where the coordinator, process count and id are known here (flags or JAX's variables),
+    the processes first meet over plain TCP (`rendezvous`): jax.distributed would abort the
+    process, not raise, when one is missing."""
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    known = _explicit(d)
+    if known is not None:
+        rendezvous(*known, float(d.init_timeout_s))
     try:
         jax.distributed.initialize(
             coordinator_address=d.coordinator,
@@ -88,6 +98,21 @@ def join(d: DistributedConfig) -> Cluster:
 
     coordinator = d.coordinator or global_state.coordinator_address
     return Cluster(jax.process_index(), jax.process_count(), coordinator, global_state.client, float(d.init_timeout_s))
+
+
+def _explicit(d: DistributedConfig) -> tuple[str, int, int] | None:
+    """(coordinator, num_processes, process_id) from the flags or JAX_COORDINATOR_ADDRESS,
+    JAX_NUM_PROCESSES, JAX_PROCESS_ID; None when JAX must detect them (SLURM, MPI, ...)."""
+    coordinator = d.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")
+    count = d.num_processes if d.num_processes is not None else os.environ.get("JAX_NUM_PROCESSES")
+    pid = d.process_id if d.process_id is not None else os.environ.get("JAX_PROCESS_ID")
+    try:
+        count, pid = int(count), int(pid)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None  # left to JAX, which names what is wrong
+    if not coordinator or not re.fullmatch(r"[0-9]{1,5}", coordinator.rpartition(":")[2]):
+        return None
+    return coordinator, count, pid
 
 
 def resolved(cfg: TrainConfig, cluster: Cluster) -> TrainConfig:

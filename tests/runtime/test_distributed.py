@@ -20,6 +20,7 @@ def dist(**fields) -> TrainConfig:
     "fields,message",
     [
         ({"coordinator": "no-port"}, "distributed.coordinator must be HOST:PORT"),
+        ({"coordinator": "host:\u00b2"}, "distributed.coordinator must be HOST:PORT"),  # isdigit, not int
         ({"num_processes": 2}, "must be given together"),
         ({"num_processes": 2, "process_id": 2}, "distributed.process_id must be in 0..1"),
         ({"num_processes": 0, "process_id": 0}, "distributed.num_processes must be positive"),

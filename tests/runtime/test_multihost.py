@@ -133,6 +133,26 @@ def test_config_mismatch_is_one_line_and_exit_2_on_every_process(tmp_path):
     assert not list(tmp_path.iterdir())  # nothing written
 
 
+@pytest.mark.timeout(120)
+def test_a_process_that_never_starts_or_a_wrong_count_is_one_line_and_exit_2(tmp_path):
+    """jax.distributed aborts a process whose peers miss its deadline (exit 134, a C++ stack
+    trace); the processes now meet first and say what is wrong."""
+    port = free_port()
+    timeout = ("--distributed.init-timeout-s", "3", "--log.run-dir", str(tmp_path))
+    with processes([podrace_train(0, port, *timeout)]) as procs:
+        [(code, _, err)] = finish(procs, 90)
+    assert code == 2, err[-3000:]
+    assert one_line_error(err).startswith("podrace: error: distributed: process(es) [1] did not join within 3s")
+
+    commands = [podrace_train(0, port, *timeout), podrace_train(1, port, *timeout, processes=3)]
+    with processes(commands) as procs:
+        results = finish(procs, 90)
+    for code, _, err in results:
+        assert code == 2, err[-3000:]
+        assert "process 0 says 2, process 1 says 3" in one_line_error(err)
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
 @pytest.mark.timeout(180)
 def test_a_layout_error_on_one_process_stops_every_process_with_exit_2(tmp_path):
     port = free_port()

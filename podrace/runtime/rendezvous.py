@@ -1,0 +1,152 @@
+"""Before jax.distributed starts: every process reaches process 0 over plain TCP, on the
+coordinator's port, so a process that never started, a wrong coordinator address or
+processes that disagree on the process count are one-line ConfigErrors (exit 2).
+
+jax.distributed cannot say so: when a process is missing at its deadline, its client ends
+the whole process with a C++ fatal error (exit 134, a stack trace). Process 0 closes its
+listener before JAX's service binds the same port; the other processes close their ends
+first, so no connection lingers on process 0's side of that port.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+from podrace.config import ConfigError
+
+HELLO = "podrace-rendezvous/1"
+POLL_S = 0.2
+"""How often a process retries reaching process 0 while it is not listening yet."""
+CLOSE_WAIT_S = 2.0
+"""How long process 0 waits for the others to close their connections after its answer."""
+
+
+def rendezvous(coordinator: str, num_processes: int, process_id: int, timeout_s: float) -> None:
+    """Return once every process has reached process 0 and agrees on `num_processes`;
+    ConfigError otherwise, on every process that is there, within about `timeout_s`."""
+    if num_processes <= 1:
+        return
+    host, _, port = coordinator.rpartition(":")
+    if process_id == 0:
+        _gather(int(port), num_processes, timeout_s)
+    else:
+        _report(host.strip("[]"), int(port), num_processes, process_id, timeout_s)
+
+
+def _listen(port: int) -> socket.socket:
+    try:
+        if socket.has_dualstack_ipv6():
+            return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True)
+        return socket.create_server(("", port))
+    except OSError as error:
+        raise ConfigError(f"distributed: process 0 cannot listen on port {port} of the coordinator: "
+                          f"{error.strerror or error}") from None
+
+
+def _gather(port: int, num_processes: int, timeout_s: float) -> None:
+    """Process 0: accept every other process's hello, then answer all of them at once."""
+    deadline = time.monotonic() + timeout_s
+    server = _listen(port)
+    joined: dict[int, socket.socket] = {}
+    others: list[socket.socket] = []  # connections that said nothing usable
+    error = None
+    try:
+        while error is None and len(joined) < num_processes - 1:
+            server.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                conn, _ = server.accept()
+            except socket.timeout:
+                missing = sorted(set(range(1, num_processes)) - set(joined))
+                error = (f"distributed: process(es) {missing} did not join within {timeout_s:g}s "
+                         f"(started, with --distributed.coordinator naming process 0's HOST:PORT?)")
+                break
+            hello = _read(conn, min(5.0, max(0.01, deadline - time.monotonic())))
+            process = hello.get("process") if hello.get("hello") == HELLO else None
+            if not isinstance(process, int) or isinstance(process, bool):
+                others.append(conn)  # not a podrace process (a port scanner, a stray client)
+            elif hello.get("num_processes") != num_processes:
+                joined.setdefault(process, conn)
+                error = (f"distributed: processes disagree on --distributed.num-processes: "
+                         f"process 0 says {num_processes}, process {process} says {hello.get('num_processes')}")
+            elif process in joined or not 0 < process < num_processes:
+                others.append(conn)
+                error = f"distributed: two processes say they are process {process}"
+            else:
+                joined[process] = conn
+        answer = {"ok": True} if error is None else {"error": error}
+        for conn in joined.values():
+            _send(conn, answer)
+        for conn in others:
+            _send(conn, {"error": error or "distributed: not a process of this run"})
+        _wait_closed(list(joined.values()) + others)
+    finally:
+        server.close()
+    if error is not None:
+        raise ConfigError(error)
+
+
+def _report(host: str, port: int, num_processes: int, process_id: int, timeout_s: float) -> None:
+    """Process i > 0: reach process 0 (retrying until it listens), say hello, await the answer."""
+    deadline = time.monotonic() + timeout_s
+    where = f"{host}:{port}"
+    while True:
+        try:
+            conn = socket.create_connection((host, port), timeout=max(0.01, min(POLL_S * 5, deadline - time.monotonic())))
+            break
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise ConfigError(f"distributed: process 0 at {where} did not answer within {timeout_s:g}s "
+                                  f"(is it started, and is {where} its address from this host?)") from None
+            time.sleep(POLL_S)
+    with conn:
+        _send(conn, {"hello": HELLO, "process": process_id, "num_processes": num_processes})
+        answer = _read(conn, max(0.01, deadline - time.monotonic()) + CLOSE_WAIT_S)
+    if answer.get("ok") is True:
+        return
+    if isinstance(answer.get("error"), str):
+        raise ConfigError(answer["error"])
+    raise ConfigError(f"distributed: process 0 at {where} gave no answer within {timeout_s:g}s (it stopped: "
+                      f"see its error; or {where} is not a podrace process 0)")
+
+
+def _send(conn: socket.socket, message: dict) -> None:
+    try:
+        conn.sendall((json.dumps(message) + "\n").encode())
+    except OSError:
+        pass  # that process is gone: it has its own error (or none to wait for)
+
+
+def _read(conn: socket.socket, timeout_s: float) -> dict:
+    """One JSON line, or {} if the peer closed, sent something else or took too long."""
+    conn.settimeout(timeout_s)
+    data = b""
+    try:
+        while b"\n" not in data and len(data) < 4096:
+            chunk = conn.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+        message = json.loads(data.split(b"\n", 1)[0])
+    except (OSError, ValueError):
+        return {}
+    return message if isinstance(message, dict) else {}
+
+
+def _wait_closed(conns: list[socket.socket]) -> None:
+    """Let the other side close first (so the port JAX binds next has no connection of
+    process 0's lingering on it), then close ours."""
+    deadline = time.monotonic() + CLOSE_WAIT_S
+    for conn in conns:
+        try:
+            conn.settimeout(max(0.01, deadline - time.monotonic()))
+            while conn.recv(4096):
+                pass
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+
+__all__ = ["rendezvous"]
