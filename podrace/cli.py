@@ -37,12 +37,13 @@ def _error(message: str) -> int:
 
 def _explains_itself(error: BaseException) -> bool:
     """Failures whose one-line message is the whole story (no traceback helps the user)."""
+    from podrace.control import HangDetected
     from podrace.learner import NonFiniteUpdate
 
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
         return True
     # A full disk under a checkpoint write reaches us as orbax/TensorStore's ValueError.
-    return isinstance(error, (NonFiniteUpdate, SinkError)) or "No space left on device" in str(error)
+    return isinstance(error, (NonFiniteUpdate, SinkError, HangDetected)) or "No space left on device" in str(error)
 
 
 def parse_train(args: Sequence[str]) -> TrainConfig:

@@ -122,14 +122,20 @@ def test_final_line_reports_skipped_updates(capsys, tmp_path, monkeypatch):
 @pytest.mark.parametrize("component,error,message", [
     ("learner", "skipped", "learner failed: TooManySkippedUpdates: 63 of 625 updates skipped"),
     ("logger", "sink", "logger failed: SinkError: cannot write metrics to m.jsonl: No space left on device"),
+    ("actor-0", "hang", "actor-0 failed: HangDetected: env.step did not return within 3s (step 305)"),
 ])
 def test_named_failures_are_one_line_and_exit_1(capsys, tmp_path, monkeypatch, component, error, message):
     from podrace.learner import TooManySkippedUpdates
     from podrace.metrics.loggers import SinkError
     from podrace.control import ComponentError
 
-    cause = (TooManySkippedUpdates("63 of 625 updates skipped as non-finite") if error == "skipped"
-             else SinkError("cannot write metrics to m.jsonl: No space left on device"))
+    from podrace.control import HangDetected
+
+    cause = {
+        "skipped": TooManySkippedUpdates("63 of 625 updates skipped as non-finite"),
+        "sink": SinkError("cannot write metrics to m.jsonl: No space left on device"),
+        "hang": HangDetected("env.step did not return within 3s (step 305)"),  # printed twice before
+    }[error]
     fake_train(monkeypatch, error=ComponentError(component, cause))
     code, out, err = run_cli(capsys, "train", "cartpole-ppo", "--log.run-dir", str(tmp_path))
     assert code == 1
