@@ -118,7 +118,7 @@ def summary(line: dict[str, float]) -> str:
         return None if value is None else f"{name} {value:{spec}}"
 
     parts = [
-        fmt("steps", "env_steps", ",.0f"),
+        f"steps {line.get('env_steps', 0.0):,.0f}",  # also before the first one is counted
         fmt("sps", "sps", ",.0f"),
         fmt("return", "episode/return", ".1f"),
         fmt("eval", "eval/return", ".1f"),
