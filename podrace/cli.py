@@ -40,8 +40,8 @@ def _explains_itself(error: BaseException) -> bool:
     from podrace.control import HangDetected
     from podrace.learner import NonFiniteUpdate
 
-    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-        return True
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS):
+        return True  # the message names the path and what the system refused
     # A full disk under a checkpoint write reaches us as orbax/TensorStore's ValueError.
     return isinstance(error, (NonFiniteUpdate, SinkError, HangDetected)) or "No space left on device" in str(error)
 

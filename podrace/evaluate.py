@@ -7,6 +7,7 @@ learner); the final evaluation is waited for. Episodes run to completion on fres
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -22,6 +23,14 @@ from podrace.pipeline import BoundedQueue
 from podrace.control import Control
 from podrace.sync.base import Subscriber
 from podrace.sync.placement import place
+
+log = logging.getLogger(__name__)
+
+STUCK_EPISODE_STEPS = 10_000
+"""An eval env still owing episodes whose current episode has run this many steps (and ten
+times the longest episode this evaluation has seen) is given up: its share is taken from
+the other envs' later episodes, so an env that never ends an episode (no time limit, a
+policy that stalls) cannot hang the evaluation."""
 
 
 @dataclass(frozen=True)
@@ -52,30 +61,59 @@ class EpisodeTally:
     Counting "the first `episodes` to end" instead over-counts short episodes: an env whose
     policy fails early ends two or three episodes while another plays one to the limit, so
     the mean return is biased low exactly when the policy is uneven. With per-env quotas
-    every counted episode is the first (or k-th) episode of a freshly reset env."""
+    every counted episode is the first (or k-th) episode of a freshly reset env. An env that
+    seems never to end its episode is given up (`STUCK_EPISODE_STEPS`, with a warning): its
+    missing share is filled, in the order they ended, by episodes past the other envs' quotas."""
 
     def __init__(self, episodes: int, num_envs: int) -> None:
         self.quota = episodes // num_envs + (np.arange(num_envs) < episodes % num_envs)
         self.finished = np.zeros(num_envs, int)
         self.returns: list[float] = []
         self.lengths: list[float] = []
+        self._extra_returns: list[float] = []  # episodes past their env's quota, in order
+        self._extra_lengths: list[float] = []
+        self._running = np.zeros(num_envs, int)  # steps since each env's last episode end
+        self._longest = 0
+        self._given_up = np.zeros(num_envs, bool)
+
+    @property
+    def _missing(self) -> int:
+        """Episodes the given-up envs still owe."""
+        return int(np.maximum(self.quota - self.finished, 0)[self._given_up].sum())
 
     @property
     def complete(self) -> bool:
-        return bool((self.finished >= self.quota).all())
+        owing = (self.finished < self.quota) & ~self._given_up
+        return not owing.any() and len(self._extra_returns) >= self._missing
 
     def add(self, done: np.ndarray, episode_return: np.ndarray, episode_length: np.ndarray) -> None:
         """One step ([envs]) or several ([steps, envs]) of episode ends, in step order."""
         done = np.asarray(done, bool).reshape(-1, len(self.quota))
+        returns = np.asarray(episode_return).reshape(done.shape)
+        lengths = np.asarray(episode_length).reshape(done.shape)
         ended_so_far = self.finished + np.cumsum(done, axis=0)  # including this step's
         counted = done & (ended_so_far <= self.quota)
-        self.returns.extend(np.asarray(episode_return).reshape(done.shape)[counted].tolist())
-        self.lengths.extend(np.asarray(episode_length).reshape(done.shape)[counted].tolist())
+        self.returns.extend(returns[counted].tolist())
+        self.lengths.extend(lengths[counted].tolist())
+        self._extra_returns.extend(returns[done & ~counted].tolist())
+        self._extra_lengths.extend(lengths[done & ~counted].tolist())
         self.finished = ended_so_far[-1]
+        after_last_end = np.argmax(done[::-1], axis=0)  # rows after each env's last end here
+        self._running = np.where(done.any(axis=0), after_last_end, self._running + done.shape[0])
+        if done.any():
+            self._longest = max(self._longest, int(lengths[done].max()))
+        stuck = (self.finished < self.quota) & ~self._given_up
+        stuck &= self._running >= max(STUCK_EPISODE_STEPS, 10 * self._longest)
+        if stuck.any():
+            self._given_up |= stuck
+            log.warning("evaluation: env(s) %s have not ended an episode in %d steps: their share is taken "
+                        "from the other envs' later episodes", np.flatnonzero(stuck).tolist(), self._running[stuck].min())
 
     def result(self) -> tuple[np.ndarray, np.ndarray]:
         """(returns, lengths) of the counted episodes, in the order they ended."""
-        return np.asarray(self.returns, float), np.asarray(self.lengths, float)
+        missing = self._missing
+        return (np.asarray(self.returns + self._extra_returns[:missing], float),
+                np.asarray(self.lengths + self._extra_lengths[:missing], float))
 
 
 def run_episodes(

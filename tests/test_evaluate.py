@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from podrace.control import Control, Heartbeat, Lifetime, Stopped
-from podrace.evaluate import EpisodeTally, Evaluator, run_episodes
+from podrace.evaluate import STUCK_EPISODE_STEPS, EpisodeTally, Evaluator, run_episodes
 from podrace.metrics.registry import Metrics
 from podrace.types import EnvSpec, EnvStep
 from tests.test_actor import FakeParams, ScriptedEnv
@@ -59,6 +59,21 @@ def test_each_env_counts_its_own_share_so_short_episodes_are_not_over_counted():
     returns, lengths = run_episodes(FixedLengthEnv([1, 10]), jax.jit(policy), None, jax.devices()[0], 4, control())
     assert sorted(lengths.tolist()) == [1, 1, 10, 10]
     assert returns.mean() == 5.5
+
+
+def test_an_env_that_never_ends_its_episode_is_given_up_not_waited_for_forever(caplog):
+    """Found by the attack: with per-env shares, one eval env whose episode never ends (no
+    time limit) hung the final evaluation for good."""
+    env = FixedLengthEnv([2, 10**9])
+    returns, lengths = run_episodes(env, jax.jit(policy), None, jax.devices()[0], 4, control())
+    assert lengths.tolist() == [2, 2, 2, 2]  # env 0's two, then two past its share for env 1's
+    assert env.t[0] == STUCK_EPISODE_STEPS
+    assert "env(s) [1] have not ended an episode in 10000 steps" in caplog.text
+
+
+def test_a_long_but_finite_episode_is_waited_for():
+    returns, lengths = run_episodes(FixedLengthEnv([10, 3000]), jax.jit(policy), None, jax.devices()[0], 4, control())
+    assert sorted(lengths.tolist()) == [10, 10, 3000, 3000]
 
 
 def test_a_tally_of_several_steps_at_once_counts_each_env_up_to_its_quota_in_step_order():

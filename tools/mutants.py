@@ -267,6 +267,8 @@ MUTANTS: list[Mutant] = [
            "counted = done & (ended_so_far <= self.quota)", "counted = done", EVALUATE_TESTS),
     Mutant("evaluate_tally_forgets_earlier_steps", "podrace/evaluate.py",
            "self.finished = ended_so_far[-1]", "self.finished = np.cumsum(done, axis=0)[-1]", EVALUATE_TESTS),
+    Mutant("evaluate_waits_forever_for_an_endless_env", "podrace/evaluate.py",
+           "        if stuck.any():\n", "        if False:\n", EVALUATE_TESTS),
     Mutant("evaluate_final_waits_through_a_stop", "podrace/evaluate.py",
            "        self.lifetime.on_stop(request.done.set)\n", "", EVALUATE_TESTS),
     # --- validation.py ---------------------------------------------------------------------
@@ -279,6 +281,9 @@ MUTANTS: list[Mutant] = [
     # --- runtime/rendezvous.py, peers.py ------------------------------------------------------
     Mutant("rendezvous_accepts_a_wrong_process_count", "podrace/runtime/rendezvous.py",
            'elif hello.get("num_processes") != num_processes:', "elif False:",
+           ("tests/runtime/test_rendezvous.py",)),
+    Mutant("rendezvous_answers_ok_for_a_process_that_left", "podrace/runtime/rendezvous.py",
+           "            gone = sorted(p for p, conn in joined.items() if _closed(conn))", "            gone = []",
            ("tests/runtime/test_rendezvous.py",)),
     Mutant("rendezvous_answers_before_everyone_joined", "podrace/runtime/rendezvous.py",
            "while error is None and len(joined) < num_processes - 1:", "while error is None and len(joined) < 1:",

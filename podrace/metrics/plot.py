@@ -29,14 +29,14 @@ from podrace.runtime.rundir import check_writable
 FIGSIZE = (12.0, 9.0)
 DPI = 100
 
-# (metric, label) in stacking order; "other" is the rest of actor/rollout.
+# (metric, label) in stacking order; "other" is the rest of actor/rollout. The transfer to
+# the learner devices comes after the rollout (timed apart), as does the queue put.
 ACTOR_PARTS = (
     ("actor/env_step", "env step"),
     ("actor/inference", "inference"),
     ("actor/device_to_host", "device→host"),
-    ("actor/to_learner", "to learner devices"),
 )
-ACTOR_WAITS = (("actor/queue_put_wait", "queue put wait"),)
+ACTOR_WAITS = (("actor/to_learner", "to learner devices"), ("actor/queue_put_wait", "queue put wait"))
 LEARNER_PARTS = (
     ("learner/step", "learner step"),
     ("learner/queue_get_wait", "queue get wait"),
@@ -45,8 +45,8 @@ LEARNER_PARTS = (
 OTHER = "other (rollout)"
 COMPILED = "compiled env + policy steps"
 """A compiled rollout (`podrace.fused_rollout`: envpool on CPU) steps env and policy inside
-XLA calls, so it has no env-step / inference / device-to-host timers: its rollout time but
-the transfer to the learner is this one part."""
+XLA calls, so it has no env-step / inference / device-to-host timers: its rollout time is
+this one part."""
 
 
 @dataclass(frozen=True)
@@ -150,9 +150,7 @@ def time_breakdown(run: RunData) -> dict[str, dict[str, float]]:
         actor = {label: totals.get(key, 0.0) for key, label in ACTOR_PARTS}
         actor[OTHER] = max(0.0, rollout - sum(actor.values()))
     else:
-        to_learner = dict(ACTOR_PARTS)["actor/to_learner"]
-        actor = {COMPILED: max(0.0, rollout - totals.get("actor/to_learner", 0.0)),
-                 to_learner: totals.get("actor/to_learner", 0.0)}
+        actor = {COMPILED: rollout}
     actor.update({label: totals.get(key, 0.0) for key, label in ACTOR_WAITS})
     learner = {label: totals.get(key, 0.0) for key, label in LEARNER_PARTS}
     return {"actor": actor, "learner": learner}

@@ -101,18 +101,15 @@ def join(d: DistributedConfig) -> Cluster:
 
 
 def _explicit(d: DistributedConfig) -> tuple[str, int, int] | None:
-    """(coordinator, num_processes, process_id) from the flags or JAX_COORDINATOR_ADDRESS,
-    JAX_NUM_PROCESSES, JAX_PROCESS_ID; None when JAX must detect them (SLURM, MPI, ...)."""
+    """(coordinator, num_processes, process_id) when the flags give the count and id (the
+    coordinator from its flag or JAX_COORDINATOR_ADDRESS, as JAX reads it); None when JAX
+    must detect them (SLURM, Open MPI, ...)."""
     coordinator = d.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")
-    count = d.num_processes if d.num_processes is not None else os.environ.get("JAX_NUM_PROCESSES")
-    pid = d.process_id if d.process_id is not None else os.environ.get("JAX_PROCESS_ID")
-    try:
-        count, pid = int(count), int(pid)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None  # left to JAX, which names what is wrong
-    if not coordinator or not re.fullmatch(r"[0-9]{1,5}", coordinator.rpartition(":")[2]):
+    if d.num_processes is None or d.process_id is None or not coordinator:
         return None
-    return coordinator, count, pid
+    if not re.fullmatch(r"[0-9]{1,5}", coordinator.rpartition(":")[2]):
+        return None  # left to JAX, which names what is wrong
+    return coordinator, d.num_processes, d.process_id
 
 
 def resolved(cfg: TrainConfig, cluster: Cluster) -> TrainConfig:

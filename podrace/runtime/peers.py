@@ -22,6 +22,8 @@ import socket
 import threading
 from typing import Callable
 
+from podrace.runtime.rendezvous import listen_on_all_addresses
+
 _ADDRESS_KEY = "podrace/peers/hub"
 
 
@@ -102,7 +104,7 @@ class PeerLink:
 
         link = cls(cluster.process_id, cluster.num_processes, timeout_s)
         if cluster.process_id == 0:
-            server = socket.create_server(("", 0), backlog=cluster.num_processes)
+            server = listen_on_all_addresses(0, backlog=cluster.num_processes)
             link._server = server
             host = host_of(cluster.coordinator)
             cluster.store.key_value_set(_ADDRESS_KEY, f"{host}:{server.getsockname()[1]}")

@@ -35,11 +35,17 @@ def rendezvous(coordinator: str, num_processes: int, process_id: int, timeout_s:
         _report(host.strip("[]"), int(port), num_processes, process_id, timeout_s)
 
 
+def listen_on_all_addresses(port: int, backlog: int | None = None) -> socket.socket:
+    """A listening socket on every IPv4 and (where the host has it) IPv6 address: the
+    others reach process 0 by whatever the coordinator names (127.0.0.1, [::1], a name)."""
+    if socket.has_dualstack_ipv6():
+        return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=backlog)
+    return socket.create_server(("", port), backlog=backlog)
+
+
 def _listen(port: int) -> socket.socket:
     try:
-        if socket.has_dualstack_ipv6():
-            return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True)
-        return socket.create_server(("", port))
+        return listen_on_all_addresses(port)
     except OSError as error:
         raise ConfigError(f"distributed: process 0 cannot listen on port {port} of the coordinator: "
                           f"{error.strerror or error}") from None
@@ -62,7 +68,7 @@ def _gather(port: int, num_processes: int, timeout_s: float) -> None:
                 error = (f"distributed: process(es) {missing} did not join within {timeout_s:g}s "
                          f"(started, with --distributed.coordinator naming process 0's HOST:PORT?)")
                 break
-            hello = _read(conn, min(5.0, max(0.01, deadline - time.monotonic())))
+            hello = _read(conn, min(5.0, max(0.01, deadline - time.monotonic()))) or {}
             process = hello.get("process") if hello.get("hello") == HELLO else None
             if not isinstance(process, int) or isinstance(process, bool):
                 others.append(conn)  # not a podrace process (a port scanner, a stray client)
@@ -70,11 +76,18 @@ def _gather(port: int, num_processes: int, timeout_s: float) -> None:
                 joined.setdefault(process, conn)
                 error = (f"distributed: processes disagree on --distributed.num-processes: "
                          f"process 0 says {num_processes}, process {process} says {hello.get('num_processes')}")
-            elif process in joined or not 0 < process < num_processes:
+            elif not 0 < process < num_processes:
+                others.append(conn)
+                error = f"distributed: a process says it is process {process} of {num_processes}"
+            elif process in joined:
                 others.append(conn)
                 error = f"distributed: two processes say they are process {process}"
             else:
                 joined[process] = conn
+        if error is None:  # one that gave up (or was killed) since its hello would leave JAX a process short
+            gone = sorted(p for p, conn in joined.items() if _closed(conn))
+            if gone:
+                error = f"distributed: process(es) {gone} left before every process had joined"
         answer = {"ok": True} if error is None else {"error": error}
         for conn in joined.values():
             _send(conn, answer)
@@ -102,12 +115,15 @@ def _report(host: str, port: int, num_processes: int, process_id: int, timeout_s
             time.sleep(POLL_S)
     with conn:
         _send(conn, {"hello": HELLO, "process": process_id, "num_processes": num_processes})
-        answer = _read(conn, max(0.01, deadline - time.monotonic()) + CLOSE_WAIT_S)
+        # Process 0 was listening when this connected: it answers within its own timeout.
+        answer = _read(conn, timeout_s + CLOSE_WAIT_S)
+    if answer is None:
+        raise ConfigError(f"distributed: process 0 at {where} gave no answer within {timeout_s:g}s")
     if answer.get("ok") is True:
         return
     if isinstance(answer.get("error"), str):
         raise ConfigError(answer["error"])
-    raise ConfigError(f"distributed: process 0 at {where} gave no answer within {timeout_s:g}s (it stopped: "
+    raise ConfigError(f"distributed: process 0 at {where} ended the meeting without an answer (it stopped: "
                       f"see its error; or {where} is not a podrace process 0)")
 
 
@@ -118,8 +134,8 @@ def _send(conn: socket.socket, message: dict) -> None:
         pass  # that process is gone: it has its own error (or none to wait for)
 
 
-def _read(conn: socket.socket, timeout_s: float) -> dict:
-    """One JSON line, or {} if the peer closed, sent something else or took too long."""
+def _read(conn: socket.socket, timeout_s: float) -> dict | None:
+    """One JSON line; {} if the peer closed or sent something else, None if it took too long."""
     conn.settimeout(timeout_s)
     data = b""
     try:
@@ -129,9 +145,24 @@ def _read(conn: socket.socket, timeout_s: float) -> dict:
                 break
             data += chunk
         message = json.loads(data.split(b"\n", 1)[0])
+    except socket.timeout:
+        return None
     except (OSError, ValueError):
         return {}
     return message if isinstance(message, dict) else {}
+
+
+def _closed(conn: socket.socket) -> bool:
+    """The other side closed (or reset) this connection: it says nothing after its hello."""
+    try:
+        conn.setblocking(False)
+        return conn.recv(1, socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    finally:
+        conn.setblocking(True)
 
 
 def _wait_closed(conns: list[socket.socket]) -> None:
@@ -149,4 +180,4 @@ def _wait_closed(conns: list[socket.socket]) -> None:
             conn.close()
 
 
-__all__ = ["rendezvous"]
+__all__ = ["listen_on_all_addresses", "rendezvous"]

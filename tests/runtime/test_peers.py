@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -40,13 +41,13 @@ class FakeCluster:
         return self.store.blocking_key_value_get(key, self.timeout_s * 1000)
 
 
-def open_links(n: int, timeout_s: float = 5.0):
+def open_links(n: int, timeout_s: float = 5.0, coordinator: str = "127.0.0.1:1"):
     store = Store()
     seen: dict[int, list[PeerLost]] = {i: [] for i in range(n)}
     links: dict[int, PeerLink] = {}
 
     def open_one(i):
-        links[i] = PeerLink.open(FakeCluster(i, n, store), timeout_s)
+        links[i] = PeerLink.open(FakeCluster(i, n, store, coordinator), timeout_s)
 
     threads = [threading.Thread(target=open_one, args=(i,)) for i in range(n)]
     for t in threads:
@@ -56,6 +57,19 @@ def open_links(n: int, timeout_s: float = 5.0):
     for i, link in links.items():
         link.start(seen[i].append)
     return links, seen
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.skipif(not socket.has_dualstack_ipv6(), reason="no IPv6 on this host")
+def test_an_ipv6_coordinator_connects_every_process():
+    """Found by the attack: process 0 listened on IPv4 only, so with --distributed.coordinator
+    [::1]:PORT the others were refused (a traceback on both processes)."""
+    links, _ = open_links(2, coordinator="[::1]:1")
+    try:
+        assert set(links) == {0, 1} and all(link._conns for link in links.values())
+    finally:
+        for link in links.values():
+            link.close()
 
 
 @pytest.mark.timeout(30)

@@ -89,3 +89,57 @@ def test_a_stray_connection_is_not_a_process_and_a_busy_port_is_one_line():
     with socket.create_server(("127.0.0.1", port)):
         with pytest.raises(ConfigError, match=f"cannot listen on port {port}"):
             rendezvous(f"127.0.0.1:{port}", 2, 0, 1.0)
+
+
+def test_a_process_waits_for_the_answer_of_a_process_0_that_started_after_it():
+    """Found by the attack: with staggered starts, process 1 gave up at its own deadline
+    while process 0 (started later) still waited for process 2; process 0 then answered
+    "ok" to process 2 alone and JAX aborted both (exit 134)."""
+    port = free_port()
+    outcomes: dict[int, str] = {}
+
+    def one(process: int, delay: float) -> None:
+        time.sleep(delay)
+        try:
+            rendezvous(f"127.0.0.1:{port}", 3, process, 4.0)
+            outcomes[process] = "ok"
+        except ConfigError as error:
+            outcomes[process] = str(error)
+
+    # Process 1 times out at 4 s (+ 2 s for an answer in flight); process 0, up at 3 s,
+    # waits until 7 s; process 2 comes at 6.5 s.
+    threads = [threading.Thread(target=one, args=args) for args in ((1, 0.0), (0, 3.0), (2, 6.5))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert outcomes == {0: "ok", 1: "ok", 2: "ok"}
+
+
+def test_a_process_that_left_after_its_hello_fails_the_meeting_for_everyone():
+    import json
+
+    port = free_port()
+    outcomes: dict[int, str] = {}
+
+    def one(process: int) -> None:
+        try:
+            rendezvous(f"127.0.0.1:{port}", 3, process, 10.0)
+            outcomes[process] = "ok"
+        except ConfigError as error:
+            outcomes[process] = str(error)
+
+    hub = threading.Thread(target=one, args=(0,))
+    hub.start()
+    for _ in range(200):  # process 1 says hello, then is gone (killed, or gave up)
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as quitter:
+                quitter.sendall((json.dumps({"hello": "podrace-rendezvous/1", "process": 1, "num_processes": 3}) + "\n").encode())
+            break
+        except OSError:
+            time.sleep(0.02)
+    time.sleep(0.2)
+    one(2)
+    hub.join(30)
+    expected = "distributed: process(es) [1] left before every process had joined"
+    assert outcomes == {0: expected, 2: expected}
