@@ -27,7 +27,7 @@ from podrace.restore import read_config, restore, wait_for_manifest
 from podrace.config import ConfigError, EnvConfig, TrainConfig
 from podrace.envs import BatchedEnv, env_spec, make_env, resolve_backend
 from podrace.envs.user_modules import make_working_dir_importable
-from podrace.evaluate import EpisodeTally
+from podrace.evaluate import STUCK_EPISODE_STEPS, EpisodeTally
 from podrace.learner_mesh import make_algorithm
 from podrace.networks import make_network
 from podrace.runtime.rundir import check_writable
@@ -333,6 +333,9 @@ def evaluate_run(opts: EvalOptions) -> dict:
         returns, lengths = play_episodes(env, policy, opts.episodes)
     finally:
         env.close()
+    if not len(returns):
+        raise ConfigError(f"no eval env ended an episode in {STUCK_EPISODE_STEPS:,} steps: give {cfg.env.id!r} a "
+                          f"time limit (--env.max-episode-steps)")
     result = {
         "run_dir": str(opts.run_dir),
         "checkpoint": step,

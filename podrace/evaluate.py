@@ -83,8 +83,10 @@ class EpisodeTally:
 
     @property
     def complete(self) -> bool:
+        """Every share counted or filled; or every env given up (no episode is coming: the
+        result then has fewer episodes than asked for, maybe none)."""
         owing = (self.finished < self.quota) & ~self._given_up
-        return not owing.any() and len(self._extra_returns) >= self._missing
+        return self._given_up.all() or (not owing.any() and len(self._extra_returns) >= self._missing)
 
     def add(self, done: np.ndarray, episode_return: np.ndarray, episode_length: np.ndarray) -> None:
         """One step ([envs]) or several ([steps, envs]) of episode ends, in step order."""
@@ -106,8 +108,10 @@ class EpisodeTally:
         stuck &= self._running >= max(STUCK_EPISODE_STEPS, 10 * self._longest)
         if stuck.any():
             self._given_up |= stuck
-            log.warning("evaluation: env(s) %s have not ended an episode in %d steps: their share is taken "
-                        "from the other envs' later episodes", np.flatnonzero(stuck).tolist(), self._running[stuck].min())
+            then = ("the evaluation ends with the episodes it has" if self._given_up.all()
+                    else "their share is taken from the other envs' later episodes")
+            log.warning("evaluation: env(s) %s have not ended an episode in %d steps: %s",
+                        np.flatnonzero(stuck).tolist(), self._running[stuck].min(), then)
 
     def result(self) -> tuple[np.ndarray, np.ndarray]:
         """(returns, lengths) of the counted episodes, in the order they ended."""
@@ -212,7 +216,7 @@ class Evaluator:
             )
             result = EvalResult(
                 version=snapshot.version,
-                mean_return=float(returns.mean()),
+                mean_return=float(returns.mean()) if len(returns) else float("nan"),  # no episode ended
                 returns=returns,
                 lengths=lengths,
                 seconds=time.perf_counter() - start,

@@ -71,6 +71,11 @@ def test_an_env_that_never_ends_its_episode_is_given_up_not_waited_for_forever(c
     assert "env(s) [1] have not ended an episode in 10000 steps" in caplog.text
 
 
+def test_when_no_env_ever_ends_an_episode_the_evaluation_ends_with_none():
+    returns, lengths = run_episodes(FixedLengthEnv([10**9] * 3), jax.jit(policy), None, jax.devices()[0], 3, control())
+    assert len(returns) == len(lengths) == 0  # the caller reports it (nan; podrace eval: an error)
+
+
 def test_a_long_but_finite_episode_is_waited_for():
     returns, lengths = run_episodes(FixedLengthEnv([10, 3000]), jax.jit(policy), None, jax.devices()[0], 4, control())
     assert sorted(lengths.tolist()) == [10, 10, 3000, 3000]

@@ -6,7 +6,6 @@ Every test starts its processes in their own process groups and kills the groups
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
