@@ -36,7 +36,7 @@ ACTOR_PARTS = (
     ("actor/inference", "inference"),
     ("actor/device_to_host", "device→host"),
 )
-ACTOR_WAITS = (("actor/to_learner", "to learner devices"), ("actor/queue_put_wait", "queue put wait"))
+ACTOR_AFTER_ROLLOUT = (("actor/to_learner", "to learner devices"), ("actor/queue_put_wait", "queue put wait"))
 LEARNER_PARTS = (
     ("learner/step", "learner step"),
     ("learner/queue_get_wait", "queue get wait"),
@@ -141,7 +141,7 @@ def time_breakdown(run: RunData) -> dict[str, dict[str, float]]:
         if version is None:
             continue
         updates, previous = version - previous, version
-        for key in ("actor/rollout",) + tuple(k for k, _ in ACTOR_PARTS + ACTOR_WAITS + LEARNER_PARTS):
+        for key in ("actor/rollout",) + tuple(k for k, _ in ACTOR_PARTS + ACTOR_AFTER_ROLLOUT + LEARNER_PARTS):
             mean = _value(line, key)
             if mean is not None:
                 totals[key] = totals.get(key, 0.0) + mean * updates
@@ -151,7 +151,7 @@ def time_breakdown(run: RunData) -> dict[str, dict[str, float]]:
         actor[OTHER] = max(0.0, rollout - sum(actor.values()))
     else:
         actor = {COMPILED: rollout}
-    actor.update({label: totals.get(key, 0.0) for key, label in ACTOR_WAITS})
+    actor.update({label: totals.get(key, 0.0) for key, label in ACTOR_AFTER_ROLLOUT})
     learner = {label: totals.get(key, 0.0) for key, label in LEARNER_PARTS}
     return {"actor": actor, "learner": learner}
 
@@ -209,7 +209,7 @@ def plot_runs(run_dirs: Sequence[Path]) -> Figure:
 
 
 def _time_bars(ax, runs: Sequence[RunData]) -> None:
-    labels = [label for _, label in ACTOR_PARTS] + [OTHER, COMPILED] + [label for _, label in ACTOR_WAITS] + [
+    labels = [label for _, label in ACTOR_PARTS] + [OTHER, COMPILED] + [label for _, label in ACTOR_AFTER_ROLLOUT] + [
         label for _, label in LEARNER_PARTS]
     colors = {label: f"C{i % 10}" for i, label in enumerate(labels)}
     ticks, names = [], []

@@ -64,9 +64,9 @@ class Cluster:
 def join(d: DistributedConfig) -> Cluster:
     """Start jax.distributed; unset fields come from JAX (env vars, cluster detection).
 
-    Where the coordinator, process count and id are known here (flags or JAX's variables),
-    the processes first meet over plain TCP (`rendezvous`): jax.distributed would abort the
-    process, not raise, when one is missing."""
+    Where the flags give the process count and id (and the coordinator comes from its flag
+    or JAX_COORDINATOR_ADDRESS), the processes first meet over plain TCP (`rendezvous`):
+    jax.distributed would abort the process, not raise, when one is missing."""
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     known = _explicit(d)
     if known is not None:
