@@ -26,6 +26,7 @@ import logging
 import os
 import re
 import time
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,6 +178,11 @@ class Checkpointer:
                     pass  # gone already: so much the better
                 except OSError as error:
                     logging.getLogger(__name__).warning("could not delete old checkpoint %s: %s", step_dir, error)
+
+    def settle(self, timeout_s: float) -> None:
+        """Wait at most `timeout_s` for the write in progress (its error is `wait`'s to raise)."""
+        if self._pending is not None:
+            futures.wait([self._pending], timeout_s)
 
     def wait(self) -> None:
         """Block until the write in progress (if any) is complete; re-raise its error."""

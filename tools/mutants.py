@@ -303,6 +303,9 @@ MUTANTS: list[Mutant] = [
            "        except Exception as error:  # noqa: BLE001 - user code at shutdown",
            "        except ZeroDivisionError as error:  # noqa: BLE001 - user code at shutdown",
            ("tests/runtime/test_threads.py", "-k", "close_envs")),
+    Mutant("final_line_before_the_final_save", "podrace/runtime/single_host.py",
+           "                self.checkpoints.settle(FINAL_SAVE_WAIT_S)\n", "                pass\n",
+           ("tests/runtime/test_resume.py", "-k", "final_metrics_line")),
     Mutant("envs_closed_before_the_last_checkpoint", "podrace/runtime/single_host.py",
            "            self.checkpoints.close(lifetime)  # before user code (env.close) runs again\n"
            "            if self.lock is not None:\n                self.lock.release()\n"

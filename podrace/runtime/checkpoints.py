@@ -91,6 +91,11 @@ class RunCheckpoints:
             self._pending_version = point.version
         self._checkpointer.save(point)
 
+    def settle(self, timeout_s: float) -> None:
+        """Give the write in progress up to `timeout_s` to finish (its outcome is `close`'s)."""
+        if self._checkpointer is not None:
+            self._checkpointer.settle(timeout_s)
+
     def close(self, lifetime: Lifetime) -> None:
         """Finish the write in progress and release the writer.
 

@@ -55,6 +55,10 @@ from podrace.sync.base import ChannelClosed
 from podrace.sync.local import LocalPublisher
 from podrace.validation import validate
 
+FINAL_SAVE_WAIT_S = 1.0
+"""How long a run that finished waits for its final save before writing its final metrics
+line (so that line names that checkpoint): less than the CLI's exit grace, so a signal
+that comes meanwhile still leaves time for the line."""
 STOP_GRACE_S = 1.0
 """Seconds every thread gets to return after a stop before it is considered stuck."""
 
@@ -349,8 +353,8 @@ class SingleHostRun:
             self._save_final(group)
             self.stuck = stuck = group.join(STOP_GRACE_S)
             train_s = time.perf_counter() - train_start
-            if lifetime.stop_reason == "finished":  # the final line then names the final checkpoint;
-                self.checkpoints.close(lifetime)  # after a signal the line comes first (little time)
+            if lifetime.stop_reason == "finished":  # the final line then names the final checkpoint
+                self.checkpoints.settle(FINAL_SAVE_WAIT_S)
             log.write(train_start, final=True)
             log.close()
             self.checkpoints.close(lifetime)  # before user code (env.close) runs again
