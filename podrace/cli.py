@@ -371,6 +371,9 @@ def eval_command(args: Sequence[str]) -> int:
         result = evaluate_run(opts)
     except ConfigError as error:
         return _error(str(error))
+    except KeyboardInterrupt:  # nothing half-written: the results JSON is written at the end, atomically
+        print("podrace: SIGINT received, stopped", file=sys.stderr)
+        return 128 + signal.SIGINT
     print(summary(result))
     return 0
 

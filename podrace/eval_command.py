@@ -140,15 +140,15 @@ def make_actor(apply_fn: Callable, params, stochastic: bool, seed: int) -> Calla
     return policy
 
 
-def play_episodes(env: BatchedEnv, policy: Callable, episodes: int) -> tuple[np.ndarray, np.ndarray]:
-    """Returns and lengths of `episodes` episodes, each env its own share (`EpisodeTally`)."""
-    tally = EpisodeTally(episodes, env.num_envs)
+def play_episodes(env: BatchedEnv, policy: Callable, episodes: int, time_limit: int | None = None) -> EpisodeTally:
+    """`episodes` episodes, each env its own share: the complete `EpisodeTally`."""
+    tally = EpisodeTally(episodes, env.num_envs, time_limit)
     obs = env.reset()
     while not tally.complete:
         step = env.step(policy(obs))
         tally.add(step.episode_done, step.episode_return, step.episode_length)
         obs = step.obs
-    return tally.result()
+    return tally
 
 
 def _stats(values: np.ndarray) -> dict[str, float]:
@@ -330,12 +330,13 @@ def evaluate_run(opts: EvalOptions) -> dict:
 
     env = make_env(cfg.env, min(opts.episodes, MAX_EVAL_ENVS), opts.seed)
     try:
-        returns, lengths = play_episodes(env, policy, opts.episodes)
+        tally = play_episodes(env, policy, opts.episodes, cfg.env.max_episode_steps)
     finally:
         env.close()
+    returns, lengths = tally.result()
     if not len(returns):
-        raise ConfigError(f"no eval env ended an episode in {STUCK_EPISODE_STEPS:,} steps: give {cfg.env.id!r} a "
-                          f"time limit (--env.max-episode-steps)")
+        raise ConfigError(f"no eval env ended an episode in {STUCK_EPISODE_STEPS:,} steps: {cfg.env.id!r} needs a "
+                          f"time limit the run declares (--env.max-episode-steps), or episodes that end")
     result = {
         "run_dir": str(opts.run_dir),
         "checkpoint": step,
@@ -344,7 +345,9 @@ def evaluate_run(opts: EvalOptions) -> dict:
         "algo": cfg.algo,
         "policy": "stochastic" if opts.stochastic else "deterministic",
         "seed": opts.seed,
-        "episodes": opts.episodes,
+        "episodes": len(returns),  # fewer than asked for only when every eval env was given up
+        "episodes_asked": opts.episodes,
+        "episodes_from_other_envs": tally.filled,  # shares of envs given up (EpisodeTally)
         "return": _stats(returns),
         "length": _stats(lengths),
         "returns": returns.tolist(),
@@ -378,10 +381,16 @@ def _write_json(result: dict, output: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def _episodes(result: dict) -> str:
+    counted, asked, filled = result["episodes"], result["episodes_asked"], result["episodes_from_other_envs"]
+    text = f"{counted} episodes" if counted == asked else f"{counted} of {asked} episodes"
+    return text + (f" ({filled} from other envs: some never ended theirs)" if filled else "")
+
+
 def summary(result: dict) -> str:
     """What `podrace eval` prints."""
     lines = [f"{result['env_id']} ({result['algo']}), checkpoint {result['checkpoint']} "
-             f"({result['env_steps']:,} env steps): {result['episodes']} episodes, {result['policy']} policy"]
+             f"({result['env_steps']:,} env steps): {_episodes(result)}, {result['policy']} policy"]
     for name in ("return", "length"):
         s = result[name]
         lines.append(f"  {name:<7} mean {s['mean']:10,.2f}  std {s['std']:9,.2f}  min {s['min']:10,.2f}  max {s['max']:10,.2f}")

@@ -65,8 +65,11 @@ class EpisodeTally:
     seems never to end its episode is given up (`STUCK_EPISODE_STEPS`, with a warning): its
     missing share is filled, in the order they ended, by episodes past the other envs' quotas."""
 
-    def __init__(self, episodes: int, num_envs: int) -> None:
+    def __init__(self, episodes: int, num_envs: int, time_limit: int | None = None) -> None:
+        """`time_limit`: the env's declared max_episode_steps, if any (no env is given up
+        before its episodes could have reached it)."""
         self.quota = episodes // num_envs + (np.arange(num_envs) < episodes % num_envs)
+        self._patience = max(STUCK_EPISODE_STEPS, (time_limit or 0) + 1)
         self.finished = np.zeros(num_envs, int)
         self.returns: list[float] = []
         self.lengths: list[float] = []
@@ -105,13 +108,18 @@ class EpisodeTally:
         if done.any():
             self._longest = max(self._longest, int(lengths[done].max()))
         stuck = (self.finished < self.quota) & ~self._given_up
-        stuck &= self._running >= max(STUCK_EPISODE_STEPS, 10 * self._longest)
+        stuck &= self._running >= max(self._patience, 10 * self._longest)
         if stuck.any():
             self._given_up |= stuck
             then = ("the evaluation ends with the episodes it has" if self._given_up.all()
                     else "their share is taken from the other envs' later episodes")
             log.warning("evaluation: env(s) %s have not ended an episode in %d steps: %s",
                         np.flatnonzero(stuck).tolist(), self._running[stuck].min(), then)
+
+    @property
+    def filled(self) -> int:
+        """Episodes counted from other envs for the given-up ones."""
+        return min(self._missing, len(self._extra_returns))
 
     def result(self) -> tuple[np.ndarray, np.ndarray]:
         """(returns, lengths) of the counted episodes, in the order they ended."""
@@ -128,6 +136,7 @@ def run_episodes(
     episodes: int,
     control: Control,
     fused: FusedEpisodes | None = None,
+    time_limit: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Step `env` with the greedy policy until `episodes` episodes are counted
     (`EpisodeTally`: each env its own share, from its reset).
@@ -139,7 +148,7 @@ def run_episodes(
     """
     steps = 0
     obs = control.call("evaluation env.reset", steps, env.reset)
-    tally = EpisodeTally(episodes, env.num_envs)
+    tally = EpisodeTally(episodes, env.num_envs, time_limit)
     if fused is not None:
         fused.begin(obs)
     while not tally.complete:
@@ -173,6 +182,8 @@ class Evaluator:
         self.policy = policy
         self.subscriber = subscriber
         self.episodes = episodes
+        self.time_limit: int | None = None
+        """The env's declared max_episode_steps, if any: no eval env is given up before it."""
         self.metrics = metrics
         self.requests: BoundedQueue[_Request] = BoundedQueue(1, lifetime)
         metrics.count("eval/dropped_requests", 0)  # a total: in every metrics line, from 0
@@ -212,7 +223,8 @@ class Evaluator:
             if self.fused is not None and self.fused.env is not self.env:
                 self.fused = None  # env swapped since (a wrapper): step by step through it
             returns, lengths = run_episodes(
-                self.env, self.policy, snapshot.params, self.device, self.episodes, self.control, self.fused
+                self.env, self.policy, snapshot.params, self.device, self.episodes, self.control, self.fused,
+                self.time_limit,
             )
             result = EvalResult(
                 version=snapshot.version,

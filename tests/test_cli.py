@@ -165,3 +165,17 @@ def test_a_full_disk_explains_itself_in_one_line():
     assert _explains_itself(PermissionError(errno.EPERM, "Operation not permitted", "ck/1171.orbax-checkpoint-tmp"))
     assert _explains_itself(ValueError("RESOURCE_EXHAUSTED: Error writing local file: No space left on device"))
     assert not _explains_itself(ValueError("shapes do not match"))
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_during_eval_is_one_line_and_exit_130(capsys, monkeypatch, tmp_path):
+    """Found by the third attack: a KeyboardInterrupt traceback and death by the signal."""
+    import podrace.eval_command
+
+    def interrupted(opts):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(podrace.eval_command, "evaluate_run", interrupted)
+    code, out, err = run_cli(capsys, "eval", str(tmp_path))
+    assert code == 130
+    assert err.strip().splitlines() == ["podrace: SIGINT received, stopped"]

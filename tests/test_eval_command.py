@@ -65,7 +65,7 @@ def test_eval_plays_the_checkpoint_policy_and_writes_json_without_overwriting(tm
 
     # The same envs driven by "always push right" give exactly these episodes.
     env = make_env(tiny_config().env, 6, 4)
-    expected, _ = play_episodes(env, lambda obs: np.ones(len(obs), np.int32), 6)
+    expected, _ = play_episodes(env, lambda obs: np.ones(len(obs), np.int32), 6).result()
     env.close()
     assert written["returns"] == expected.tolist()
 
@@ -77,7 +77,7 @@ def test_eval_plays_the_checkpoint_policy_and_writes_json_without_overwriting(tm
 
 @pytest.mark.timeout(30)
 def test_every_env_plays_its_share_so_short_episodes_are_not_over_counted():
-    returns, lengths = play_episodes(FixedLengthEnv([1, 10]), lambda obs: np.zeros(len(obs), int), 4)
+    returns, lengths = play_episodes(FixedLengthEnv([1, 10]), lambda obs: np.zeros(len(obs), int), 4).result()
     assert sorted(lengths.tolist()) == [1, 1, 10, 10]
     assert returns.mean() == 5.5
 

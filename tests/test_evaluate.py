@@ -67,8 +67,23 @@ def test_an_env_that_never_ends_its_episode_is_given_up_not_waited_for_forever(c
     env = FixedLengthEnv([2, 10**9])
     returns, lengths = run_episodes(env, jax.jit(policy), None, jax.devices()[0], 4, control())
     assert lengths.tolist() == [2, 2, 2, 2]  # env 0's two, then two past its share for env 1's
+    tally = EpisodeTally(2, 2)
+    for _ in range(STUCK_EPISODE_STEPS):
+        tally.add(np.array([True, False]), np.array([2.0, 0.0]), np.array([2, 0]))
+    assert tally.complete and tally.filled == 1
     assert env.t[0] == STUCK_EPISODE_STEPS
     assert "env(s) [1] have not ended an episode in 10000 steps" in caplog.text
+
+
+def test_no_env_is_given_up_before_its_declared_time_limit():
+    """Found by the third attack: an env trained with --env.max-episode-steps 20000 was
+    given up at 10,000 steps (and `podrace eval` then asked for a time limit)."""
+    tally = EpisodeTally(2, 2, time_limit=20_000)
+    for _ in range(15_000):
+        tally.add(np.array([True, False]), np.array([1.0, 0.0]), np.array([1, 0]))
+    assert not tally.complete and tally.filled == 0  # env 1 is still waited for
+    tally.add(np.array([False, True]), np.array([0.0, 7.0]), np.array([0, 15_001]))
+    assert tally.complete and tally.result()[0].tolist() == [1.0, 7.0]
 
 
 def test_when_no_env_ever_ends_an_episode_the_evaluation_ends_with_none():

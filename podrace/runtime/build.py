@@ -173,7 +173,9 @@ def build_evaluator(
     # would only play uncounted episodes (and 2**31 of them hung building envs).
     num_envs = min(cfg.eval.num_envs, cfg.eval.episodes)
     env = envs.make(num_envs, env_seed(cfg.seed, 1, 0), env_threads(cfg))
-    return Evaluator(env, device, greedy, params, cfg.eval.episodes, metrics, control)
+    evaluator = Evaluator(env, device, greedy, params, cfg.eval.episodes, metrics, control)
+    evaluator.time_limit = cfg.env.max_episode_steps
+    return evaluator
 
 
 def dummy_trajectory(cfg: TrainConfig, spec: EnvSpec, device: jax.Device) -> Trajectory:
