@@ -61,7 +61,7 @@ class Cluster:
             ) from None
 
 
-def join(d: DistributedConfig) -> Cluster:
+def join(d: DistributedConfig, check: Callable[[], None] = lambda: None) -> Cluster:
     """Start jax.distributed; unset fields come from JAX (env vars, cluster detection).
 
     Where the flags give the process count and id (and the coordinator comes from its flag
@@ -70,7 +70,7 @@ def join(d: DistributedConfig) -> Cluster:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     known = _explicit(d)
     if known is not None:
-        rendezvous(*known, float(d.init_timeout_s))
+        rendezvous(*known, float(d.init_timeout_s), check)  # `check`: a stop (Ctrl-C) ends the wait
     try:
         jax.distributed.initialize(
             coordinator_address=d.coordinator,

@@ -56,7 +56,7 @@ def prepare(cfg: TrainConfig, lifetime: Lifetime | None = None) -> "MultiHostRun
     """
     lifetime = lifetime or Lifetime()
     validate(cfg)
-    cluster = join(cfg.distributed)
+    cluster = join(cfg.distributed, lifetime.check)
     cfg = agree(cluster, resolved(cfg, cluster), _check)
     devices = resolve_devices(cfg)
     devices = dataclasses.replace(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+from typing import Callable
 
 from podrace.config import ConfigError
 
@@ -23,16 +24,19 @@ CLOSE_WAIT_S = 2.0
 """How long process 0 waits for the others to close their connections after its answer."""
 
 
-def rendezvous(coordinator: str, num_processes: int, process_id: int, timeout_s: float) -> None:
+def rendezvous(
+    coordinator: str, num_processes: int, process_id: int, timeout_s: float, check: Callable[[], None] = lambda: None
+) -> None:
     """Return once every process has reached process 0 and agrees on `num_processes`;
-    ConfigError otherwise, on every process that is there, within about `timeout_s`."""
+    ConfigError otherwise, on every process that is there, within about `timeout_s`.
+    `check` is called every POLL_S while waiting (a stop raises from it: Ctrl-C)."""
     if num_processes <= 1:
         return
     host, _, port = coordinator.rpartition(":")
     if process_id == 0:
-        _gather(int(port), num_processes, timeout_s)
+        _gather(int(port), num_processes, timeout_s, check)
     else:
-        _report(host.strip("[]"), int(port), num_processes, process_id, timeout_s)
+        _report(host.strip("[]"), int(port), num_processes, process_id, timeout_s, check)
 
 
 def listen_on_all_addresses(port: int, backlog: int | None = None) -> socket.socket:
@@ -51,7 +55,7 @@ def _listen(port: int) -> socket.socket:
                           f"{error.strerror or error}") from None
 
 
-def _gather(port: int, num_processes: int, timeout_s: float) -> None:
+def _gather(port: int, num_processes: int, timeout_s: float, check: Callable[[], None]) -> None:
     """Process 0: accept every other process's hello, then answer all of them at once."""
     deadline = time.monotonic() + timeout_s
     server = _listen(port)
@@ -60,15 +64,19 @@ def _gather(port: int, num_processes: int, timeout_s: float) -> None:
     error = None
     try:
         while error is None and len(joined) < num_processes - 1:
-            server.settimeout(max(0.01, deadline - time.monotonic()))
-            try:
-                conn, _ = server.accept()
-            except socket.timeout:
+            check()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
                 missing = sorted(set(range(1, num_processes)) - set(joined))
                 error = (f"distributed: process(es) {missing} did not join within {timeout_s:g}s "
                          f"(started, with --distributed.coordinator naming process 0's HOST:PORT?)")
                 break
-            hello = _read(conn, min(5.0, max(0.01, deadline - time.monotonic()))) or {}
+            server.settimeout(min(POLL_S, remaining))
+            try:
+                conn, _ = server.accept()
+            except socket.timeout:
+                continue
+            hello = _read(conn, min(5.0, max(0.01, deadline - time.monotonic())), check) or {}
             process = hello.get("process") if hello.get("hello") == HELLO else None
             if not isinstance(process, int) or isinstance(process, bool):
                 others.append(conn)  # not a podrace process (a port scanner, a stray client)
@@ -100,11 +108,13 @@ def _gather(port: int, num_processes: int, timeout_s: float) -> None:
         raise ConfigError(error)
 
 
-def _report(host: str, port: int, num_processes: int, process_id: int, timeout_s: float) -> None:
+def _report(host: str, port: int, num_processes: int, process_id: int, timeout_s: float,
+            check: Callable[[], None]) -> None:
     """Process i > 0: reach process 0 (retrying until it listens), say hello, await the answer."""
     deadline = time.monotonic() + timeout_s
     where = f"{host}:{port}"
     while True:
+        check()
         try:
             conn = socket.create_connection((host, port), timeout=max(0.01, min(POLL_S * 5, deadline - time.monotonic())))
             break
@@ -116,7 +126,7 @@ def _report(host: str, port: int, num_processes: int, process_id: int, timeout_s
     with conn:
         _send(conn, {"hello": HELLO, "process": process_id, "num_processes": num_processes})
         # Process 0 was listening when this connected: it answers within its own timeout.
-        answer = _read(conn, timeout_s + CLOSE_WAIT_S)
+        answer = _read(conn, timeout_s + CLOSE_WAIT_S, check)
     if answer is None:
         raise ConfigError(f"distributed: process 0 at {where} gave no answer within {timeout_s:g}s")
     if answer.get("ok") is True:
@@ -124,7 +134,8 @@ def _report(host: str, port: int, num_processes: int, process_id: int, timeout_s
     if isinstance(answer.get("error"), str):
         raise ConfigError(answer["error"])
     raise ConfigError(f"distributed: process 0 at {where} ended the meeting without an answer (it stopped: "
-                      f"see its error; or {where} is not a podrace process 0)")
+                      f"see its error; or it had met a process {process_id} already; or {where} is not a "
+                      f"podrace process 0)")
 
 
 def _send(conn: socket.socket, message: dict) -> None:
@@ -134,20 +145,28 @@ def _send(conn: socket.socket, message: dict) -> None:
         pass  # that process is gone: it has its own error (or none to wait for)
 
 
-def _read(conn: socket.socket, timeout_s: float) -> dict | None:
+def _read(conn: socket.socket, timeout_s: float, check: Callable[[], None]) -> dict | None:
     """One JSON line; {} if the peer closed or sent something else, None if it took too long."""
-    conn.settimeout(timeout_s)
+    deadline = time.monotonic() + timeout_s
     data = b""
-    try:
-        while b"\n" not in data and len(data) < 4096:
+    while b"\n" not in data and len(data) < 4096:
+        check()
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        conn.settimeout(min(POLL_S, remaining))
+        try:
             chunk = conn.recv(4096)
-            if not chunk:
-                break
-            data += chunk
+        except socket.timeout:
+            continue
+        except OSError:
+            return {}
+        if not chunk:
+            break
+        data += chunk
+    try:
         message = json.loads(data.split(b"\n", 1)[0])
-    except socket.timeout:
-        return None
-    except (OSError, ValueError):
+    except ValueError:
         return {}
     return message if isinstance(message, dict) else {}
 

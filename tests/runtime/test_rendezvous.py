@@ -143,3 +143,22 @@ def test_a_process_that_left_after_its_hello_fails_the_meeting_for_everyone():
     hub.join(30)
     expected = "distributed: process(es) [1] left before every process had joined"
     assert outcomes == {0: expected, 2: expected}
+
+
+@pytest.mark.parametrize("process", [0, 1])
+def test_a_stop_ends_the_wait_at_once(process):
+    """Found by the third attack: Ctrl-C while waiting in the meeting outlived the CLI's
+    exit grace ("threads still busy in native code are left behind")."""
+
+    class Stop(Exception):
+        pass
+
+    start = time.monotonic()
+
+    def check() -> None:
+        if time.monotonic() - start > 0.3:
+            raise Stop
+
+    with pytest.raises(Stop):
+        rendezvous(f"127.0.0.1:{free_port()}", 2, process, 30.0, check)
+    assert time.monotonic() - start < 2
