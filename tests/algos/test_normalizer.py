@@ -167,7 +167,7 @@ def test_checkpoint_keeps_the_normalizer_and_eval_acts_with_its_statistics(tmp_p
         "raw": (network.apply, params),
     }.items():
         env = make_env(cfg.env, 4, 1)
-        expected[name] = play_episodes(env, make_actor(apply, acting, False, 1), 4)[1].tolist()
+        expected[name] = play_episodes(env, make_actor(apply, acting, False, 1), 4).result()[1].tolist()
         env.close()
     assert expected["normalized"] != expected["raw"]  # the statistics change what is played
     assert json.loads(open(result["output"]).read())["lengths"] == expected["normalized"]
