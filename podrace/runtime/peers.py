@@ -22,7 +22,7 @@ import socket
 import threading
 from typing import Callable
 
-from podrace.runtime.rendezvous import listen_on_all_addresses
+from podrace.runtime.rendezvous import listen_on_all_addresses, send_line
 
 _ADDRESS_KEY = "podrace/peers/hub"
 
@@ -57,12 +57,8 @@ class _Conn:
         self.reader = sock.makefile("r", encoding="utf-8")
 
     def send(self, **message) -> None:
-        data = (json.dumps(message) + "\n").encode()
         with self.lock:
-            try:
-                self.sock.sendall(data)
-            except OSError:  # the peer is gone: its reader sees EOF and reports the loss
-                pass
+            send_line(self.sock, message)
 
     def recv(self) -> dict | None:
         line = self.reader.readline()

@@ -144,7 +144,7 @@ class RolloutWorker:
             with jax.transfer_guard("disallow"):
                 self.actor.run()
         except Stopped:
-            pass
+            pass  # the run is ending: the stop's reason is the lifetime's, nothing to report
         except BaseException as error:  # noqa: BLE001 - raised by the next next()
             self.lifetime.fail(self.name, error)
 

@@ -98,9 +98,9 @@ def _gather(port: int, num_processes: int, timeout_s: float, check: Callable[[],
                 error = f"distributed: process(es) {gone} left before every process had joined"
         answer = {"ok": True} if error is None else {"error": error}
         for conn in joined.values():
-            _send(conn, answer)
+            send_line(conn, answer)
         for conn in others:
-            _send(conn, {"error": error or "distributed: not a process of this run"})
+            send_line(conn, {"error": error or "distributed: not a process of this run"})
         _wait_closed(list(joined.values()) + others)
     finally:
         server.close()
@@ -124,7 +124,7 @@ def _report(host: str, port: int, num_processes: int, process_id: int, timeout_s
                                   f"(is it started, and is {where} its address from this host?)") from None
             time.sleep(POLL_S)
     with conn:
-        _send(conn, {"hello": HELLO, "process": process_id, "num_processes": num_processes})
+        send_line(conn, {"hello": HELLO, "process": process_id, "num_processes": num_processes})
         # Process 0 was listening when this connected: it answers within its own timeout.
         answer = _read(conn, timeout_s + CLOSE_WAIT_S, check)
     if answer is None:
@@ -138,11 +138,13 @@ def _report(host: str, port: int, num_processes: int, process_id: int, timeout_s
                       f"podrace process 0)")
 
 
-def _send(conn: socket.socket, message: dict) -> None:
+def send_line(conn: socket.socket, message: dict) -> None:
+    """One JSON line; a peer that is gone is not an error here: the reading side sees it
+    (EOF) and reports it (the meeting's answer, the peer link's loss)."""
     try:
         conn.sendall((json.dumps(message) + "\n").encode())
     except OSError:
-        pass  # that process is gone: it has its own error (or none to wait for)
+        pass  # see the docstring: the reader reports the loss
 
 
 def _read(conn: socket.socket, timeout_s: float, check: Callable[[], None]) -> dict | None:
@@ -199,4 +201,4 @@ def _wait_closed(conns: list[socket.socket]) -> None:
             conn.close()
 
 
-__all__ = ["listen_on_all_addresses", "rendezvous"]
+__all__ = ["listen_on_all_addresses", "rendezvous", "send_line"]
