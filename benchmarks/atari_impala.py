@@ -56,7 +56,7 @@ SKIP = 2
 
 def make_config(args: argparse.Namespace, overrides: list[str], run_dir: str = "runs", **changes):
     """The preset at benchmark sizes; forces the CPU device count before JAX starts."""
-    from podrace.cli import parse_train
+    from podrace.train_command import parse_train
     from podrace.runtime.xla_setup import force_cpu_devices
     from podrace.config import replace
 

@@ -73,7 +73,7 @@ def cpu_s() -> float:
 def envpool_child(overrides: list[str]) -> dict:
     import numpy as np
 
-    from podrace.cli import parse_train
+    from podrace.train_command import parse_train
 
     cfg = parse_train([PRESET, *overrides])
     try:
@@ -136,7 +136,7 @@ def cpu_by_thread(before: dict, after: dict) -> dict[str, float]:
 def child(mode: str, overrides: list[str]) -> dict:
     if mode == "envpool":
         return envpool_child(overrides)
-    from podrace.cli import parse_train
+    from podrace.train_command import parse_train
     from podrace.runtime.xla_setup import force_cpu_devices
     from podrace.config import replace
 

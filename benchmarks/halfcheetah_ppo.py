@@ -39,7 +39,7 @@ VARIANTS = {  # the comparable run first
 
 
 def child(seed: int, overrides: list[str]) -> dict:
-    from podrace.cli import parse_train
+    from podrace.train_command import parse_train
     from podrace.runtime.xla_setup import force_cpu_devices
     from podrace.config import replace
 

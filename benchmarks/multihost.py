@@ -49,7 +49,7 @@ def layout_flags(processes: int, num_envs: int, total_steps: int) -> list[str]:
 
 
 def child(args: argparse.Namespace, flags: list[str]) -> dict:
-    from podrace.cli import parse_train
+    from podrace.train_command import parse_train
     from podrace.runtime.xla_setup import force_cpu_devices
     from podrace.config import replace
 

@@ -36,7 +36,7 @@ ENVS = 32
 
 
 def child(mode: str, steps: int, overrides: list[str]) -> dict:
-    from podrace.cli import parse_train
+    from podrace.train_command import parse_train
     from podrace.runtime.xla_setup import force_cpu_devices
 
     kind, _, n = mode.rpartition("-")

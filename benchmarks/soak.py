@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/soak.json")
     args, overrides = parser.parse_known_args()
 
-    from podrace.cli import parse_train
+    from podrace.train_command import parse_train
     from podrace.runtime.xla_setup import force_cpu_devices
     from podrace.config import replace
 

@@ -1,360 +1,24 @@
-"""`podrace` command line: `podrace train <preset> [--field value ...]`.
+"""`podrace` command line: `podrace train`, `podrace eval` and `podrace plot`.
 
-The config is parsed and validated before JAX is imported, so that the CLI can force as
-many CPU devices as the layout names (appending to, never replacing, the user's XLA_FLAGS).
+Each command lives in its own module (`podrace.train_command`, `podrace.eval_command`,
+`podrace.metrics.plot`); this one dispatches and turns a ConfigError into one line, exit 2.
 """
 
 from __future__ import annotations
 
-import errno
-import faulthandler
-import os
-import re
 import signal
 import sys
-import threading
-import time
-import traceback
 import warnings
 from typing import Sequence
 
-from podrace.config import ConfigError, TrainConfig
-from podrace.control import ComponentError
-from podrace.metrics.loggers import SinkError
-from podrace.runtime.xla_setup import enable_compile_cache, set_xla_flags
-from podrace.validation import validate
+from podrace.config import ConfigError
+from podrace.runtime.xla_setup import enable_compile_cache
+from podrace.train_command import print_error, train_command
 
 USAGE = """usage: podrace train <preset> [--flags]   (podrace train <preset> --help lists the flags)
        podrace train --resume RUN_DIR [--resume-from STEP] [--total-steps N ...]
        podrace eval RUN_DIR [--checkpoint STEP] [--episodes N] [--stochastic] [--video PATH]
        podrace plot RUN_DIR [RUN_DIR ...] -o out.png"""
-
-
-def _error(message: str) -> int:
-    print(f"podrace: error: {message}", file=sys.stderr)
-    return 2
-
-
-def _explains_itself(error: BaseException) -> bool:
-    """Failures whose one-line message is the whole story (no traceback helps the user)."""
-    from podrace.control import HangDetected
-    from podrace.learner import NonFiniteUpdate
-
-    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS):
-        return True  # the message names the path and what the system refused
-    # A full disk under a checkpoint write reaches us as orbax/TensorStore's ValueError.
-    return isinstance(error, (NonFiniteUpdate, SinkError, HangDetected)) or "No space left on device" in str(error)
-
-
-def parse_train(args: Sequence[str]) -> TrainConfig:
-    import tyro
-
-    from podrace.presets import PRESETS
-
-    from podrace.arguments import parse
-
-    return parse(lambda: tyro.extras.overridable_config_cli(PRESETS, prog="podrace train", args=list(args)))
-
-
-def split_resume(args: Sequence[str]) -> tuple[tuple[str, int | None] | None, list[str]]:
-    """((RUN_DIR, STEP or None) or None, the other args) from `--resume`/`--resume-from`."""
-    found: dict[str, str] = {}
-    rest: list[str] = []
-    items = iter(args)
-    for arg in items:
-        name, eq, value = arg.partition("=")
-        if name in ("--resume", "--resume-from"):
-            if not eq:
-                value = next(items, None)
-                if value is None or value.startswith("--"):
-                    raise ConfigError(f"{name} needs a value")
-            if not value.strip():
-                raise ConfigError(f"{name} needs a value, got {value!r}")
-            if name in found:
-                raise ConfigError(f"{name} given twice")
-            found[name] = value
-        else:
-            rest.append(arg)
-    if "--resume" not in found:
-        if "--resume-from" in found:
-            raise ConfigError("--resume-from needs --resume RUN_DIR")
-        return None, rest
-    step = found.get("--resume-from")
-    if step is not None and not (re.fullmatch(r"[0-9]+", step) and int(step) < 2**31):
-        raise ConfigError(f"--resume-from must be a checkpoint step (a non-negative integer), got {step!r}")
-    if rest and not rest[0].startswith("-"):
-        raise ConfigError(f"--resume continues a run with the config of its checkpoint; drop {rest[0]!r}")
-    return (found["--resume"], None if step is None else int(step)), rest
-
-
-def parse_resumed(run_dir: str, step: int | None, args: Sequence[str]):
-    """(Resume pinned to a step, config): the checkpoint's config with the flags in `args`
-    applied; ConfigError for a flag --resume does not allow. Starts no JAX backend."""
-    from pathlib import Path
-
-    import tyro
-
-    from podrace.runtime.resume import Resume, check_changes, check_run_dir, run_config_json, stored_config
-    from podrace.runtime.run_lock import RunLock
-
-    early = run_config_json(Path(run_dir))
-    if early is not None:
-        set_xla_flags(early)  # opening the checkpoint starts JAX's backend
-    resume = Resume(Path(run_dir), step)
-    check_run_dir(resume.run_dir)
-    RunLock(resume.run_dir).release()  # a run still writing it is "in use" before its checkpoints are read
-    step, stored = stored_config(resume)
-    from podrace.arguments import parse
-
-    cfg = parse(lambda: tyro.cli(TrainConfig, default=stored, args=list(args), prog="podrace train --resume RUN_DIR"))
-    check_changes(stored, cfg, step)
-    return Resume(Path(run_dir), step, step_was_latest=resume.step is None), cfg
-
-
-class _Signals:
-    """SIGINT and SIGTERM stop the run cleanly; the exit code is 128 + the signal.
-
-    The handler only records the signal: raising inside whatever frame the main thread is
-    in (a callback from C++, a lock) can abort the process or be lost. The main thread only
-    supervises and acts on it. A second signal while stopping exits at once.
-    """
-
-    def __init__(self) -> None:
-        self.received: int | None = None
-        self._previous: dict[int, object] = {}
-
-    def install(self) -> None:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            self._previous[signum] = signal.signal(signum, self._handle)
-
-    def restore(self) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-
-    def _handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
-        if self.received is not None:
-            os.write(2, f"podrace: second {signal.Signals(signum).name}, exiting now\n".encode())
-            os._exit(128 + signum)
-        self.received = signum
-
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.received).name if self.received else ""
-
-
-EXIT_GRACE_S = 1.5
-"""After a signal, seconds the run gets to stop and write its last line before the process
-exits regardless (a thread stuck in native code, a long compile)."""
-RAY_EXIT_GRACE_S = 30.0
-"""The same for `--runtime ray`: killing workers and stopping a local Ray take seconds."""
-STARVED_EXIT_S = 120.0
-"""Seconds the main thread may go without running Python before the process is ended
-(exit 1, every thread's stack on stderr; at least twice the run's watchdog timeout). Only a
-native call that holds the GIL and never returns (an env extension that does not release
-it) does that, and it starves the watchdog and the signal handlers, which are Python too;
-faulthandler's timer is a C thread that needs no GIL."""
-
-
-class _Training:
-    """`podrace train` in a worker thread, so the main thread is always free to see signals."""
-
-    def __init__(self, args: Sequence[str], signals: _Signals):
-        self.args, self.signals = args, signals
-        self.lifetime = None  # the run's Lifetime, once JAX is imported
-        self.grace_s = EXIT_GRACE_S
-        self.starved_exit_s = STARVED_EXIT_S
-        self.run = None
-        self.outcome: list = []
-        self.distributed = False
-        self.leave_together = False
-        """Multi-host: every process ends the same way (finished, or refused the run), so
-        this one can wait for the others at jax.distributed's shutdown barrier."""
-
-    def __call__(self) -> None:
-        try:
-            self.outcome.append(self._train())
-        except BaseException as error:  # noqa: BLE001 - handed to the main thread
-            self.outcome.append(error)
-
-    def _train(self) -> int:
-        # envpool builds Gymnasium Box spaces from float64 bounds; the warning is noise to users.
-        warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
-        resume = None
-        try:
-            resuming, rest = split_resume(self.args)
-            if resuming is not None:
-                resume, cfg = parse_resumed(*resuming, rest)
-            if resume is None:
-                cfg = parse_train(self.args)
-        except ConfigError as error:
-            return _error(str(error))
-        from podrace.envs.user_modules import make_working_dir_importable
-
-        make_working_dir_importable(cfg.env.id)
-        try:
-            validate(cfg)
-            self.starved_exit_s = max(STARVED_EXIT_S, 2 * cfg.safety.watchdog_s)
-            from podrace.envs import resolve_backend
-            from podrace.runtime.rundir import check_run_dir
-
-            set_xla_flags(cfg)
-            self.distributed = distributed_requested(cfg)
-            if resume is not None and (self.distributed or cfg.runtime == "ray"):
-                raise ConfigError("--resume works with the thread runtime on one host (not --runtime ray or --distributed.*)")
-            if not self.distributed:  # multi-host: checked by every process, together
-                resolve_backend(cfg.env)
-                if resume is None:
-                    check_run_dir(cfg)
-            from podrace.control import Lifetime, Stopped
-
-            if cfg.runtime == "ray":
-                if self.distributed:
-                    raise ConfigError("--runtime ray cannot be combined with --distributed.*: run one learner process")
-                from podrace.runtime.ray_cluster import check_auth_not_disabled, import_ray
-
-                # Ray's C++ crash handler also catches SIGTERM and re-raises it after ours,
-                # which made one SIGTERM look like two; crash stack traces stay in Ray's logs.
-                os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
-                import_ray()  # a missing Ray is a one-line error before JAX starts
-                check_auth_not_disabled()
-                from podrace.runtime.ray_run import prepare
-
-                self.grace_s = RAY_EXIT_GRACE_S
-            elif self.distributed:
-                from podrace.runtime.multi_host import prepare
-            else:
-                from podrace.runtime.single_host import prepare
-
-            self.lifetime = lifetime = Lifetime()
-            if self.signals.received:
-                lifetime.stop(f"{self.signals.name} received")
-            try:
-                self.run = prepare(cfg, lifetime) if resume is None else prepare(cfg, lifetime, resume=resume)
-                result = self.run.run()
-                self.leave_together = not self.signals.received  # finished, as every process
-            except Stopped:
-                result = None
-        except ConfigError as error:
-            if self.distributed:
-                from podrace.runtime.distributed import RunRefused
-
-                self.leave_together = isinstance(error, RunRefused)
-            return _error(str(error))
-        except ComponentError as error:
-            from podrace.runtime.peers import PeerLost, PeerStopped
-
-            if isinstance(error.error, PeerStopped):  # Ctrl-C on another process
-                print(f"podrace: {error.error}, stopped", file=sys.stderr)
-                return 128 + error.error.signum
-            if not isinstance(error.error, PeerLost) and not _explains_itself(error.error):
-                traceback.print_exception(error.error, file=sys.stderr)
-            print(f"podrace: error: {error}", file=sys.stderr)
-            return 1
-        except SinkError as error:  # a sink that failed outside the runtime's loop
-            print(f"podrace: error: logger failed: {error}", file=sys.stderr)
-            return 1
-        if self.signals.received:
-            return self.stopped()
-        final = result.final_eval
-        evaluation = f"final eval return {final.mean_return:.1f}" if final else "no final evaluation"
-        skipped = f" ({result.skipped_updates} skipped as non-finite)" if result.skipped_updates else ""
-        if self.distributed and final is None:
-            evaluation += " (only process 0 evaluates)"
-        checkpoint = getattr(result, "checkpoint", None)
-        saved = f"\ncheckpoint: update {checkpoint}" if checkpoint is not None else ""
-        print(
-            f"done: {result.env_steps:,} env steps, {result.updates} updates{skipped} in {result.train_s:.1f}s "
-            f"(+{result.compile_s:.1f}s compile), {evaluation}\nrun directory: {result.run_dir}{saved}"
-        )
-        return 0
-
-    def stopped(self) -> int:
-        checkpoints = getattr(self.run, "checkpoints", None)  # thread runtime only
-        latest = checkpoints.latest if checkpoints is not None else None
-        saved = f"; checkpoint {latest} saved (podrace train --resume {self.run.run_dir})" if latest is not None else ""
-        print(f"podrace: {self.signals.name} received, stopped cleanly{saved}", file=sys.stderr)
-        return 128 + self.signals.received
-
-    def unfinished_checkpoint(self) -> str:
-        """A line for a process about to exit while a checkpoint is still being written."""
-        checkpoints = getattr(self.run, "checkpoints", None)
-        writing = checkpoints.writing if checkpoints is not None else None
-        if writing is None:
-            return ""
-        latest = checkpoints.latest
-        kept = f"checkpoint {latest} is the latest" if latest is not None else "earlier checkpoints are kept"
-        return f"podrace: checkpoint {writing} did not finish writing in time and is discarded; {kept}"
-
-
-def _exit_now(code: int) -> None:
-    """Leave without waiting for threads stuck in native code (no atexit, no finalizers:
-    a daemon thread inside C++ at interpreter shutdown can abort the process)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def distributed_requested(cfg: TrainConfig) -> bool:
-    """Run multi-host: a --distributed.* flag is set, or JAX's coordinator variable is
-    (then JAX also detects the process count and id from SLURM, Open MPI, Kubernetes...)."""
-    return cfg.distributed.requested or bool(os.environ.get("JAX_COORDINATOR_ADDRESS"))
-
-
-def train_command(args: Sequence[str]) -> int:
-    signals = _Signals()
-    signals.install()
-    try:
-        return _supervise(_Training(args, signals), signals)
-    finally:
-        signals.restore()
-
-
-def _supervise(training: _Training, signals: _Signals) -> int:
-    worker = threading.Thread(target=training, name="podrace-train", daemon=True)
-    worker.start()
-    deadline, armed = None, 0.0
-    try:
-        while worker.is_alive():
-            if time.monotonic() - armed > 1.0:  # re-armed while this thread runs Python
-                faulthandler.dump_traceback_later(training.starved_exit_s, exit=True, file=2)
-                armed = time.monotonic()
-            worker.join(0.05)
-            deadline = _act_on_signals(training, signals, worker, deadline)
-    finally:
-        faulthandler.cancel_dump_traceback_later()
-    outcome = training.outcome[0]
-    if isinstance(outcome, BaseException):
-        raise outcome
-    if training.distributed:
-        from podrace.runtime.multi_host import shutdown
-
-        shutdown(training.leave_together)
-        # Never wait at exit for a lost peer (atexit) or for threads left in a collective.
-        _exit_now(outcome)
-    if training.run is not None and training.run.stuck:
-        print(f"podrace: threads stuck in native code left behind: {', '.join(training.run.stuck)}", file=sys.stderr)
-        _exit_now(outcome)
-    return outcome
-
-
-def _act_on_signals(training: _Training, signals: _Signals, worker: threading.Thread, deadline: float | None):
-    """Stop the run on the first signal; exit once its grace period is over. Returns the
-    exit deadline (None until a signal came)."""
-    if signals.received and deadline is None:
-        if training.lifetime is None:  # still parsing and validating: nothing written yet
-            _exit_now(training.stopped())
-        deadline = time.monotonic() + training.grace_s
-        training.lifetime.stop(f"{signals.name} received")
-    if deadline is not None and worker.is_alive() and time.monotonic() > deadline:
-        if training.run is None and training.lifetime.run_dir is not None:
-            # still compiling: nothing was trained, so leave no config-only run behind
-            from podrace.runtime.rundir import remove_run_dir
-
-            remove_run_dir(training.lifetime.run_dir)
-        print(training.unfinished_checkpoint() or "podrace: threads still busy in native code are left behind",
-              file=sys.stderr)
-        _exit_now(training.stopped())
-    return deadline
 
 
 def eval_command(args: Sequence[str]) -> int:
@@ -370,7 +34,7 @@ def eval_command(args: Sequence[str]) -> int:
         opts = parse(lambda: tyro.cli(EvalOptions, prog="podrace eval", args=list(args)))
         result = evaluate_run(opts)
     except ConfigError as error:
-        return _error(str(error))
+        return print_error(str(error))
     except KeyboardInterrupt:  # nothing half-written: the results JSON is written at the end, atomically
         print("podrace: SIGINT received, stopped", file=sys.stderr)
         return 128 + signal.SIGINT
@@ -390,7 +54,7 @@ def plot_command(args: Sequence[str]) -> int:
         check_output(opts.output)
         save_figure(plot_runs(opts.run_dirs), opts.output)
     except ConfigError as error:
-        return _error(str(error))
+        return print_error(str(error))
     print(f"wrote {opts.output}")
     return 0
 
@@ -407,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return eval_command(rest)
     if command == "plot":
         return plot_command(rest)
-    return _error(f"unknown command '{command}'\n{USAGE}")
+    return print_error(f"unknown command '{command}'\n{USAGE}")
 
 
 if __name__ == "__main__":

@@ -158,13 +158,13 @@ def test_a_full_disk_explains_itself_in_one_line():
     before its one-line error."""
     import errno
 
-    from podrace.cli import _explains_itself
+    from podrace.train_command import explains_itself
 
-    assert _explains_itself(OSError(errno.ENOSPC, "No space left on device"))
+    assert explains_itself(OSError(errno.ENOSPC, "No space left on device"))
     # Found by the second attack: a checkpoints folder made read-only mid-run, the same 50 lines.
-    assert _explains_itself(PermissionError(errno.EPERM, "Operation not permitted", "ck/1171.orbax-checkpoint-tmp"))
-    assert _explains_itself(ValueError("RESOURCE_EXHAUSTED: Error writing local file: No space left on device"))
-    assert not _explains_itself(ValueError("shapes do not match"))
+    assert explains_itself(PermissionError(errno.EPERM, "Operation not permitted", "ck/1171.orbax-checkpoint-tmp"))
+    assert explains_itself(ValueError("RESOURCE_EXHAUSTED: Error writing local file: No space left on device"))
+    assert not explains_itself(ValueError("shapes do not match"))
 
 
 @pytest.mark.timeout(60)

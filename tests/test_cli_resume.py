@@ -70,7 +70,7 @@ def test_resume_errors_are_one_line_exit_2_and_change_nothing(capsys, tmp_path):
 def test_the_cli_pins_the_latest_step_and_says_so(tmp_path):
     """A resume reads the config before it holds the run: if another resume of the run ends
     in between, the refusal must say so, not name a step the user never chose."""
-    from podrace.cli import parse_resumed
+    from podrace.train_command import parse_resumed
     from podrace.runtime.resume import Resume
 
     run_dir = fake_run(tmp_path, small(tmp_path, **{"log.run_name": "r"}), versions=(1, 2))
@@ -83,7 +83,7 @@ def test_a_resume_of_a_run_still_writing_is_in_use_before_its_checkpoints_are_re
     """A live run rotates its checkpoints: read before the lock, the latest could vanish
     mid-read and be reported as corrupt."""
     import podrace.runtime.resume
-    from podrace.cli import parse_resumed
+    from podrace.train_command import parse_resumed
     from podrace.runtime.run_lock import RunLock
 
     run_dir = fake_run(tmp_path, small(tmp_path, **{"log.run_name": "r"}), versions=(1, 2))

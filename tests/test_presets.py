@@ -10,7 +10,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from podrace.algos.advantages import vtrace
-from podrace.cli import main, parse_train
+from podrace.cli import main
+from podrace.train_command import parse_train
 from podrace.envs import env_spec, resolve_backend
 from podrace.learner_mesh import AXIS, TRAJECTORY_SPEC, make_algorithm, make_mesh
 from podrace.presets import PRESETS

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from podrace.cli import distributed_requested, main
+from podrace.cli import main
+from podrace.train_command import distributed_requested
 from podrace.config import ConfigError, TrainConfig, replace
 from podrace.runtime.distributed import _mismatch, config_hash, shared_fields
 from podrace.validation import validate

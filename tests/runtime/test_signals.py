@@ -172,9 +172,10 @@ def test_a_native_call_holding_the_gil_cannot_keep_the_process_forever(tmp_path)
     (tmp_path / "gilenv.py").write_text(GIL_HOLDING_ENV)
     code = (
         "import sys\n"
-        "import podrace.cli as cli\n"
-        "cli.STARVED_EXIT_S = 4.0\n"
-        "sys.exit(cli.main(sys.argv[1:]))\n"
+        "import podrace.runtime.supervisor as supervisor\n"
+        "from podrace.cli import main\n"
+        "supervisor.STARVED_EXIT_S = 4.0\n"
+        "sys.exit(main(sys.argv[1:]))\n"
     )
     mark = tmp_path / "held"
     proc = subprocess.Popen(

@@ -1,0 +1,119 @@
+"""The main thread of `podrace train`: it runs the command in a worker thread and only
+watches, so that signals are always seen and a run that will not stop still ends.
+
+The supervised object (`podrace.train_command.Training`) is called in the worker thread and
+exposes what the watch needs: `outcome` (the exit code or exception, once done),
+`lifetime` (the run's Lifetime once JAX is imported, else None), `run` (the prepared run
+or None), `grace_s`, `starved_exit_s`, `distributed`, `leave_together`, and
+`stopped()`/`unfinished_checkpoint()` for the lines written on the way out.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import sys
+import threading
+import time
+
+EXIT_GRACE_S = 1.5
+"""After a signal, seconds the run gets to stop and write its last line before the process
+exits regardless (a thread stuck in native code, a long compile)."""
+RAY_EXIT_GRACE_S = 30.0
+"""The same for `--runtime ray`: killing workers and stopping a local Ray take seconds."""
+STARVED_EXIT_S = 120.0
+"""Seconds the main thread may go without running Python before the process is ended
+(exit 1, every thread's stack on stderr; at least twice the run's watchdog timeout). Only a
+native call that holds the GIL and never returns (an env extension that does not release
+it) does that, and it starves the watchdog and the signal handlers, which are Python too;
+faulthandler's timer is a C thread that needs no GIL."""
+
+
+class Signals:
+    """SIGINT and SIGTERM stop the run cleanly; the exit code is 128 + the signal.
+
+    The handler only records the signal: raising inside whatever frame the main thread is
+    in (a callback from C++, a lock) can abort the process or be lost. The main thread only
+    supervises and acts on it. A second signal while stopping exits at once.
+    """
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def install(self) -> None:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._previous[signum] = signal.signal(signum, self._handle)
+
+    def restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
+        if self.received is not None:
+            os.write(2, f"podrace: second {signal.Signals(signum).name}, exiting now\n".encode())
+            os._exit(128 + signum)
+        self.received = signum
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.received).name if self.received else ""
+
+
+def exit_now(code: int) -> None:
+    """Leave without waiting for threads stuck in native code (no atexit, no finalizers:
+    a daemon thread inside C++ at interpreter shutdown can abort the process)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def supervise(training, signals: Signals) -> int:
+    """Run `training` in a worker thread until it ends; its exit code (its exception is
+    raised here). Acts on `signals` meanwhile and ends a process whose main thread starves."""
+    worker = threading.Thread(target=training, name="podrace-train", daemon=True)
+    worker.start()
+    deadline, armed = None, 0.0
+    try:
+        while worker.is_alive():
+            if time.monotonic() - armed > 1.0:  # re-armed while this thread runs Python
+                faulthandler.dump_traceback_later(training.starved_exit_s, exit=True, file=2)
+                armed = time.monotonic()
+            worker.join(0.05)
+            deadline = _act_on_signals(training, signals, worker, deadline)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+    outcome = training.outcome[0]
+    if isinstance(outcome, BaseException):
+        raise outcome
+    if training.distributed:
+        from podrace.runtime.multi_host import shutdown
+
+        shutdown(training.leave_together)
+        # Never wait at exit for a lost peer (atexit) or for threads left in a collective.
+        exit_now(outcome)
+    if training.run is not None and training.run.stuck:
+        print(f"podrace: threads stuck in native code left behind: {', '.join(training.run.stuck)}", file=sys.stderr)
+        exit_now(outcome)
+    return outcome
+
+
+def _act_on_signals(training, signals: Signals, worker: threading.Thread, deadline: float | None):
+    """Stop the run on the first signal; exit once its grace period is over. Returns the
+    exit deadline (None until a signal came)."""
+    if signals.received and deadline is None:
+        if training.lifetime is None:  # still parsing and validating: nothing written yet
+            exit_now(training.stopped())
+        deadline = time.monotonic() + training.grace_s
+        training.lifetime.stop(f"{signals.name} received")
+    if deadline is not None and worker.is_alive() and time.monotonic() > deadline:
+        if training.run is None and training.lifetime.run_dir is not None:
+            # still compiling: nothing was trained, so leave no config-only run behind
+            from podrace.runtime.rundir import remove_run_dir
+
+            remove_run_dir(training.lifetime.run_dir)
+        print(training.unfinished_checkpoint() or "podrace: threads still busy in native code are left behind",
+              file=sys.stderr)
+        exit_now(training.stopped())
+    return deadline
