@@ -295,8 +295,8 @@ MUTANTS: list[Mutant] = [
     Mutant("peer_loss_overrides_its_own_stop", "podrace/runtime/peers.py",
            "or self._closed.is_set() or self._leaving:", "or self._closed.is_set():",
            ("tests/runtime/test_peers.py", "-k", "own_reason")),
-    # --- cli.py (signal flow) ----------------------------------------------------------------
-    Mutant("cli_signal_exit_code_not_conventional", "podrace/cli.py",
+    # --- train_command.py (signal flow) --------------------------------------------------------
+    Mutant("cli_signal_exit_code_not_conventional", "podrace/train_command.py",
            "return 128 + self.signals.received", "return 1", ("tests/test_cli.py", "-k", "signal")),
     # --- runtime: closing envs, holding the run directory -----------------------------------
     Mutant("env_close_error_propagates", "podrace/runtime/threads.py",
@@ -331,7 +331,7 @@ MUTANTS: list[Mutant] = [
     Mutant("unverified_read_of_a_step_just_renamed", "podrace/eval_command.py",
            "                wait_for_manifest(directory / str(step))\n", "",
            ("tests/test_eval_command.py", "-k", "manifest")),
-    Mutant("resume_reads_a_live_runs_checkpoints", "podrace/cli.py",
+    Mutant("resume_reads_a_live_runs_checkpoints", "podrace/train_command.py",
            "    RunLock(resume.run_dir).release()", "    RunLock",
            ("tests/test_cli_resume.py", "-k", "in_use")),
 ]
