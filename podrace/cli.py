@@ -6,10 +6,12 @@ Each command lives in its own module (`podrace.train_command`, `podrace.eval_com
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 import warnings
-from typing import Sequence
+from contextlib import contextmanager
+from typing import Iterator, Sequence
 
 from podrace.config import ConfigError
 from podrace.runtime.xla_setup import enable_compile_cache
@@ -59,19 +61,42 @@ def plot_command(args: Sequence[str]) -> int:
     return 0
 
 
+class _LineFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line = f"podrace: {record.levelname.lower()}: {record.getMessage()}"
+        return f"{line}\n{self.formatException(record.exc_info)}" if record.exc_info else line
+
+
+@contextmanager
+def podrace_log_lines() -> Iterator[None]:
+    """While a command runs, podrace's log records are `podrace: warning: ...` lines on
+    stderr, like its errors, whatever handlers a dependency gave the root logger (one of
+    them makes them `WARNING:podrace.evaluate:...`). Undone afterwards: a library user's
+    logging is theirs."""
+    logger = logging.getLogger("podrace")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_LineFormatter())
+    propagate = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    if command == "train":
-        return train_command(rest)
-    if command == "eval":
-        return eval_command(rest)
-    if command == "plot":
-        return plot_command(rest)
-    return print_error(f"unknown command '{command}'\n{USAGE}")
+    commands = {"train": train_command, "eval": eval_command, "plot": plot_command}
+    if command not in commands:
+        return print_error(f"unknown command '{command}'\n{USAGE}")
+    with podrace_log_lines():
+        return commands[command](rest)
 
 
 if __name__ == "__main__":

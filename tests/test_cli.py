@@ -179,3 +179,24 @@ def test_ctrl_c_during_eval_is_one_line_and_exit_130(capsys, monkeypatch, tmp_pa
     code, out, err = run_cli(capsys, "eval", str(tmp_path))
     assert code == 130
     assert err.strip().splitlines() == ["podrace: SIGINT received, stopped"]
+
+
+@pytest.mark.timeout(60)
+def test_podrace_warnings_are_podrace_lines_and_the_callers_logging_is_restored(capsys, monkeypatch, tmp_path):
+    """A dependency's basicConfig printed them as `WARNING:podrace.evaluate:...`."""
+    import logging
+
+    import podrace.metrics.plot
+
+    def warns(run_dirs):
+        logging.getLogger("podrace.metrics.plot").warning("run %s has no metrics", run_dirs[0])
+        raise podrace.metrics.plot.ConfigError("nothing to plot")
+
+    monkeypatch.setattr(podrace.metrics.plot, "plot_runs", warns)
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [logging.StreamHandler(sys.stderr)])  # as basicConfig leaves it
+    code, out, err = run_cli(capsys, "plot", str(tmp_path), "-o", str(tmp_path / "out.png"))
+    assert code == 2
+    assert err.splitlines() == [f"podrace: warning: run {tmp_path} has no metrics", "podrace: error: nothing to plot"]
+    podrace_logger = logging.getLogger("podrace")
+    assert podrace_logger.propagate and not podrace_logger.handlers
