@@ -94,6 +94,10 @@ def spec_json(spec: EnvSpec) -> dict:
 # Writing ----------------------------------------------------------------------------
 
 
+class CheckpointFilesRemoved(FileNotFoundError):
+    """Something else deleted files of a checkpoint while the run was writing it."""
+
+
 class Checkpointer:
     """Saves RunStates of one run: every `cfg.checkpoint.every_updates`, keeping the last K.
 
@@ -156,9 +160,19 @@ class Checkpointer:
     def _write(self, step: int, arrays: dict, meta: dict) -> None:
         start = time.perf_counter()
         args = ocp.args.Composite(arrays=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta))
-        self._manager.save(step, args=args, force=True)
-        self._manager.wait_until_finished()
-        write_manifest(self.directory / str(step))
+        try:
+            self._manager.save(step, args=args, force=True)
+            self._manager.wait_until_finished()
+            write_manifest(self.directory / str(step))
+        except Exception as error:
+            written = [self.directory / str(step), *self.directory.glob(f"{step}.orbax-checkpoint-tmp*")]
+            missing = isinstance(error, FileNotFoundError) or str(error).startswith("NOT_FOUND")
+            if missing or not any(path.exists() for path in written):
+                # orbax's own error is a 100-line dump of a TensorStore spec
+                raise CheckpointFilesRemoved(
+                    f"files of checkpoint {step} in {self.directory} were deleted while it was written "
+                    "(by another process?)") from error
+            raise
         self.rotate()
         self.metrics.add("checkpoint/write_s", time.perf_counter() - start)
         self.metrics.set("checkpoint/version", step)

@@ -32,13 +32,15 @@ def print_error(message: str) -> int:
 
 def explains_itself(error: BaseException) -> bool:
     """Failures whose one-line message is the whole story (no traceback helps the user)."""
+    from podrace.checkpoint import CheckpointFilesRemoved
     from podrace.control import HangDetected
     from podrace.learner import NonFiniteUpdate
 
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS):
         return True  # the message names the path and what the system refused
     # A full disk under a checkpoint write reaches us as orbax/TensorStore's ValueError.
-    return isinstance(error, (NonFiniteUpdate, SinkError, HangDetected)) or "No space left on device" in str(error)
+    explained = (NonFiniteUpdate, SinkError, HangDetected, CheckpointFilesRemoved)
+    return isinstance(error, explained) or "No space left on device" in str(error)
 
 
 def parse_train(args: Sequence[str]) -> TrainConfig:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import fcntl
@@ -478,3 +479,40 @@ def test_a_damaged_chunk_without_a_manifest_leaves_no_read_running_behind(tmp_pa
         time.sleep(0.1)
     assert [f"{u.exc_type.__name__}: {u.exc_value}" for u in stray] == []
     assert checkpoint_steps(tmp_path) == [1]
+
+
+@pytest.mark.timeout(120)
+def test_a_checkpoints_folder_deleted_under_the_run_is_named_not_a_100_line_orbax_error(tmp_path, monkeypatch):
+    """Found by sabotage: `rm -rf checkpoints` of a live run during a write failed it with
+    orbax's TensorStore spec dump and a traceback; the CLI prints this error in one line.
+    Deleted between two saves, the folder is simply made again."""
+    import shutil
+
+    cfg = tiny_config()
+    directory = tmp_path / "checkpoints"
+    checkpointer = Checkpointer(directory, cfg, env_spec(cfg.env))
+    try:
+        checkpointer.save(fresh_state(cfg, version=1))
+        checkpointer.wait()
+        shutil.rmtree(directory)
+        checkpointer.save(fresh_state(cfg, version=2))
+        checkpointer.wait()
+        assert checkpoint_steps(directory) == [2]
+
+        manifest = podrace.checkpoint.write_manifest
+
+        def deleted_first(step_dir):
+            shutil.rmtree(directory)
+            manifest(step_dir)
+
+        monkeypatch.setattr(podrace.checkpoint, "write_manifest", deleted_first)
+        checkpointer.save(fresh_state(cfg, version=3))
+        with pytest.raises(podrace.checkpoint.CheckpointFilesRemoved, match=f"checkpoint 3 in {directory}"):
+            checkpointer.wait()
+    finally:
+        with contextlib.suppress(Exception):
+            checkpointer.close()
+
+    from podrace.train_command import explains_itself
+
+    assert explains_itself(podrace.checkpoint.CheckpointFilesRemoved("x"))
