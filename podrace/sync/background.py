@@ -29,7 +29,7 @@ from podrace.sync.base import (
     wait_limit,
 )
 from podrace.sync.push import PushFanout
-from podrace.sync.spec import TreeSpec
+from podrace.sync.spec import FirstLayout, TreeSpec
 from podrace.sync.stats import RunningStat
 from podrace.sync.versions import Published, TransformStage, VersionCounter, release_later
 
@@ -49,6 +49,7 @@ class BackgroundPublisher(Publisher):
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self._label = label
+        self._published_layout = FirstLayout("published params")
         self._stage = TransformStage(transform, label, finish=lambda params: self._check_host(_to_host(params)))
         self._cond = threading.Condition()
         self._versions = VersionCounter(first_version)
@@ -70,7 +71,9 @@ class BackgroundPublisher(Publisher):
 
     # -- transport hooks --------------------------------------------------------------
     def _check(self, params: PyTree) -> None:
-        """Reject params the transport cannot carry, in the learner's thread (metadata only)."""
+        """Reject params the transport cannot carry, in the learner's thread (metadata only):
+        by default, a layout other than the first version's."""
+        self._published_layout.check(params)
 
     def _check_host(self, host: PyTree) -> PyTree:
         """Reject a transformed version the transport cannot carry (it raises; runs in the
@@ -96,12 +99,12 @@ class BackgroundPublisher(Publisher):
     # -- Publisher ----------------------------------------------------------------------
     def publish(self, params: PyTree, *, version: int | None = None) -> int:
         start = time.perf_counter()
-        self._check(params)
         with self._cond:
             if self._closed:
                 raise ChannelClosed("publish() on a closed publisher")
             if self._failure is not None:
                 raise SyncError(f"{self._label} delivery failed; channel closed") from self._failure
+            self._check(params)
             entry = Published(self._versions.next(version), params)
             entry.published_at = start  # type: ignore[attr-defined]
             if self._pending is not None:

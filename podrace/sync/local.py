@@ -31,7 +31,7 @@ from podrace.sync.base import (
 )
 from podrace.sync.placement import Placement, place, placement_name
 from podrace.sync.push import PushFanout
-from podrace.sync.spec import TreeSpec
+from podrace.sync.spec import FirstLayout, TreeSpec
 from podrace.sync.stats import RunningStat, tree_nbytes
 from podrace.sync.versions import Published, TransformStage, VersionCounter, release_later
 
@@ -66,6 +66,7 @@ class LocalPublisher(Publisher):
         self._place_time: dict[str, RunningStat] = {}
         self._stat_lock = threading.Lock()
         self._bytes = 0
+        self._layout = FirstLayout("published params")
 
     # -- learner side ---------------------------------------------------------------
     def publish(self, params: PyTree, *, version: int | None = None) -> int:
@@ -73,6 +74,7 @@ class LocalPublisher(Publisher):
         with self._cond:
             if self._closed:
                 raise ChannelClosed("publish() on a closed publisher")
+            self._layout.check(params)
             version = self._versions.next(version)
             entry = Published(version, params)
             if len(self._entries) == self._keep:

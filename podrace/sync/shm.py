@@ -34,7 +34,7 @@ from podrace.sync.doorbell import Doorbell, DoorbellClient
 from podrace.sync.placement import DeviceKey, device_from_key, device_key
 from podrace.sync.shm_layout import ALIGN, CLOSED_CLOSED, CLOSED_FAILED, CLOSED_OPEN, SlotReader, SlotWriter
 from podrace.sync.shm_leaks import sweep_shm
-from podrace.sync.spec import TreeSpec
+from podrace.sync.spec import FirstLayout, TreeSpec
 from podrace.sync.stats import RunningStat
 
 _names = itertools.count()
@@ -61,9 +61,7 @@ class ShmPublisher(BackgroundPublisher):
         super().__init__(transform, keep, first_version, label="shm")
         self.name = name or f"podrace_{os.getpid()}_{secrets.token_hex(4)}"
         self._owner = os.getpid()
-        self._raw_spec: TreeSpec | None = None
-        self._host_spec: TreeSpec | None = None  # of transformed versions: the slot layout
-        self._spec_lock = threading.Lock()
+        self._host_layout = FirstLayout("transformed params")  # the slots' layout
         swept = sweep_shm()  # segments leaked by publishers that died (see shm_leaks)
         if swept:
             _log.warning("removed %d shared-memory segments of dead publishers: %s", len(swept), ", ".join(swept))
@@ -102,23 +100,17 @@ class ShmPublisher(BackgroundPublisher):
         return ShmSubscriber(self.name, device, expect=expect, name=name)
 
     def _check(self, params: PyTree) -> None:
-        spec = TreeSpec.of(params)  # the slot layout is fixed by the first publish
-        with self._spec_lock:
-            if self._raw_spec is None:
-                self._raw_spec = spec
-            else:
-                self._raw_spec.check_spec(spec, "published params")
+        spec = TreeSpec.of(params)
+        spec.check_fixed_size("published params")
+        self._published_layout.check(spec)
 
     def _check_host(self, host: PyTree) -> PyTree:
         # A transform that returns another structure, shape or dtype than the first
-        # version's fails that version (counted in transform/failures), as if it had
-        # raised: the slots' layout is fixed, and the channel goes on.
+        # version's, or Python objects, fails that version (counted in transform/failures),
+        # as if it had raised: the slots' layout is fixed, and the channel goes on.
         spec = TreeSpec.of(host)
-        with self._spec_lock:
-            if self._host_spec is None:
-                self._host_spec = spec
-            else:
-                self._host_spec.check_spec(spec, "transformed params")
+        spec.check_fixed_size("transformed params")
+        self._host_layout.check(spec)
         return host
 
     def _deliver(self, version: int, host: PyTree, spec: TreeSpec) -> None:

@@ -207,7 +207,13 @@ def _create_segment(name: str, size: int) -> shared_memory.SharedMemory:
     process with SIGBUS. Reserving the pages up front (posix_fallocate) turns that into
     ENOSPC here, which the channel reports.
     """
-    shm = shared_memory.SharedMemory(name=name, create=True, size=size)
+    try:
+        shm = shared_memory.SharedMemory(name=name, create=True, size=size)
+    except FileExistsError:
+        raise SyncError(
+            f"shared-memory segment {name!r} exists already: another publisher uses that channel name, or "
+            f"one died without removing it (choose another name, or delete /dev/shm/{name.lstrip('/')})"
+        ) from None
     fd = getattr(shm, "_fd", -1)
     if fd < 0 or not hasattr(os, "posix_fallocate"):
         return shm  # not Linux: no tmpfs to run out of in this way

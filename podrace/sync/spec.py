@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +57,37 @@ class TreeSpec:
                 raise SnapshotMismatch(
                     f"{what} leaf {path}: expected {ed.name}{list(es)}, got {gd.name}{list(gs)}"
                 )
+
+    def check_fixed_size(self, what: str) -> None:
+        """SnapshotMismatch for a leaf of Python objects, which cannot be copied as bytes."""
+        for path, dtype in zip(_leaf_paths(self.treedef), self.dtypes):
+            if dtype.hasobject:
+                raise SnapshotMismatch(
+                    f"{what} leaf {path}: dtype {dtype} holds Python objects, which cannot be put in "
+                    "shared memory (publish arrays of numbers, bools or fixed-size strings)"
+                )
+
+
+class FirstLayout:
+    """The tree structure, shapes and dtypes of the first version a publisher takes: a later
+    version that differs is a SnapshotMismatch in every transport (shm's slots are laid out
+    once; readers in other processes rebuild trees from it), so no reader ever sees a layout
+    change that one transport would carry and another would not."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self._spec: TreeSpec | None = None
+        self._lock = threading.Lock()
+
+    def check(self, tree: Any) -> TreeSpec:
+        """The spec of `tree`; SnapshotMismatch unless it is the first one's."""
+        spec = TreeSpec.of(tree)
+        with self._lock:
+            if self._spec is None:
+                self._spec = spec
+            else:
+                self._spec.check_spec(spec, self.what)
+        return spec
 
 
 def unreadable_tree(what: str, exc: BaseException) -> SyncError:

@@ -556,3 +556,18 @@ def test_after_flush_get_of_the_flushed_version_returns_it(harness, new_pub):
         assert sub.get(v, timeout=10).version == v
         assert sub.get(0, timeout=10).version == v  # received now: get(0) has it too
     assert sub.poll() is None
+
+
+def test_a_version_with_another_layout_is_rejected_and_the_channel_goes_on(harness, new_pub):
+    """Found by the sync attack: shm refused a changed shape, local and ray carried it."""
+    pub = new_pub()
+    sub = harness.subscribe(pub)
+    pub.publish(make_params(0))
+    grown = make_params(1, n=17)
+    retyped = dict(make_params(1), w=np.arange(4, dtype=np.float64))
+    for wrong, match in ((grown, r"\['x'\].*int64\[16\].*int64\[17\]"), (retyped, r"\['w'\].*float32.*float64"),
+                         ({"x": make_params(1)["x"]}, "tree structure")):
+        with pytest.raises(SnapshotMismatch, match=match):
+            pub.publish(wrong)
+    assert pub.publish(make_params(1)) == 1  # nothing was numbered for the refused ones
+    assert check_params(sub.get(1, timeout=10).params) == 1

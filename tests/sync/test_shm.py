@@ -757,3 +757,35 @@ def test_a_fork_child_can_neither_publish_on_nor_close_the_parents_channel():
     ShmSubscriber(pub.name).close()  # the segments are still there
     sub.close()
     pub.close()
+
+
+@pytest.mark.timeout(60)
+def test_python_object_leaves_are_refused_and_the_channel_goes_on():
+    """Found by the sync attack: an object array was accepted, then killed the delivery
+    thread (`Cannot change data-type for array of references`) and the channel for good."""
+    good = {"w": np.arange(3, dtype=np.float32)}
+    pub = ShmPublisher(transform=lambda p: {"w": np.array([object()] * 3)} if p["w"][0] == 1 else p)
+    try:
+        sub = pub.subscribe()
+        with pytest.raises(SnapshotMismatch, match=r"\['w'\].*Python objects"):
+            pub.publish({"w": np.array([object()] * 3)})
+        assert pub.publish(good) == 0
+        assert pub.publish({"w": good["w"] + 1}) == 1  # its transform returns objects: skipped
+        pub.flush(timeout=10)
+        assert pub.metrics()["transform/failures"] == 1
+        assert pub.publish({"w": good["w"] + 2}) == 2
+        np.testing.assert_array_equal(np.asarray(sub.get(2, timeout=10).params["w"]), good["w"] + 2)
+    finally:
+        pub.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_channel_name_in_use_is_a_sync_error_naming_it():
+    from podrace.sync.base import SyncError
+
+    first = ShmPublisher(name=f"podrace_taken_{os.getpid()}")
+    try:
+        with pytest.raises(SyncError, match=f"podrace_taken_{os.getpid()}' exists already"):
+            ShmPublisher(name=f"podrace_taken_{os.getpid()}")
+    finally:
+        first.close()
