@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -117,6 +118,7 @@ def prepare(cfg: TrainConfig, lifetime: Lifetime | None = None, env_factory: Cal
     lifetime = lifetime or Lifetime()
     cfg = resolved(dataclasses.replace(cfg, runtime="ray"))
     validate(cfg)
+    logging.getLogger(__name__).warning("checkpoints are not written with --runtime ray yet")
     resolve_backend(cfg.env)
     devices = resolve_devices(cfg)
     spec = env_spec(cfg.env)
