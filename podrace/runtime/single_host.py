@@ -113,9 +113,10 @@ def prepare(
         lock = RunLock(resume.run_dir) if Path(resume.run_dir).is_dir() else None
         try:
             run = _prepare_resumed(cfg, lifetime, envs, resume)
-        except BaseException:
+        except BaseException as error:
             if lock is not None:
                 lock.release()
+            raise_stopped_if_stopping(lifetime, error)
             raise
         run.lock = lock
         return run

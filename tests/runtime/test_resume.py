@@ -340,3 +340,41 @@ def test_a_full_disk_while_updating_the_run_directory_leaves_no_temp_file(tmp_pa
 def test_a_config_json_nested_too_deeply_is_unreadable_not_a_crash(tmp_path):
     (tmp_path / "config.json").write_text('{"algo": ' * 100_000 + "1" + "}" * 100_000)
     assert run_config_json(tmp_path) is None
+
+
+@pytest.mark.timeout(120)
+def test_a_stop_while_a_resumed_run_is_built_is_a_stop_and_changes_nothing(tmp_path, monkeypatch):
+    """Found by the CLI attack (5 of 12 Ctrl-C during a resume's start-up): the stop closed
+    the publisher before the evaluator subscribed, and the resume raised ChannelClosed (a
+    traceback, exit 1) where a fresh run raised Stopped."""
+    from podrace.control import Lifetime, Stopped
+    from podrace.runtime import single_host
+
+    cfg = small(tmp_path, **{"log.run_name": "r", "network.hidden_sizes": (8,), "layout.actors_per_device": 1})
+    run_dir = fake_run(tmp_path, cfg)
+    before = snapshot(run_dir)
+    lifetime = Lifetime()
+    monkeypatch.setattr(single_host.SingleHostRun, "_build_acting", _stop_before_the_evaluator(lifetime))
+    with pytest.raises(Stopped):
+        prepare(None, lifetime, resume=Resume(run_dir))
+    assert snapshot(run_dir) == before
+
+
+def _stop_before_the_evaluator(lifetime):
+    """_build_acting with the stop landing after its last check, as the evaluator subscribes."""
+    from podrace.runtime import single_host
+
+    original = single_host.SingleHostRun._build_acting
+
+    def build(self, envs, fns, greedy, sink, published, first):
+        subscribe = self.publisher.subscribe
+
+        def stopped_then_subscribe(*args, **kwargs):
+            if kwargs.get("name") == "evaluator":
+                lifetime.stop("SIGINT received")
+            return subscribe(*args, **kwargs)
+
+        self.publisher.subscribe = stopped_then_subscribe
+        return original(self, envs, fns, greedy, sink, published, first)
+
+    return build
