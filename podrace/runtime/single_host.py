@@ -370,6 +370,10 @@ class SingleHostRun:
             stuck += closing
         if lifetime.failure is not None:
             raise lifetime.failure
+        if lifetime.stop_reason != "finished" and self.learner.version == 0:
+            # stopped before the first update of a fresh run: nothing was trained, so, as
+            # after a stop during start-up, no run directory is left (it could not resume)
+            remove_run_dir(self.run_dir)
         return TrainResult(
             run_dir=self.run_dir,
             updates=self.learner.version,

@@ -216,3 +216,19 @@ def test_nothing_compiles_once_the_threads_run(tmp_path, layout):
     with CompileLog() as log:
         run.run()
     assert log.compiles == []
+
+
+@pytest.mark.timeout(120)
+def test_a_stop_before_the_first_update_leaves_no_run_directory(tmp_path):
+    """Found by the CLI attack (3 of 8 signals 3 s into a run): a stop after the threads
+    started but before the first update left config.json, an empty checkpoints folder and
+    one metrics line: a run directory that `--resume` refused (it has no checkpoint)."""
+    from podrace.control import Lifetime
+
+    lifetime = Lifetime()
+    run = prepare(small(tmp_path, **{"checkpoint.every_updates": 1}), lifetime)
+    assert list(tmp_path.iterdir()) == [run.run_dir]
+    lifetime.stop("SIGINT received")
+    result = run.run()
+    assert result.updates == 0 and result.checkpoint is None
+    assert list(tmp_path.iterdir()) == []
