@@ -7,13 +7,13 @@ Each command lives in its own module (`podrace.train_command`, `podrace.eval_com
 from __future__ import annotations
 
 import logging
-import signal
 import sys
 import warnings
 from contextlib import contextmanager
 from typing import Iterator, Sequence
 
 from podrace.config import ConfigError
+from podrace.runtime.supervisor import exit_at_once_on_signals
 from podrace.runtime.xla_setup import enable_compile_cache
 from podrace.train_command import print_error, train_command
 
@@ -37,9 +37,6 @@ def eval_command(args: Sequence[str]) -> int:
         result = evaluate_run(opts)
     except ConfigError as error:
         return print_error(str(error))
-    except KeyboardInterrupt:  # nothing half-written: the results JSON is written at the end, atomically
-        print("podrace: SIGINT received, stopped", file=sys.stderr)
-        return 128 + signal.SIGINT
     print(summary(result))
     return 0
 
@@ -96,7 +93,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command not in commands:
         return print_error(f"unknown command '{command}'\n{USAGE}")
     with podrace_log_lines():
-        return commands[command](rest)
+        if command == "train":
+            return train_command(rest)
+        with exit_at_once_on_signals():  # their outputs are written at their end, atomically
+            return commands[command](rest)
 
 
 if __name__ == "__main__":

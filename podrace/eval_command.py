@@ -31,8 +31,9 @@ from podrace.evaluate import STUCK_EPISODE_STEPS, EpisodeTally
 from podrace.learner_mesh import make_algorithm
 from podrace.networks import make_network
 from podrace.runtime.rundir import check_writable
+from podrace.runtime.supervisor import signals_deferred
 from podrace.types import EnvSpec
-from podrace.validation import check_seed
+from podrace.validation import INT32_MAX, check_seed
 
 MAX_EVAL_ENVS = 16
 MAX_VIDEO_FRAMES = 3000
@@ -73,8 +74,8 @@ def _free_path(path: Path) -> Path:
 
 def _check_options(opts: EvalOptions) -> None:
     """Every argument, and that the results (and video) can be written, before any loading."""
-    if opts.episodes <= 0:
-        raise ConfigError(f"--episodes must be positive, got {opts.episodes}")
+    if not 0 < opts.episodes <= INT32_MAX:  # as training's eval.episodes
+        raise ConfigError(f"--episodes must be in [1, {INT32_MAX:,}], got {opts.episodes:,}")
     check_seed("--seed", opts.seed)
     try:
         _check_paths(opts)
@@ -357,7 +358,8 @@ def evaluate_run(opts: EvalOptions) -> dict:
     if opts.video is not None:
         try:
             frames = record_episode(cfg.env, make_actor(apply, params, opts.stochastic, opts.seed), opts.seed)
-            write_video(frames, opts.video)
+            with signals_deferred():
+                write_video(frames, opts.video)
             result["video"] = str(opts.video)
             result["video_frames"] = len(frames)
         except ConfigError as error:  # the episodes' results are still written
@@ -372,13 +374,14 @@ def evaluate_run(opts: EvalOptions) -> dict:
 def _write_json(result: dict, output: Path) -> None:
     """Write atomically (temp file, rename); one line when it fails after all (disk full)."""
     tmp = output.with_name(f".{output.name}.tmp")
-    try:
-        tmp.write_text(json.dumps(result, indent=2) + "\n")
-        os.replace(tmp, output)
-    except OSError as error:
-        raise ConfigError(f"cannot write {output}: {error.strerror or error}") from None
-    finally:
-        tmp.unlink(missing_ok=True)
+    with signals_deferred():
+        try:
+            tmp.write_text(json.dumps(result, indent=2) + "\n")
+            os.replace(tmp, output)
+        except OSError as error:
+            raise ConfigError(f"cannot write {output}: {error.strerror or error}") from None
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 def _episodes(result: dict) -> str:

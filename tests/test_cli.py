@@ -170,18 +170,50 @@ def test_a_full_disk_explains_itself_in_one_line():
     assert not explains_itself(ValueError("shapes do not match"))
 
 
+SIGNALLED_COMMAND = """
+import os, signal, sys, time
+from pathlib import Path
+import podrace.eval_command, podrace.metrics.plot
+from podrace.runtime.supervisor import signals_deferred
+
+out = Path(sys.argv[2])
+
+def signalled(*args):
+    if sys.argv[3] == "while-writing":
+        with signals_deferred():
+            os.kill(os.getpid(), getattr(signal, sys.argv[4]))
+            tmp = out.with_name("." + out.name + ".tmp")
+            tmp.write_text("whole")
+            time.sleep(0.5)
+            os.replace(tmp, out)
+    else:
+        os.kill(os.getpid(), getattr(signal, sys.argv[4]))
+    time.sleep(60)  # a signal that does not end the command at once times the test out
+
+podrace.eval_command.evaluate_run = signalled
+podrace.metrics.plot.plot_runs = signalled
+from podrace.cli import main
+sys.exit(main([sys.argv[1], str(out.parent)] + (["-o", str(out)] if sys.argv[1] == "plot" else [])))
+"""
+
+
 @pytest.mark.timeout(60)
-def test_ctrl_c_during_eval_is_one_line_and_exit_130(capsys, monkeypatch, tmp_path):
-    """Found by the third attack: a KeyboardInterrupt traceback and death by the signal."""
-    import podrace.eval_command
-
-    def interrupted(opts):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(podrace.eval_command, "evaluate_run", interrupted)
-    code, out, err = run_cli(capsys, "eval", str(tmp_path))
-    assert code == 130
-    assert err.strip().splitlines() == ["podrace: SIGINT received, stopped"]
+@pytest.mark.parametrize("command", ["eval", "plot"])
+@pytest.mark.parametrize("when,signame", [("at-once", "SIGINT"), ("at-once", "SIGTERM"), ("while-writing", "SIGINT")])
+def test_a_signal_ends_eval_and_plot_at_once_in_one_line_after_any_output_write(tmp_path, command, when, signame):
+    """Found by the attacks: Ctrl-C in `podrace eval` became a traceback (third attack),
+    then was swallowed by one of JAX's callbacks so eval ran on (3 of 4 early Ctrl-C), or a
+    traceback from inside `import jax`; `podrace plot` printed a 39-line traceback; SIGTERM
+    killed both without a word. A write in progress finishes first: no temp file is left."""
+    out = tmp_path / "out.png"
+    done = subprocess.run([sys.executable, "-c", SIGNALLED_COMMAND, command, str(out), when, signame],
+                          capture_output=True, text=True, timeout=50)
+    signum = getattr(signal, signame)
+    assert done.returncode == 128 + signum, done.stderr
+    assert done.stderr.strip().splitlines() == [f"podrace: {signame} received, stopped"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["out.png"] if when == "while-writing" else [])
+    if when == "while-writing":
+        assert out.read_text() == "whole"
 
 
 @pytest.mark.timeout(60)

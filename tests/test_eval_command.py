@@ -106,8 +106,10 @@ def test_errors_come_before_anything_is_written(tmp_path):
     existing.write_text("keep me")
     with pytest.raises(ConfigError, match="already exists"):
         evaluate_run(EvalOptions(run, output=existing))
-    with pytest.raises(ConfigError, match="must be positive"):
+    with pytest.raises(ConfigError, match=r"--episodes must be in \[1, 2,147,483,647\], got 0"):
         evaluate_run(EvalOptions(run, episodes=0))
+    with pytest.raises(ConfigError, match="got 3,000,000,000"):  # ran until killed (sync/Ray attack)
+        evaluate_run(EvalOptions(run, episodes=3_000_000_000))
     assert existing.read_text() == "keep me"
     assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.json"]
 

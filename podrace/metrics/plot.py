@@ -25,6 +25,7 @@ from podrace import json_text
 from podrace.config import ConfigError, TrainConfig
 from podrace.config_dict import config_from_dict
 from podrace.runtime.rundir import check_writable
+from podrace.runtime.supervisor import signals_deferred
 
 FIGSIZE = (12.0, 9.0)
 DPI = 100
@@ -249,10 +250,11 @@ def save_figure(fig: Figure, path: Path) -> None:
     check_output(path)
     suffix = path.suffix.lower().lstrip(".")
     tmp = path.with_name(f".{path.name}.tmp.{suffix}")
-    try:
-        fig.savefig(tmp, dpi=DPI)
-        os.replace(tmp, path)
-    except OSError as error:  # e.g. the disk filled up; `path` is left as it was
-        raise ConfigError(f"cannot write {path}: {error.strerror or error}") from None
-    finally:
-        tmp.unlink(missing_ok=True)
+    with signals_deferred():
+        try:
+            fig.savefig(tmp, dpi=DPI)
+            os.replace(tmp, path)
+        except OSError as error:  # e.g. the disk filled up; `path` is left as it was
+            raise ConfigError(f"cannot write {path}: {error.strerror or error}") from None
+        finally:
+            tmp.unlink(missing_ok=True)

@@ -1,5 +1,9 @@
-"""The main thread of `podrace train`: it runs the command in a worker thread and only
-watches, so that signals are always seen and a run that will not stop still ends.
+"""Signals and the main thread of the commands.
+
+`podrace train` runs in a worker thread while the main thread only watches, so that
+signals are always seen and a run that will not stop still ends (`supervise`). `podrace
+eval` and `podrace plot` write their outputs only at their end, so a signal simply ends
+them at once (`exit_at_once_on_signals`), unless an output is being written.
 
 The supervised object (`podrace.train_command.Training`) is called in the worker thread and
 exposes what the watch needs: `outcome` (the exit code or exception, once done),
@@ -16,6 +20,8 @@ import signal
 import sys
 import threading
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 EXIT_GRACE_S = 1.5
 """After a signal, seconds the run gets to stop and write its last line before the process
@@ -117,3 +123,58 @@ def _act_on_signals(training, signals: Signals, worker: threading.Thread, deadli
               file=sys.stderr)
         exit_now(training.stopped())
     return deadline
+
+
+class _ExitAtOnce:
+    """SIGINT/SIGTERM handling of a command that writes its outputs only at its end
+    (`podrace eval`, `podrace plot`): the process exits at once with one line and 128 + the
+    signal, or right after the output being written (see `signals_deferred`). A
+    KeyboardInterrupt raised instead is lost or becomes a traceback when it lands inside
+    one of JAX's callbacks or imports."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self.writing = 0
+
+    def handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
+        self.received = signum
+        if not self.writing:
+            self.exit()
+
+    def exit(self) -> None:
+        os.write(2, f"podrace: {signal.Signals(self.received).name} received, stopped\n".encode())
+        exit_now(128 + self.received)
+
+
+_exit_at_once: _ExitAtOnce | None = None
+
+
+@contextmanager
+def exit_at_once_on_signals() -> Iterator[None]:
+    """While a command that writes only at its end runs, a signal ends the process at once."""
+    global _exit_at_once
+    _exit_at_once = handler = _ExitAtOnce()
+    previous = {signum: signal.signal(signum, handler.handle) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
+        _exit_at_once = None
+
+
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Around writing an output (a temp file, then a rename): a signal that would end the
+    process at once waits until the write is done or failed, so no temp file is left."""
+    handler = _exit_at_once
+    if handler is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handler.writing += 1
+    try:
+        yield
+    finally:
+        handler.writing -= 1
+        if not handler.writing and handler.received:
+            handler.exit()
