@@ -40,12 +40,18 @@ def wait_for_manifest(step_dir: Path) -> None:
         time.sleep(0.02)
 
 
+_unverified: set[Path] = set()
+"""Steps already warned about in this process."""
+
+
 def verify_manifest(step_dir: Path) -> None:
     """ConfigError naming the first file that is missing, truncated or altered."""
     manifest_path = step_dir / MANIFEST
     if not manifest_path.exists():
         # Killed between orbax's rename and the manifest: complete but unverifiable.
-        logging.getLogger(__name__).warning("checkpoint %s has no %s; not verified", step_dir, MANIFEST)
+        if step_dir.absolute() not in _unverified:  # a command reads a step more than once
+            _unverified.add(step_dir.absolute())
+            logging.getLogger(__name__).warning("checkpoint %s has no %s; not verified", step_dir, MANIFEST)
         return
     try:
         files = _manifest_files(json_text.loads(manifest_path.read_bytes()))

@@ -186,7 +186,8 @@ def test_a_live_step_is_given_time_to_get_its_manifest_and_a_dead_one_is_not_wai
     monkeypatch.setattr(podrace.restore, "MANIFEST_WAIT_S", 10.0)
     start = time.monotonic()
     restore(tmp_path, fresh_state(cfg), env_spec(cfg.env))
-    assert time.monotonic() - start < 5 and "has no podrace_manifest.json; not verified" in caplog.text
+    read_config(tmp_path)  # a command reads a step more than once: warned once (CLI attack: 2-3 times)
+    assert time.monotonic() - start < 5 and caplog.text.count("has no podrace_manifest.json; not verified") == 1
     caplog.clear()
     threading.Timer(0.3, lambda: (tmp_path / "1" / MANIFEST).write_bytes(manifest)).start()
     wait_for_manifest(tmp_path / "1")
