@@ -221,22 +221,22 @@ class Training:
         )
         return 0
 
-    def stopped(self) -> int:
+    def stopped(self, left_behind: bool = False) -> int:
+        """Print the line of a run stopped by a signal; its exit code. `left_behind`: the
+        process exits while threads still run (the grace period is over)."""
         checkpoints = getattr(self.run, "checkpoints", None)  # thread runtime only
         latest = checkpoints.latest if checkpoints is not None else None
         saved = f"; checkpoint {latest} saved (podrace train --resume {self.run.run_dir})" if latest is not None else ""
-        print(f"podrace: {self.signals.name} received, stopped cleanly{saved}", file=sys.stderr)
-        return 128 + self.signals.received
-
-    def unfinished_checkpoint(self) -> str:
-        """A line for a process about to exit while a checkpoint is still being written."""
-        checkpoints = getattr(self.run, "checkpoints", None)
         writing = checkpoints.writing if checkpoints is not None else None
-        if writing is None:
-            return ""
-        latest = checkpoints.latest
-        kept = f"checkpoint {latest} is the latest" if latest is not None else "earlier checkpoints are kept"
-        return f"podrace: checkpoint {writing} did not finish writing in time and is discarded; {kept}"
+        if writing is not None:
+            kept = f"checkpoint {latest} is the latest" if latest is not None else "earlier checkpoints are kept"
+            line = f"stopped; checkpoint {writing} did not finish writing in time and is discarded; {kept}"
+        elif left_behind:
+            line = f"stopped; threads still busy in native code are left behind{saved}"
+        else:
+            line = f"stopped cleanly{saved}"
+        print(f"podrace: {self.signals.name} received, {line}", file=sys.stderr)
+        return 128 + self.signals.received
 
 
 def distributed_requested(cfg: TrainConfig) -> bool:

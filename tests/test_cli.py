@@ -235,3 +235,23 @@ def test_podrace_warnings_are_podrace_lines_and_the_callers_logging_is_restored(
     assert err.splitlines() == [f"podrace: warning: run {tmp_path} has no metrics", "podrace: error: nothing to plot"]
     podrace_logger = logging.getLogger("podrace")
     assert podrace_logger.propagate and not podrace_logger.handlers
+
+
+def test_a_save_cut_by_the_exit_grace_is_named_in_the_one_stop_line(capsys):
+    from types import SimpleNamespace
+
+    from podrace.runtime.supervisor import Signals
+    from podrace.train_command import Training
+
+    signals = Signals()
+    signals.received = signal.SIGTERM
+    training = Training([], signals)
+    training.run = SimpleNamespace(run_dir="runs/r", checkpoints=SimpleNamespace(latest=3, writing=5))
+    assert training.stopped(left_behind=True) == 143
+    assert capsys.readouterr().err.splitlines() == [
+        "podrace: SIGTERM received, stopped; checkpoint 5 did not finish writing in time and is discarded; "
+        "checkpoint 3 is the latest"]
+    training.run.checkpoints.writing = None
+    training.stopped()
+    assert capsys.readouterr().err.splitlines() == [
+        "podrace: SIGTERM received, stopped cleanly; checkpoint 3 saved (podrace train --resume runs/r)"]

@@ -8,8 +8,8 @@ them at once (`exit_at_once_on_signals`), unless an output is being written.
 The supervised object (`podrace.train_command.Training`) is called in the worker thread and
 exposes what the watch needs: `outcome` (the exit code or exception, once done),
 `lifetime` (the run's Lifetime once JAX is imported, else None), `run` (the prepared run
-or None), `grace_s`, `starved_exit_s`, `distributed`, `leave_together`, and
-`stopped()`/`unfinished_checkpoint()` for the lines written on the way out.
+or None), `grace_s`, `starved_exit_s`, `distributed`, `leave_together`
+and `stopped(left_behind)`, which writes the line of a run stopped by a signal.
 """
 
 from __future__ import annotations
@@ -119,9 +119,7 @@ def _act_on_signals(training, signals: Signals, worker: threading.Thread, deadli
             from podrace.runtime.rundir import remove_run_dir
 
             remove_run_dir(training.lifetime.run_dir)
-        print(training.unfinished_checkpoint() or "podrace: threads still busy in native code are left behind",
-              file=sys.stderr)
-        exit_now(training.stopped())
+        exit_now(training.stopped(left_behind=True))
     return deadline
 
 

@@ -46,6 +46,7 @@ def stop_and_check(proc, signum, metrics: Path, every_thread_returns: bool = Fal
     assert elapsed <= EXIT_SLACK_S, (elapsed, err)
     if every_thread_returns:  # no thread was abandoned (the loops saw the stop)
         assert "left behind" not in err, err
+    proc.err = err
     return elapsed
 
 
@@ -134,6 +135,11 @@ def test_signal_during_a_compile_longer_than_the_grace_leaves_no_run_dir(tmp_pat
         time.sleep(0.5)
         stop_and_check(proc, signal.SIGINT, tmp_path / "r" / "metrics.jsonl")
         assert list(tmp_path.iterdir()) == []
+        # one line (the CLI attack saw "...left behind" and "...stopped cleanly", which it was not)
+        lines = proc.err.strip().splitlines()
+        assert len(lines) == 1 and lines[0] in (
+            "podrace: SIGINT received, stopped cleanly",  # the stop came before the long compile
+            "podrace: SIGINT received, stopped; threads still busy in native code are left behind"), lines
     finally:
         proc.kill()
         proc.wait()
