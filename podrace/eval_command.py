@@ -85,7 +85,8 @@ def _check_options(opts: EvalOptions) -> None:
 
 def _check_paths(opts: EvalOptions) -> None:
     if not opts.run_dir.is_dir():
-        raise ConfigError(f"run directory {opts.run_dir} does not exist")
+        problem = "is not a directory" if opts.run_dir.exists() else "does not exist"
+        raise ConfigError(f"run directory {opts.run_dir} {problem}")
     if opts.output is not None and opts.output.exists():
         raise ConfigError(f"{opts.output} already exists; choose another --output")
     if opts.output is not None:

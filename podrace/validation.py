@@ -157,6 +157,8 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("log.wandb_project must not be empty")
     positive("normalize.obs_clip", cfg.normalize.obs_clip)
     positive("normalize.reward_clip", cfg.normalize.reward_clip)
+    if not cfg.log.run_dir.strip():  # Path("") is the working directory: say "." for that
+        raise ConfigError(f"log.run_dir must name a folder (\".\" for the working directory), got {cfg.log.run_dir!r}")
     positive("checkpoint.keep", cfg.checkpoint.keep)
     non_negative("checkpoint.every_updates", cfg.checkpoint.every_updates)
     if cfg.checkpoint.every_updates and (cfg.runtime == "ray" or cfg.distributed.requested):

@@ -26,6 +26,7 @@ def run_cli(capsys, *args):
         (["--env.id", "NoSuchEnv-v0"], "unknown env id"),
         (["--rollout-length", "-3"], "rollout_length must be positive"),
         (["--total-steps", "10"], "less than one update"),
+        (["--log.run-dir", ""], "log.run_dir must name a folder"),  # silently the working directory
         # Found by the sync/Ray attack: accepted, recorded in config.json, never written.
         (["--runtime", "ray", "--checkpoint.every-updates", "5"], "thread runtime on one host only"),
         (["--distributed.num-processes", "2", "--checkpoint.every-updates", "5"], "thread runtime on one host only"),

@@ -101,6 +101,9 @@ def test_errors_come_before_anything_is_written(tmp_path):
     empty.mkdir()
     with pytest.raises(ConfigError, match="no checkpoint in"):
         evaluate_run(EvalOptions(empty))
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ConfigError, match="afile is not a directory"):  # said "does not exist"
+        evaluate_run(EvalOptions(tmp_path / "afile"))
     run = make_run(tmp_path / "run")
     existing = tmp_path / "results.json"
     existing.write_text("keep me")
