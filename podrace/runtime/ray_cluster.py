@@ -113,7 +113,10 @@ def connect(cfg: RayConfig, num_cpus: int) -> Iterator[Cluster]:
                 _quiet_init(ray, address=cfg.address)
             except (ConnectionError, RuntimeError, ValueError) as error:
                 first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-                raise ConfigError(f"cannot join the Ray cluster at {cfg.address}: {first}") from None
+                # Ray reports a refused token only as "Failed to connect", after ~30 s of retries
+                hint = ("; is RAY_AUTH_TOKEN the cluster's token?" if os.environ.get("RAY_AUTH_TOKEN") else
+                        "; a cluster with token authentication needs RAY_AUTH_MODE=token and its RAY_AUTH_TOKEN here")
+                raise ConfigError(f"cannot join the Ray cluster at {cfg.address}: {first}{hint}") from None
         if threading_main():
             signal.signal(signal.SIGTERM, term_handler)
         cluster = Cluster(address=ray.get_runtime_context().gcs_address, local=cfg.address is None, temp_dir=temp_dir)
@@ -193,15 +196,25 @@ def threading_main() -> bool:
 
 
 def _check_resources(ray: Any, cfg: RayConfig) -> None:
+    """ConfigError unless the cluster's nodes, empty, could hold every worker at once (one
+    CPU each and its custom resources): otherwise the run would wait out
+    `ray.start_timeout_s` for workers Ray can never place."""
     needed = worker_resources(cfg)
-    if not needed:
-        return
     nodes = [n for n in ray.nodes() if n.get("Alive")]
-    if not any(all(n["Resources"].get(k, 0) >= v for k, v in needed.items()) for n in nodes):
+    if needed and not any(all(n["Resources"].get(k, 0) >= v for k, v in needed.items()) for n in nodes):
         offered = sorted({k for n in nodes for k in n["Resources"] if not k.startswith("node:")})
         raise ConfigError(
             f"no Ray node offers the worker resources {needed} (resources in the cluster: {offered}); "
             "start actor nodes with `ray start --address ... --resources '{\"NAME\": N}'`"
+        )
+    each = {"CPU": 1.0, **needed}
+    fits = sum(min(int(n["Resources"].get(k, 0) / v + 1e-9) for k, v in each.items()) for n in nodes)
+    if fits < cfg.num_workers:
+        raise ConfigError(
+            f"the Ray cluster can hold {fits} of the {cfg.num_workers} workers: each takes {each} and its "
+            "nodes offer " + "; ".join(
+                ", ".join(f"{k} {n['Resources'].get(k, 0):g}" for k in each) for n in nodes
+            ) + "; lower --ray.num-workers or add nodes"
         )
 
 

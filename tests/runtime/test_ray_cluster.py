@@ -1,0 +1,44 @@
+"""What podrace checks of a Ray cluster before it starts workers (a fake `ray.nodes()`)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from podrace.config import ConfigError, RayConfig
+from podrace.runtime.ray_cluster import _check_resources
+
+
+def cluster(*nodes: dict, dead: dict | None = None):
+    listed = [{"Alive": True, "Resources": r} for r in nodes]
+    if dead is not None:
+        listed.append({"Alive": False, "Resources": dead})
+    return SimpleNamespace(nodes=lambda: listed)
+
+
+TWO_NODES = cluster({"CPU": 2.0}, {"CPU": 2.0, "actor_node": 4.0}, dead={"CPU": 64.0, "actor_node": 64.0})
+
+
+@pytest.mark.parametrize(
+    "workers,resources,message",
+    [
+        (2, (), None),
+        (4, (), None),
+        (5, (), "can hold 4 of the 5 workers"),  # waited 120 s, then a TimeoutError traceback
+        (2, ("actor_node=1",), None),
+        (3, ("actor_node=1",), "can hold 2 of the 3 workers"),  # 2 CPUs on the actor node
+        (8, ("actor_node=1",), "can hold 2 of the 8 workers"),
+        (1, ("actor_node=0.9",), None),
+        (1, ("gpu_node=1",), "no Ray node offers the worker resources {'gpu_node': 1.0}"),
+    ],
+)
+def test_workers_the_cluster_cannot_hold_are_refused_before_any_starts(workers, resources, message):
+    """Found by the sync/Ray attack: 8 workers on a node with room for 4 waited out the
+    start timeout (143 s) and failed with a traceback."""
+    cfg = RayConfig(num_workers=workers, worker_resources=resources)
+    if message is None:
+        _check_resources(TWO_NODES, cfg)
+    else:
+        with pytest.raises(ConfigError, match=message.replace("{", r"\{").replace("}", r"\}")):
+            _check_resources(TWO_NODES, cfg)
