@@ -73,7 +73,7 @@ def test_stop_mid_rollout_returns_within_seconds(tmp_path):
     elapsed = time.monotonic() - stopped
     print(f"run returned {elapsed:.2f}s after the stop")
     assert elapsed <= 4  # target <= 2 s; slack for a loaded machine
-    assert last_line(run)["final"] == 1
+    assert run.learner.version == 0 and not run.run_dir.exists()  # nothing trained: nothing kept
     assert not podrace_threads()
 
 
