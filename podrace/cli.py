@@ -12,10 +12,12 @@ import warnings
 from contextlib import contextmanager
 from typing import Iterator, Sequence
 
-from podrace.config import ConfigError
-from podrace.runtime.supervisor import exit_at_once_on_signals
-from podrace.runtime.xla_setup import enable_compile_cache
-from podrace.train_command import print_error, train_command
+from podrace.runtime.supervisor import (
+    end_at_once_on_signals,
+    exit_at_once_on_signals,
+    exit_with_on_signals,
+    print_error,
+)
 
 USAGE = """usage: podrace train <preset> [--flags]   (podrace train <preset> --help lists the flags)
        podrace train --resume RUN_DIR [--resume-from STEP] [--total-steps N ...]
@@ -28,7 +30,9 @@ def eval_command(args: Sequence[str]) -> int:
     import tyro
 
     from podrace.arguments import parse
+    from podrace.config import ConfigError
     from podrace.eval_command import EvalOptions, evaluate_run, summary
+    from podrace.runtime.xla_setup import enable_compile_cache
 
     warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
     enable_compile_cache()
@@ -46,6 +50,7 @@ def plot_command(args: Sequence[str]) -> int:
     import tyro
 
     from podrace.arguments import parse
+    from podrace.config import ConfigError
     from podrace.metrics.plot import PlotOptions, check_output, plot_runs, save_figure
 
     try:
@@ -84,19 +89,30 @@ def podrace_log_lines() -> Iterator[None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run a command; its exit code. Without `argv` (the process's own command line), a
+    signal ends the process in one line from here on, and at once, with the command's
+    exit code, once the command is done (the imports above are the standard library's)."""
+    entry = argv is None
+    if entry:
+        end_at_once_on_signals()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    commands = {"train": train_command, "eval": eval_command, "plot": plot_command}
-    if command not in commands:
+    if command not in ("train", "eval", "plot"):
         return print_error(f"unknown command '{command}'\n{USAGE}")
     with podrace_log_lines():
         if command == "train":
-            return train_command(rest)
-        with exit_at_once_on_signals():  # their outputs are written at their end, atomically
-            return commands[command](rest)
+            from podrace.train_command import train_command
+
+            code = train_command(rest)
+        else:
+            with exit_at_once_on_signals():  # their outputs are written at their end, atomically
+                code = (eval_command if command == "eval" else plot_command)(rest)
+    if entry:
+        exit_with_on_signals(code)
+    return code
 
 
 if __name__ == "__main__":

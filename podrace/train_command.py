@@ -19,15 +19,9 @@ from podrace.config import ConfigError, TrainConfig
 from podrace.control import ComponentError
 from podrace.metrics.loggers import SinkError
 from podrace.runtime import supervisor
-from podrace.runtime.supervisor import RAY_EXIT_GRACE_S, Signals, supervise
+from podrace.runtime.supervisor import RAY_EXIT_GRACE_S, Signals, print_error, supervise
 from podrace.runtime.xla_setup import set_xla_flags
 from podrace.validation import validate
-
-
-def print_error(message: str) -> int:
-    """A user-facing error: one line on stderr; the exit code 2."""
-    print(f"podrace: error: {message}", file=sys.stderr)
-    return 2
 
 
 def explains_itself(error: BaseException) -> bool:
@@ -113,6 +107,7 @@ class Training:
 
     def __init__(self, args: Sequence[str], signals: Signals):
         self.args, self.signals = args, signals
+        signals.before_exit = self.discard_untrained_run_dir
         self.lifetime = None  # the run's Lifetime, once JAX is imported
         self.grace_s = supervisor.EXIT_GRACE_S
         self.starved_exit_s = supervisor.STARVED_EXIT_S
@@ -220,6 +215,17 @@ class Training:
             f"(+{result.compile_s:.1f}s compile), {evaluation}\nrun directory: {result.run_dir}{saved}"
         )
         return 0
+
+    def discard_untrained_run_dir(self) -> None:
+        """Remove the run directory of a new run that has not finished an update (it holds
+        no checkpoint, so it could not be resumed), for a process about to exit early. A
+        resumed run's directory is never this one's to remove (`lifetime.run_dir` is None)."""
+        run_dir = self.lifetime.run_dir if self.lifetime is not None else None
+        version = getattr(getattr(self.run, "learner", None), "version", None)
+        if run_dir is not None and (self.run is None or version == 0):
+            from podrace.runtime.rundir import remove_run_dir
+
+            remove_run_dir(run_dir)
 
     def stopped(self, left_behind: bool = False) -> int:
         """Print the line of a run stopped by a signal; its exit code. `left_behind`: the

@@ -180,9 +180,11 @@ from podrace.runtime.supervisor import signals_deferred
 out = Path(sys.argv[2])
 
 def signalled(*args):
-    if sys.argv[3] == "while-writing":
+    if sys.argv[3].startswith("while-writing"):
         with signals_deferred():
             os.kill(os.getpid(), getattr(signal, sys.argv[4]))
+            if sys.argv[3] == "while-writing-twice":
+                os.kill(os.getpid(), getattr(signal, sys.argv[4]))  # a second one: at once
             tmp = out.with_name("." + out.name + ".tmp")
             tmp.write_text("whole")
             time.sleep(0.5)
@@ -200,7 +202,8 @@ sys.exit(main([sys.argv[1], str(out.parent)] + (["-o", str(out)] if sys.argv[1] 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("command", ["eval", "plot"])
-@pytest.mark.parametrize("when,signame", [("at-once", "SIGINT"), ("at-once", "SIGTERM"), ("while-writing", "SIGINT")])
+@pytest.mark.parametrize("when,signame", [("at-once", "SIGINT"), ("at-once", "SIGTERM"), ("while-writing", "SIGINT"),
+                                          ("while-writing-twice", "SIGINT")])
 def test_a_signal_ends_eval_and_plot_at_once_in_one_line_after_any_output_write(tmp_path, command, when, signame):
     """Found by the attacks: Ctrl-C in `podrace eval` became a traceback (third attack),
     then was swallowed by one of JAX's callbacks so eval ran on (3 of 4 early Ctrl-C), or a
@@ -211,10 +214,84 @@ def test_a_signal_ends_eval_and_plot_at_once_in_one_line_after_any_output_write(
                           capture_output=True, text=True, timeout=50)
     signum = getattr(signal, signame)
     assert done.returncode == 128 + signum, done.stderr
+    if when == "while-writing-twice":  # found by the third attack: the second one waited for the write
+        assert done.stderr.strip().splitlines() == [f"podrace: second {signame}, exiting now"]
+        return
     assert done.stderr.strip().splitlines() == [f"podrace: {signame} received, stopped"]
     assert sorted(p.name for p in tmp_path.iterdir()) == (["out.png"] if when == "while-writing" else [])
     if when == "while-writing":
         assert out.read_text() == "whole"
+
+
+ENTRY = """
+import contextlib, os, signal, sys, time
+import podrace.cli, podrace.metrics.plot
+from podrace.config import ConfigError
+
+when, signame = sys.argv[1], sys.argv[2]
+sys.argv = ["podrace", "plot", "somewhere", "-o", "x.png"]
+
+@contextlib.contextmanager
+def signalled_before_the_command():
+    os.kill(os.getpid(), getattr(signal, signame))
+    time.sleep(30)
+    yield
+
+def fails(run_dirs):
+    raise ConfigError("nothing to plot")
+
+podrace.metrics.plot.plot_runs = fails
+if when == "before":
+    podrace.cli.podrace_log_lines = signalled_before_the_command
+code = podrace.cli.main()
+os.kill(os.getpid(), getattr(signal, signame))  # as the interpreter shuts down (JAX: ~0.5 s)
+time.sleep(30)
+sys.exit(99)
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("when,signame,code,lines", [
+    ("before", "SIGTERM", 143, ["podrace: SIGTERM received, stopped"]),
+    ("after", "SIGINT", 2, ["podrace: error: nothing to plot"]),
+    ("after", "SIGTERM", 2, ["podrace: error: nothing to plot"]),
+])
+def test_a_signal_around_a_command_ends_the_process_at_once(tmp_path, when, signame, code, lines):
+    """Found by the third attack: a signal once eval/plot/train had finished, while the
+    interpreter shut down, killed the process silently or printed a KeyboardInterrupt in an
+    atexit callback (and exit 0); one before the command's own handling was a traceback.
+    The process's own command line now ends at once: one line before, the command's exit
+    code after."""
+    done = subprocess.run([sys.executable, "-c", ENTRY, when, signame], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=100)
+    assert done.returncode == code, done.stderr
+    assert done.stderr.strip().splitlines() == lines
+
+
+def test_a_second_signal_removes_a_run_directory_that_never_trained(tmp_path):
+    """Found by the third attack: a double Ctrl-C before the first update left a run
+    directory holding only config.json, which --resume refused."""
+    from types import SimpleNamespace
+
+    from podrace.runtime.supervisor import Signals
+    from podrace.train_command import Training
+
+    signals = Signals()
+    training = Training([], signals)
+    assert signals.before_exit == training.discard_untrained_run_dir
+    for run, removed in ((None, True), (SimpleNamespace(learner=SimpleNamespace(version=0)), True),
+                         (SimpleNamespace(learner=SimpleNamespace(version=1)), False)):
+        run_dir = tmp_path / "r"
+        run_dir.mkdir()
+        (run_dir / "config.json").write_text("{}")
+        training.lifetime, training.run = SimpleNamespace(run_dir=run_dir), run
+        training.discard_untrained_run_dir()
+        assert run_dir.exists() is not removed
+        if run_dir.exists():
+            (run_dir / "config.json").unlink()
+            run_dir.rmdir()
+    training.lifetime = SimpleNamespace(run_dir=None)  # a resumed run: its directory is not ours
+    training.discard_untrained_run_dir()
 
 
 @pytest.mark.timeout(60)

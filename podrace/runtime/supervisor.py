@@ -8,8 +8,9 @@ them at once (`exit_at_once_on_signals`), unless an output is being written.
 The supervised object (`podrace.train_command.Training`) is called in the worker thread and
 exposes what the watch needs: `outcome` (the exit code or exception, once done),
 `lifetime` (the run's Lifetime once JAX is imported, else None), `run` (the prepared run
-or None), `grace_s`, `starved_exit_s`, `distributed`, `leave_together`
-and `stopped(left_behind)`, which writes the line of a run stopped by a signal.
+or None), `grace_s`, `starved_exit_s`, `distributed`, `leave_together`,
+`discard_untrained_run_dir()` for a process that exits before its run trained, and
+`stopped(left_behind)`, which writes the line of a run stopped by a signal.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 EXIT_GRACE_S = 1.5
 """After a signal, seconds the run gets to stop and write its last line before the process
@@ -36,6 +37,12 @@ it) does that, and it starves the watchdog and the signal handlers, which are Py
 faulthandler's timer is a C thread that needs no GIL."""
 
 
+def print_error(message: str) -> int:
+    """A user-facing error: one line on stderr; the exit code 2."""
+    print(f"podrace: error: {message}", file=sys.stderr)
+    return 2
+
+
 class Signals:
     """SIGINT and SIGTERM stop the run cleanly; the exit code is 128 + the signal.
 
@@ -46,6 +53,9 @@ class Signals:
 
     def __init__(self) -> None:
         self.received: int | None = None
+        self.before_exit: Callable[[], None] | None = None
+        """Called by a second signal before the process exits (undo what a half-built run
+        left: it will never run)."""
         self._previous: dict[int, object] = {}
 
     def install(self) -> None:
@@ -59,6 +69,8 @@ class Signals:
     def _handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
         if self.received is not None:
             os.write(2, f"podrace: second {signal.Signals(signum).name}, exiting now\n".encode())
+            if self.before_exit is not None:
+                self.before_exit()
             os._exit(128 + signum)
         self.received = signum
 
@@ -114,11 +126,7 @@ def _act_on_signals(training, signals: Signals, worker: threading.Thread, deadli
         deadline = time.monotonic() + training.grace_s
         training.lifetime.stop(f"{signals.name} received")
     if deadline is not None and worker.is_alive() and time.monotonic() > deadline:
-        if training.run is None and training.lifetime.run_dir is not None:
-            # still compiling: nothing was trained, so leave no config-only run behind
-            from podrace.runtime.rundir import remove_run_dir
-
-            remove_run_dir(training.lifetime.run_dir)
+        training.discard_untrained_run_dir()  # e.g. still compiling: leave no config-only run behind
         exit_now(training.stopped(left_behind=True))
     return deadline
 
@@ -135,6 +143,9 @@ class _ExitAtOnce:
         self.writing = 0
 
     def handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
+        if self.received is not None:  # a second signal: at once, even mid-write, as in train
+            os.write(2, f"podrace: second {signal.Signals(signum).name}, exiting now\n".encode())
+            exit_now(128 + signum)
         self.received = signum
         if not self.writing:
             self.exit()
@@ -145,6 +156,27 @@ class _ExitAtOnce:
 
 
 _exit_at_once: _ExitAtOnce | None = None
+
+
+def end_at_once_on_signals() -> None:
+    """For the process's own command line, from its first moment: a signal ends the process
+    at once with one line, until a command installs its own handling (nothing is written
+    before a command runs)."""
+    handler = _ExitAtOnce()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, handler.handle)
+
+
+def exit_with_on_signals(code: int) -> None:
+    """Once a command's work is done: a signal while the interpreter shuts down (JAX's
+    teardown takes about half a second) ends the process at once, silently, with the
+    command's own exit code (it was a traceback or death by the signal)."""
+
+    def handle(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
+        exit_now(code)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, handle)
 
 
 @contextmanager
