@@ -15,7 +15,7 @@ from typing import Iterator, Sequence
 from podrace.runtime.supervisor import (
     end_at_once_on_signals,
     exit_at_once_on_signals,
-    exit_with_on_signals,
+    ignore_signals_from_now_on,
     print_error,
 )
 
@@ -90,8 +90,8 @@ def podrace_log_lines() -> Iterator[None]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a command; its exit code. Without `argv` (the process's own command line), a
-    signal ends the process in one line from here on, and at once, with the command's
-    exit code, once the command is done (the imports above are the standard library's)."""
+    signal ends the process in one line from here on (the imports above are the standard
+    library's), and is ignored once the command is done (the exit code is the command's)."""
     entry = argv is None
     if entry:
         end_at_once_on_signals()
@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             with exit_at_once_on_signals():  # their outputs are written at their end, atomically
                 code = (eval_command if command == "eval" else plot_command)(rest)
     if entry:
-        exit_with_on_signals(code)
+        ignore_signals_from_now_on()
     return code
 
 

@@ -224,7 +224,7 @@ def test_a_signal_ends_eval_and_plot_at_once_in_one_line_after_any_output_write(
 
 
 ENTRY = """
-import contextlib, os, signal, sys, time
+import atexit, contextlib, os, signal, sys, time
 import podrace.cli, podrace.metrics.plot
 from podrace.config import ConfigError
 
@@ -241,12 +241,14 @@ def fails(run_dirs):
     raise ConfigError("nothing to plot")
 
 podrace.metrics.plot.plot_runs = fails
+def slow_teardown():  # as JAX's, after Python removed its own signal handlers
+    os.kill(os.getpid(), getattr(signal, signame))
+    time.sleep(0.5)
+
 if when == "before":
     podrace.cli.podrace_log_lines = signalled_before_the_command
-code = podrace.cli.main()
-os.kill(os.getpid(), getattr(signal, signame))  # as the interpreter shuts down (JAX: ~0.5 s)
-time.sleep(30)
-sys.exit(99)
+atexit.register(slow_teardown)
+sys.exit(podrace.cli.main())
 """
 
 
@@ -260,8 +262,7 @@ def test_a_signal_around_a_command_ends_the_process_at_once(tmp_path, when, sign
     """Found by the third attack: a signal once eval/plot/train had finished, while the
     interpreter shut down, killed the process silently or printed a KeyboardInterrupt in an
     atexit callback (and exit 0); one before the command's own handling was a traceback.
-    The process's own command line now ends at once: one line before, the command's exit
-    code after."""
+    Now: one line before; after, the command's own exit code."""
     done = subprocess.run([sys.executable, "-c", ENTRY, when, signame], cwd=tmp_path,
                           capture_output=True, text=True, timeout=100)
     assert done.returncode == code, done.stderr

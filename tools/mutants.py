@@ -360,7 +360,7 @@ MUTANTS: list[Mutant] = [
            "            if missing or not any(path.exists() for path in written):", "            if False:",
            ("tests/test_checkpoint.py", "-k", "deleted_under")),
     Mutant("signal_after_a_command_kills_silently", "podrace/cli.py",
-           "        exit_with_on_signals(code)\n", "        pass\n",
+           "        ignore_signals_from_now_on()\n", "        pass\n",
            ("tests/test_cli.py", "-k", "signal_around")),
     Mutant("second_signal_keeps_an_untrained_run_dir", "podrace/train_command.py",
            "        signals.before_exit = self.discard_untrained_run_dir\n", "",

@@ -167,16 +167,14 @@ def end_at_once_on_signals() -> None:
         signal.signal(signum, handler.handle)
 
 
-def exit_with_on_signals(code: int) -> None:
-    """Once a command's work is done: a signal while the interpreter shuts down (JAX's
-    teardown takes about half a second) ends the process at once, silently, with the
-    command's own exit code (it was a traceback or death by the signal)."""
-
-    def handle(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
-        exit_now(code)
-
+def ignore_signals_from_now_on() -> None:
+    """Once a command's work is done and its exit code known: SIGINT and SIGTERM while the
+    interpreter shuts down are ignored, so the process ends with that code. Python removes
+    its own handlers early in shutdown, and JAX's teardown then takes about half a second,
+    in which a signal was a silent kill (or a KeyboardInterrupt in an atexit callback);
+    only an ignored signal stays ignored."""
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, handle)
+        signal.signal(signum, signal.SIG_IGN)
 
 
 @contextmanager
