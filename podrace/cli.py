@@ -1,7 +1,8 @@
 """`podrace` command line: `podrace train`, `podrace eval` and `podrace plot`.
 
 Each command lives in its own module (`podrace.train_command`, `podrace.eval_command`,
-`podrace.metrics.plot`); this one dispatches and turns a ConfigError into one line, exit 2.
+`podrace.metrics.plot`); this one dispatches, turns a ConfigError into one line and exit 2,
+prints podrace's log records as lines of their own, and handles signals around a command.
 """
 
 from __future__ import annotations
