@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from podrace.config import ConfigError, TrainConfig
+from podrace.runtime.supervisor import signals_deferred
 
 MIN_FREE_BYTES = 64 * 2**20
 """Free space a run needs at start (config, metrics lines, event files)."""
@@ -108,17 +109,18 @@ def check_writable(path: Path) -> None:
     name too long). Leaves nothing behind; says nothing about free space."""
     path = Path(path)
     parent = path.absolute().parent
-    try:
-        if path.is_dir():
-            raise ConfigError(f"cannot write {_shown(path)}: it is a directory")
-        if not parent.is_dir():
-            raise ConfigError(f"cannot write {_shown(path)}: {_shown(parent)} is not a directory")
-        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
-    except OSError as error:
-        raise ConfigError(f"cannot write {_shown(path)}: {error.strerror or error}") from None
-    os.close(fd)
-    with contextlib.suppress(OSError):
-        os.unlink(probe)
+    with signals_deferred():  # `podrace eval`/`plot`: a signal leaves no probe file behind
+        try:
+            if path.is_dir():
+                raise ConfigError(f"cannot write {_shown(path)}: it is a directory")
+            if not parent.is_dir():
+                raise ConfigError(f"cannot write {_shown(path)}: {_shown(parent)} is not a directory")
+            fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
+        except OSError as error:
+            raise ConfigError(f"cannot write {_shown(path)}: {error.strerror or error}") from None
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(probe)
 
 
 def write_config(run_dir: Path, cfg: TrainConfig) -> None:

@@ -105,3 +105,36 @@ def test_config_json_that_cannot_be_written_is_one_line(tmp_path):
 
     with pytest.raises(ConfigError, match=r"cannot write .*config.json: No such file or directory$"):
         write_config(tmp_path / "gone", TrainConfig())
+
+
+PROBE_SIGNALLED = """
+import os, signal, sys, tempfile
+from pathlib import Path
+import podrace.runtime.rundir as rundir
+from podrace.runtime.supervisor import exit_at_once_on_signals
+
+made = tempfile.mkstemp
+
+def signalled_after_making(*args, **kwargs):
+    made_now = made(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGINT)  # between creating the probe and removing it
+    return made_now
+
+rundir.tempfile.mkstemp = signalled_after_making
+with exit_at_once_on_signals():
+    rundir.check_writable(Path(sys.argv[1]) / "out.json")
+sys.exit(99)
+"""
+
+
+def test_a_signal_during_the_writability_probe_leaves_no_probe_file(tmp_path):
+    """Seen by reading in the third attack: `podrace eval`'s signal exits at once, and the
+    probe `check_writable` creates and removes could be left between the two."""
+    import signal
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", PROBE_SIGNALLED, str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 128 + signal.SIGINT, done.stderr
+    assert list(tmp_path.iterdir()) == []
