@@ -217,15 +217,11 @@ class Training:
         return 0
 
     def discard_untrained_run_dir(self) -> None:
-        """Remove the run directory of a new run that has not finished an update (it holds
-        no checkpoint, so it could not be resumed), for a process about to exit early. A
-        resumed run's directory is never this one's to remove (`lifetime.run_dir` is None)."""
-        run_dir = self.lifetime.run_dir if self.lifetime is not None else None
-        version = getattr(getattr(self.run, "learner", None), "version", None)
-        if run_dir is not None and (self.run is None or version == 0):
-            from podrace.runtime.rundir import remove_run_dir
+        """For a process about to exit early: see `discard_if_untrained`."""
+        from podrace.runtime.rundir import discard_if_untrained
 
-            remove_run_dir(run_dir)
+        run_dir = self.lifetime.run_dir if self.lifetime is not None else None
+        discard_if_untrained(run_dir, getattr(getattr(self.run, "learner", None), "version", None))
 
     def stopped(self, left_behind: bool = False) -> int:
         """Print the line of a run stopped by a signal; its exit code. `left_behind`: the

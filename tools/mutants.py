@@ -345,7 +345,7 @@ MUTANTS: list[Mutant] = [
            "                lock.release()\n            raise_stopped_if_stopping(lifetime, error)\n",
            "                lock.release()\n", ("tests/runtime/test_resume.py", "-k", "resumed_run_is_built")),
     Mutant("unresumable_run_dir_kept_after_an_early_stop", "podrace/runtime/single_host.py",
-           "            remove_run_dir(self.run_dir)\n", "            pass\n",
+           "            discard_if_untrained(lifetime.run_dir, self.learner.version)\n", "            pass\n",
            ("tests/runtime/test_single_host.py", "-k", "before_the_first_update")),
     Mutant("eval_and_plot_signals_raise_keyboard_interrupt", "podrace/cli.py",
            "        with exit_at_once_on_signals():", "        if True:",

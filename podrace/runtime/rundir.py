@@ -101,6 +101,14 @@ def remove_run_dir(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def discard_if_untrained(run_dir: Path | None, updates: int | None) -> None:
+    """Remove a new run's directory (`run_dir`: its Lifetime's, None for a resumed run) when
+    it finished no update (`updates` 0, or None when the run was never built): it holds no
+    checkpoint, so it could not be resumed. After a stop, as after one during start-up."""
+    if run_dir is not None and not updates:
+        remove_run_dir(run_dir)
+
+
 def check_writable(path: Path) -> None:
     """ConfigError unless a file can be written at `path` the way podrace writes files (a
     temporary file next to it, then renamed over it): `path` is not a directory and its

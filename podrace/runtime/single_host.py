@@ -46,7 +46,7 @@ from podrace.runtime.checkpoints import RunCheckpoints
 from podrace.runtime.devices import resolve_devices
 from podrace.runtime.memory import check_fits
 from podrace.runtime.resume import Resume, ResumePoint, commit, resume_point
-from podrace.runtime.rundir import create_run_dir, remove_run_dir, write_config
+from podrace.runtime.rundir import create_run_dir, discard_if_untrained, remove_run_dir, write_config
 from podrace.runtime.run_lock import RunLock
 from podrace.runtime import threads
 from podrace.runtime.threads import ThreadGroup, close_envs
@@ -370,10 +370,8 @@ class SingleHostRun:
             stuck += closing
         if lifetime.failure is not None:
             raise lifetime.failure
-        if lifetime.stop_reason != "finished" and self.learner.version == 0:
-            # stopped before the first update of a fresh run: nothing was trained, so, as
-            # after a stop during start-up, no run directory is left (it could not resume)
-            remove_run_dir(self.run_dir)
+        if lifetime.stop_reason != "finished":
+            discard_if_untrained(lifetime.run_dir, self.learner.version)
         return TrainResult(
             run_dir=self.run_dir,
             updates=self.learner.version,

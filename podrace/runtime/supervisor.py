@@ -24,6 +24,8 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+"""The signals that stop a command (exit code 128 + the signal)."""
 EXIT_GRACE_S = 1.5
 """After a signal, seconds the run gets to stop and write its last line before the process
 exits regardless (a thread stuck in native code, a long compile)."""
@@ -59,7 +61,7 @@ class Signals:
         self._previous: dict[int, object] = {}
 
     def install(self) -> None:
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in STOP_SIGNALS:
             self._previous[signum] = signal.signal(signum, self._handle)
 
     def restore(self) -> None:
@@ -68,15 +70,20 @@ class Signals:
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
         if self.received is not None:
-            os.write(2, f"podrace: second {signal.Signals(signum).name}, exiting now\n".encode())
-            if self.before_exit is not None:
-                self.before_exit()
-            os._exit(128 + signum)
+            _exit_on_a_second(signum, self.before_exit)
         self.received = signum
 
     @property
     def name(self) -> str:
         return signal.Signals(self.received).name if self.received else ""
+
+
+def _exit_on_a_second(signum: int, before_exit: Callable[[], None] | None = None) -> None:
+    """A second signal while stopping: one line, then exit at once."""
+    os.write(2, f"podrace: second {signal.Signals(signum).name}, exiting now\n".encode())
+    if before_exit is not None:
+        before_exit()
+    os._exit(128 + signum)
 
 
 def exit_now(code: int) -> None:
@@ -143,9 +150,8 @@ class _ExitAtOnce:
         self.writing = 0
 
     def handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
-        if self.received is not None:  # a second signal: at once, even mid-write, as in train
-            os.write(2, f"podrace: second {signal.Signals(signum).name}, exiting now\n".encode())
-            exit_now(128 + signum)
+        if self.received is not None:  # at once, even mid-write, as in train
+            _exit_on_a_second(signum)
         self.received = signum
         if not self.writing:
             self.exit()
@@ -163,7 +169,7 @@ def end_at_once_on_signals() -> None:
     at once with one line, until a command installs its own handling (nothing is written
     before a command runs)."""
     handler = _ExitAtOnce()
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in STOP_SIGNALS:
         signal.signal(signum, handler.handle)
 
 
@@ -173,7 +179,7 @@ def ignore_signals_from_now_on() -> None:
     its own handlers early in shutdown, and JAX's teardown then takes about half a second,
     in which a signal was a silent kill (or a KeyboardInterrupt in an atexit callback);
     only an ignored signal stays ignored."""
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
 
 
@@ -182,7 +188,7 @@ def exit_at_once_on_signals() -> Iterator[None]:
     """While a command that writes only at its end runs, a signal ends the process at once."""
     global _exit_at_once
     _exit_at_once = handler = _ExitAtOnce()
-    previous = {signum: signal.signal(signum, handler.handle) for signum in (signal.SIGINT, signal.SIGTERM)}
+    previous = {signum: signal.signal(signum, handler.handle) for signum in STOP_SIGNALS}
     try:
         yield
     finally:
