@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import sys
-import warnings
 from contextlib import contextmanager
 from typing import Iterator, Sequence
 
@@ -32,10 +31,11 @@ def eval_command(args: Sequence[str]) -> int:
 
     from podrace.arguments import parse
     from podrace.config import ConfigError
+    from podrace.envs import silence_env_warnings
     from podrace.eval_command import EvalOptions, evaluate_run, summary
     from podrace.runtime.xla_setup import enable_compile_cache
 
-    warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
+    silence_env_warnings()
     enable_compile_cache()
     try:
         opts = parse(lambda: tyro.cli(EvalOptions, prog="podrace eval", args=list(args)))

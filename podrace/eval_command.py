@@ -8,10 +8,8 @@ way "the first N episodes to finish" would.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Callable
@@ -21,10 +19,11 @@ import jax.numpy as jnp
 import numpy as np
 import tyro
 
+from podrace import json_text
 from podrace.algos.normalizer import acting_apply, acting_params, init_normalizer
 from podrace.checkpoint import RunState, checkpoint_dir, latest_step, step_lock
 from podrace.restore import read_config, restore, wait_for_manifest
-from podrace.config import ConfigError, EnvConfig, TrainConfig
+from podrace.config import ConfigError, TrainConfig
 from podrace.envs import BatchedEnv, env_spec, make_env, resolve_backend
 from podrace.envs.user_modules import make_working_dir_importable
 from podrace.evaluate import STUCK_EPISODE_STEPS, EpisodeTally
@@ -33,11 +32,10 @@ from podrace.networks import make_network
 from podrace.runtime.rundir import check_writable
 from podrace.runtime.supervisor import signals_deferred
 from podrace.types import EnvSpec
+from podrace.video import check_renderable, record_episode, write_video
 from podrace.validation import INT32_MAX, check_seed
 
 MAX_EVAL_ENVS = 16
-MAX_VIDEO_FRAMES = 3000
-VIDEO_FPS = 30
 ROTATION_RETRIES = 5
 """Without --checkpoint, how many times a latest checkpoint that a live run rotated away
 (`--checkpoint.keep`) between listing and holding it is replaced by the new latest."""
@@ -157,133 +155,6 @@ def _stats(values: np.ndarray) -> dict[str, float]:
     return {"mean": float(values.mean()), "std": float(values.std()), "min": float(values.min()), "max": float(values.max())}
 
 
-# Video --------------------------------------------------------------------------------
-
-
-class _RenderEnv:
-    """One env of `cfg.id` made with render_mode='rgb_array': reset, step, render, close."""
-
-    def __init__(self, cfg: EnvConfig, seed: int):
-        self.env_id, self.seed = cfg.id, seed
-        if resolve_backend(cfg) == "envpool":
-            import envpool
-
-            from podrace.envs.envpool_backend import make_kwargs
-            from podrace.envs.resolve import is_envpool_atari
-
-            try:
-                self.env = envpool.make(cfg.id, env_type="gymnasium", num_envs=1, batch_size=1, seed=seed,
-                                        render_mode="rgb_array", **make_kwargs(cfg))
-            except Exception as error:
-                raise ConfigError(f"env {cfg.id!r} cannot be rendered by envpool: {_one_line(error)}") from None
-            self.envpool, self.atari = True, is_envpool_atari(cfg.id)
-        else:
-            import gymnasium
-
-            from podrace.envs.gymnasium_backend import make_kwargs
-
-            try:
-                self.env = gymnasium.make(cfg.id, render_mode="rgb_array", **make_kwargs(cfg))
-            except Exception as error:  # e.g. DependencyNotInstalled (pygame) for classic control
-                raise ConfigError(f"env {cfg.id!r} cannot be rendered by Gymnasium: {_one_line(error)}") from None
-            self.envpool, self.atari = False, False
-
-    def reset(self) -> np.ndarray:
-        """The first observation, batched as the policy takes it ([1, ...])."""
-        if self.envpool:
-            return self.env.reset()[0]
-        return self.env.reset(seed=self.seed)[0][None]
-
-    def step(self, action: np.ndarray) -> tuple[np.ndarray, bool]:
-        if self.envpool:
-            obs, _, terminated, truncated, info = self.env.step(action)
-            over = info["terminated"] if self.atari else terminated  # Atari: game over, not a lost life
-            return obs, bool(over[0] or truncated[0])
-        obs, _, terminated, truncated, _ = self.env.step(action[0])
-        return obs[None], bool(terminated or truncated)
-
-    def render(self) -> np.ndarray:
-        """An RGB frame [height, width, 3]; ConfigError when the env gives none."""
-        frame = self.env.render()
-        if self.envpool and frame is not None:
-            frame = frame[0]
-        frame = None if frame is None else np.asarray(frame)
-        if frame is None or frame.ndim != 3 or frame.shape[-1] != 3 or 0 in frame.shape:
-            got = "None" if frame is None else f"an array of shape {list(frame.shape)}"
-            raise ConfigError(f"env {self.env_id!r} cannot be recorded: render() gave {got}, not an RGB frame")
-        return frame
-
-    def close(self) -> None:
-        self.env.close()
-
-
-def _one_line(error: BaseException) -> str:
-    return " ".join(str(error).split()) or type(error).__name__
-
-
-def _rendering(cfg: EnvConfig, seed: int, use: Callable[[_RenderEnv], object]):
-    """`use(env)` on a fresh render env, closed after; what the env raises is a ConfigError."""
-    env = _RenderEnv(cfg, seed)
-    try:
-        return use(env)
-    except ConfigError:
-        raise
-    except Exception as error:  # e.g. NotImplementedError from an env without render()
-        raise ConfigError(f"env {cfg.id!r} cannot be recorded: {type(error).__name__}: {_one_line(error)[:300]}") from None
-    finally:
-        env.close()
-
-
-def check_renderable(cfg: EnvConfig, seed: int) -> None:
-    """ConfigError unless an env of `cfg.id` gives an RGB frame after reset (one env, one frame:
-    checked before any episode is played, so --video cannot fail only at the end)."""
-
-    def first_frame(env: _RenderEnv) -> None:
-        env.reset()
-        env.render()
-
-    _rendering(cfg, seed, first_frame)
-
-
-def record_episode(cfg: EnvConfig, policy: Callable, seed: int) -> list[np.ndarray]:
-    """RGB frames of one episode in an env of `cfg.id` made with render_mode='rgb_array'."""
-
-    def episode(env: _RenderEnv) -> list[np.ndarray]:
-        obs = env.reset()
-        frames, done = [env.render()], False
-        while not done and len(frames) < MAX_VIDEO_FRAMES:
-            obs, done = env.step(policy(obs))
-            frames.append(env.render())
-        return frames
-
-    return _rendering(cfg, seed, episode)
-
-
-def write_video(frames: list[np.ndarray], path: Path) -> None:
-    """GIF with Pillow or MP4 with ffmpeg; written to a temp file, then renamed."""
-    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
-    try:
-        if path.suffix.lower() == ".gif":
-            from PIL import Image
-
-            images = [Image.fromarray(np.asarray(f, np.uint8)) for f in frames]
-            images[0].save(tmp, format="GIF", save_all=True, append_images=images[1:],
-                           duration=round(1000 / VIDEO_FPS), loop=0)
-        else:
-            height, width = frames[0].shape[:2]
-            command = ["ffmpeg", "-loglevel", "error", "-y", "-f", "rawvideo", "-pix_fmt", "rgb24",
-                       "-s", f"{width}x{height}", "-r", str(VIDEO_FPS), "-i", "-",
-                       "-vf", "pad=ceil(iw/2)*2:ceil(ih/2)*2", "-pix_fmt", "yuv420p", str(tmp)]
-            data = b"".join(np.ascontiguousarray(f, np.uint8).tobytes() for f in frames)
-            result = subprocess.run(command, input=data, capture_output=True)
-            if result.returncode:
-                message = " ".join(result.stderr.decode(errors="replace").split())
-                raise ConfigError(f"ffmpeg could not write {path}: {message[:300]}")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 # The command --------------------------------------------------------------------------
 
 
@@ -377,7 +248,7 @@ def _write_json(result: dict, output: Path) -> None:
     tmp = output.with_name(f".{output.name}.tmp")
     with signals_deferred():
         try:
-            tmp.write_text(json.dumps(result, indent=2) + "\n")
+            tmp.write_text(json_text.dumps_strict(result, indent=2) + "\n")
             os.replace(tmp, output)
         except OSError as error:
             raise ConfigError(f"cannot write {output}: {error.strerror or error}") from None

@@ -1,6 +1,7 @@
 """The learner loop: one rollout per actor per update, the update, and the publish.
 
-After each update the new params are blocked on, checked finite, and only then published
+After each update the new params are blocked on, checked finite (with the normalization
+statistics they are published with), and only then published
 (version = updates applied). The sharded programs it runs are built in
 `podrace.learner_mesh`; here they are plain callables, so the loop is tested with fakes.
 """
@@ -25,7 +26,8 @@ from podrace.types import Trajectory
 
 
 class NonFiniteUpdate(FloatingPointError):
-    """The loss or gradients of an update were NaN/inf; those params are never published."""
+    """The loss or gradients of an update, or the normalization statistics after it, were
+    NaN/inf; those params (and statistics) are never published."""
 
 
 class TooManySkippedUpdates(NonFiniteUpdate):
@@ -105,10 +107,11 @@ class Learner:
         return version
 
     def prepare(self, trajs: tuple[Trajectory, ...], versions: Sequence[int]):
-        """(normalizer after this batch, the batch as the update consumes it); `versions`
-        are the behaviour versions of `trajs`. Without normalization: (None, trajs)."""
+        """(normalizer after this batch, the batch as the update consumes it, whether the
+        normalizer's statistics are finite); `versions` are the behaviour versions of
+        `trajs`. Without normalization: (None, trajs, True)."""
         if self.normalize_fn is None:
-            return self.normalizer, trajs
+            return self.normalizer, trajs, True
         behaviour = ()
         if self.normalizer.obs is not None:
             missing = sorted(set(versions) - set(self._obs_stats))
@@ -130,13 +133,15 @@ class Learner:
         rollouts, lag = self.pipeline.next_batch(self.version)
         start = time.perf_counter()
         trajs = tuple(r.trajectory for r in rollouts)
-        normalizer, trajs = self.prepare(trajs, [r.policy_version for r in rollouts])
+        normalizer, trajs, stats_finite = self.prepare(trajs, [r.policy_version for r in rollouts])
         state, keys, metrics = self.update_fn(self.state, trajs, self.keys)
         jax.block_until_ready(state.params)
         learner_step = time.perf_counter() - start
         metrics = jax.device_get(metrics)  # a fake's or a wrapper's arrays; UpdateFn's are on the host
         self.keys = keys
-        if metrics.pop("finite"):
+        finite = bool(metrics.pop("finite"))
+        stats_finite = bool(stats_finite)
+        if finite and stats_finite:
             self.state, self.normalizer = state, normalizer
         elif self.settings.skip_nonfinite:
             # Republish the old params under the next version so actors keep their pace.
@@ -149,10 +154,10 @@ class Learner:
                 )
             metrics = {}
         else:
-            raise NonFiniteUpdate(
-                f"non-finite loss or gradients in update {self.version + 1} "
-                f"(loss={metrics.get('loss')}); params not published"
-            )
+            what = (f"non-finite loss or gradients in update {self.version + 1} (loss={metrics.get('loss')})" if not finite
+                    else f"non-finite observation or return statistics after update {self.version + 1} "
+                         f"(an observation or reward was inf or NaN)")
+            raise NonFiniteUpdate(f"{what}; params not published")
         start = time.perf_counter()
         self.version = self._publish()
         publish = time.perf_counter() - start

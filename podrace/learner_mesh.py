@@ -256,7 +256,8 @@ def make_normalize_fn(
     compiler_options: dict[str, str] | None = None,
 ) -> Callable:
     """jit(shard_map(normalize_batch)): (normalizer, per-actor trajectories, behaviour obs
-    statistics per actor) -> (normalizer, trajectories as the update consumes them)."""
+    statistics per actor) -> (normalizer, trajectories as the update consumes them, whether
+    the normalizer's statistics are all finite)."""
 
     def body(norm: Normalizer, trajs: tuple[Trajectory, ...], behaviour: tuple[RunningStats, ...]):
         return normalize_batch(norm, trajs, behaviour, cfg, gamma, AXIS)
@@ -265,6 +266,6 @@ def make_normalize_fn(
     trajs_spec = (TRAJECTORY_SPEC,) * num_actors
     behaviour_spec = (P(),) * num_actors if cfg.obs else ()
     sharded = jax.shard_map(
-        body, mesh=mesh, in_specs=(specs, trajs_spec, behaviour_spec), out_specs=(specs, trajs_spec)
+        body, mesh=mesh, in_specs=(specs, trajs_spec, behaviour_spec), out_specs=(specs, trajs_spec, P())
     )
     return jax.jit(sharded, compiler_options=compiler_options)

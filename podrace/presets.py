@@ -198,8 +198,9 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
 # MuJoCo PPO. CleanRL's ppo_continuous_action.py, hyperparameter for hyperparameter: one env,
 # T=2048, Adam lr 3e-4 annealed to 0, 10 epochs x 32 minibatches of 64 steps, clip 0.2 on
 # the policy and the value, entropy 0, value 0.5, grad norm 0.5, gamma 0.99, GAE lambda 0.95,
-# separate 64-64 tanh MLPs and a state-independent log-std, 1M steps. CleanRL also
-# normalizes observations and scales rewards (gymnasium wrappers); podrace does not yet.
+# separate 64-64 tanh MLPs and a state-independent log-std, 1M steps. CleanRL normalizes
+# observations and scales rewards with gymnasium wrappers; here the learner does both
+# (podrace.algos.normalizer), the observation statistics published with the params.
 PRESETS["halfcheetah-ppo"] = (
     "PPO on MuJoCo HalfCheetah-v4 (envpool), 1M steps, with CleanRL's ppo_continuous_action "
     "hyperparameters (one env, 2048-step rollouts, 10 epochs x 32 minibatches, observation "

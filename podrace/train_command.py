@@ -12,7 +12,6 @@ import os
 import re
 import sys
 import traceback
-import warnings
 from typing import Sequence
 
 from podrace.config import ConfigError, TrainConfig
@@ -125,8 +124,9 @@ class Training:
             self.outcome.append(error)
 
     def _train(self) -> int:
-        # envpool builds Gymnasium Box spaces from float64 bounds; the warning is noise to users.
-        warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
+        from podrace.envs import silence_env_warnings
+
+        silence_env_warnings()
         resume = None
         try:
             resuming, rest = split_resume(self.args)

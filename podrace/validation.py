@@ -14,6 +14,8 @@ from podrace.config import ConfigError, DistributedConfig, RayConfig, TrainConfi
 
 
 INT32_MAX = 2**31 - 1
+FLOAT32_MAX = 3.4028234663852886e38
+"""Every float setting reaches JAX as float32: a larger one would become inf there."""
 """Sizes, ids and counters end up in int32 arrays (shapes, env seeds, step counters)."""
 MAX_TOTAL_STEPS = 2**53
 """Env-step counters are float64 in the metrics: exact up to 2**53."""
@@ -51,6 +53,8 @@ def _check_every_field(cfg: TrainConfig) -> None:
         for item in value if isinstance(value, tuple) else (value,):
             if isinstance(item, float) and not math.isfinite(item):
                 raise ConfigError(f"{name} must be a finite number, got {item}")
+            if isinstance(item, float) and abs(item) > FLOAT32_MAX:
+                raise ConfigError(f"{name} must be at most {FLOAT32_MAX:.4g} in magnitude (float32), got {item:g}")
             if isinstance(item, int) and not isinstance(item, bool) and name != "total_steps":
                 if abs(item) > INT32_MAX:
                     raise ConfigError(f"{name} must be at most {INT32_MAX:,} in magnitude, got {item:,}")

@@ -60,6 +60,9 @@ BAD = [
     (["--impala.rho-bar", "inf"], "impala.rho_bar must be a finite number"),
     (["--ppo.ent-coef", "-inf"], "ppo.ent_coef must be a finite number"),
     (["--safety.max-skipped-fraction", "nan"], "safety.max_skipped_fraction must be a finite number"),
+    # finite in Python, inf as the float32 JAX computes with
+    (["--ppo.max-grad-norm", "1e39"], "ppo.max_grad_norm must be at most 3.403e+38 in magnitude (float32), got 1e+39"),
+    (["--ppo.learning-rate", "-1e39"], "ppo.learning_rate must be at most 3.403e+38 in magnitude (float32)"),
     # out-of-range hyperparameters (the unused algorithm's too)
     (["--ppo.gamma", "1.5"], "ppo.gamma must be in [0, 1], got 1.5"),
     (["--ppo.gamma", "-0.1"], "ppo.gamma must be in [0, 1]"),
@@ -158,6 +161,27 @@ BAD_IMPALA = [
     (["--impala.rmsprop-eps", "-1"], "impala.rmsprop_eps must be positive"),
     (["--impala.rmsprop-decay", "1"], "impala.rmsprop_decay must be in [0, 1)"),
 ]
+
+
+BAD_ATARI = [
+    (["--env.image-size", "35"], "network.torso nature_cnn cannot take observations of shape (4, 35, 35): its "
+                                 "parameter params/torso/Dense_0/kernel would have shape (0, 512) (no inputs left)"),
+    (["--env.image-size", "100000"], "env.image_size must be at most 1024 for Atari"),
+    (["--env.frame-stack", "100000"], "(network.hidden_sizes, env.num_envs, rollout_length, env.image_size, env.frame_stack)"),
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("flags,message", BAD_ATARI, ids=[" ".join(f) for f, _ in BAD_ATARI])
+def test_bad_atari_config(capsys, tmp_path, flags, message):
+    """Image sizes the torso cannot see through, or the env cannot even describe."""
+    runs = tmp_path / "runs"
+    code = main(["train", "atari-ppo", "--env.num-envs", "2", "--log.run-dir", str(runs), *flags])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert message in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert not runs.exists()
 
 
 @pytest.mark.timeout(60)

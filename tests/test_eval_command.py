@@ -307,6 +307,39 @@ def test_video_of_an_env_that_cannot_render_is_refused_before_playing(tmp_path, 
     assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.json"]
 
 
+DYING_RENDER = """
+import os
+import gymnasium
+from gymnasium.envs.classic_control.cartpole import CartPoleEnv
+
+class DyingRender(CartPoleEnv):
+    def render(self):  # as MuJoCo's renderer does without an OpenGL platform: exit(1)
+        print("ERROR: no OpenGL platform in this process", flush=True)
+        os._exit(1)
+
+gymnasium.register("podrace-dying/Render-v0", entry_point=DyingRender)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_renderer_that_ends_its_process_is_a_one_line_error_before_playing(tmp_path, monkeypatch):
+    env_id = "podrace_dying_render:podrace-dying/Render-v0"
+    (tmp_path / "podrace_dying_render.py").write_text(DYING_RENDER)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [str(tmp_path)] + [p for p in sys.path if p not in ("", str(tmp_path))])
+    try:
+        run = make_run(tmp_path / "run", cfg=tiny_config(**{"env.id": env_id}))
+        monkeypatch.setattr(podrace.eval_command, "make_env", fail_if_called("make_env"))
+        with pytest.raises(ConfigError) as error:
+            evaluate_run(EvalOptions(run, episodes=2, video=tmp_path / "episode.gif"))
+    finally:
+        sys.modules.pop("podrace_dying_render", None)
+        gymnasium.registry.pop("podrace-dying/Render-v0", None)
+    assert str(error.value) == (f"env {env_id!r} cannot be rendered here: rendering its first frame ended the "
+                                "process (exit code 1): ERROR: no OpenGL platform in this process")
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.json"]
+
+
 @pytest.mark.timeout(120)
 def test_a_video_that_fails_after_playing_still_leaves_the_results(tmp_path, monkeypatch):
     run = make_run(tmp_path / "run")

@@ -10,6 +10,8 @@ from jax.sharding import PartitionSpec as P
 from podrace.config import EnvConfig, NetworkConfig, PPOConfig, TrainConfig, LayoutConfig
 from podrace.control import Lifetime
 from podrace.envs import env_spec
+from podrace.algos.normalization import RunningStats
+from podrace.algos.normalizer import Normalizer
 from podrace.learner import Learner, LearnerSettings, NonFiniteUpdate, TooManySkippedUpdates
 from podrace.learner_mesh import LearnerPlacement, env_keys, make_algorithm, make_mesh, make_update_fn, trajectory_shardings
 from podrace.metrics.registry import Metrics
@@ -69,6 +71,36 @@ def test_learner_never_publishes_a_nonfinite_update():
     with pytest.raises(NonFiniteUpdate, match="update 1"):
         learner.run()
     assert publisher.latest_version == 0 and learner.state.params["w"] == 0
+
+
+@pytest.mark.parametrize("skip", [False, True], ids=["fail", "skip"])
+@pytest.mark.timeout(60)
+def test_learner_never_accepts_or_publishes_nonfinite_statistics(skip):
+    """A finite update whose batch made the normalization statistics inf/NaN (one inf
+    observation): neither the params nor the statistics are taken."""
+    def update(state, trajs, keys):
+        return FakeState({"w": state.params["w"] + 1}), keys, {"finite": True, "loss": 0.5}
+
+    def normalize_fn(normalizer, trajs, behaviour):
+        poisoned = normalizer._replace(returns=RunningStats(np.inf, np.nan, 1.0))
+        return poisoned, trajs, False
+
+    lifetime = Lifetime()
+    pipeline = Pipeline(1, capacity=2, max_policy_lag=1, lifetime=lifetime)
+    publisher = LocalPublisher()
+    first = Normalizer(obs=None, returns=RunningStats(0.0, 1.0, 1e-4), tracker=None)
+    learner = Learner(LearnerSettings(2, steps_per_update=10, skip_nonfinite=skip, max_skipped=1),
+                      FakeState({"w": np.zeros(())}), np.zeros(2), update, pipeline, publisher, Metrics(),
+                      lifetime, normalizer=first, normalize_fn=normalize_fn)
+    pipeline.put(stamped(0, 0, 0))
+    if skip:
+        learner.step()
+        assert learner.skipped == 1 and learner.version == 1
+    else:
+        with pytest.raises(NonFiniteUpdate, match="non-finite observation or return statistics after update 1"):
+            learner.step()
+        assert publisher.latest_version == 0
+    assert learner.normalizer is first and learner.state.params["w"] == 0
 
 
 @pytest.mark.timeout(120)

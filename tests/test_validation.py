@@ -56,6 +56,8 @@ def test_every_float_field_is_checked_for_finiteness():
     for name in floats:
         with pytest.raises(ConfigError, match=f"{name} must be a finite number"):
             validate(replace(TrainConfig(), **{name: float("nan")}))
+        with pytest.raises(ConfigError, match=f"{name} must be at most .* in magnitude \\(float32\\)"):
+            validate(replace(TrainConfig(), **{name: -1e39}))
 
 
 @pytest.mark.timeout(10)

@@ -88,9 +88,11 @@ def normalize_batch(
     cfg: NormalizeConfig,
     gamma: float,
     axis_name: str | None = None,
-) -> tuple[Normalizer, tuple[Trajectory, ...]]:
+) -> tuple[Normalizer, tuple[Trajectory, ...], jax.Array]:
     """Update the statistics from one batch (one trajectory per actor) and return the batch
-    as the learner trains on it.
+    as the learner trains on it, and whether every updated statistic is finite (one inf or
+    NaN observation or reward makes them non-finite for good: the learner must not accept
+    or publish them; the same answer on every shard).
 
     Observations (and last_obs) of `trajs[i]` are normalized with `behaviour_obs_stats[i]`,
     the statistics of the version that acted; the observation statistics are then updated
@@ -117,4 +119,8 @@ def normalize_batch(
         widths = [t.rewards.shape[1] for t in trajs]
         pieces = jnp.split(scaled, [sum(widths[: i + 1]) for i in range(len(widths) - 1)], axis=1)
         trajs = tuple(t._replace(rewards=r) for t, r in zip(trajs, pieces))
-    return Normalizer(obs_stats, return_stats, tracker), trajs
+    normalizer = Normalizer(obs_stats, return_stats, tracker)
+    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(normalizer)]))
+    if axis_name is not None:  # the tracker is sharded by env
+        finite = jax.lax.pmin(finite.astype(jnp.int32), axis_name) > 0
+    return normalizer, trajs, finite

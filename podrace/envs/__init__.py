@@ -3,11 +3,23 @@
 Host-side NumPy only (no JAX): the actor is the only caller of `step`.
 """
 
+import warnings
+
 from podrace.envs.base import BatchedEnv, env_seeds
 from podrace.envs.factory import env_spec, make_env
 from podrace.envs.resolve import resolve_backend
 from podrace.envs.source import EnvFactory, EnvSource, from_factory
 from podrace.envs.vector_adapter import VectorEnvAdapter
+
+
+
+def silence_env_warnings() -> None:
+    """For the CLI's commands: envpool's float64 Box bounds cast to float32 and Gymnasium's
+    "environment is out of date" notes are multi-line, coloured noise ahead of podrace's
+    one-line messages (the config names the env version the user asked for)."""
+    warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
+    warnings.filterwarnings("ignore", message=r".*The environment \S+ is out of date")
+
 
 __all__ = [
     "BatchedEnv",
@@ -19,4 +31,5 @@ __all__ = [
     "from_factory",
     "make_env",
     "resolve_backend",
+    "silence_env_warnings",
 ]

@@ -22,6 +22,11 @@ from podrace.envs.spaces import ActionPreparer, spec_from_spaces
 from podrace.types import EnvSpec, EnvStep
 
 
+MAX_ATARI_IMAGE_SIZE = 1024
+"""Past the screen's own 210x160, a larger frame only repeats pixels; far past it, building
+the env's observation space alone would need gigabytes (image_size 100000: 37 GiB)."""
+
+
 def make_kwargs(cfg: EnvConfig) -> dict[str, Any]:
     """envpool.make keyword arguments for the EnvConfig settings that apply to `cfg.id`.
 
@@ -40,6 +45,11 @@ def make_kwargs(cfg: EnvConfig) -> dict[str, Any]:
             raise ConfigError(
                 "env.frame_skip, env.frame_stack, env.image_size and env.noop_max must be >= 1 "
                 "for Atari (noop_max=1 means no no-ops)"
+            )
+        if cfg.image_size > MAX_ATARI_IMAGE_SIZE:
+            raise ConfigError(
+                f"env.image_size must be at most {MAX_ATARI_IMAGE_SIZE} for Atari (the 210x160 screen is "
+                f"resized to image_size x image_size), got {cfg.image_size}"
             )
         kwargs.update(
             frame_skip=cfg.frame_skip,

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
-import math
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Protocol
@@ -20,6 +18,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 if TYPE_CHECKING:
     from rich.console import Console
 
+from podrace import json_text
 from podrace.config import ConfigError, LogConfig, TrainConfig, resolved
 
 
@@ -46,8 +45,7 @@ class JsonlSink:
         self._file = open(path, "ab", buffering=0)
 
     def write(self, line: dict[str, float]) -> None:
-        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in line.items()}
-        data = (json.dumps(clean, sort_keys=True) + "\n").encode()
+        data = (json_text.dumps_strict(line, sort_keys=True) + "\n").encode()
         start = os.fstat(self._file.fileno()).st_size
         try:
             view = memoryview(data)

@@ -187,8 +187,9 @@ def plot_runs(run_dirs: Sequence[Path]) -> Figure:
         label = f"{run.name} ({run.cfg.env.id}, {run.cfg.algo})" if label_kind else run.name
         steps, times, returns = return_curve(run)
         e_steps, e_times, e_returns = eval_curve(run)
-        by_steps.plot(steps, returns, color=color, label=label)
-        by_time.plot(times, returns, color=color, label=label)
+        single = "o" if len(steps) == 1 else None  # a line of one point draws nothing
+        by_steps.plot(steps, returns, color=color, label=label, marker=single)
+        by_time.plot(times, returns, color=color, label=label, marker=single)
         by_steps.plot(e_steps, e_returns, color=color, linestyle="--", marker="o", markersize=4)
         by_time.plot(e_times, e_returns, color=color, linestyle="--", marker="o", markersize=4)
 

@@ -33,10 +33,14 @@ def _conv(
 
 
 def _image_to_nhwc(obs: jax.Array) -> jax.Array:
-    """uint8 [N, C, H, W] -> float32 [N, H, W, C] in [0, 1]."""
+    """[N, C, H, W] -> float32 [N, H, W, C]: integer pixels scaled to [0, 1]; float
+    observations (those --normalize.obs has standardized, or an env's own floats) as they are."""
     if obs.ndim != 4:
         raise ValueError(f"image torsos expect [N, C, H, W] observations, got shape {obs.shape}")
-    return jnp.transpose(obs.astype(jnp.float32) / 255.0, (0, 2, 3, 1))
+    x = obs.astype(jnp.float32)
+    if jnp.issubdtype(obs.dtype, jnp.integer):
+        x = x / 255.0
+    return jnp.transpose(x, (0, 2, 3, 1))
 
 
 def _dense_stack(x: jax.Array, sizes: Sequence[int], activation) -> jax.Array:

@@ -86,7 +86,8 @@ def build_learner(
     rollout's arrays onto that mesh.
 
     `restore(state, keys, normalizer)` (resuming a run) returns the state, keys and
-    normalizer to start from, placed like the fresh ones it is given (its template)."""
+    normalizer to start from, placed like the fresh ones it is given (its template); the
+    reward-scaling tracker starts fresh, as the resumed run's envs do."""
     mesh = make_mesh(devices)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     dummy_obs = np.zeros((1,) + spec.obs_shape, spec.obs_dtype)
@@ -108,7 +109,12 @@ def build_learner(
         normalizer = place_normalizer(normalizer, mesh)
         normalize_fn = make_normalize_fn(cfg.normalize, cfg.gamma, mesh, normalizer, cfg.num_actors, options)
     if restore is not None:
+        fresh = normalizer
         state, keys, normalizer = restore(state, keys, normalizer)
+        if fresh is not None and fresh.tracker is not None:
+            # A resumed run restarts its envs: each env's discounted return (reward scaling)
+            # starts again from 0 with its new episode, not from the old one's partial sum.
+            normalizer = normalizer._replace(tracker=fresh.tracker)
     learner = Learner(
         settings,
         state=state,
@@ -191,5 +197,5 @@ def dummy_trajectory(cfg: TrainConfig, spec: EnvSpec, device: jax.Device) -> Tra
 def warm_up_learner(learner: Learner, trajs: Sequence[Trajectory]) -> None:
     """Compile the batch preparation (normalization) and the update on placed dummy
     trajectories (state, normalizer and keys are not changed)."""
-    _, trajs = learner.prepare(tuple(trajs), [learner.version] * len(trajs))
+    _, trajs, _ = learner.prepare(tuple(trajs), [learner.version] * len(trajs))
     jax.block_until_ready(learner.update_fn(learner.state, trajs, learner.keys))

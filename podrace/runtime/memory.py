@@ -22,12 +22,18 @@ LEARNER_COPIES = 4
 
 
 def params_bytes(network, spec: EnvSpec) -> tuple[int, int]:
-    """(parameter count, bytes) of `network`'s params for `spec`, without allocating them."""
+    """(parameter count, bytes) of `network`'s params for `spec`, without allocating them.
+    ValueError naming the first empty parameter: a layer left with no inputs (an image too
+    small for a torso's convolutions) would train a policy that never sees the observations."""
     obs = jax.ShapeDtypeStruct((1,) + tuple(spec.obs_shape), spec.obs_dtype)
     shapes = jax.eval_shape(network.init, jax.random.PRNGKey(0), obs)
-    leaves = jax.tree_util.tree_leaves(shapes)
-    count = sum(math.prod(leaf.shape) for leaf in leaves)
-    return count, sum(math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize for leaf in leaves)
+    leaves = jax.tree_util.tree_leaves_with_path(shapes)
+    for path, leaf in leaves:
+        if math.prod(leaf.shape) == 0:
+            raise ValueError(f"its parameter {jax.tree_util.keystr(path, simple=True, separator='/')} "
+                             f"would have shape {tuple(leaf.shape)} (no inputs left)")
+    count = sum(math.prod(leaf.shape) for _, leaf in leaves)
+    return count, sum(math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize for _, leaf in leaves)
 
 
 def rollout_bytes(cfg: TrainConfig, spec: EnvSpec) -> int:
@@ -85,7 +91,10 @@ def check_fits(cfg: TrainConfig, network, spec: EnvSpec, devices: Devices) -> No
         available = None if None in limits else min(limits)
         where = f"{platform} learner device memory"
     if available is not None and need > available:
+        knobs = "network.hidden_sizes, env.num_envs, rollout_length"
+        if len(spec.obs_shape) >= 2:
+            knobs += ", env.image_size, env.frame_stack"
         raise ConfigError(
             f"{what}; params, optimizer state and rollouts need about {_gib(need)} "
-            f"but {where} has {_gib(available)} available (network.hidden_sizes, env.num_envs, rollout_length)"
+            f"but {where} has {_gib(available)} available ({knobs})"
         )

@@ -40,7 +40,8 @@ def test_each_rollout_is_normalized_with_its_behaviour_statistics():
     trajs = (trajectory(0), trajectory(1))
     behaviour = (stats(100.0, 4.0), stats(90.0, 1.0))  # two actors that acted with different versions
     norm = init_normalizer(BOTH, (D,), 2 * B)
-    new, out = jax.jit(lambda n, t, b: normalize_batch(n, t, b, BOTH, 0.9))(norm, trajs, behaviour)
+    new, out, finite = jax.jit(lambda n, t, b: normalize_batch(n, t, b, BOTH, 0.9))(norm, trajs, behaviour)
+    assert finite
     for t, o, (mean, std) in zip(trajs, out, [(100.0, 2.0), (90.0, 1.0)]):
         expected = np.clip((t.obs - mean) / std, -5.0, 5.0)
         np.testing.assert_allclose(o.obs, expected, rtol=1e-4, atol=1e-4)
@@ -69,16 +70,33 @@ def test_sharded_normalization_equals_one_device(cfg):
     trajs = (trajectory(2), trajectory(3))
     behaviour = (stats(100.0, 4.0), stats(100.0, 4.0)) if cfg.obs else ()
     one = init_normalizer(cfg, (D,), 2 * B)
-    ref, ref_out = normalize_batch(one, trajs, behaviour, cfg, 0.9)
+    ref, ref_out, _ = normalize_batch(one, trajs, behaviour, cfg, 0.9)
     mesh = make_mesh(jax.devices()[:2])
     two = place_normalizer(init_normalizer(cfg, (D,), 2 * B), mesh)
     fn = make_normalize_fn(cfg, 0.9, mesh, two, num_actors=2)
-    got, got_out = fn(two, trajs, behaviour)
+    got, got_out, finite = fn(two, trajs, behaviour)
+    assert finite
     for a, b in zip(jax.tree.leaves((ref.obs, ref.returns)), jax.tree.leaves((got.obs, got.returns)), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5)
     for r, g in zip(ref_out, got_out):
         np.testing.assert_allclose(r.obs, g.obs, rtol=1e-5)
         np.testing.assert_allclose(r.rewards, g.rewards, rtol=1e-5)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("field", ["obs", "rewards"])
+def test_one_non_finite_value_in_one_shard_makes_every_shard_report_non_finite_statistics(field):
+    trajs = (trajectory(2), trajectory(3))
+    bad = getattr(trajs[1], field).copy()
+    bad[0, -1] = np.inf  # the last env of actor 1: on the second shard only
+    trajs = (trajs[0], trajs[1]._replace(**{field: bad}))
+    behaviour = (stats(100.0, 4.0), stats(100.0, 4.0))
+    mesh = make_mesh(jax.devices()[:2])
+    norm = place_normalizer(init_normalizer(BOTH, (D,), 2 * B), mesh)
+    _, _, finite = make_normalize_fn(BOTH, 0.9, mesh, norm, num_actors=2)(norm, trajs, behaviour)
+    assert not bool(finite)
+    _, _, finite = normalize_batch(init_normalizer(BOTH, (D,), 2 * B), trajs, behaviour, BOTH, 0.9)
+    assert not bool(finite)
 
 
 @pytest.mark.timeout(60)

@@ -102,6 +102,18 @@ def test_figure_has_curves_per_run_labelled_axes_and_a_time_bar_per_thread(tmp_p
     assert len(bars.patches) == 2 * (6 + 3)  # per run: 6 actor parts, 3 learner parts
 
 
+def test_a_run_of_one_metrics_line_shows_its_training_return_as_a_point(tmp_path):
+    """A run shorter than --log.interval-s has one line: a line plot of one point draws nothing."""
+    synthetic_run(tmp_path / "short")
+    metrics = tmp_path / "short" / "metrics.jsonl"
+    metrics.write_text(metrics.read_text().splitlines()[-1] + "\n")
+    synthetic_run(tmp_path / "long")
+    by_steps = plot_runs([tmp_path / "short", tmp_path / "long"]).axes[0]
+    short, _, long, _ = by_steps.get_lines()[:4]
+    assert list(short.get_ydata()) == [300.0] and short.get_marker() == "o"
+    assert long.get_marker() in ("None", None, "")
+
+
 @pytest.mark.timeout(60)
 def test_runs_of_different_envs_name_env_and_algo(tmp_path):
     synthetic_run(tmp_path / "a")

@@ -96,6 +96,17 @@ def test_nature_cnn_scales_and_transposes_frames():
     np.testing.assert_allclose(module.apply({"params": params}, obs), expected, rtol=1e-4, atol=1e-5)
 
 
+def test_image_torsos_take_float_observations_as_they_are():
+    """Standardized observations (--normalize.obs) are not divided by 255 a second time."""
+    frames = _obs(ATARI, (2,), seed=2)
+    standardized = (frames.astype(jnp.float32) - 128.0) / 64.0
+    for module in (NatureCNN(), ImpalaResNet()):
+        params = jax.jit(module.init)(jax.random.PRNGKey(0), frames)
+        scaled = module.apply(params, frames)
+        np.testing.assert_allclose(module.apply(params, frames.astype(jnp.float32) / 255.0), scaled, rtol=1e-5, atol=1e-6)
+        assert not np.allclose(module.apply(params, standardized), module.apply(params, standardized / 255.0))
+
+
 def test_impala_resnet_structure():
     obs = _obs(ATARI, (1,))
     params = jax.jit(ImpalaResNet().init)(jax.random.PRNGKey(0), obs)["params"]

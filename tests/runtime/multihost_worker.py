@@ -69,7 +69,7 @@ def train(learner_devices, num_processes: int, process: int, normalize: bool = F
         mine = batch(u, spec)[process * cfg.num_actors : (process + 1) * cfg.num_actors]
         trajs = tuple(placement.place(jax.device_put(t, local)) for t in mine)
         if normalize:  # every rollout acted with the statistics of the update before
-            normalizer, trajs = learner.normalize_fn(normalizer, trajs, (normalizer.obs,) * cfg.num_actors)
+            normalizer, trajs, _ = learner.normalize_fn(normalizer, trajs, (normalizer.obs,) * cfg.num_actors)
         state, keys, _ = learner.update_fn(state, trajs, keys)
     out = {"params": state.params}
     if normalize:
