@@ -118,9 +118,11 @@ MUTANTS: list[Mutant] = [
            "return self.pipeline.put(rollout)", PIPELINE_TESTS),
     # --- learner.py ------------------------------------------------------------------------
     Mutant("learner_keys_not_advanced", "podrace/learner.py",
-           "        self.keys = keys\n        if metrics", "        if metrics", LEARNER_FAKES),
+           "        self.keys = keys\n        finite = ", "        finite = ", LEARNER_FAKES),
     Mutant("learner_publishes_nonfinite_update", "podrace/learner.py",
-           'if metrics.pop("finite"):', 'if metrics.pop("finite") or True:', LEARNER_FAKES),
+           'finite = bool(metrics.pop("finite"))', 'finite = bool(metrics.pop("finite")) or True', LEARNER_FAKES),
+    Mutant("learner_accepts_nonfinite_statistics", "podrace/learner.py",
+           "        if finite and stats_finite:", "        if finite:", LEARNER_FAKES),
     Mutant("learner_skip_limit_off_by_one", "podrace/learner.py",
            "if self.skipped > self.settings.max_skipped:", "if self.skipped >= self.settings.max_skipped:",
            LEARNER_FAKES),
@@ -368,9 +370,40 @@ MUTANTS: list[Mutant] = [
     Mutant("unverified_step_warned_at_every_read", "podrace/restore.py",
            "        if step_dir.absolute() not in _unverified:", "        if True:",
            ("tests/test_checkpoint.py", "-k", "live_step_is_given")),
+    # --- from the attack on the other presets (session of 2026-12-03, sixth) ------------------
+    Mutant("normalizer_statistics_finite_per_shard_only", "podrace/algos/normalizer.py",
+           "        finite = jax.lax.pmin(finite.astype(jnp.int32), axis_name) > 0\n", "        pass\n",
+           ("tests/algos/test_normalizer.py", "-k", "non_finite")),
+    Mutant("normalizer_statistics_never_checked", "podrace/algos/normalizer.py",
+           "    return normalizer, trajs, finite\n", "    return normalizer, trajs, jnp.bool_(True)\n",
+           ("tests/algos/test_normalizer.py", "-k", "non_finite")),
+    Mutant("float_settings_beyond_float32_accepted", "podrace/validation.py",
+           "abs(item) > FLOAT32_MAX", "abs(item) > math.inf", ("tests/test_validation.py", "-k", "finiteness")),
+    Mutant("torso_without_inputs_accepted", "podrace/runtime/memory.py",
+           "        if math.prod(leaf.shape) == 0:", "        if False:", ("tests/test_config.py", "-k", "atari")),
+    Mutant("atari_image_size_unbounded", "podrace/envs/envpool_backend.py",
+           "        if cfg.image_size > MAX_ATARI_IMAGE_SIZE:", "        if False:", ("tests/test_config.py", "-k", "atari")),
+    Mutant("standardized_images_divided_by_255", "podrace/networks/torsos.py",
+           "    if jnp.issubdtype(obs.dtype, jnp.integer):", "    if True:",
+           ("tests/networks/test_networks.py", "-k", "float")),
+    Mutant("nan_written_into_result_json", "podrace/json_text.py",
+           "        return value if math.isfinite(value) else None", "        return value", ("tests/test_json_text.py",)),
+    Mutant("resumed_tracker_mid_episode", "podrace/runtime/build.py",
+           "            normalizer = normalizer._replace(tracker=fresh.tracker)", "            pass",
+           ("tests/runtime/test_resume.py", "-k", "straight_run")),
+    Mutant("envpool_step_keeps_its_effect", "podrace/envs/envpool_backend.py",
+           '**{**kwargs, "has_side_effect": False}', "**kwargs", ("tests/envs/test_envpool_backend.py",)),
+    Mutant("one_point_curve_drawn_invisibly", "podrace/metrics/plot.py",
+           '        single = "o" if len(steps) == 1 else None', "        single = None",
+           ("tests/metrics/test_plot.py", "-k", "one_metrics_line")),
+    Mutant("gymnasium_out_of_date_note_printed", "podrace/envs/__init__.py",
+           'warnings.filterwarnings("ignore", message=r".*The environment \\S+ is out of date")', "pass",
+           ("tests/test_cli.py", "-k", "dependency_warnings")),
 ]
 
 # Considered and left out (equivalent or unobservable without asserting speed):
+# - video.check_renderable rendering in this process instead of a child: the dying renderer
+#   of its test would end the test process itself, not fail a test.
 # - pipeline/PlacingSink without block_until_ready(placed): only moves where the wait is timed.
 # - ThreadGroup.join with the full timeout per thread: only changes how long join may take.
 # - ShmSubscriber.poll with `latest < acked`: the second version check after the read filters it.
