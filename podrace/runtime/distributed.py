@@ -68,6 +68,9 @@ def join(d: DistributedConfig, check: Callable[[], None] = lambda: None) -> Clus
     or JAX_COORDINATOR_ADDRESS), the processes first meet over plain TCP (`rendezvous`):
     jax.distributed would abort the process, not raise, when one is missing."""
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    # JAX's preemption notifier takes SIGTERM's handler for itself (it only logs "SIGTERM
+    # caught" and lets the run go on); podrace stops on SIGTERM and uses no sync points.
+    jax.config.update("jax_enable_preemption_service", False)
     known = _explicit(d)
     if known is not None:
         rendezvous(*known, float(d.init_timeout_s), check)  # `check`: a stop (Ctrl-C) ends the wait
