@@ -179,6 +179,8 @@ class Training:
             try:
                 self.run = prepare(cfg, lifetime) if resume is None else prepare(cfg, lifetime, resume=resume)
                 result = self.run.run()
+                if self.distributed:
+                    self.run.leave(lambda: self.signals.received)
                 self.leave_together = not self.signals.received  # finished, as every process
             except Stopped:
                 result = None

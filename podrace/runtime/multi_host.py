@@ -29,6 +29,7 @@ import dataclasses
 import json
 import os
 import signal
+from typing import Callable
 from pathlib import Path
 
 import jax
@@ -39,7 +40,7 @@ from podrace.envs import EnvSource, resolve_backend
 from podrace.runtime.devices import resolve_devices
 from podrace.runtime.distributed import SHUTDOWN_TIMEOUT_S, Cluster, agree, global_learner_devices, join, resolved
 from podrace.runtime.peers import PeerLink, PeerLost, PeerStopped
-from podrace.runtime.rundir import check_run_dir, create_run_dir, run_dir_path
+from podrace.runtime.rundir import check_run_dir, create_run_dir, discard_if_untrained, run_dir_path
 from podrace.runtime.single_host import SingleHostRun, TrainResult
 from podrace.validation import validate
 
@@ -63,30 +64,36 @@ def prepare(cfg: TrainConfig, lifetime: Lifetime | None = None) -> "MultiHostRun
         devices, learners=tuple(global_learner_devices(cfg.layout.learner_device_ids, cfg.layout.platform))
     )
     if cluster.process_id == 0:  # before the link opens: others create their folder inside it
-        run_dir = create_run_dir(cfg)
+        run_dir = lifetime.run_dir = create_run_dir(cfg)
     link = PeerLink.open(cluster, cfg.distributed.peer_timeout_s)
-    link.start(_exit_while_preparing)
+    link.start(lambda lost: _exit_while_preparing(lost, lifetime))
     lifetime.on_stop(lambda: _tell_peers(lifetime, link))
     try:
         if cluster.process_id != 0:
             run_dir = run_dir_path(cfg) / f"process-{cluster.process_id}"
             run_dir.mkdir(parents=True, exist_ok=True)
+            lifetime.run_dir = run_dir  # its own part only: process 0 owns the run directory
         (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
         envs = EnvSource(cfg.env)
         local = SingleHostRun(cfg, envs.spec(), devices, run_dir, lifetime, envs)
     except BaseException as error:
         link.report_failure(f"while preparing: {type(error).__name__}: {error}".splitlines()[0])
         link.close()
+        discard_if_untrained(lifetime.run_dir, None)
         raise
     return MultiHostRun(cluster, link, local)
 
 
-def _exit_while_preparing(lost: PeerLost) -> None:
+def _exit_while_preparing(lost: PeerLost, lifetime: Lifetime) -> None:
     """A peer was lost before this process's threads started: the main thread may be
-    compiling or inside a collective, so report and leave from here."""
-    code = 128 + lost.signum if isinstance(lost, PeerStopped) else 1
+    compiling or inside a collective, so report and leave from here (a run directory that
+    holds no update is removed, as after any stop before the first update)."""
+    discard_if_untrained(lifetime.run_dir, None)
+    if isinstance(lost, PeerStopped):  # as once training runs (train_command)
+        os.write(2, f"podrace: {lost}, stopped\n".encode())
+        os._exit(128 + lost.signum)
     os.write(2, f"podrace: error: process-{lost.process} failed: {type(lost).__name__}: {lost}\n".encode())
-    os._exit(code)
+    os._exit(1)
 
 
 def _check(cfg: TrainConfig) -> TrainConfig:
@@ -130,10 +137,31 @@ class MultiHostRun:
         return self.local.stuck
 
     def run(self) -> TrainResult:
+        """This process's part; on success the link stays open for `leave`."""
         lifetime = self.lifetime
         self.link.on_lost(lambda lost: lifetime.fail(f"process-{lost.process}", lost))
         try:
             return self.local.run()
+        except BaseException:
+            self.link.close()
+            raise
+
+    def leave(self, interrupted: Callable[[], int | None]) -> None:
+        """After `run`: say this process is done and wait until every process is (process 0
+        may still be evaluating), so that all leave jax.distributed together. A loss meanwhile
+        raises it (ComponentError); a signal (`interrupted()` gives its number) is told to the
+        others, which stop too, and ends the wait."""
+        try:
+            if not interrupted():
+                self.link.report_done()
+            while not self.link.wait_all_done(0.05):
+                if self.lifetime.failure is not None:
+                    raise self.lifetime.failure
+                if interrupted():
+                    break
+            signum = interrupted()
+            if signum and not self.link.wait_all_done(0):
+                self.link.report_stop(signum, signal.Signals(signum).name)
         finally:
             self.link.close()
 
@@ -145,7 +173,7 @@ def _tell_peers(lifetime: Lifetime, link: PeerLink) -> None:
         if not isinstance(failure.error, PeerLost):
             link.report_failure(str(failure))
     elif lifetime.stop_reason == "finished":
-        link.report_done()
+        pass  # done only at the end of the whole run (MultiHostRun.leave)
     else:  # stopped from outside: the CLI's reason names the signal ("SIGINT received")
         name = (lifetime.stop_reason or "").split(" ")[0]
         signum = signal.Signals[name] if name in signal.Signals.__members__ else signal.SIGINT

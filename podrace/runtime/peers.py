@@ -6,6 +6,10 @@ spoke), apart from jax.distributed. Each side sends a beat every `timeout_s / 4`
 
 - a connection that closes before its process said `done` means that process exited or
   was killed (noticed at once, SIGKILL included); silence for `timeout_s` means it hung;
+- `done` comes at the end of a process's whole run (process 0's final evaluation included),
+  and every process waits, still listening, until all are done (`wait_all_done`) before it
+  leaves jax.distributed: a loss or a stop meanwhile is heard here, not by JAX's shutdown
+  barrier (which aborts the process);
 - a process that fails or is interrupted says so (`fail` / `stop`) before it shuts down;
 - the hub relays every such event to all other spokes, so every process learns, within a
   bounded time, which process was lost and why, and stops with that as its error;
@@ -88,6 +92,8 @@ class PeerLink:
         self._event = threading.Event()
         self._closed = threading.Event()
         self._leaving = False  # this process said it stops or fails: no later loss is its reason
+        self._done_here = False
+        self._all_done = threading.Event()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._server: socket.socket | None = None
@@ -158,8 +164,25 @@ class PeerLink:
         self._broadcast(kind="stop", origin=self.process_id, signum=signum, message=name)
 
     def report_done(self) -> None:
-        """This process finished: its closing connection is no longer a loss."""
-        self._broadcast(kind="done", origin=self.process_id)
+        """This process finished its whole run; see `wait_all_done`."""
+        self._done_here = True
+        if self.process_id == 0:
+            self._check_all_done()
+        else:
+            self._broadcast(kind="done", origin=self.process_id)
+
+    def wait_all_done(self, timeout: float) -> bool:
+        """Whether every process has said `done` (waiting up to `timeout`). Until then a
+        connection that closes is a loss; after, none is."""
+        return self._all_done.wait(timeout)
+
+    def _check_all_done(self) -> None:
+        """The hub: once it and every spoke are done, tell the spokes."""
+        with self._lock:
+            if self._all_done.is_set() or not (self._done_here and all(c.done for c in self._conns)):
+                return
+            self._all_done.set()
+        self._broadcast(kind="all_done", origin=0)
 
     def _broadcast(self, **message) -> None:
         for conn in self._conns:
@@ -209,8 +232,12 @@ class PeerLink:
                 return
             kind = message.get("kind")
             origin = int(message.get("origin", who))
-            if kind == "done" and origin == who:
+            if kind == "done" and origin == who:  # at the hub
                 conn.done = True
+                self._check_all_done()
+            elif kind == "all_done":  # at a spoke: the hub may close its end now
+                conn.done = True
+                self._all_done.set()
             elif kind == "fail":
                 text = message["message"] if message.get("relayed") else f"process {origin} failed: {message['message']}"
                 self._declare(PeerLost(origin, text), conn)

@@ -224,6 +224,68 @@ def test_a_signal_to_one_process_stops_every_process(tmp_path, signum):
     assert code0 == 128 + signum and f"process 1 received {name}" in err0, err0[-3000:]
 
 
+@pytest.mark.timeout(300)
+def test_ctrl_c_before_the_first_update_leaves_no_run_directory(tmp_path):
+    """As for one process: a run stopped before its first update holds no checkpoint, so no
+    run directory is left (process 0's, with process 1's part inside, used to stay)."""
+    port = free_port()
+    flags = ("--log.run-dir", str(tmp_path), "--log.run-name", "r", "--layout.actors-per-device", "1")
+    with processes([podrace_train(0, port, *flags), podrace_train(1, port, *flags)]) as procs:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "r" / "process-1" / "config.json").exists():
+            assert all(proc.poll() is None for proc in procs) and time.monotonic() < deadline
+            time.sleep(0.02)
+        procs[0].send_signal(signal.SIGINT)
+        results = finish(procs, 60)
+    (code0, _, err0), (code1, _, err1) = results
+    assert code0 == 130 and "SIGINT received" in err0, err0[-3000:]
+    assert code1 == 130 and "podrace: process 0 received SIGINT, stopped" in err1, err1[-3000:]
+    assert not (tmp_path / "r").exists()
+
+
+def wait_for_final_line(path: Path, procs, timeout: float = 150) -> None:
+    """Until `path` (a process's metrics.jsonl) has its run's `final: 1` line."""
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and '"final": 1' in path.read_text()):
+        for proc in procs:
+            assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "process never finished its run"
+        time.sleep(0.1)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("event", ["SIGINT to process 1", "SIGKILL of process 0"])
+def test_while_process_1_waits_for_process_0s_final_evaluation(tmp_path, event):
+    """Process 1 finished and waits for process 0 (a long final evaluation). Ctrl-C there
+    used to be ignored until process 0 was done (the wait was JAX's shutdown barrier at
+    exit), and process 0 killed meanwhile aborted process 1 (exit 134, a C++ stack trace)."""
+    port = free_port()
+    flags = ("--log.run-dir", str(tmp_path), "--log.run-name", "r", "--total-steps", "4096",
+             "--eval.episodes", "200000", "--eval.num-envs", "16", "--eval.every-updates", "0",
+             "--layout.actors-per-device", "1")
+    with processes([podrace_train(0, port, *flags), podrace_train(1, port, *flags)]) as procs:
+        wait_for_final_line(tmp_path / "r" / "process-1" / "metrics.jsonl", procs)
+        time.sleep(0.5)
+        assert procs[0].poll() is None and procs[1].poll() is None  # process 0 still evaluates
+        sent = time.monotonic()
+        if event.startswith("SIGINT"):
+            procs[1].send_signal(signal.SIGINT)
+        else:
+            os.killpg(procs[0].pid, signal.SIGKILL)
+        code1 = procs[1].wait(30)
+        waited = time.monotonic() - sent
+        results = finish(procs, 60)
+    (code0, _, err0), (_, _, err1) = results
+    assert waited < 10, waited
+    if event.startswith("SIGINT"):
+        assert code1 == 130 and "SIGINT received" in err1, err1[-3000:]
+        assert code0 == 130 and "process 1 received SIGINT" in err0, err0[-3000:]
+    else:
+        assert code1 == 1, err1[-3000:]
+        last = [line for line in err1.splitlines() if line.startswith("podrace:")][-1]
+        assert last.startswith("podrace: error: process-0 failed: PeerLost: process 0 closed its connection"), last
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_cartpole_ppo_learns_over_two_processes(tmp_path):

@@ -96,10 +96,47 @@ def test_a_failure_report_is_relayed_and_done_is_not_a_loss():
         time.sleep(0.2)
         links[1].close()
         time.sleep(0.3)
-        assert not seen[0]  # finished, then closed: not lost
+        assert not seen[0]  # finished, then closed (e.g. Ctrl-C while waiting): not lost
         links[0].report_failure("learner failed: ValueError: boom")
         wait_until(lambda: seen[2])
         assert seen[2][0].process == 0 and "process 0 failed: learner failed: ValueError: boom" in str(seen[2][0])
+    finally:
+        for link in links.values():
+            link.close()
+
+
+@pytest.mark.timeout(30)
+def test_every_process_waits_until_all_are_done_and_only_then_may_leave():
+    links, seen = open_links(3)
+    try:
+        links[1].report_done()
+        links[2].report_done()
+        assert not links[1].wait_all_done(0.3) and not links[2].wait_all_done(0)  # process 0 still evaluates
+        links[0].report_done()
+        assert all(link.wait_all_done(5) for link in links.values())
+        links[0].close()  # all done: leaving is no loss to anyone
+        time.sleep(0.3)
+        assert not any(seen.values())
+    finally:
+        for link in links.values():
+            link.close()
+
+
+@pytest.mark.timeout(30)
+def test_process_0_lost_while_the_others_wait_for_it_is_a_loss_to_them():
+    """Process 0 killed during its final evaluation: the spokes that finished hear it at
+    once (they used to wait in JAX's shutdown barrier, which aborted them)."""
+    links, seen = open_links(3)
+    try:
+        links[1].report_done()
+        links[2].report_done()
+        time.sleep(0.2)
+        links[0]._closed.set()
+        for conn in links[0]._conns:  # killed: no goodbye
+            conn.close()
+        wait_until(lambda: seen[1] and seen[2])
+        assert "process 0 closed its connection before finishing" in str(seen[1][0])
+        assert not links[1].wait_all_done(0)
     finally:
         for link in links.values():
             link.close()
