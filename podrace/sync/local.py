@@ -119,6 +119,8 @@ class LocalPublisher(Publisher):
             self._closed = True
             self._error = error
             self._entries.clear()
+            for subscriber in self._subscribers.values():
+                subscriber._last = None  # nothing more to return: every reference goes
             self._cond.notify_all()
         self._push.close()
 
@@ -224,6 +226,9 @@ class LocalSubscriber(Subscriber):
         self.name = name
         self._lock = threading.Lock()
         self._acked: int | None = None
+        self._last: Snapshot | None = None
+        """The snapshot last returned: `get` returns it again when it still satisfies the
+        call and nothing newer can be delivered (the publisher may have dropped its version)."""
         self._closed = False
 
     def poll(self) -> Snapshot | None:
@@ -241,6 +246,8 @@ class LocalSubscriber(Subscriber):
             latest = self._pub._wait(want, remaining, self)
             with self._lock:
                 snapshot = self._newest(min_version)
+                if snapshot is None and self._last is not None and self._last.version >= min_version:
+                    snapshot = self._last
             if snapshot is not None:
                 return snapshot
             want = latest + 1  # every version >= min_version failed: wait for a newer one
@@ -255,6 +262,7 @@ class LocalSubscriber(Subscriber):
                 if self._expect is not None:
                     self._expect.check(snapshot.params, f"version {snapshot.version} for {self.name!r}")
                 self._acked = snapshot.version
+                self._last = snapshot
                 return snapshot
         return None
 
@@ -268,4 +276,5 @@ class LocalSubscriber(Subscriber):
 
     def close(self) -> None:
         self._closed = True
+        self._last = None
         self._pub._unsubscribe(self)
