@@ -32,7 +32,10 @@ def explains_itself(error: BaseException) -> bool:
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS):
         return True  # the message names the path and what the system refused
     # A full disk under a checkpoint write reaches us as orbax/TensorStore's ValueError.
-    explained = (NonFiniteUpdate, SinkError, HangDetected, CheckpointFilesRemoved)
+    explained: tuple[type, ...] = (NonFiniteUpdate, SinkError, HangDetected, CheckpointFilesRemoved)
+    ray_run = sys.modules.get("podrace.runtime.ray_run")  # loaded by a Ray run only (imports Ray)
+    if ray_run is not None:
+        explained += (ray_run.WorkerCrashLoop, ray_run.WorkerNotReady)
     return isinstance(error, explained) or "No space left on device" in str(error)
 
 

@@ -184,6 +184,16 @@ def test_a_full_disk_explains_itself_in_one_line():
     assert not explains_itself(ValueError("shapes do not match"))
 
 
+@pytest.mark.timeout(60)
+def test_ray_restart_limits_explain_themselves():
+    """Found by the multi-host/Ray attack: 35 lines of podrace's own traceback came first."""
+    from podrace.runtime.ray_run import WorkerCrashLoop, WorkerNotReady
+    from podrace.train_command import explains_itself
+
+    assert explains_itself(WorkerCrashLoop("ray worker 0 failed 1 time(s), restart limit 0 (--ray.max-restarts)"))
+    assert explains_itself(WorkerNotReady("restarted worker not ready within 20s"))
+
+
 SIGNALLED_COMMAND = """
 import os, signal, sys, time
 from pathlib import Path

@@ -63,6 +63,10 @@ class WorkerCrashLoop(RuntimeError):
     """A worker failed more often than `ray.max_restarts` allows."""
 
 
+class WorkerNotReady(TimeoutError):
+    """A restarted worker did not start within `ray.start_timeout_s`."""
+
+
 @dataclass(frozen=True)
 class RayTrainResult(TrainResult):
     restarts: int = 0
@@ -212,19 +216,27 @@ class RayRun:
             return slot.handle.start.remote()
 
     def _await_start(self, slot: _Slot, start: Any) -> None:
-        try:
-            slot.node, slot.pid = self._ray.get(start, timeout=self.cfg.ray.start_timeout_s)
-        except self._ray.exceptions.GetTimeoutError:
-            raise ComponentError(
-                f"ray-worker-{slot.worker_id}",
-                TimeoutError(
-                    f"not started within {self.cfg.ray.start_timeout_s:g}s (no node with a free CPU"
-                    f"{' and ' + str(self._resources) if self._resources else ''}?)"
-                ),
-            ) from None
-        except self._ray.exceptions.RayError as error:
-            self.lifetime.check()
-            raise ComponentError(f"ray-worker-{slot.worker_id}", _cause(error)) from None
+        """Until the worker started; one that dies starting is restarted as one that dies
+        later would be (within `ray.max_restarts`)."""
+        while True:
+            try:
+                slot.node, slot.pid = self._ray.get(start, timeout=self.cfg.ray.start_timeout_s)
+                return
+            except self._ray.exceptions.GetTimeoutError:
+                raise ComponentError(
+                    f"ray-worker-{slot.worker_id}",
+                    TimeoutError(
+                        f"not started within {self.cfg.ray.start_timeout_s:g}s (no node with a free CPU"
+                        f"{' and ' + str(self._resources) if self._resources else ''}?)"
+                    ),
+                ) from None
+            except self._ray.exceptions.RayError as error:
+                self.lifetime.check()
+                try:
+                    self._failed(slot, error)
+                except WorkerCrashLoop as crash:
+                    raise ComponentError(f"ray-worker-{slot.worker_id}", crash) from None
+                start = self._spawn(slot)
 
     def _failed(self, slot: _Slot, error: BaseException) -> None:
         """Count what the dead incarnation took with it; raise once restarts run out."""
@@ -256,7 +268,7 @@ class RayRun:
                 try:
                     slot.node, slot.pid = ray.get(self._spawn(slot), timeout=self.cfg.ray.start_timeout_s)
                 except ray.exceptions.GetTimeoutError as error:
-                    raise TimeoutError(f"restarted worker not ready within {self.cfg.ray.start_timeout_s:g}s") from error
+                    raise WorkerNotReady(f"restarted worker not ready within {self.cfg.ray.start_timeout_s:g}s") from error
                 except ray.exceptions.RayError as error:
                     self._failed(slot, error)
                     continue

@@ -49,6 +49,26 @@ def raising_env(env_cfg, num_envs: int, seed: int):
     return RaisingEnv(make_env(env_cfg, num_envs, seed))
 
 
+DIES_ONCE = "PODRACE_TEST_DIES_ONCE"
+"""A file path in the environment: the first Ray worker to build its env creates it and dies."""
+
+
+def dies_once_while_starting(env_cfg, num_envs: int, seed: int):
+    """`make_env` replacement: the first worker that builds its env is killed doing so (as a
+    node's OOM killer or a crash in native code would), every later one starts."""
+    import ray
+
+    if ray.get_runtime_context().get_actor_id() is not None:  # in a worker, not the driver
+        try:
+            with open(os.environ[DIES_ONCE], "x"):
+                pass
+        except FileExistsError:
+            pass
+        else:
+            os._exit(1)
+    return make_env(env_cfg, num_envs, seed)
+
+
 def leftovers(marker: str) -> list[str]:
     """This machine's processes that mention `marker` in their command line or environment."""
     found = []

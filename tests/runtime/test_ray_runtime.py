@@ -124,6 +124,20 @@ def test_sigkilled_worker_is_restarted_and_nothing_is_consumed_twice(tmp_path):
 
 
 @pytest.mark.timeout(300)
+def test_a_worker_killed_while_it_starts_is_restarted(tmp_path, monkeypatch):
+    """It failed the whole run (exit 1, Ray's multi-line ActorDiedError) though restarts were left."""
+    from podrace.runtime.ray_run import prepare
+
+    monkeypatch.setenv(ray_helpers.DIES_ONCE, str(tmp_path / "died"))
+    cfg = small(tmp_path, **{"ray.num_workers": 1})
+    run = prepare(cfg, env_factory=ray_helpers.dies_once_while_starting)
+    result = run.run()
+    assert (tmp_path / "died").exists()
+    assert result.updates == cfg.num_updates and result.restarts == 1
+    assert not process_tree(run.cluster.temp_dir)
+
+
+@pytest.mark.timeout(300)
 def test_crash_loop_fails_naming_the_worker_and_leaves_nothing(tmp_path):
     from podrace.runtime.ray_run import prepare
 
