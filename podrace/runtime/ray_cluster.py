@@ -180,15 +180,35 @@ def sweep_orphans() -> list[str]:
     return removed
 
 
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+"""HTTP/2's client preface and an empty SETTINGS frame: a gRPC server (Ray's GCS) answers
+with a SETTINGS frame of its own."""
+
+
 def _check_reachable(address: str, timeout_s: float) -> None:
-    """ConfigError unless something accepts TCP connections at HOST:PORT: ray.init keeps
-    retrying an unreachable head for minutes, which looked like a hang."""
+    """ConfigError unless a gRPC server (as Ray's head is) answers at HOST:PORT: ray.init
+    keeps retrying an unreachable head, or a port where something else listens, for
+    minutes, which looked like a hang. Without TLS only (RAY_USE_TLS: Ray speaks TLS first)."""
     host, _, port = address.rpartition(":")
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as sock:
+            if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+                return
+            sock.sendall(HTTP2_PREFACE)
+            header = b""
+            while len(header) < 9:
+                chunk = sock.recv(9 - len(header))
+                if not chunk:
+                    break
+                header += chunk
+    except socket.timeout:
+        header = b""
     except OSError as error:
         reason = error.strerror or type(error).__name__
         raise ConfigError(f"cannot join the Ray cluster at {address}: nothing answers there ({reason})") from None
+    if len(header) < 9 or header[3] != 4:  # frame type 4: SETTINGS
+        raise ConfigError(f"cannot join the Ray cluster at {address}: something listens there but it is not "
+                          f"a Ray head (no gRPC answer within {timeout_s:g}s); is the port the head's GCS port (6379)?")
 
 
 def threading_main() -> bool:

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -381,6 +382,36 @@ def test_joining_an_address_where_nothing_listens_is_a_one_line_error():
         with connect(RayConfig(address="127.0.0.1:1"), num_cpus=1):
             pass
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("answer", [None, b"HTTP/1.1 400 Bad Request\r\n\r\n"], ids=["silent", "http1"])
+def test_joining_a_port_where_something_else_listens_is_a_one_line_error(answer):
+    """Found by the multi-host/Ray attack: a port that accepts TCP but is not Ray hung ray.init
+    (still retrying after 150 s)."""
+    from podrace.config import RayConfig
+    from podrace.runtime.ray_cluster import connect
+
+    server = socket.create_server(("127.0.0.1", 0))
+    address = f"127.0.0.1:{server.getsockname()[1]}"
+
+    def serve():
+        with contextlib.suppress(OSError):
+            conn, _ = server.accept()
+            if answer:
+                conn.sendall(answer)
+            time.sleep(15)
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(ConfigError, match=f"cannot join the Ray cluster at {address}: something listens") as caught:
+            with connect(RayConfig(address=address, start_timeout_s=3), num_cpus=1):
+                pass
+    finally:
+        server.close()
+    assert "\n" not in str(caught.value) and time.monotonic() - start < 10
 
 
 @pytest.mark.timeout(60)
