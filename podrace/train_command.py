@@ -143,7 +143,14 @@ class Training:
 
         make_working_dir_importable(cfg.env.id)
         try:
-            validate(cfg)
+            try:
+                validate(cfg)
+            except ConfigError as error:
+                if distributed_requested(cfg):  # the others would wait for this one to join
+                    from podrace.runtime.distributed import refuse_to_join
+
+                    refuse_to_join(cfg.distributed, str(error))
+                raise
             self.starved_exit_s = max(supervisor.STARVED_EXIT_S, 2 * cfg.safety.watchdog_s)
             from podrace.envs import resolve_backend
             from podrace.runtime.rundir import check_run_dir

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import jax
 
 from podrace.config import ConfigError, DistributedConfig, TrainConfig, replace
-from podrace.runtime.rendezvous import rendezvous
+from podrace.runtime.rendezvous import refuse, rendezvous
 from podrace.types import PyTree
 
 _CONFIG_KEY = "podrace/config/{}"
@@ -101,6 +101,17 @@ def join(d: DistributedConfig, check: Callable[[], None] = lambda: None) -> Clus
 
     coordinator = d.coordinator or global_state.coordinator_address
     return Cluster(jax.process_index(), jax.process_count(), coordinator, global_state.client, float(d.init_timeout_s))
+
+
+def refuse_to_join(d: DistributedConfig, reason: str) -> None:
+    """This process's config is invalid: tell the meeting of the others (see `rendezvous.refuse`)."""
+    known = _explicit(d)
+    if known is not None:
+        refuse(*known, reason, min(float(d.init_timeout_s), REFUSAL_WAIT_S))
+
+
+REFUSAL_WAIT_S = 10.0
+"""How long an invalid process tries to reach process 0's meeting to say so."""
 
 
 def _explicit(d: DistributedConfig) -> tuple[str, int, int] | None:

@@ -62,6 +62,7 @@ def _gather(port: int, num_processes: int, timeout_s: float, check: Callable[[],
     joined: dict[int, socket.socket] = {}
     others: list[socket.socket] = []  # connections that said nothing usable
     error = None
+    refused = None  # the first process that said it cannot run (`refuse`): told to everyone at the end
     try:
         while error is None and len(joined) < num_processes - 1:
             check()
@@ -92,6 +93,9 @@ def _gather(port: int, num_processes: int, timeout_s: float, check: Callable[[],
                 error = f"distributed: two processes say they are process {process}"
             else:
                 joined[process] = conn
+                if isinstance(hello.get("refusal"), str) and refused is None:
+                    refused = f"distributed: process {process} cannot run: {hello['refusal']}"
+        error = error or refused
         if error is None:  # one that gave up (or was killed) since its hello would leave JAX a process short
             gone = sorted(p for p, conn in joined.items() if _closed(conn))
             if gone:
@@ -136,6 +140,24 @@ def _report(host: str, port: int, num_processes: int, process_id: int, timeout_s
     raise ConfigError(f"distributed: process 0 at {where} ended the meeting without an answer (it stopped: "
                       f"see its error; or it had met a process {process_id} already; or {where} is not a "
                       f"podrace process 0)")
+
+
+def refuse(coordinator: str, num_processes: int, process_id: int, reason: str, timeout_s: float) -> None:
+    """Process i > 0 whose own config is invalid (so it will not join): tell process 0's
+    meeting, which then refuses the run on every process, instead of leaving them to wait
+    out the init timeout for it. Best effort, for at most `timeout_s`."""
+    if process_id <= 0 or num_processes <= 1:
+        return
+    host, _, port = coordinator.rpartition(":")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=POLL_S * 5) as conn:
+                send_line(conn, {"hello": HELLO, "process": process_id, "num_processes": num_processes,
+                                 "refusal": reason})
+                return
+        except (OSError, ValueError):
+            time.sleep(POLL_S)
 
 
 def send_line(conn: socket.socket, message: dict) -> None:

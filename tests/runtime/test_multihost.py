@@ -152,6 +152,23 @@ def test_a_process_that_never_starts_or_a_wrong_count_is_one_line_and_exit_2(tmp
     assert not list(tmp_path.iterdir())  # nothing written
 
 
+@pytest.mark.timeout(120)
+def test_an_invalid_config_on_process_1_refuses_the_run_on_every_process_at_once(tmp_path):
+    """Process 1 exited 2 at once; process 0 waited out --distributed.init-timeout-s for it
+    and then blamed the coordinator address."""
+    port = free_port()
+    base = ("--log.run-dir", str(tmp_path), "--total-steps", "4096", "--distributed.init-timeout-s", "100")
+    commands = [podrace_train(0, port, *base), podrace_train(1, port, *base, "--env.num-envs", "0")]
+    start = time.monotonic()
+    with processes(commands) as procs:
+        (code0, _, err0), (code1, _, err1) = finish(procs, 90)
+    assert time.monotonic() - start < 60
+    assert code1 == 2 and one_line_error(err1) == "podrace: error: env.num_envs must be positive, got 0", err1[-3000:]
+    assert code0 == 2 and one_line_error(err0) == (
+        "podrace: error: distributed: process 1 cannot run: env.num_envs must be positive, got 0"), err0[-3000:]
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
 @pytest.mark.timeout(180)
 def test_a_layout_error_on_one_process_stops_every_process_with_exit_2(tmp_path):
     port = free_port()
