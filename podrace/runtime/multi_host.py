@@ -44,6 +44,9 @@ from podrace.runtime.rundir import check_run_dir, create_run_dir, discard_if_unt
 from podrace.runtime.single_host import SingleHostRun, TrainResult
 from podrace.validation import validate
 
+HUB_EXIT_WAIT_S = 5.0
+"""Process 0, leaving after a loss or a stop, waits this long for the others to exit first
+(`PeerLink.wait_others_gone`)."""
 COLLECTIVE_GRACE_S = 5.0
 """After a failed collective, seconds the learner waits for the peer link to say which
 process was lost (the link hears of a killed process at once)."""
@@ -66,7 +69,7 @@ def prepare(cfg: TrainConfig, lifetime: Lifetime | None = None) -> "MultiHostRun
     if cluster.process_id == 0:  # before the link opens: others create their folder inside it
         run_dir = lifetime.run_dir = create_run_dir(cfg)
     link = PeerLink.open(cluster, cfg.distributed.peer_timeout_s)
-    link.start(lambda lost: _exit_while_preparing(lost, lifetime))
+    link.start(lambda lost: _exit_while_preparing(lost, lifetime, link))
     lifetime.on_stop(lambda: _tell_peers(lifetime, link))
     try:
         if cluster.process_id != 0:
@@ -84,11 +87,12 @@ def prepare(cfg: TrainConfig, lifetime: Lifetime | None = None) -> "MultiHostRun
     return MultiHostRun(cluster, link, local)
 
 
-def _exit_while_preparing(lost: PeerLost, lifetime: Lifetime) -> None:
+def _exit_while_preparing(lost: PeerLost, lifetime: Lifetime, link: PeerLink) -> None:
     """A peer was lost before this process's threads started: the main thread may be
     compiling or inside a collective, so report and leave from here (a run directory that
     holds no update is removed, as after any stop before the first update)."""
     discard_if_untrained(lifetime.run_dir, None)
+    link.wait_others_gone(HUB_EXIT_WAIT_S)
     if isinstance(lost, PeerStopped):  # as once training runs (train_command)
         os.write(2, f"podrace: {lost}, stopped\n".encode())
         os._exit(128 + lost.signum)
@@ -143,6 +147,7 @@ class MultiHostRun:
         try:
             return self.local.run()
         except BaseException:
+            self.link.wait_others_gone(HUB_EXIT_WAIT_S)
             self.link.close()
             raise
 
@@ -163,6 +168,8 @@ class MultiHostRun:
             if signum and not self.link.wait_all_done(0):
                 self.link.report_stop(signum, signal.Signals(signum).name)
         finally:
+            if not self.link.wait_all_done(0):
+                self.link.wait_others_gone(HUB_EXIT_WAIT_S)
             self.link.close()
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from typing import Callable
 
 from podrace.runtime.rendezvous import listen_on_all_addresses, send_line
@@ -58,6 +59,8 @@ class _Conn:
         self.sock, self.process = sock, process
         self.lock = threading.Lock()
         self.done = False
+        self.gone = threading.Event()
+        """Its reader has ended: the other side closed (exited) or this side closed."""
         self.reader = sock.makefile("r", encoding="utf-8")
 
     def send(self, **message) -> None:
@@ -214,6 +217,23 @@ class PeerLink:
         self._event.set()
 
     def _read(self, conn: _Conn) -> None:
+        try:
+            self._read_until_closed(conn)
+        finally:
+            conn.gone.set()
+
+    def wait_others_gone(self, timeout: float) -> None:
+        """The hub, leaving after a loss or a stop: wait (up to `timeout`) until every other
+        process has closed its connection, i.e. exited. The hub's process holds JAX's
+        coordination service; leaving first made a process still stopping cleanly abort
+        (exit 134, JAX's fatal error and a stack trace)."""
+        if self.process_id != 0:
+            return
+        deadline = time.monotonic() + timeout
+        for conn in self._conns:
+            conn.gone.wait(max(0.0, deadline - time.monotonic()))
+
+    def _read_until_closed(self, conn: _Conn) -> None:
         who = conn.process
         while not self._closed.is_set():
             try:
