@@ -40,6 +40,10 @@ def socket_address(channel: str) -> str:
     return os.path.join(tempfile.gettempdir(), f"podrace-sync-{channel}.sock")
 
 
+MAX_SOCKET_ADDRESS = 108 if _LINUX else 107
+"""Bytes of a Unix socket address: sun_path's 108, an abstract name's leading NUL included;
+a path needs its final NUL."""
+
 _live: weakref.WeakSet[Doorbell | DoorbellClient] = weakref.WeakSet()  # this process's sockets
 
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from podrace.sync.background import BackgroundPublisher
 from podrace.sync.base import ChannelClosed, PublisherGone, PyTree, Snapshot, Subscriber, SyncError, SyncTimeout, wait_limit
-from podrace.sync.doorbell import Doorbell, DoorbellClient
+from podrace.sync.doorbell import MAX_SOCKET_ADDRESS, Doorbell, DoorbellClient, socket_address
 from podrace.sync.placement import DeviceKey, device_from_key, device_key
 from podrace.sync.shm_layout import ALIGN, CLOSED_CLOSED, CLOSED_FAILED, CLOSED_OPEN, SlotReader, SlotWriter
 from podrace.sync.shm_leaks import sweep_shm
@@ -39,6 +39,17 @@ from podrace.sync.stats import RunningStat
 
 _names = itertools.count()
 _log = logging.getLogger(__name__)
+
+
+def _check_channel_name(name: str) -> None:
+    """SyncError unless `name` can name the channel's segments and doorbell socket: a plain
+    name (no "/" or NUL) whose socket address fits a Unix socket's 108 bytes."""
+    if not name or "/" in name or "\0" in name:
+        raise SyncError(f"shm channel name {name!r} must be a non-empty name without '/' or NUL")
+    spare = MAX_SOCKET_ADDRESS - len(socket_address(name).encode())
+    if spare < 0:
+        raise SyncError(f"shm channel name {name!r} is {len(name.encode())} bytes, at most "
+                        f"{len(name.encode()) + spare} fit the channel's socket address")
 
 
 class ShmPublisher(BackgroundPublisher):
@@ -60,6 +71,7 @@ class ShmPublisher(BackgroundPublisher):
     ) -> None:
         super().__init__(transform, keep, first_version, label="shm")
         self.name = name or f"podrace_{os.getpid()}_{secrets.token_hex(4)}"
+        _check_channel_name(self.name)  # before any segment or socket exists
         self._owner = os.getpid()
         self._host_layout = FirstLayout("transformed params")  # the slots' layout
         swept = sweep_shm()  # segments leaked by publishers that died (see shm_leaks)

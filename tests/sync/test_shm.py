@@ -789,3 +789,17 @@ def test_a_channel_name_in_use_is_a_sync_error_naming_it():
             ShmPublisher(name=f"podrace_taken_{os.getpid()}")
     finally:
         first.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name,problem", [("x" * 100, "is 100 bytes, at most"), ("a/b", "without '/' or NUL")],
+                         ids=["too-long", "slash"])
+def test_a_channel_name_no_socket_or_segment_can_carry_is_a_sync_error_and_creates_nothing(name, problem):
+    """Found by the sync attack: a raw OSError (AF_UNIX path too long) after the channel's
+    control segment was created, left in /dev/shm while the process lived."""
+    from podrace.sync.base import SyncError
+
+    before = set(os.listdir("/dev/shm"))
+    with pytest.raises(SyncError, match=problem):
+        ShmPublisher(name=name)
+    assert set(os.listdir("/dev/shm")) <= before
