@@ -29,8 +29,8 @@ import dataclasses
 import json
 import os
 import signal
-from typing import Callable
 from pathlib import Path
+from typing import Callable
 
 import jax
 
@@ -174,14 +174,13 @@ class MultiHostRun:
 
 
 def _tell_peers(lifetime: Lifetime, link: PeerLink) -> None:
-    """Called once when this process's run stops: tell the others why, unless they told us."""
+    """Called once when this process's run stops: tell the others why, unless they told us.
+    A finished run says nothing here: `done` comes after the whole run (MultiHostRun.leave)."""
     failure = lifetime.failure
     if failure is not None:
         if not isinstance(failure.error, PeerLost):
             link.report_failure(str(failure))
-    elif lifetime.stop_reason == "finished":
-        pass  # done only at the end of the whole run (MultiHostRun.leave)
-    else:  # stopped from outside: the CLI's reason names the signal ("SIGINT received")
+    elif lifetime.stop_reason != "finished":  # stopped from outside: the CLI's reason names the signal
         name = (lifetime.stop_reason or "").split(" ")[0]
         signum = signal.Signals[name] if name in signal.Signals.__members__ else signal.SIGINT
         link.report_stop(int(signum), signum.name)
@@ -189,9 +188,8 @@ def _tell_peers(lifetime: Lifetime, link: PeerLink) -> None:
 
 def shutdown(ok: bool, timeout_s: float = SHUTDOWN_TIMEOUT_S + 30) -> None:
     """Leave jax.distributed. After a success every process reaches the shutdown barrier
-    (a finished process waits there for process 0's final evaluation: leaving early would
-    look like a dead process to the coordinator); after a failure a peer may be gone, so
-    the barrier is skipped (the caller exits)."""
+    (all are done by then: `MultiHostRun.leave` waited for process 0's final evaluation);
+    after a failure a peer may be gone, so the barrier is skipped (the caller exits)."""
     import logging
     import threading
 
