@@ -212,7 +212,7 @@ def learner_only(cfg, start: float, import_s: float) -> dict:
     updates = cfg.num_updates
     cpu0, begin = cpu_s(), time.perf_counter()
     for _ in range(updates):
-        _, batch, _ = learner.prepare(trajs, versions)
+        batch = learner.prepare(trajs, versions)[1]  # (normalizer, batch[, finite]) in any checkout
         state, keys, metrics = learner.update_fn(state, batch, keys)
         jax.block_until_ready(state.params)
         jax.device_get(metrics)  # as the learner loop does
