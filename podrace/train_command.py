@@ -204,6 +204,8 @@ class Training:
             from podrace.runtime.peers import PeerLost, PeerStopped
 
             if isinstance(error.error, PeerStopped):  # Ctrl-C on another process
+                if self.signals.received:  # and on this one: its own line and code
+                    return self.stopped()
                 print(f"podrace: {error.error}, stopped", file=sys.stderr)
                 return 128 + error.error.signum
             if not isinstance(error.error, PeerLost) and not explains_itself(error.error):

@@ -225,20 +225,25 @@ def test_an_error_in_process_1_fails_process_0_naming_it(tmp_path):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_a_signal_to_one_process_stops_every_process(tmp_path, signum):
-    """SIGTERM too: JAX's preemption notifier used to take its handler (the run went on)."""
+@pytest.mark.parametrize("signum,both", [(signal.SIGINT, False), (signal.SIGTERM, False), (signal.SIGINT, True)],
+                         ids=["SIGINT", "SIGTERM", "SIGINT-to-both"])
+def test_a_signal_to_one_process_stops_every_process(tmp_path, signum, both):
+    """SIGTERM too: JAX's preemption notifier used to take its handler (the run went on).
+    A signal to every process at once: each says its own (process 0 said process 1's)."""
     port = free_port()
     flags = ("--log.run-dir", str(tmp_path), "--log.run-name", "r", "--total-steps", "100000000",
              "--log.interval-s", "0.2", "--layout.actors-per-device", "1")
     with processes([podrace_train(0, port, *flags), podrace_train(1, port, *flags)]) as procs:
         wait_for_metrics(tmp_path / "r" / "metrics.jsonl", procs)
         procs[1].send_signal(signum)
+        if both:
+            procs[0].send_signal(signum)
         results = finish(procs, 60)
     (code0, _, err0), (code1, _, err1) = results
     name = signal.Signals(signum).name
     assert code1 == 128 + signum and f"{name} received" in err1, err1[-3000:]
-    assert code0 == 128 + signum and f"process 1 received {name}" in err0, err0[-3000:]
+    line0 = f"podrace: {name} received" if both else f"process 1 received {name}"
+    assert code0 == 128 + signum and line0 in err0 and (not both or "process 1" not in err0), err0[-3000:]
 
 
 @pytest.mark.timeout(300)
