@@ -38,6 +38,7 @@ import orbax.checkpoint as ocp
 
 from podrace.algos.base import TrainState
 from podrace.config import ConfigError, TrainConfig
+from podrace.control import ExplainedError
 from podrace.metrics.registry import Metrics
 from podrace.types import EnvSpec, PyTree
 
@@ -94,7 +95,7 @@ def spec_json(spec: EnvSpec) -> dict:
 # Writing ----------------------------------------------------------------------------
 
 
-class CheckpointFilesRemoved(FileNotFoundError):
+class CheckpointFilesRemoved(ExplainedError, FileNotFoundError):
     """Something else deleted files of a checkpoint while the run was writing it."""
 
 

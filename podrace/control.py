@@ -22,6 +22,11 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 
+class ExplainedError(Exception):
+    """A failure whose one-line message is the whole story: the CLI prints it without a
+    traceback (a base to add beside the exception's own)."""
+
+
 class Stopped(Exception):
     """Raised inside a component when the run is stopping; not an error by itself."""
 
@@ -42,7 +47,7 @@ def raise_stopped_if_stopping(lifetime: "Lifetime", error: BaseException) -> Non
         raise Stopped(lifetime.stop_reason) from error
 
 
-class HangDetected(TimeoutError):
+class HangDetected(ExplainedError, TimeoutError):
     """A component stayed inside one call for longer than the watchdog timeout."""
 
 

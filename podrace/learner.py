@@ -17,7 +17,7 @@ import jax
 from podrace.algos.base import TrainState
 from podrace.algos.normalization import RunningStats
 from podrace.algos.normalizer import Normalizer, acting_params
-from podrace.control import Lifetime
+from podrace.control import ExplainedError, Lifetime
 from podrace.metrics.registry import Metrics
 from podrace.pipeline import Pipeline
 from podrace.sync.base import Publisher
@@ -25,7 +25,7 @@ from podrace.sync.versions import release_later
 from podrace.types import Trajectory
 
 
-class NonFiniteUpdate(FloatingPointError):
+class NonFiniteUpdate(ExplainedError, FloatingPointError):
     """The loss or gradients of an update, or the normalization statistics after it, were
     NaN/inf; those params (and statistics) are never published."""
 

@@ -15,7 +15,7 @@ import traceback
 from typing import Sequence
 
 from podrace.config import ConfigError, TrainConfig
-from podrace.control import ComponentError
+from podrace.control import ComponentError, ExplainedError
 from podrace.metrics.loggers import SinkError
 from podrace.runtime import supervisor
 from podrace.runtime.supervisor import RAY_EXIT_GRACE_S, Signals, print_error, supervise
@@ -25,18 +25,10 @@ from podrace.validation import validate
 
 def explains_itself(error: BaseException) -> bool:
     """Failures whose one-line message is the whole story (no traceback helps the user)."""
-    from podrace.checkpoint import CheckpointFilesRemoved
-    from podrace.control import HangDetected
-    from podrace.learner import NonFiniteUpdate
-
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS):
         return True  # the message names the path and what the system refused
     # A full disk under a checkpoint write reaches us as orbax/TensorStore's ValueError.
-    explained: tuple[type, ...] = (NonFiniteUpdate, SinkError, HangDetected, CheckpointFilesRemoved)
-    ray_run = sys.modules.get("podrace.runtime.ray_run")  # loaded by a Ray run only (imports Ray)
-    if ray_run is not None:
-        explained += (ray_run.WorkerCrashLoop, ray_run.WorkerNotReady)
-    return isinstance(error, explained) or "No space left on device" in str(error)
+    return isinstance(error, ExplainedError) or "No space left on device" in str(error)
 
 
 def parse_train(args: Sequence[str]) -> TrainConfig:

@@ -276,7 +276,7 @@ MUTANTS: list[Mutant] = [
     # --- validation.py ---------------------------------------------------------------------
     Mutant("config_impala_minibatches_unchecked", "podrace/validation.py",
            "elif envs_per_shard % cfg.impala.num_minibatches:", "elif False:",
-           ("tests/test_config.py", "-k", "impala_config")),
+           ("tests/test_config.py", "-k", "bad_preset_config and impala")),
     Mutant("config_negative_lag_accepted", "podrace/validation.py",
            'non_negative("layout.max_policy_lag", cfg.layout.max_policy_lag)', "pass",
            ("tests/test_config.py", "-k", "max-policy-lag")),

@@ -20,9 +20,10 @@ if TYPE_CHECKING:
 
 from podrace import json_text
 from podrace.config import ConfigError, LogConfig, TrainConfig, resolved
+from podrace.control import ExplainedError
 
 
-class SinkError(RuntimeError):
+class SinkError(ExplainedError, RuntimeError):
     """A metrics sink could not write (one line naming the sink and the cause)."""
 
 

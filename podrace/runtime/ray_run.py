@@ -37,7 +37,7 @@ import jax
 from podrace.algos.normalizer import acting_apply
 from podrace.config import TrainConfig, resolved
 from podrace.validation import worker_resources
-from podrace.control import ComponentError, Control, Lifetime, Stopped, Watchdog, raise_stopped_if_stopping
+from podrace.control import ComponentError, Control, ExplainedError, Lifetime, Stopped, Watchdog, raise_stopped_if_stopping
 from podrace.envs import env_spec, resolve_backend
 from podrace.evaluate import EvalResult, make_greedy_policy
 from podrace.metrics.registry import Metrics
@@ -59,11 +59,11 @@ STOP_GRACE_S = 10.0
 """Seconds the threads get to return after a stop (killing workers wakes their pumps)."""
 
 
-class WorkerCrashLoop(RuntimeError):
+class WorkerCrashLoop(ExplainedError, RuntimeError):
     """A worker failed more often than `ray.max_restarts` allows."""
 
 
-class WorkerNotReady(TimeoutError):
+class WorkerNotReady(ExplainedError, TimeoutError):
     """A restarted worker did not start within `ray.start_timeout_s`."""
 
 
