@@ -4,8 +4,9 @@ Collectives cannot say *who* went missing, and a process waiting in one may wait
 long time. So process 0 (the hub) keeps one TCP connection to every other process (a
 spoke), apart from jax.distributed. Each side sends a beat every `timeout_s / 4`:
 
-- a connection that closes before its process said `done` means that process exited or
-  was killed (noticed at once, SIGKILL included); silence for `timeout_s` means it hung;
+- a connection that closes before every process said `done` means its process exited or
+  was killed (noticed at once, SIGKILL included; one that said `done` and then vanished
+  would leave the others at JAX's shutdown barrier); silence for `timeout_s` means it hung;
 - `done` comes at the end of a process's whole run (process 0's final evaluation included),
   and every process waits, still listening, until all are done (`wait_all_done`) before it
   leaves jax.distributed: a loss or a stop meanwhile is heard here, not by JAX's shutdown
@@ -239,13 +240,13 @@ class PeerLink:
             try:
                 message = conn.recv()
             except (socket.timeout, TimeoutError):
-                if not conn.done:
+                if not self._all_done.is_set():
                     self._declare(PeerLost(who, f"process {who} sent nothing for {self.timeout_s:g}s (hung or unreachable)"), conn)
                 return
             except (OSError, ValueError):
                 message = None
             if message is None:
-                if not conn.done and not self._closed.is_set():
+                if not self._all_done.is_set() and not self._closed.is_set():
                     self._declare(
                         PeerLost(who, f"process {who} closed its connection before finishing (it exited or was killed)"), conn
                     )
@@ -256,7 +257,6 @@ class PeerLink:
                 conn.done = True
                 self._check_all_done()
             elif kind == "all_done":  # at a spoke: the hub may close its end now
-                conn.done = True
                 self._all_done.set()
             elif kind == "fail":
                 text = message["message"] if message.get("relayed") else f"process {origin} failed: {message['message']}"

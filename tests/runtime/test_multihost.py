@@ -279,7 +279,7 @@ def wait_for_final_line(path: Path, procs, timeout: float = 150) -> None:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("event", ["SIGINT to process 1", "SIGKILL of process 0"])
+@pytest.mark.parametrize("event", ["SIGINT to process 1", "SIGKILL of process 0", "SIGKILL of process 1"])
 def test_while_process_1_waits_for_process_0s_final_evaluation(tmp_path, event):
     """Process 1 finished and waits for process 0 (a long final evaluation). Ctrl-C there
     used to be ignored until process 0 was done (the wait was JAX's shutdown barrier at
@@ -296,13 +296,18 @@ def test_while_process_1_waits_for_process_0s_final_evaluation(tmp_path, event):
         if event.startswith("SIGINT"):
             procs[1].send_signal(signal.SIGINT)
         else:
-            os.killpg(procs[0].pid, signal.SIGKILL)
-        code1 = procs[1].wait(30)
+            os.killpg(procs[int(event[-1])].pid, signal.SIGKILL)
+        survivor = procs[0] if event.endswith("1") else procs[1]
+        survivor.wait(30)
         waited = time.monotonic() - sent
         results = finish(procs, 60)
-    (code0, _, err0), (_, _, err1) = results
+    (code0, _, err0), (code1, _, err1) = results
     assert waited < 10, waited
-    if event.startswith("SIGINT"):
+    if event == "SIGKILL of process 1":  # after it said done: process 0 still evaluated
+        assert code0 == 1, err0[-3000:]
+        last = [line for line in err0.splitlines() if line.startswith("podrace:")][-1]
+        assert last.startswith("podrace: error: process-1 failed: PeerLost: process 1 closed its connection"), last
+    elif event.startswith("SIGINT"):
         assert code1 == 130 and "SIGINT received" in err1, err1[-3000:]
         assert code0 == 130 and "process 1 received SIGINT" in err0, err0[-3000:]
     else:
