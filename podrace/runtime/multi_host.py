@@ -35,7 +35,7 @@ from typing import Callable
 import jax
 
 from podrace.config import TrainConfig, replace
-from podrace.control import Lifetime
+from podrace.control import Lifetime, raise_stopped_if_stopping
 from podrace.envs import EnvSource, resolve_backend
 from podrace.runtime.devices import resolve_devices
 from podrace.runtime.distributed import SHUTDOWN_TIMEOUT_S, Cluster, agree, global_learner_devices, join, resolved
@@ -83,6 +83,7 @@ def prepare(cfg: TrainConfig, lifetime: Lifetime | None = None) -> "MultiHostRun
         link.report_failure(f"while preparing: {type(error).__name__}: {error}".splitlines()[0])
         link.close()
         discard_if_untrained(lifetime.run_dir, None)
+        raise_stopped_if_stopping(lifetime, error)  # e.g. a stop closed the publisher under subscribe()
         raise
     return MultiHostRun(cluster, link, local)
 

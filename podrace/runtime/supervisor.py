@@ -21,6 +21,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
@@ -110,6 +111,11 @@ def supervise(training, signals: Signals) -> int:
     finally:
         faulthandler.cancel_dump_traceback_later()
     outcome = training.outcome[0]
+    if isinstance(outcome, BaseException) and training.distributed:
+        # Never into the interpreter's exit: JAX's shutdown barrier there waits for peers
+        # that may be gone (up to 10 minutes).
+        traceback.print_exception(outcome, file=sys.stderr)
+        exit_now(1)
     if isinstance(outcome, BaseException):
         raise outcome
     if training.distributed:
