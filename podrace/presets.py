@@ -186,7 +186,7 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
                 num_minibatches=4,
             ),
             # For CPU runs: the minibatch loop fully unrolled; on XLA:CPU lax.scan made this
-            # ResNet's update 11-26x slower (benchmarks/atari_impala.py, learner_only vs
+            # ResNet's update 11-26x slower (benchmarks/atari.py, learner_only vs
             # learner_only_unroll1). Costs only compile time on GPUs.
             layout=LayoutConfig(actors_per_device=2, scan_unroll=4),
             eval=EvalConfig(every_updates=1000, episodes=8, num_envs=8),

@@ -1,8 +1,9 @@
-"""Atari IMPALA throughput: Breakout-v5 with the IMPALA ResNet, stage by stage and end to end.
+"""Atari throughput (IMPALA with the IMPALA ResNet, or PPO with the Nature CNN) on Breakout-v5,
+stage by stage and end to end.
 
 Every measurement runs in this one invocation, each in a fresh child process (no shared
 compile caches, threads or allocator state), one after the other, on the `atari-impala`
-preset at benchmark sizes (below; all stated in the JSON):
+or `atari-ppo` preset at benchmark sizes (below; all stated in the JSON):
 
   env_only      the actor threads' envs (same adapter, env settings, envs per thread and
                 threads) stepped with random actions: no policy, no learner;
@@ -25,15 +26,19 @@ CPU-only machine actors and learner compute on the same cores, so e2e can at bes
 serial there (plus whatever one stage leaves idle); perfect overlap needs separate
 actor and learner devices.
 
-    python benchmarks/atari_impala.py [--out benchmarks/results/atari_impala.json]
+    python benchmarks/atari.py [--preset atari-impala|atari-ppo] [--out FILE]
         [--updates 20] [--unroll1-updates 2] [--num-envs 4] [podrace train flags...]
 
-Extra arguments are `podrace train atari-impala` flags (e.g. --env.id Pong-v5).
+--num-envs 0 keeps the preset's envs per actor thread (64: full size, for a GPU machine);
+the default 4 suits two CPU cores. The JSON goes to benchmarks/results/<preset>.json
+(atari_impala.json, atari_ppo.json) unless --out says otherwise. Extra arguments are
+`podrace train <preset>` flags (e.g. --env.id Pong-v5).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -49,7 +54,7 @@ _ROOT = Path(__file__).resolve().parents[1]
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
-PRESET = "atari-impala"
+PRESETS = ("atari-impala", "atari-ppo")
 SKIP = 2
 """Updates left out of the steady-state rates (pipeline fill, first publishes)."""
 
@@ -60,9 +65,9 @@ def make_config(args: argparse.Namespace, overrides: list[str], run_dir: str = "
     from podrace.runtime.xla_setup import force_cpu_devices
     from podrace.config import replace
 
-    cfg = parse_train([PRESET, *overrides])
+    cfg = parse_train([args.preset, *overrides])
     sizes = {
-        "env.num_envs": args.num_envs,
+        "env.num_envs": args.num_envs or cfg.env.num_envs,
         "eval.every_updates": 0,
         "log.console": "none",
         "log.run_dir": run_dir,
@@ -105,24 +110,29 @@ COMPONENTS = (
 )
 
 
-def _record_components(metrics) -> dict:
+def _record_components(run) -> dict:
     """Mean seconds per rollout / per update of each timed stage over the whole run.
 
     The logger's collect() resets the means every interval, so they are summed here as
-    they are added.
+    they are added: by the learner (the run's metrics) and by each actor (its Control's
+    `record`, bound to the metrics when the run was built).
     """
     sums: dict[str, list[float]] = {}
-    add_many = metrics.add_many
 
-    def recording(values: dict[str, float]) -> None:
-        add_many(values)
-        for name, value in values.items():
-            if name in COMPONENTS:
-                total = sums.setdefault(name, [0.0, 0])
-                total[0] += value
-                total[1] += 1
+    def summing(record):
+        def recording(values: dict[str, float]) -> None:
+            record(values)
+            for name, value in values.items():
+                if name in COMPONENTS:
+                    total = sums.setdefault(name, [0.0, 0])
+                    total[0] += value
+                    total[1] += 1
 
-    metrics.add_many = recording
+        return recording
+
+    run.metrics.add_many = summing(run.metrics.add_many)
+    for actor in run.actors:
+        actor.control = dataclasses.replace(actor.control, record=summing(actor.control.record))
     return sums
 
 
@@ -137,16 +147,19 @@ def _run_threads(cfg, skip_final_eval: bool = True):
     run = prepare(cfg)
     if skip_final_eval:  # the final greedy evaluation is not training throughput
         run.evaluator.evaluate_final = lambda version: None
-    return run, _record_updates(run), _record_components(run.metrics)
+    return run, _record_updates(run), _record_components(run)
 
 
 def mode_env_only(cfg) -> dict:
     import numpy as np
 
     from podrace.envs import make_env
+    from podrace.runtime.build import env_threads
 
     steps_per_thread = cfg.num_updates * cfg.rollout_length
-    envs = [make_env(cfg.env, cfg.env.num_envs, seed=1000 + i) for i in range(cfg.num_actors)]
+    # The actors' envpool worker count (`env_threads`), not envpool's default.
+    env_cfg = dataclasses.replace(cfg.env, num_threads=env_threads(cfg))
+    envs = [make_env(env_cfg, cfg.env.num_envs, seed=1000 + i) for i in range(cfg.num_actors)]
     num_actions = envs[0].spec.num_actions
     barrier = threading.Barrier(cfg.num_actors + 1)
     errors: list[BaseException] = []
@@ -299,55 +312,83 @@ def child(mode: str, args: argparse.Namespace, overrides: list[str]) -> dict:
         wall_s=time.perf_counter() - start,
         peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         devices=[str(d) for d in jax.devices()],
+        device_kind=jax.devices()[0].device_kind,
     )
     return out
 
 
+def _cpu_model() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="benchmarks/results/atari_impala.json")
+    parser.add_argument("--preset", default=PRESETS[0], choices=PRESETS)
+    parser.add_argument("--out", help="default: benchmarks/results/<preset>.json")
     parser.add_argument("--updates", type=int, default=20, help="learner updates per mode")
     parser.add_argument("--unroll1-updates", type=int, default=2,
                         help="timed updates for learner_only with scan_unroll=1 (slow on CPU)")
-    parser.add_argument("--num-envs", type=int, default=4, help="envs per actor thread")
+    parser.add_argument("--num-envs", type=int, default=4, help="envs per actor thread (0: the preset's)")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     parser.add_argument("--xla-flags", default="",
                         help="appended to XLA_FLAGS of every child, e.g. --xla-flags=--xla_cpu_multi_thread_eigen=false")
     parser.add_argument("--mode", choices=list(MODES), help=argparse.SUPPRESS)
     args, overrides = parser.parse_known_args()
     if args.mode:
-        print(json.dumps(child(args.mode, args, overrides)))
-        return
+        print(json.dumps(child(args.mode, args, overrides)), flush=True)
+        sys.stderr.flush()
+        # Measured and reported: skip the interpreter's teardown, where a learner_only child
+        # once aborted ("terminate called ... exception not rethrown") after its result.
+        os._exit(0)
 
     cfg = make_config(args, overrides)  # validates the overrides before any child starts
-    runs = {}
+    path = Path(args.out or f"benchmarks/results/{args.preset.replace('-', '_')}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, dict] = {}
+    failed = []
     for mode in args.modes:
-        command = [sys.executable, __file__, "--mode", mode, "--updates", str(args.updates),
+        command = [sys.executable, __file__, "--mode", mode, "--preset", args.preset, "--updates", str(args.updates),
                    "--unroll1-updates", str(args.unroll1_updates), "--num-envs", str(args.num_envs), *overrides]
         env = dict(os.environ)
         if args.xla_flags:
             env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {args.xla_flags}".strip()
         start = time.perf_counter()
         proc = subprocess.run(command, capture_output=True, text=True, cwd=_ROOT, env=env)
-        if proc.returncode:
+        if proc.returncode:  # recorded; the other modes still run
             sys.stderr.write(proc.stderr[-4000:])
-            raise SystemExit(f"{mode} failed with exit code {proc.returncode}")
-        runs[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
+            print(f"{mode} failed with exit code {proc.returncode}", file=sys.stderr)
+            runs[mode] = {"mode": mode, "exit_code": proc.returncode, "stderr_tail": proc.stderr[-2000:]}
+            failed.append(mode)
+        else:
+            runs[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
+            print(f"{mode}: {runs[mode]['sps']:.1f} steps/s ({time.perf_counter() - start:.0f} s)", file=sys.stderr)
         runs[mode]["child_wall_s"] = time.perf_counter() - start
         # Other processes on the machine skew the ratios; the 1-minute load average at the
         # end of each child (this benchmark alone adds about 2 on two cores) says if they did.
         runs[mode]["load_avg_1min_after"] = os.getloadavg()[0]
-        print(f"{mode}: {runs[mode]['sps']:.1f} steps/s ({runs[mode]['child_wall_s']:.0f} s)", file=sys.stderr)
+        # Written after every mode: a run cut short keeps what it measured.
+        path.write_text(json.dumps(_report(args, overrides, cfg, runs), indent=2) + "\n")
+    print(path.read_text())
+    if failed:
+        raise SystemExit(f"failed: {', '.join(failed)}")
 
+
+def _report(args: argparse.Namespace, overrides: list[str], cfg, runs: dict[str, dict]) -> dict:
     report = {
-        "benchmark": "atari_impala",
-        "preset": PRESET,
+        "benchmark": "atari",
+        "preset": args.preset,
         "overrides": overrides,
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "machine": {
             "platform": platform.platform(),
             "python": platform.python_version(),
             "cpu_count": os.cpu_count(),
+            "cpu_model": _cpu_model(),
+            "accelerator": next((run["device_kind"] for run in runs.values() if "device_kind" in run), None),
             "xla_flags": f"{os.environ.get('XLA_FLAGS', '')} {args.xla_flags}".strip(),
         },
         "sizes": {
@@ -356,7 +397,8 @@ def main() -> None:
             "actor_threads": cfg.num_actors,
             "envs_per_thread": cfg.env.num_envs,
             "rollout_length": cfg.rollout_length,
-            "impala_num_minibatches": cfg.impala.num_minibatches,
+            "num_minibatches": (cfg.impala if cfg.algo == "impala" else cfg.ppo).num_minibatches,
+            "num_epochs": 1 if cfg.algo == "impala" else cfg.ppo.num_epochs,
             "steps_per_update": cfg.steps_per_update,
             "updates_per_mode": args.updates,
             "updates_learner_only_unroll1": args.unroll1_updates,
@@ -365,7 +407,7 @@ def main() -> None:
         },
         "modes": runs,
     }
-    sps = {mode: run["sps"] for mode, run in runs.items()}
+    sps = {mode: run["sps"] for mode, run in runs.items() if "sps" in run}
     if {"actor_only", "learner_only", "e2e"} <= set(sps):
         serial = 1.0 / (1.0 / sps["actor_only"] + 1.0 / sps["learner_only"])
         overlap = min(sps["actor_only"], sps["learner_only"])
@@ -376,6 +418,8 @@ def main() -> None:
             "e2e_over_serial": sps["e2e"] / serial,
             "e2e_over_perfect_overlap": sps["e2e"] / overlap,
             "targets": {"e2e>=serial": sps["e2e"] >= serial},
+            # Atari rates are often quoted in frames (agent steps x frame skip), e.g. Cleanba's.
+            "e2e_frames_per_s": sps["e2e"] * cfg.env.frame_skip,
         }
         if "env_only" in sps:  # the ratios benchmarks/cartpole_ppo.py reports for CartPole
             report["summary"]["ratios"] = {
@@ -385,10 +429,7 @@ def main() -> None:
             }
         if "learner_only_unroll1" in sps:
             report["summary"]["learner_unrolled_over_scan"] = sps["learner_only"] / sps["learner_only_unroll1"]
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report, indent=2))
+    return report
 
 
 if __name__ == "__main__":
