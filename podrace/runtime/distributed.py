@@ -23,6 +23,7 @@ from typing import Any, Callable
 import jax
 
 from podrace.config import ConfigError, DistributedConfig, TrainConfig, replace
+from podrace.runtime.coordination_service import hosted_service
 from podrace.runtime.rendezvous import refuse, rendezvous
 from podrace.types import PyTree
 
@@ -75,18 +76,19 @@ def join(d: DistributedConfig, check: Callable[[], None] = lambda: None) -> Clus
     if known is not None:
         rendezvous(*known, float(d.init_timeout_s), check)  # `check`: a stop (Ctrl-C) ends the wait
     try:
-        jax.distributed.initialize(
-            coordinator_address=d.coordinator,
-            num_processes=d.num_processes,
-            process_id=d.process_id,
-            initialization_timeout=d.init_timeout_s,
-            # Our own peer link notices a lost process first and exits with a clear error;
-            # JAX's heartbeat (which aborts the process) is only the last resort.
-            heartbeat_timeout_seconds=int(max(100, 3 * d.peer_timeout_s)),
-            # A finished process waits this long at the shutdown barrier for the others
-            # (process 0 may still be running its final evaluation).
-            shutdown_timeout_seconds=SHUTDOWN_TIMEOUT_S,
-        )
+        with hosted_service():  # process 0's coordination service outlives a killed process 0
+            jax.distributed.initialize(
+                coordinator_address=d.coordinator,
+                num_processes=d.num_processes,
+                process_id=d.process_id,
+                initialization_timeout=d.init_timeout_s,
+                # The peer link notices a lost process and exits with a clear line; JAX's
+                # heartbeat (which aborts the process) is only the last resort.
+                heartbeat_timeout_seconds=int(max(100, 3 * d.peer_timeout_s)),
+                # A finished process waits this long at the shutdown barrier for the others
+                # (process 0 may still be running its final evaluation).
+                shutdown_timeout_seconds=SHUTDOWN_TIMEOUT_S,
+            )
     except (ValueError, TypeError) as error:
         hint = (
             " (pass --distributed.num-processes and --distributed.process-id, or run where JAX "

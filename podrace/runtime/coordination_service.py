@@ -1,0 +1,95 @@
+"""jax.distributed's coordination service in a child process of process 0, not inside it.
+
+JAX runs the service inside process 0, and every other process's JAX client aborts its
+process (exit -6, a C++ stack trace) the moment the service is gone. A process 0 killed
+(SIGKILL, OOM) therefore raced the peer link, which ends the others with one clear line
+(`podrace: error: process-0 failed: PeerLost ...`); the abort won now and then. Hosted here
+in a child of its own session, the service outlives its parent by `LINGER_S`, long enough
+for the peer link to end every other process first, and then exits. A parent that leaves
+normally (jax.distributed.shutdown) stops it at once.
+
+`hosted_service` is used while jax.distributed.initialize runs: it puts `HostedService` in
+place of JAX's service factory, so JAX's own arguments (address, sizes, timeouts, TLS) reach
+the child unchanged.
+
+    python -m podrace.runtime.coordination_service ARGS_JSON   (the child; reads stdin)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any, Iterator
+
+LINGER_S = 20.0
+"""How long the service stays up after process 0 vanished without stopping it."""
+STOP = b"stop\n"
+
+
+class HostedService:
+    """Stands where JAX keeps its DistributedRuntimeService: the child holding it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.child = subprocess.Popen(
+            [sys.executable, "-m", __name__, json.dumps([list(args), kwargs])],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,  # JAX's service logs; failures come back on stdout
+            start_new_session=True,  # not in process 0's group: a kill of that group spares it
+        )
+        answer = self.child.stdout.readline().decode(errors="replace").strip()
+        if answer != "ready":
+            self.child.wait()
+            raise RuntimeError(answer or f"the coordination service exited with code {self.child.returncode}")
+
+    def shutdown(self) -> None:
+        """Stop the service (JAX calls this in jax.distributed.shutdown, after its barrier)."""
+        with contextlib.suppress(OSError):
+            self.child.stdin.write(STOP)
+            self.child.stdin.close()
+        try:
+            self.child.wait(30)
+        except subprocess.TimeoutExpired:
+            self.child.kill()
+            self.child.wait()
+
+
+@contextlib.contextmanager
+def hosted_service() -> Iterator[None]:
+    """While jax.distributed.initialize runs, process 0's service starts as a child."""
+    from jax._src import distributed as jax_distributed
+
+    lib = jax_distributed._jax
+    factory = lib.get_distributed_runtime_service
+    lib.get_distributed_runtime_service = HostedService
+    try:
+        yield
+    finally:
+        lib.get_distributed_runtime_service = factory
+
+
+def _serve(args: list, kwargs: dict) -> None:
+    """The child: start the service, say "ready", hold it until stopped or orphaned."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # its lifetime is process 0's, not a terminal's
+    try:
+        from jax._src.lib import _jax
+
+        service = _jax.get_distributed_runtime_service(*args, **kwargs)
+    except Exception as error:  # noqa: BLE001 - reported to process 0, which raises it
+        print(str(error).strip().splitlines()[0] if str(error).strip() else repr(error), flush=True)
+        os._exit(1)
+    print("ready", flush=True)
+    if sys.stdin.buffer.readline() == STOP:
+        service.shutdown()
+    else:  # process 0 is gone: give the others time to notice it and leave
+        time.sleep(LINGER_S)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    _serve(*json.loads(sys.argv[1]))

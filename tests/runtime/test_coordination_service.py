@@ -1,0 +1,89 @@
+"""Process 0's coordination service in a child process (podrace.runtime.coordination_service)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+
+import pytest
+
+from podrace.runtime.coordination_service import LINGER_S, HostedService
+from tests.runtime.test_multihost import free_port, processes
+
+JOIN = """
+import sys, time
+import jax
+from jax._src import distributed
+from podrace.runtime.coordination_service import hosted_service
+
+process = int(sys.argv[2])
+with hosted_service():
+    jax.distributed.initialize(sys.argv[1], 2, process, initialization_timeout=60)
+child = getattr(distributed.global_state.service, "child", None)
+print("joined", child.pid if child is not None else "-", flush=True)
+time.sleep(600)
+"""
+
+
+def alive(pid: int) -> bool:
+    """Running (an exited child of a killed parent may stay a zombie where nothing reaps it)."""
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_process_0_does_not_abort_the_others():
+    """With JAX's service inside process 0, process 1's JAX client aborted it (exit -6)
+    the moment process 0 was killed, before the peer link could end it with its line."""
+    address = f"127.0.0.1:{free_port()}"
+    with processes([[sys.executable, "-c", JOIN, address, str(i)] for i in range(2)]) as procs:
+        service_pid = procs[0].stdout.readline().split()[1]
+        assert procs[1].stdout.readline().startswith("joined")
+        os.killpg(procs[0].pid, signal.SIGKILL)  # its whole process group, as a terminal would
+        procs[0].wait()
+        time.sleep(3)
+        assert procs[1].poll() is None, procs[1].communicate()[1][-2000:]
+        service_pid = int(service_pid)
+        assert alive(service_pid)
+    deadline = time.monotonic() + LINGER_S + 15  # then it stops of itself
+    while alive(service_pid):
+        assert time.monotonic() < deadline, "the orphaned service never exited"
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(60)
+def test_a_stopped_service_exits_at_once():
+    service = HostedService(f"127.0.0.1:{free_port()}", 2, heartbeat_timeout=100, shutdown_timeout=10)
+    start = time.monotonic()
+    service.shutdown()
+    assert service.child.returncode == 0 and time.monotonic() - start < 5
+
+
+@pytest.mark.timeout(60)
+def test_a_service_that_cannot_start_is_an_error_in_process_0():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(RuntimeError) as raised:
+            HostedService(f"127.0.0.1:{port}", 2, heartbeat_timeout=100)
+    assert str(raised.value), raised.value
+
+
+def test_the_child_ignores_a_terminals_ctrl_c():
+    """Started in its own session; SIGINT is ignored too, in case it is sent to it alone."""
+    service = HostedService(f"127.0.0.1:{free_port()}", 2)
+    try:
+        assert os.getsid(service.child.pid) == service.child.pid
+        service.child.send_signal(signal.SIGINT)
+        time.sleep(1)
+        assert service.child.poll() is None
+    finally:
+        service.shutdown()
+
