@@ -26,8 +26,9 @@ import sys
 import time
 from typing import Any, Iterator
 
-LINGER_S = 20.0
-"""How long the service stays up after process 0 vanished without stopping it."""
+LINGER_S = 10.0
+"""How long the service stays up after process 0 vanished without stopping it (the peer link
+ends the others within a second; the coordinator's port stays taken meanwhile)."""
 STOP = b"stop\n"
 
 

@@ -51,8 +51,11 @@ def _listen(port: int) -> socket.socket:
     try:
         return listen_on_all_addresses(port)
     except OSError as error:
+        from podrace.runtime.coordination_service import LINGER_S
+
         raise ConfigError(f"distributed: process 0 cannot listen on port {port} of the coordinator: "
-                          f"{error.strerror or error}") from None
+                          f"{error.strerror or error} (another run on it? a killed process 0 keeps it for {LINGER_S:g}s)"
+                          ) from None
 
 
 def _gather(port: int, num_processes: int, timeout_s: float, check: Callable[[], None]) -> None:
