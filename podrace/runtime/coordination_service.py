@@ -5,8 +5,10 @@ process (exit -6, a C++ stack trace) the moment the service is gone. A process 0
 (SIGKILL, OOM) therefore raced the peer link, which ends the others with one clear line
 (`podrace: error: process-0 failed: PeerLost ...`); the abort won now and then. Hosted here
 in a child of its own session, the service outlives its parent by `LINGER_S`, long enough
-for the peer link to end every other process first, and then exits. A parent that leaves
-normally (jax.distributed.shutdown) stops it at once.
+for the peer link to end every other process first, and then exits. A process 0 that
+leaves stops it at once: through jax.distributed.shutdown after a run, or with
+`stop_hosted_service` after a failure or a stop, once the others have left (the peer link
+waits for them), so the coordinator's port is free again for the next run.
 
 `hosted_service` is used while jax.distributed.initialize runs: it puts `HostedService` in
 place of JAX's service factory, so JAX's own arguments (address, sizes, timeouts, TLS) reach
@@ -23,6 +25,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Any, Iterator
 
@@ -30,10 +33,15 @@ LINGER_S = 10.0
 """How long the service stays up after process 0 vanished without stopping it (the peer link
 ends the others within a second; the coordinator's port stays taken meanwhile)."""
 STOP = b"stop\n"
+SHUTDOWN_WAIT_S = 10.0
+"""How long the child lets the service shut down gracefully before it exits regardless."""
 
 
 class HostedService:
     """Stands where JAX keeps its DistributedRuntimeService: the child holding it."""
+
+    current: "HostedService | None" = None
+    """This process's hosted service, if it is process 0."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.child = subprocess.Popen(
@@ -47,17 +55,30 @@ class HostedService:
         if answer != "ready":
             self.child.wait()
             raise RuntimeError(answer or f"the coordination service exited with code {self.child.returncode}")
+        HostedService.current = self
 
-    def shutdown(self) -> None:
-        """Stop the service (JAX calls this in jax.distributed.shutdown, after its barrier)."""
-        with contextlib.suppress(OSError):
+    def stop(self) -> None:
+        """Tell the child to stop the service and exit; returns at once."""
+        with contextlib.suppress(OSError, ValueError):  # already told, or the child is gone
             self.child.stdin.write(STOP)
             self.child.stdin.close()
+
+    def shutdown(self) -> None:
+        """Stop the service and wait for the child (JAX calls this in jax.distributed.shutdown,
+        after its barrier)."""
+        self.stop()
         try:
-            self.child.wait(30)
+            self.child.wait(SHUTDOWN_WAIT_S + 5)
         except subprocess.TimeoutExpired:
             self.child.kill()
             self.child.wait()
+
+
+def stop_hosted_service() -> None:
+    """Process 0 leaving without jax.distributed.shutdown (a failure, a stop): free the
+    coordinator's port now instead of after `LINGER_S`. A no-op in any other process."""
+    if HostedService.current is not None:
+        HostedService.current.stop()
 
 
 @contextlib.contextmanager
@@ -86,7 +107,10 @@ def _serve(args: list, kwargs: dict) -> None:
         os._exit(1)
     print("ready", flush=True)
     if sys.stdin.buffer.readline() == STOP:
-        service.shutdown()
+        # A client that never said goodbye (a hung process) must not keep it up.
+        stopping = threading.Thread(target=service.shutdown, daemon=True)
+        stopping.start()
+        stopping.join(SHUTDOWN_WAIT_S)
     else:  # process 0 is gone: give the others time to notice it and leave
         time.sleep(LINGER_S)
     os._exit(0)

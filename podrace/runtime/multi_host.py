@@ -38,6 +38,7 @@ from podrace.config import TrainConfig, replace
 from podrace.control import Lifetime, raise_stopped_if_stopping
 from podrace.envs import EnvSource, resolve_backend
 from podrace.runtime.devices import resolve_devices
+from podrace.runtime.coordination_service import stop_hosted_service
 from podrace.runtime.distributed import SHUTDOWN_TIMEOUT_S, Cluster, agree, global_learner_devices, join, resolved
 from podrace.runtime.peers import PeerLink, PeerLost, PeerStopped
 from podrace.runtime.rundir import check_run_dir, create_run_dir, discard_if_untrained, run_dir_path
@@ -190,13 +191,15 @@ def _tell_peers(lifetime: Lifetime, link: PeerLink) -> None:
 def shutdown(ok: bool, timeout_s: float = SHUTDOWN_TIMEOUT_S + 30) -> None:
     """Leave jax.distributed. After a success every process reaches the shutdown barrier
     (all are done by then: `MultiHostRun.leave` waited for process 0's final evaluation);
-    after a failure a peer may be gone, so the barrier is skipped (the caller exits)."""
+    after a failure a peer may be gone, so the barrier is skipped (the caller exits) and
+    process 0 only stops its coordination service, freeing the coordinator's port."""
     import logging
     import threading
 
     import jax
 
     if not ok or not jax.distributed.is_initialized():
+        stop_hosted_service()  # process 0: the others have left (the peer link waited for them)
         return
 
     done = threading.Event()

@@ -115,6 +115,9 @@ def supervise(training, signals: Signals) -> int:
         # Never into the interpreter's exit: JAX's shutdown barrier there waits for peers
         # that may be gone (up to 10 minutes).
         traceback.print_exception(outcome, file=sys.stderr)
+        from podrace.runtime.multi_host import shutdown
+
+        shutdown(False)
         exit_now(1)
     if isinstance(outcome, BaseException):
         raise outcome

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from podrace.runtime.coordination_service import LINGER_S, HostedService
+from podrace.runtime.coordination_service import LINGER_S, HostedService, stop_hosted_service
 from tests.runtime.test_multihost import free_port, processes
 
 JOIN = """
@@ -87,3 +87,14 @@ def test_the_child_ignores_a_terminals_ctrl_c():
     finally:
         service.shutdown()
 
+
+
+@pytest.mark.timeout(60)
+def test_stopping_the_hosted_service_returns_at_once_and_the_child_exits():
+    """Process 0 leaving after a failure or a stop: no wait, and no lingering child."""
+    service = HostedService(f"127.0.0.1:{free_port()}", 2)
+    start = time.monotonic()
+    stop_hosted_service()
+    assert time.monotonic() - start < 0.5
+    service.child.wait(15)
+    assert service.child.returncode == 0

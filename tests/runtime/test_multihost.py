@@ -244,6 +244,22 @@ def test_a_signal_to_one_process_stops_every_process(tmp_path, signum, both):
     assert code1 == 128 + signum and f"{name} received" in err1, err1[-3000:]
     line0 = f"podrace: {name} received" if both else f"process 1 received {name}"
     assert code0 == 128 + signum and line0 in err0 and (not both or "process 1" not in err0), err0[-3000:]
+    # Process 0's coordination service was stopped with it: a new run can start on the port.
+    assert port_freed(port, 5.0)
+
+
+def port_freed(port: int, timeout: float) -> bool:
+    from podrace.runtime.rendezvous import listen_on_all_addresses
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            listen_on_all_addresses(port).close()
+            return True
+        except OSError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
 
 
 @pytest.mark.timeout(300)
