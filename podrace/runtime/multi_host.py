@@ -29,6 +29,7 @@ import dataclasses
 import json
 import os
 import signal
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -70,7 +71,10 @@ def prepare(cfg: TrainConfig, lifetime: Lifetime | None = None) -> "MultiHostRun
     if cluster.process_id == 0:  # before the link opens: others create their folder inside it
         run_dir = lifetime.run_dir = create_run_dir(cfg)
     link = PeerLink.open(cluster, cfg.distributed.peer_timeout_s)
-    link.start(lambda lost: _exit_while_preparing(lost, lifetime, link))
+    # On its own thread: it waits for the others' connections to close, which the reader
+    # that reported the loss must stay free to see (it waited out HUB_EXIT_WAIT_S before).
+    link.start(lambda lost: threading.Thread(
+        target=_exit_while_preparing, args=(lost, lifetime, link), name="peer-lost-exit", daemon=True).start())
     lifetime.on_stop(lambda: _tell_peers(lifetime, link))
     try:
         if cluster.process_id != 0:
@@ -95,6 +99,7 @@ def _exit_while_preparing(lost: PeerLost, lifetime: Lifetime, link: PeerLink) ->
     holds no update is removed, as after any stop before the first update)."""
     discard_if_untrained(lifetime.run_dir, None)
     link.wait_others_gone(HUB_EXIT_WAIT_S)
+    stop_hosted_service()  # process 0: the coordinator's port is free again at once
     if isinstance(lost, PeerStopped):  # as once training runs (train_command)
         os.write(2, f"podrace: {lost}, stopped\n".encode())
         os._exit(128 + lost.signum)

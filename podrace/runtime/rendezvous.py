@@ -54,7 +54,7 @@ def _listen(port: int) -> socket.socket:
         from podrace.runtime.coordination_service import LINGER_S
 
         raise ConfigError(f"distributed: process 0 cannot listen on port {port} of the coordinator: "
-                          f"{error.strerror or error} (another run on it? a killed process 0 keeps it for {LINGER_S:g}s)"
+                          f"{error.strerror or error} (another run on it? a process 0 killed or ended abruptly keeps it for {LINGER_S:g}s)"
                           ) from None
 
 

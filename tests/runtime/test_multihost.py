@@ -282,6 +282,7 @@ def test_ctrl_c_before_the_first_update_leaves_no_run_directory(tmp_path, stoppe
     assert code == 130 and "SIGINT received" in err and "Terminating process" not in err, err[-3000:]
     assert other_code == 130 and f"podrace: process {stopped} received SIGINT, stopped" in other_err, other_err[-3000:]
     assert not (tmp_path / "r").exists()
+    assert port_freed(port, 3.0)  # process 0 stopped its coordination service as it left
 
 
 def wait_for_final_line(path: Path, procs, timeout: float = 150) -> None:
