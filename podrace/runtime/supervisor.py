@@ -144,9 +144,9 @@ def _act_on_signals(training, signals: Signals, worker: threading.Thread, deadli
     if deadline is not None and worker.is_alive() and time.monotonic() > deadline:
         training.discard_untrained_run_dir()  # e.g. still compiling: leave no config-only run behind
         if training.distributed:  # the others were told to stop a grace period ago
-            from podrace.runtime.coordination_service import stop_hosted_service
+            from podrace.runtime.multi_host import shutdown
 
-            stop_hosted_service()
+            shutdown(False)
         exit_now(training.stopped(left_behind=True))
     return deadline
 
