@@ -1,6 +1,7 @@
 """Joining a multi-process run: jax.distributed, one agreed config, the global learner mesh.
 
-Every process runs the same command. `join` starts jax.distributed (gloo collectives on
+Every process runs the same command. `meet` gathers them over plain TCP before JAX does
+(and hands out the peer link's address), `join` starts jax.distributed (gloo collectives on
 CPU). `agree` then makes every process check itself (devices, env ids, sizes) and post
 either its resolved config or its one-line error to the coordinator's key-value store;
 each process reads every other post, so one process's bad layout, or configs that differ,
@@ -17,6 +18,7 @@ import hashlib
 import json
 import os
 import re
+import socket
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -62,19 +64,44 @@ class Cluster:
             ) from None
 
 
-def join(d: DistributedConfig, check: Callable[[], None] = lambda: None) -> Cluster:
-    """Start jax.distributed; unset fields come from JAX (env vars, cluster detection).
+def meet(d: DistributedConfig, check: Callable[[], None] = lambda: None) -> "socket.socket | str | None":
+    """Before jax.distributed: where the flags give the process count and id (the
+    coordinator from its flag or JAX_COORDINATOR_ADDRESS), the processes meet over plain TCP
+    (`rendezvous`; jax.distributed would abort a process, not raise, when one is missing),
+    and process 0 hands out its peer link's port. Returns the link's hub for
+    `PeerLink.open` (process 0's listening socket there, its HOST:PORT elsewhere), so the
+    link is up before jax.distributed starts; None where JAX must detect the processes
+    (SLURM, Open MPI, ...: the link then opens through JAX's store). `check` is called while
+    waiting (a stop raises from it: Ctrl-C)."""
+    known = _explicit(d)
+    if known is None:
+        return None
+    coordinator, num_processes, process_id = known
+    if process_id != 0:
+        offer = rendezvous(*known, float(d.init_timeout_s), check)
+        port = offer.get("peers")
+        if not isinstance(port, int) or isinstance(port, bool):
+            raise ConfigError(f"distributed: process 0 at {coordinator} offered no peer link (another podrace version?)")
+        host = host_of(coordinator)
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # IPv6 in brackets
+    from podrace.runtime.peers import PeerLink
 
-    Where the flags give the process count and id (and the coordinator comes from its flag
-    or JAX_COORDINATOR_ADDRESS), the processes first meet over plain TCP (`rendezvous`):
-    jax.distributed would abort the process, not raise, when one is missing."""
+    hub = PeerLink.listen(num_processes)
+    try:
+        rendezvous(*known, float(d.init_timeout_s), check, offer={"peers": hub.getsockname()[1]})
+    except BaseException:
+        hub.close()
+        raise
+    return hub
+
+
+def join(d: DistributedConfig) -> Cluster:
+    """Start jax.distributed (after `meet`); unset fields come from JAX (env vars, cluster
+    detection)."""
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     # JAX's preemption notifier takes SIGTERM's handler for itself (it only logs "SIGTERM
     # caught" and lets the run go on); podrace stops on SIGTERM and uses no sync points.
     jax.config.update("jax_enable_preemption_service", False)
-    known = _explicit(d)
-    if known is not None:
-        rendezvous(*known, float(d.init_timeout_s), check)  # `check`: a stop (Ctrl-C) ends the wait
     try:
         with hosted_service():  # process 0's coordination service outlives a killed process 0
             jax.distributed.initialize(
@@ -243,6 +270,7 @@ __all__ = [
     "global_learner_devices",
     "host_of",
     "join",
+    "meet",
     "local_copy",
     "resolved",
     "shared_fields",

@@ -1,9 +1,9 @@
 """The multi-host topology: N processes (jax.distributed), each the thread topology for
 its own actors, all learners one `jit(shard_map)` over the global learner mesh.
 
-Every process runs the same command. Before any thread starts, the processes join, check
-themselves and compare configs (`distributed.agree`), open the peer link (`peers`), and
-build a `SingleHostRun` whose learner mesh is every process's learner devices. Each
+Every process runs the same command. Before any thread starts, the processes meet, open
+the peer link (`peers`), join jax.distributed, check themselves and compare configs
+(`distributed.agree`), and build a `SingleHostRun` whose learner mesh is every process's learner devices. Each
 process's actors feed only that process's shards; the learner step is the same SPMD
 program everywhere, so params stay identical on every process, and each process publishes
 them to its own actors through its local sync transport.
@@ -31,7 +31,7 @@ import os
 import signal
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NoReturn
 
 import jax
 
@@ -40,7 +40,9 @@ from podrace.control import Lifetime, raise_stopped_if_stopping
 from podrace.envs import EnvSource, resolve_backend
 from podrace.runtime.devices import resolve_devices
 from podrace.runtime.coordination_service import stop_hosted_service
-from podrace.runtime.distributed import SHUTDOWN_TIMEOUT_S, Cluster, agree, global_learner_devices, join, resolved
+from podrace.runtime.distributed import (
+    SHUTDOWN_TIMEOUT_S, Cluster, RunRefused, agree, global_learner_devices, join, meet, resolved,
+)
 from podrace.runtime.peers import PeerLink, PeerLost, PeerStopped
 from podrace.runtime.rundir import check_run_dir, create_run_dir, discard_if_untrained, run_dir_path
 from podrace.runtime.single_host import SingleHostRun, TrainResult
@@ -57,48 +59,76 @@ process was lost (the link hears of a killed process at once)."""
 def prepare(cfg: TrainConfig, lifetime: Lifetime | None = None) -> "MultiHostRun":
     """Join the other processes, agree on the config, build and compile; no thread started.
 
-    From the moment the peer link is open, a lost peer ends this process at once (printing
-    which one) until `run()` takes over; a local error is told to the others.
+    The peer link opens first (right after the processes met, before jax.distributed
+    starts, where the flags name them): from then on a lost peer ends this process at once
+    (printing which one) until `run()` takes over, and a local error is told to the others.
     """
     lifetime = lifetime or Lifetime()
     validate(cfg)
-    cluster = join(cfg.distributed, lifetime.check)
-    cfg = agree(cluster, resolved(cfg, cluster), _check)
-    devices = resolve_devices(cfg)
-    devices = dataclasses.replace(
-        devices, learners=tuple(global_learner_devices(cfg.layout.learner_device_ids, cfg.layout.platform))
-    )
-    if cluster.process_id == 0:  # before the link opens: others create their folder inside it
-        run_dir = lifetime.run_dir = create_run_dir(cfg)
-    link = PeerLink.open(cluster, cfg.distributed.peer_timeout_s)
-    # On its own thread: it waits for the others' connections to close, which the reader
-    # that reported the loss must stay free to see (it waited out HUB_EXIT_WAIT_S before).
-    link.start(lambda lost: threading.Thread(
-        target=_exit_while_preparing, args=(lost, lifetime, link), name="peer-lost-exit", daemon=True).start())
-    lifetime.on_stop(lambda: _tell_peers(lifetime, link))
+    d = cfg.distributed
+    link = None
     try:
-        if cluster.process_id != 0:
+        hub = meet(d, lifetime.check)
+        if hub is not None:
+            link = _started(PeerLink.open(d.process_id, d.num_processes, d.peer_timeout_s, hub, d.init_timeout_s,
+                                          lifetime.check), lifetime)
+        cluster = join(d)
+        if link is None:  # JAX detected the processes: the link's address goes through its store
+            link = _started(PeerLink.open_through(cluster, d.peer_timeout_s), lifetime)
+        cfg = agree(cluster, resolved(cfg, cluster), _check)
+        devices = resolve_devices(cfg)
+        devices = dataclasses.replace(
+            devices, learners=tuple(global_learner_devices(cfg.layout.learner_device_ids, cfg.layout.platform))
+        )
+        if cluster.process_id == 0:
+            run_dir = lifetime.run_dir = create_run_dir(cfg)
+            cluster.store.key_value_set(_RUN_DIR_KEY, str(run_dir))
+        else:  # its own part only, inside process 0's run directory (made first)
+            cluster.get(_RUN_DIR_KEY)
             run_dir = run_dir_path(cfg) / f"process-{cluster.process_id}"
             run_dir.mkdir(parents=True, exist_ok=True)
-            lifetime.run_dir = run_dir  # its own part only: process 0 owns the run directory
+            lifetime.run_dir = run_dir
         (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
         envs = EnvSource(cfg.env)
         local = SingleHostRun(cfg, envs.spec(), devices, run_dir, lifetime, envs)
+    except PeerLost as lost:  # a process vanished before every link was open
+        _exit_while_preparing(lost, lifetime, link)
+    except RunRefused:  # every process refuses alike; none of them is lost to the others
+        if link is not None:
+            link.report_refused()
+            link.close()
+        raise
     except BaseException as error:
-        link.report_failure(f"while preparing: {type(error).__name__}: {error}".splitlines()[0])
-        link.close()
+        if link is not None:
+            link.report_failure(f"while preparing: {type(error).__name__}: {error}".splitlines()[0])
+            link.close()
         discard_if_untrained(lifetime.run_dir, None)
         raise_stopped_if_stopping(lifetime, error)  # e.g. a stop closed the publisher under subscribe()
         raise
     return MultiHostRun(cluster, link, local)
 
 
-def _exit_while_preparing(lost: PeerLost, lifetime: Lifetime, link: PeerLink) -> None:
+_RUN_DIR_KEY = "podrace/run-dir"
+"""Set by process 0 once it made the run directory, in which the others make their part."""
+
+
+def _started(link: PeerLink, lifetime: Lifetime) -> PeerLink:
+    """Listening: a loss ends this process (`_exit_while_preparing`), a stop here is told."""
+    # On its own thread: it waits for the others' connections to close, which the reader
+    # that reported the loss must stay free to see (it waited out HUB_EXIT_WAIT_S before).
+    link.start(lambda lost: threading.Thread(
+        target=_exit_while_preparing, args=(lost, lifetime, link), name="peer-lost-exit", daemon=True).start())
+    lifetime.on_stop(lambda: _tell_peers(lifetime, link))
+    return link
+
+
+def _exit_while_preparing(lost: PeerLost, lifetime: Lifetime, link: PeerLink | None) -> NoReturn:
     """A peer was lost before this process's threads started: the main thread may be
-    compiling or inside a collective, so report and leave from here (a run directory that
-    holds no update is removed, as after any stop before the first update)."""
+    joining, compiling or inside a collective, so report and leave from here (a run
+    directory that holds no update is removed, as after any stop before the first update)."""
     discard_if_untrained(lifetime.run_dir, None)
-    link.wait_others_gone(HUB_EXIT_WAIT_S)
+    if link is not None:
+        link.wait_others_gone(HUB_EXIT_WAIT_S)
     stop_hosted_service()  # process 0: the coordinator's port is free again at once
     if isinstance(lost, PeerStopped):  # as once training runs (train_command)
         os.write(2, f"podrace: {lost}, stopped\n".encode())

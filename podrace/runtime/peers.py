@@ -17,7 +17,10 @@ spoke), apart from jax.distributed. Each side sends a beat every `timeout_s / 4`
 - a process that said it stops or fails has its own reason: the others then stop too and
   close their connections, which is no loss to it (its exit code stays its own).
 
-The hub's address travels through jax.distributed's key-value store; messages are JSON lines.
+The link opens before jax.distributed starts where a rendezvous ran (`distributed.meet`
+hands out the hub's port), so a process lost while JAX registers the processes or while
+they agree on the config is noticed too; otherwise the hub's address travels through
+jax.distributed's key-value store. Messages are JSON lines.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from typing import Callable
 from podrace.runtime.rendezvous import listen_on_all_addresses, send_line
 
 _ADDRESS_KEY = "podrace/peers/hub"
+_POLL_S = 0.2
+"""How often process 0, waiting for the others to connect, checks for a stop."""
 
 
 class PeerLost(RuntimeError):
@@ -60,6 +65,8 @@ class _Conn:
         self.sock, self.process = sock, process
         self.lock = threading.Lock()
         self.done = False
+        self.refused = False
+        """It refuses the run as this process will: its close is no loss."""
         self.gone = threading.Event()
         """Its reader has ended: the other side closed (exited) or this side closed."""
         self.reader = sock.makefile("r", encoding="utf-8")
@@ -103,39 +110,79 @@ class PeerLink:
         self._server: socket.socket | None = None
 
     # -- setup --------------------------------------------------------------------------
-    @classmethod
-    def open(cls, cluster, timeout_s: float) -> "PeerLink":
-        """Connect every process to process 0; returns once all are connected."""
-        from podrace.runtime.distributed import host_of
+    @staticmethod
+    def listen(num_processes: int) -> socket.socket:
+        """Process 0's listening socket, made before the others learn its port."""
+        return listen_on_all_addresses(0, backlog=max(1, num_processes))
 
-        link = cls(cluster.process_id, cluster.num_processes, timeout_s)
-        if cluster.process_id == 0:
-            server = listen_on_all_addresses(0, backlog=cluster.num_processes)
-            link._server = server
-            host = host_of(cluster.coordinator)
-            cluster.store.key_value_set(_ADDRESS_KEY, f"{host}:{server.getsockname()[1]}")
-            server.settimeout(cluster.timeout_s)
-            waiting = set(range(1, cluster.num_processes))
-            while waiting:
-                try:
-                    sock, _ = server.accept()
-                except socket.timeout:
-                    raise PeerLost(min(waiting), f"process(es) {sorted(waiting)} never connected to process 0") from None
-                sock.settimeout(cluster.timeout_s)
-                conn = _Conn(sock, -1)
-                hello = conn.recv() or {}
-                conn.process = int(hello.get("process", -1))
-                waiting.discard(conn.process)
-                link._conns.append(conn)
+    @classmethod
+    def open(
+        cls, process_id: int, num_processes: int, timeout_s: float, hub: "socket.socket | str", wait_s: float,
+        check: Callable[[], None] = lambda: None,
+    ) -> "PeerLink":
+        """Connect every process to process 0; returns once all are connected. `hub` is
+        process 0's listening socket (`listen`) there and its HOST:PORT elsewhere; `wait_s`
+        bounds the wait for the others, and `check` is called while waiting (a stop raises)."""
+        link = cls(process_id, num_processes, timeout_s)
+        if isinstance(hub, socket.socket):
+            link._server = hub
+            try:
+                link._accept_all(hub, wait_s, check)
+            except BaseException:
+                link.close()
+                raise
         else:
-            host, _, port = cluster.get(_ADDRESS_KEY).rpartition(":")
-            sock = socket.create_connection((host, int(port)), timeout=cluster.timeout_s)
+            host, _, port = hub.rpartition(":")
+            try:
+                sock = socket.create_connection((host.strip("[]"), int(port)), timeout=wait_s)
+            except OSError as error:
+                raise PeerLost(0, f"process 0 could not be reached at {hub}: {error.strerror or error}") from None
             conn = _Conn(sock, 0)
-            conn.send(kind="hello", process=cluster.process_id)
+            conn.send(kind="hello", process=process_id)
             link._conns.append(conn)
         for conn in link._conns:
             conn.sock.settimeout(timeout_s)
         return link
+
+    def _accept_all(self, hub: socket.socket, wait_s: float, check: Callable[[], None]) -> None:
+        deadline = time.monotonic() + wait_s
+        waiting = set(range(1, self.num_processes))
+        while waiting:
+            check()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise PeerLost(min(waiting), f"process(es) {sorted(waiting)} never connected to process 0")
+            hub.settimeout(min(_POLL_S, remaining))
+            try:
+                sock, _ = hub.accept()
+            except socket.timeout:
+                continue
+            sock.settimeout(min(5.0, max(0.01, remaining)))  # a stray client stalls it no longer
+            conn = _Conn(sock, -1)
+            try:
+                hello = conn.recv() or {}
+            except (OSError, ValueError):
+                hello = {}
+            process = hello.get("process")
+            if not isinstance(process, int) or process not in waiting:  # not a process of this run (a port scanner), or a twin
+                conn.close()
+                continue
+            conn.process = process
+            waiting.discard(process)
+            self._conns.append(conn)
+
+    @classmethod
+    def open_through(cls, cluster, timeout_s: float) -> "PeerLink":
+        """`open`, process 0's address passing through jax.distributed's key-value store
+        (where no rendezvous ran before it: JAX detected the processes)."""
+        from podrace.runtime.distributed import host_of
+
+        if cluster.process_id == 0:
+            hub = cls.listen(cluster.num_processes)
+            cluster.store.key_value_set(_ADDRESS_KEY, f"{host_of(cluster.coordinator)}:{hub.getsockname()[1]}")
+        else:
+            hub = cluster.get(_ADDRESS_KEY)
+        return cls.open(cluster.process_id, cluster.num_processes, timeout_s, hub, cluster.timeout_s)
 
     def on_lost(self, callback: OnLost) -> None:
         """Call `callback` instead on a loss from now on (at once if one already happened)."""
@@ -166,6 +213,12 @@ class PeerLink:
         """This process was interrupted: every other process stops too."""
         self._leaving = True
         self._broadcast(kind="stop", origin=self.process_id, signum=signum, message=name)
+
+    def report_refused(self) -> None:
+        """This process refuses the run, as every process does (each saw the same config
+        posts: `RunRefused`): its connections closing is no loss to the others."""
+        self._leaving = True
+        self._broadcast(kind="refused", origin=self.process_id)
 
     def report_done(self) -> None:
         """This process finished its whole run; see `wait_all_done`."""
@@ -246,7 +299,7 @@ class PeerLink:
             except (OSError, ValueError):
                 message = None
             if message is None:
-                if not self._all_done.is_set() and not self._closed.is_set():
+                if not self._all_done.is_set() and not self._closed.is_set() and not conn.refused:
                     self._declare(
                         PeerLost(who, f"process {who} closed its connection before finishing (it exited or was killed)"), conn
                     )
@@ -258,6 +311,8 @@ class PeerLink:
                 self._check_all_done()
             elif kind == "all_done":  # at a spoke: the hub may close its end now
                 self._all_done.set()
+            elif kind == "refused" and origin == who:
+                conn.refused = True
             elif kind == "fail":
                 text = message["message"] if message.get("relayed") else f"process {origin} failed: {message['message']}"
                 self._declare(PeerLost(origin, text), conn)

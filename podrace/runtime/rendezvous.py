@@ -25,18 +25,22 @@ CLOSE_WAIT_S = 2.0
 
 
 def rendezvous(
-    coordinator: str, num_processes: int, process_id: int, timeout_s: float, check: Callable[[], None] = lambda: None
-) -> None:
+    coordinator: str, num_processes: int, process_id: int, timeout_s: float, check: Callable[[], None] = lambda: None,
+    offer: dict | None = None,
+) -> dict:
     """Return once every process has reached process 0 and agrees on `num_processes`;
     ConfigError otherwise, on every process that is there, within about `timeout_s`.
-    `check` is called every POLL_S while waiting (a stop raises from it: Ctrl-C)."""
+    `check` is called every POLL_S while waiting (a stop raises from it: Ctrl-C).
+    Process 0's `offer` (JSON fields) is returned on every process."""
+    offer = dict(offer or {})
     if num_processes <= 1:
-        return
+        return offer
     host, _, port = coordinator.rpartition(":")
     if process_id == 0:
-        _gather(int(port), num_processes, timeout_s, check)
-    else:
-        _report(host.strip("[]"), int(port), num_processes, process_id, timeout_s, check)
+        _gather(int(port), num_processes, timeout_s, check, offer)
+        return offer
+    answer = _report(host.strip("[]"), int(port), num_processes, process_id, timeout_s, check)
+    return {key: value for key, value in answer.items() if key != "ok"}
 
 
 def listen_on_all_addresses(port: int, backlog: int | None = None) -> socket.socket:
@@ -58,7 +62,7 @@ def _listen(port: int) -> socket.socket:
                           ) from None
 
 
-def _gather(port: int, num_processes: int, timeout_s: float, check: Callable[[], None]) -> None:
+def _gather(port: int, num_processes: int, timeout_s: float, check: Callable[[], None], offer: dict) -> None:
     """Process 0: accept every other process's hello, then answer all of them at once."""
     deadline = time.monotonic() + timeout_s
     server = _listen(port)
@@ -103,7 +107,7 @@ def _gather(port: int, num_processes: int, timeout_s: float, check: Callable[[],
             gone = sorted(p for p, conn in joined.items() if _closed(conn))
             if gone:
                 error = f"distributed: process(es) {gone} left before every process had joined"
-        answer = {"ok": True} if error is None else {"error": error}
+        answer = {**offer, "ok": True} if error is None else {"error": error}
         for conn in joined.values():
             send_line(conn, answer)
         for conn in others:
@@ -116,7 +120,7 @@ def _gather(port: int, num_processes: int, timeout_s: float, check: Callable[[],
 
 
 def _report(host: str, port: int, num_processes: int, process_id: int, timeout_s: float,
-            check: Callable[[], None]) -> None:
+            check: Callable[[], None]) -> dict:
     """Process i > 0: reach process 0 (retrying until it listens), say hello, await the answer."""
     deadline = time.monotonic() + timeout_s
     where = f"{host}:{port}"
@@ -137,7 +141,7 @@ def _report(host: str, port: int, num_processes: int, process_id: int, timeout_s
     if answer is None:
         raise ConfigError(f"distributed: process 0 at {where} gave no answer within {timeout_s:g}s")
     if answer.get("ok") is True:
-        return
+        return answer
     if isinstance(answer.get("error"), str):
         raise ConfigError(answer["error"])
     raise ConfigError(f"distributed: process 0 at {where} ended the meeting without an answer (it stopped: "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import jax
 import numpy as np
@@ -96,11 +97,19 @@ def main(out: str, process: int, num_processes: int, coordinator: str, normalize
 
 
 def faulty_run(run_dir: str, process: int, num_processes: int, coordinator: str) -> int:
-    """`podrace train` (the CLI, in this process) whose process 1 has an env that raises."""
+    """`podrace train` (the CLI, in this process) whose process 1 has an env that raises.
+    Process 0 also makes the run directory late: process 1 must wait for it before making
+    its part inside (or process 0 finds the directory taken: exit 2)."""
     from podrace.cli import main as cli
     from podrace.runtime import faults, multi_host
 
-    prepare = multi_host.prepare
+    prepare, create_run_dir = multi_host.prepare, multi_host.create_run_dir
+
+    def create_run_dir_late(cfg):
+        time.sleep(1.0)
+        return create_run_dir(cfg)
+
+    multi_host.create_run_dir = create_run_dir_late
 
     def prepare_with_fault(cfg, lifetime=None):
         run = prepare(cfg, lifetime)

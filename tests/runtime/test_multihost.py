@@ -285,6 +285,50 @@ def test_ctrl_c_before_the_first_update_leaves_no_run_directory(tmp_path, stoppe
     assert port_freed(port, 3.0)  # process 0 stopped its coordination service as it left
 
 
+def service_child(pid: int) -> int | None:
+    """The pid of `pid`'s coordination-service child (process 0, during and after
+    jax.distributed.initialize), if it has one yet."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = open(f"/proc/{entry}/stat").read()
+            cmdline = open(f"/proc/{entry}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if int(stat.rpartition(")")[2].split()[1]) == pid and b"coordination_service" in cmdline:
+            return int(entry)
+    return None
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("killed", [0, 1])
+def test_a_process_killed_while_joining_jax_distributed_ends_the_other_with_one_line(tmp_path, killed):
+    """Between process 0's service start and the end of preparation (JAX's registration, the
+    config agreement). The peer link opened only after both, so a killed process 0 ended
+    process 1 with JAX's abort once its service was gone (exit -6), and a killed process 1
+    left process 0 waiting for JAX's heartbeat (100 s)."""
+    port = free_port()
+    flags = ("--log.run-dir", str(tmp_path), "--log.run-name", "r", "--layout.actors-per-device", "1")
+    with processes([podrace_train(0, port, *flags), podrace_train(1, port, *flags)]) as procs:
+        deadline = time.monotonic() + 120
+        while service_child(procs[0].pid) is None:
+            assert all(proc.poll() is None for proc in procs) and time.monotonic() < deadline
+            time.sleep(0.005)
+        os.killpg(procs[killed].pid, signal.SIGKILL)
+        sent = time.monotonic()
+        survivor = procs[1 - killed]
+        survivor.wait(60)
+        waited = time.monotonic() - sent
+        _, err = survivor.communicate()
+    assert survivor.returncode == 1 and waited < 10, (survivor.returncode, waited, err[-3000:])
+    last = [line for line in err.splitlines() if line.startswith("podrace:")][-1]
+    assert last.startswith(f"podrace: error: process-{killed} failed: PeerLost: process {killed} closed"), last
+    assert "Terminating process" not in err
+    if killed == 1:
+        assert port_freed(port, 3.0)  # process 0 stopped its coordination service as it left
+
+
 def wait_for_final_line(path: Path, procs, timeout: float = 150) -> None:
     """Until `path` (a process's metrics.jsonl) has its run's `final: 1` line."""
     deadline = time.monotonic() + timeout

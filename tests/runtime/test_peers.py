@@ -47,7 +47,7 @@ def open_links(n: int, timeout_s: float = 5.0, coordinator: str = "127.0.0.1:1")
     links: dict[int, PeerLink] = {}
 
     def open_one(i):
-        links[i] = PeerLink.open(FakeCluster(i, n, store, coordinator), timeout_s)
+        links[i] = PeerLink.open_through(FakeCluster(i, n, store, coordinator), timeout_s)
 
     threads = [threading.Thread(target=open_one, args=(i,)) for i in range(n)]
     for t in threads:
@@ -220,3 +220,56 @@ def test_close_returns_at_once_whatever_the_peers_do(how):
         start = time.monotonic()
         link.close()
         assert time.monotonic() - start < 2.0, (how, i)
+
+
+@pytest.mark.timeout(30)
+def test_a_process_that_refuses_the_run_as_every_process_does_is_no_loss():
+    """Every process raises RunRefused after the config agreement; one that leaves first
+    (closing its link) must not make another, still comparing configs, exit 1 with PeerLost."""
+    links, seen = open_links(3)
+    try:
+        links[1].report_refused()
+        links[1].close()
+        time.sleep(0.5)
+        links[0].report_refused()
+        links[0].close()
+        time.sleep(0.5)
+        assert seen == {0: [], 1: [], 2: []}
+    finally:
+        for link in links.values():
+            link.close()
+
+
+@pytest.mark.timeout(30)
+def test_process_0_waits_for_the_others_past_a_stray_client_and_a_stop_closes_it():
+    hub = PeerLink.listen(2)
+    port = hub.getsockname()[1]
+    with socket.create_connection(("127.0.0.1", port)) as stray:
+        stray.sendall(b'{"process": [1]}\n')  # not a process of this run
+        spoke = threading.Thread(target=lambda: PeerLink.open(1, 2, 5.0, f"127.0.0.1:{port}", 5.0).close())
+        spoke.start()
+        link = PeerLink.open(0, 2, 5.0, hub, 5.0)
+        spoke.join(5)
+    assert [conn.process for conn in link._conns] == [1]
+    link.close()
+
+    class Stopped(Exception):
+        pass
+
+    def stop():
+        raise Stopped
+
+    hub = PeerLink.listen(2)
+    with pytest.raises(Stopped):
+        PeerLink.open(0, 2, 5.0, hub, 5.0, check=stop)
+    assert hub.fileno() == -1  # closed: its port is not held after the stop
+
+
+@pytest.mark.timeout(30)
+def test_a_spoke_that_cannot_reach_process_0_has_lost_it():
+    hub = PeerLink.listen(2)
+    address = f"127.0.0.1:{hub.getsockname()[1]}"
+    hub.close()
+    with pytest.raises(PeerLost) as lost:
+        PeerLink.open(1, 2, 5.0, address, 2.0)
+    assert lost.value.process == 0 and "could not be reached" in str(lost.value)
