@@ -122,10 +122,10 @@ class LearnerPlacement:
             # nothing moves, a third of a millisecond per CartPole rollout.
             if on_device(traj, self.devices[0]):
                 return place(traj, self.devices[0])
-            return jax.device_put(traj, self._whole)
+            return place(traj, self._whole)
         pieces = self._split(traj)  # per field: tuple of n arrays on the actor device
         per_device = [
-            jax.device_put(Trajectory(*(field[i] for field in pieces)), device)
+            place(Trajectory(*(field[i] for field in pieces)), device)
             for i, device in enumerate(self.devices)
         ]
 

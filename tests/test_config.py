@@ -37,6 +37,9 @@ BAD = [
     (["--env.sticky-action-prob", "1.5"], "env.sticky_action_prob must be in [0, 1]"),
     (["--env.max-episode-steps", "0"], "max_episode_steps"),
     (["--layout.platform", "tpu"], "layout.platform 'tpu' is not available"),
+    (["--layout.actor-platform", "gpu"], "layout.actor_platform 'gpu' is not available"),
+    (["--layout.actor-platform", "cpu", "--layout.actor-device-ids", "6"], "device 6 does not exist, cpu has 4"),
+    (["--layout.actor-platform", "cpu", "--eval.device-id", "6"], "eval.device_id [6]: device 6 does not exist"),
     # conftest.py forces 4 CPU devices through XLA_FLAGS: the error names that setting.
     (["--layout.actor-device-ids", "5"], "XLA_FLAGS already sets --xla_force_host_platform_device_count=4"),
     # seeds, counts and sizes that overflow

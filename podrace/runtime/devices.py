@@ -38,14 +38,14 @@ class Devices:
 
 def resolve_devices(cfg: TrainConfig) -> Devices:
     layout = cfg.layout
-    try:
-        # Ids index this process's devices (all of them on one host; its own in a multi-host run).
-        available = jax.local_devices(backend=layout.platform) if layout.platform else jax.local_devices()
-    except RuntimeError as error:
-        raise ConfigError(f"layout.platform '{layout.platform}' is not available: {error}".splitlines()[0]) from None
-    platform = available[0].platform
+    learner_devices = _local_devices("layout.platform", layout.platform)
+    actor_devices = (
+        learner_devices if layout.actor_platform in (None, layout.platform)
+        else _local_devices("layout.actor_platform", layout.actor_platform)
+    )
 
-    def pick(name: str, ids) -> tuple[jax.Device, ...]:
+    def pick(name: str, ids, available: list[jax.Device]) -> tuple[jax.Device, ...]:
+        platform = available[0].platform
         missing = [i for i in ids if i >= len(available)]
         if missing:
             hint = cpu_count_hint() if platform == "cpu" else ""
@@ -55,8 +55,17 @@ def resolve_devices(cfg: TrainConfig) -> Devices:
             )
         return tuple(available[i] for i in ids)
 
-    actors = pick("layout.actor_device_ids", layout.actor_device_ids)
-    learners = pick("layout.learner_device_ids", layout.learner_device_ids)
+    actors = pick("layout.actor_device_ids", layout.actor_device_ids, actor_devices)
+    learners = pick("layout.learner_device_ids", layout.learner_device_ids, learner_devices)
     eval_id = cfg.eval.device_id
-    evaluator = actors[0] if eval_id is None else pick("eval.device_id", (eval_id,))[0]
+    evaluator = actors[0] if eval_id is None else pick("eval.device_id", (eval_id,), actor_devices)[0]
     return Devices(actors=actors, learners=learners, evaluator=evaluator)
+
+
+def _local_devices(name: str, platform: str | None) -> list[jax.Device]:
+    """This process's devices of `platform` (all of them on one host; its own in a
+    multi-host run), JAX's default backend for None."""
+    try:
+        return jax.local_devices(backend=platform) if platform else jax.local_devices()
+    except RuntimeError as error:
+        raise ConfigError(f"{name} '{platform}' is not available: {error}".splitlines()[0]) from None

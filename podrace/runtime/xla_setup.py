@@ -58,7 +58,7 @@ def enable_compile_cache() -> None:
 def set_xla_flags(cfg: TrainConfig) -> None:
     """The XLA set-up a config asks for; before JAX starts its backend (later calls are no-ops)."""
     enable_compile_cache()
-    if cfg.layout.platform in (None, "cpu"):
+    if "cpu" in (cfg.layout.platform, cfg.layout.actor_platform) or cfg.layout.platform is None:
         force_cpu_devices(cfg.layout.cpu_devices)
     if cfg.deterministic:
         append_xla_flag("--xla_gpu_deterministic_ops", "true")

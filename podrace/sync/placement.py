@@ -28,7 +28,25 @@ def place(tree: Any, where: Placement) -> Any:
         return tree
     if isinstance(where, jax.Device) and on_device(tree, where):
         return jax.tree.map(_single_device_view, tree)
+    if _crosses_platforms(tree, where):
+        # JAX copies between platforms (a GPU learner's params to CPU actors, their rollouts
+        # back) through host memory, which the runtime threads' transfer guard counts as an
+        # implicit transfer: fetch to the host explicitly, then put.
+        return jax.device_put(jax.device_get(tree), where)
     return jax.device_put(tree, where)
+
+
+def _crosses_platforms(tree: Any, where: Any) -> bool:
+    """Some array of `tree` lives on a platform that `where` (a device, a sharding, or a
+    tree of them) has no device of."""
+    targets = {
+        d.platform
+        for w in jax.tree.leaves(where, is_leaf=lambda x: isinstance(x, (jax.Device, jax.sharding.Sharding)))
+        for d in ((w,) if isinstance(w, jax.Device) else w.device_set)
+    }
+    return any(
+        d.platform not in targets for x in jax.tree.leaves(tree) if isinstance(x, jax.Array) for d in x.devices()
+    )
 
 
 def _single_device_view(x: jax.Array) -> jax.Array:

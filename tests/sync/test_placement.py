@@ -44,3 +44,23 @@ def test_a_tree_spread_over_devices_is_not_on_one_of_them():
     assert not on_device({"a": spread}, devices[0])
     assert place({"a": spread}, devices[0])["a"].devices() == {devices[0]}
     assert place(tree_on(devices[1]), None)["w"].devices() == {devices[1]}  # None: left where it is
+
+
+def _has_gpu() -> bool:
+    try:
+        return bool(jax.devices("gpu"))
+    except RuntimeError:
+        return False
+
+
+@pytest.mark.skipif(not _has_gpu(), reason="needs a GPU beside the CPU (run on an accelerator machine)")
+def test_trees_cross_between_gpu_and_cpu_under_the_runtime_threads_transfer_guard():
+    """--layout.actor-platform cpu: a GPU learner's params go to CPU actors, their rollouts
+    back. jax.device_put from GPU to CPU counts as an implicit device-to-host transfer
+    (the first such run failed in its actor: 'Disallowed device-to-host transfer')."""
+    gpu, cpu = jax.devices("gpu")[0], jax.devices("cpu")[0]
+    params, rollout = tree_on(gpu), tree_on(cpu)
+    with jax.transfer_guard("disallow"):
+        to_cpu, to_gpu = place(params, cpu), place(rollout, NamedSharding(Mesh(np.asarray([gpu]), ("x",)), P()))
+    assert on_device(to_cpu, cpu) and all(x.devices() == {gpu} for x in jax.tree.leaves(to_gpu))
+    np.testing.assert_array_equal(to_cpu["w"], np.arange(6).reshape(2, 3))
