@@ -28,24 +28,27 @@ def place(tree: Any, where: Placement) -> Any:
         return tree
     if isinstance(where, jax.Device) and on_device(tree, where):
         return jax.tree.map(_single_device_view, tree)
-    if _crosses_platforms(tree, where):
-        # JAX copies between platforms (a GPU learner's params to CPU actors, their rollouts
-        # back) through host memory, which the runtime threads' transfer guard counts as an
-        # implicit transfer: fetch to the host explicitly, then put.
+    if _leaves_an_accelerator(tree, where):
+        # JAX copies from an accelerator to another platform (a GPU learner's params to CPU
+        # actors) through host memory, which the runtime threads' transfer guard counts as
+        # an implicit transfer: fetch to the host explicitly, then put. (CPU to GPU goes
+        # directly: allowed, and faster than through numpy: 559 against 947 us for a
+        # CartPole rollout on an H200 machine.)
         return jax.device_put(jax.device_get(tree), where)
     return jax.device_put(tree, where)
 
 
-def _crosses_platforms(tree: Any, where: Any) -> bool:
-    """Some array of `tree` lives on a platform that `where` (a device, a sharding, or a
-    tree of them) has no device of."""
+def _leaves_an_accelerator(tree: Any, where: Any) -> bool:
+    """Some array of `tree` lives on a non-CPU platform that `where` (a device, a
+    sharding, or a tree of them) has no device of."""
     targets = {
         d.platform
         for w in jax.tree.leaves(where, is_leaf=lambda x: isinstance(x, (jax.Device, jax.sharding.Sharding)))
         for d in ((w,) if isinstance(w, jax.Device) else w.device_set)
     }
     return any(
-        d.platform not in targets for x in jax.tree.leaves(tree) if isinstance(x, jax.Array) for d in x.devices()
+        d.platform not in targets and d.platform != "cpu"
+        for x in jax.tree.leaves(tree) if isinstance(x, jax.Array) for d in x.devices()
     )
 
 
