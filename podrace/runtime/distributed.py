@@ -270,8 +270,8 @@ __all__ = [
     "global_learner_devices",
     "host_of",
     "join",
-    "meet",
     "local_copy",
+    "meet",
     "resolved",
     "shared_fields",
 ]

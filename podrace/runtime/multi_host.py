@@ -3,8 +3,8 @@ its own actors, all learners one `jit(shard_map)` over the global learner mesh.
 
 Every process runs the same command. Before any thread starts, the processes meet, open
 the peer link (`peers`), join jax.distributed, check themselves and compare configs
-(`distributed.agree`), and build a `SingleHostRun` whose learner mesh is every process's learner devices. Each
-process's actors feed only that process's shards; the learner step is the same SPMD
+(`distributed.agree`), and build a `SingleHostRun` whose learner mesh is every process's
+learner devices. Each process's actors feed only that process's shards; the learner step is the same SPMD
 program everywhere, so params stay identical on every process, and each process publishes
 them to its own actors through its local sync transport.
 
