@@ -51,14 +51,23 @@ class HostedService:
             stderr=subprocess.DEVNULL,  # JAX's service logs; failures come back on stdout
             start_new_session=True,  # not in process 0's group: a kill of that group spares it
         )
+        self.ready = False
+        # Known before it is ready: process 0 leaving meanwhile (a peer lost while JAX
+        # starts) must stop it too, or it would take the port after process 0 has gone.
+        HostedService.current = self
         answer = self.child.stdout.readline().decode(errors="replace").strip()
         if answer != "ready":
             self.child.wait()
             raise RuntimeError(answer or f"the coordination service exited with code {self.child.returncode}")
-        HostedService.current = self
+        self.ready = True
 
     def stop(self) -> None:
-        """Tell the child to stop the service and exit; returns at once."""
+        """Tell the child to stop the service and exit; returns at once. A child not ready
+        yet serves no one: it is killed."""
+        if not self.ready:
+            with contextlib.suppress(OSError):
+                self.child.kill()
+            return
         with contextlib.suppress(OSError, ValueError):  # already told, or the child is gone
             self.child.stdin.write(STOP)
             self.child.stdin.close()

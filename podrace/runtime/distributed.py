@@ -78,7 +78,13 @@ def meet(d: DistributedConfig, check: Callable[[], None] = lambda: None) -> "soc
         return None
     coordinator, num_processes, process_id = known
     if process_id != 0:
-        offer = rendezvous(*known, float(d.init_timeout_s), check)
+        try:
+            offer = rendezvous(*known, float(d.init_timeout_s), check)
+        except ConfigError:
+            raise
+        except BaseException as stop:  # a stop (Ctrl-C) while waiting: the meeting hears of it
+            refuse(*known, f"it was stopped before every process had joined ({stop})", STOP_REFUSAL_WAIT_S)
+            raise
         port = offer.get("peers")
         if not isinstance(port, int) or isinstance(port, bool):
             raise ConfigError(f"distributed: process 0 at {coordinator} offered no peer link (another podrace version?)")
@@ -141,6 +147,8 @@ def refuse_to_join(d: DistributedConfig, reason: str) -> None:
 
 REFUSAL_WAIT_S = 10.0
 """How long an invalid process tries to reach process 0's meeting to say so."""
+STOP_REFUSAL_WAIT_S = 1.0
+"""The same for a process stopped while it waits for the meeting (it is leaving)."""
 
 
 def _explicit(d: DistributedConfig) -> tuple[str, int, int] | None:

@@ -69,8 +69,8 @@ def prepare(cfg: TrainConfig, lifetime: Lifetime | None = None) -> "MultiHostRun
     link = None
     try:
         hub = meet(d, lifetime.check)
-        if hub is not None:
-            link = _started(PeerLink.open(d.process_id, d.num_processes, d.peer_timeout_s, hub, d.init_timeout_s,
+        if hub is not None:  # every process is there: one not connecting within the peer timeout hung
+            link = _started(PeerLink.open(d.process_id, d.num_processes, d.peer_timeout_s, hub, d.peer_timeout_s,
                                           lifetime.check), lifetime)
         cluster = join(d)
         if link is None:  # JAX detected the processes: the link's address goes through its store
@@ -183,7 +183,9 @@ class MultiHostRun:
         self.link.on_lost(lambda lost: lifetime.fail(f"process-{lost.process}", lost))
         try:
             return self.local.run()
-        except BaseException:
+        except BaseException as error:
+            if isinstance(getattr(error, "error", None), PeerStopped):  # stopped from another process
+                discard_if_untrained(lifetime.run_dir, self.local.learner.version)  # as after a stop here
             self.link.wait_others_gone(HUB_EXIT_WAIT_S)
             self.link.close()
             raise

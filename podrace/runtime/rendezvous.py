@@ -95,6 +95,9 @@ def _gather(port: int, num_processes: int, timeout_s: float, check: Callable[[],
             elif not 0 < process < num_processes:
                 others.append(conn)
                 error = f"distributed: a process says it is process {process} of {num_processes}"
+            elif process in joined and isinstance(hello.get("refusal"), str):  # stopped since its hello
+                others.append(conn)
+                refused = refused or f"distributed: process {process} cannot run: {hello['refusal']}"
             elif process in joined:
                 others.append(conn)
                 error = f"distributed: two processes say they are process {process}"

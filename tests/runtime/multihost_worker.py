@@ -23,6 +23,7 @@ from podrace.control import Lifetime
 from podrace.envs import env_spec
 from podrace.metrics.registry import Metrics
 from podrace.networks import make_network
+from podrace.runtime.faults import FaultPlan
 from podrace.pipeline import Pipeline
 from podrace.runtime.build import build_learner, seed_key
 from podrace.sync.local import LocalPublisher
@@ -96,10 +97,17 @@ def main(out: str, process: int, num_processes: int, coordinator: str, normalize
     jax.distributed.shutdown()
 
 
-def faulty_run(run_dir: str, process: int, num_processes: int, coordinator: str) -> int:
-    """`podrace train` (the CLI, in this process) whose process 1 has an env that raises.
-    Process 0 also makes the run directory late: process 1 must wait for it before making
-    its part inside (or process 0 finds the directory taken: exit 2)."""
+FAULTS = {
+    # process 1's env raises; process 0 also makes the run directory late: process 1 must
+    # wait for it before making its part inside (or process 0 finds the directory taken)
+    "fault": (1, FaultPlan(env_raise=(0, 200))),
+    # process 0's env steps take 2 s: no update happens for a while once training runs
+    "slow": (0, FaultPlan(slow={"env_step": 2.0})),
+}
+
+
+def faulty_run(run_dir: str, process: int, num_processes: int, coordinator: str, fault: str = "fault") -> int:
+    """`podrace train` (the CLI, in this process) with one of `FAULTS` injected."""
     from podrace.cli import main as cli
     from podrace.runtime import faults, multi_host
 
@@ -111,10 +119,12 @@ def faulty_run(run_dir: str, process: int, num_processes: int, coordinator: str)
 
     multi_host.create_run_dir = create_run_dir_late
 
+    faulty_process, plan = FAULTS[fault]
+
     def prepare_with_fault(cfg, lifetime=None):
         run = prepare(cfg, lifetime)
-        if process == 1:
-            faults.inject(run.local, faults.FaultPlan(env_raise=(0, 200)))
+        if process == faulty_process:
+            faults.inject(run.local, plan)
         return run
 
     multi_host.prepare = prepare_with_fault
@@ -130,8 +140,8 @@ if __name__ == "__main__":
     # Before JAX creates its backend (importing jax does not); tests import this module too.
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=1").strip()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    if sys.argv[1] == "fault":
-        code = faulty_run(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
+    if sys.argv[1] in FAULTS:
+        code = faulty_run(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[1])
         sys.stdout.flush(), sys.stderr.flush()
         os._exit(code)
     main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5:] == ["normalize"])

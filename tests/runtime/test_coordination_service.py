@@ -11,7 +11,7 @@ import time
 import pytest
 
 from podrace.runtime.coordination_service import LINGER_S, HostedService, stop_hosted_service
-from tests.runtime.test_multihost import free_port, processes
+from tests.runtime.test_multihost import free_port, processes, service_child
 
 JOIN = """
 import sys, time
@@ -98,3 +98,40 @@ def test_stopping_the_hosted_service_returns_at_once_and_the_child_exits():
     assert time.monotonic() - start < 0.5
     service.child.wait(15)
     assert service.child.returncode == 0
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.timeout(60)
+def test_process_0_leaving_while_its_service_starts_stops_it_before_it_takes_the_port():
+    """Found by an attack: a peer lost while JAX started made process 0 leave before the
+    child said ready; stop_hosted_service did not know the child yet, which then took the
+    coordinator's port after process 0 had gone."""
+    import threading
+
+    port = free_port()
+    HostedService.current = None
+    errors = []
+
+    def start():
+        try:
+            HostedService(f"127.0.0.1:{port}", 2)
+        except RuntimeError as error:
+            errors.append(error)
+
+    starting = threading.Thread(target=start)
+    starting.start()
+    deadline = time.monotonic() + 10
+    while (child := service_child(os.getpid())) is None:  # spawned: it imports JAX for a second
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    stop_hosted_service()
+    starting.join(15)
+    for _ in range(30):  # the port is never taken afterwards
+        assert not listening(port)
+        time.sleep(0.1)
+    assert not alive(child) and errors
+    HostedService.current = None

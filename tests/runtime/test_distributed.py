@@ -65,3 +65,36 @@ def test_cli_rejects_bad_distributed_flags_in_one_line(capsys, tmp_path):
     err = capsys.readouterr().err
     assert code == 2 and err.strip() == "podrace: error: distributed.process_id must be in 0..1, got 5"
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.timeout(60)
+def test_a_process_stopped_before_its_hello_tells_the_meeting_so_no_one_waits_for_it():
+    """Found by an attack: Ctrl-C on process 1 before it reached process 0 left process 0
+    waiting out --distributed.init-timeout-s, then blaming a process that never started."""
+    import threading
+    import time
+
+    from podrace.config import DistributedConfig
+    from podrace.control import Stopped
+    from podrace.runtime.distributed import meet
+    from podrace.runtime.rendezvous import rendezvous
+    from tests.runtime.test_multihost import free_port
+
+    coordinator = f"127.0.0.1:{free_port()}"
+
+    def stopped():
+        raise Stopped("SIGINT received")
+
+    def process_1():
+        with pytest.raises(Stopped):
+            meet(DistributedConfig(coordinator, 2, 1, init_timeout_s=30), stopped)
+
+    leaving = threading.Thread(target=process_1)
+    leaving.start()
+    time.sleep(0.3)  # process 0 starts its meeting after process 1 was stopped
+    start = time.monotonic()
+    with pytest.raises(ConfigError) as refused:
+        rendezvous(coordinator, 2, 0, 20.0)
+    leaving.join(5)
+    assert time.monotonic() - start < 3
+    assert "process 1 cannot run: it was stopped before every process had joined (SIGINT received)" in str(refused.value)

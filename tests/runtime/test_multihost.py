@@ -329,6 +329,27 @@ def test_a_process_killed_while_joining_jax_distributed_ends_the_other_with_one_
         assert port_freed(port, 3.0)  # process 0 stopped its coordination service as it left
 
 
+@pytest.mark.timeout(300)
+def test_ctrl_c_on_process_1_once_process_0_trains_but_before_any_update_leaves_no_run_directory(tmp_path):
+    """Found by an attack: the stop reached process 0 after its preparation (threads
+    running, no update yet: its env steps take 2 s here), and its run directory stayed."""
+    port = free_port()
+    commands = [
+        [sys.executable, "-m", "tests.runtime.multihost_worker", "slow", str(tmp_path), str(p), "2", f"127.0.0.1:{port}"]
+        for p in range(2)
+    ]
+    with processes(commands) as procs:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "r" / "metrics.jsonl").exists():  # process 0's run has started
+            assert all(proc.poll() is None for proc in procs) and time.monotonic() < deadline
+            time.sleep(0.02)
+        procs[1].send_signal(signal.SIGINT)
+        (code0, _, err0), (code1, _, err1) = finish(procs, 60)
+    assert code1 == 130 and "SIGINT received" in err1, err1[-3000:]
+    assert code0 == 130 and "podrace: process 1 received SIGINT, stopped" in err0, err0[-3000:]
+    assert not (tmp_path / "r").exists(), sorted(p.name for p in (tmp_path / "r").rglob("*"))
+
+
 def wait_for_final_line(path: Path, procs, timeout: float = 150) -> None:
     """Until `path` (a process's metrics.jsonl) has its run's `final: 1` line."""
     deadline = time.monotonic() + timeout

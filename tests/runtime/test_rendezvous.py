@@ -162,3 +162,22 @@ def test_a_stop_ends_the_wait_at_once(process):
     with pytest.raises(Stop):
         rendezvous(f"127.0.0.1:{free_port()}", 2, process, 30.0, check)
     assert time.monotonic() - start < 2
+
+
+def test_a_process_stopped_after_its_hello_is_a_refusal_not_a_twin():
+    """Three processes: process 1 said hello, then was stopped while process 2 was still
+    awaited; its refusal (`refuse`, from a new connection) ends the run with its reason."""
+    from podrace.runtime.rendezvous import refuse
+
+    port = free_port()
+    outcome = []
+    gathering = threading.Thread(target=lambda: outcome.append(meet(port, [(0, 3)], timeout_s=5.0)[0]))
+    gathering.start()
+    time.sleep(0.3)
+    with socket.create_connection(("127.0.0.1", port)) as hello:
+        hello.sendall(b'{"hello": "podrace-rendezvous/1", "process": 1, "num_processes": 3}\n')
+        time.sleep(0.2)
+    refuse(f"127.0.0.1:{port}", 3, 1, "it was stopped (SIGINT received)", 2.0)
+    [error] = meet(port, [(2, 3)])
+    gathering.join(10)
+    assert error == outcome[0] == "distributed: process 1 cannot run: it was stopped (SIGINT received)"
