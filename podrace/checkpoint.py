@@ -3,11 +3,13 @@
 `<run dir>/checkpoints/<version>/` holds two orbax items, `arrays` (train state, keys,
 normalizer statistics: host copies) and `meta` (JSON: counters, next sequence numbers, the
 resolved config, the env spec), plus `podrace_manifest.json` (size and SHA-256 of every
-file). orbax writes a step into `<version>.orbax-checkpoint-tmp-*` and renames it only when
-complete, so only integer-named directories are checkpoints and a write killed halfway
-never hides or damages the previous one (tests/test_checkpoint.py kills a writer to check
-this rather than trusting it). The manifest exists because orbax's array chunks carry no
-checksum: a flipped byte would otherwise load as silently wrong weights.
+file). A step is written whole under another name (`<version>.partial`: orbax's items, then
+the manifest) and renamed to `<version>` only then, so an integer-named directory is a
+complete checkpoint with its manifest, and a write killed at any moment never hides or
+damages the previous one (tests/test_checkpoint.py kills a writer to check this rather than
+trusting it); the next writer of the run clears what a killed write or deletion left. The
+manifest exists because orbax's array chunks carry no checksum: a flipped byte would
+otherwise load as silently wrong weights.
 
 Writing: `Checkpointer.save(state)` copies the state to the host on the caller's thread and
 writes it on a background thread; after each write the oldest steps beyond `keep` are
@@ -25,6 +27,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import time
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -40,11 +43,16 @@ from podrace.algos.base import TrainState
 from podrace.config import ConfigError, TrainConfig
 from podrace.control import ExplainedError
 from podrace.metrics.registry import Metrics
+from podrace.orbax_loops import draining_loops
 from podrace.types import EnvSpec, PyTree
 
 FORMAT = 1
 MANIFEST = "podrace_manifest.json"
 CHECKPOINT_DIR = "checkpoints"
+PARTIAL, DELETING = ".partial", ".deleting"
+"""Suffixes of a step being written and of one being deleted: never read as checkpoints."""
+_LEFTOVER = re.compile(r"[0-9]+(\.partial(\.orbax-checkpoint-tmp(-[0-9]+)?)?|\.deleting|\.orbax-checkpoint-tmp(-[0-9]+)?)")
+"""The names a write or deletion killed halfway leaves (the last: orbax's, of older podrace)."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +107,23 @@ class CheckpointFilesRemoved(ExplainedError, FileNotFoundError):
     """Something else deleted files of a checkpoint while the run was writing it."""
 
 
+class CheckpointWriteFailed(ExplainedError, OSError):
+    """The storage refused a checkpoint's files (a full disk, permissions, an I/O error)."""
+
+
+def storage_error_text(error: BaseException, directory: Path) -> str:
+    """orbax/TensorStore's message on one line: without the spec dump it appends, paths
+    relative to `directory`, and its end (the system's reason) kept when it is long."""
+    text = " ".join(str(error).split()).split("[tensorstore_spec")[0].strip()
+    text = text.replace(f"{directory}{os.sep}", "")
+    return text if len(text) <= 500 else f"{text[:150]} ... {text[-300:]}"
+
+
+def _is_storage_error(error: BaseException) -> bool:
+    """OSError, or orbax/TensorStore's status error ("RESOURCE_EXHAUSTED: ...")."""
+    return isinstance(error, OSError) or re.match(r"[A-Z][A-Z_]+: ", str(error)) is not None
+
+
 class Checkpointer:
     """Saves RunStates of one run: every `cfg.checkpoint.every_updates`, keeping the last K.
 
@@ -114,16 +139,15 @@ class Checkpointer:
         self.metrics = metrics if metrics is not None else Metrics()
         self._meta = {"format": FORMAT, "config": dataclasses.asdict(cfg), "env_spec": spec_json(spec)}
         self.keep = cfg.checkpoint.keep
-        options = ocp.CheckpointManagerOptions(
-            max_to_keep=None,  # rotation is ours: it spares a step a reader holds, see rotate()
-            enable_async_checkpointing=False,  # our own thread writes; see save()
-            cleanup_tmp_directories=True,  # leftovers of a killed write
-            create=True,
-        )
-        self._manager = ocp.CheckpointManager(self.directory, options=options)
+        self._orbax = orbax_checkpointer()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
         self._pending: Future | None = None
         self._last_version: int | None = None
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for leftover in leftovers(self.directory):  # the run lock is ours: no other writer
+            shutil.rmtree(leftover, ignore_errors=True)
+        self._quiet = _QuietAbout(self.directory)
+        logging.getLogger("absl").addFilter(self._quiet)
 
     def due(self, version: int) -> bool:
         """True when `version` is a multiple of checkpoint.every_updates."""
@@ -160,35 +184,56 @@ class Checkpointer:
 
     def _write(self, step: int, arrays: dict, meta: dict) -> None:
         start = time.perf_counter()
+        final, partial = self.directory / str(step), self.directory / f"{step}{PARTIAL}"
         args = ocp.args.Composite(arrays=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta))
         try:
-            self._manager.save(step, args=args, force=True)
-            self._manager.wait_until_finished()
-            write_manifest(self.directory / str(step))
+            self.directory.mkdir(parents=True, exist_ok=True)  # deleted since the last save: made again
+            if final.exists():
+                raise FileExistsError(f"checkpoint {step} already exists in {self.directory}; it is never replaced")
+            shutil.rmtree(partial, ignore_errors=True)
+            with draining_loops():  # a failed write's other writes finish before orbax closes its loop
+                self._orbax.save(partial, args=args)
+            write_manifest(partial)
+            os.rename(partial, final)  # files and manifest appear together, or not at all
+            _sync_directory(self.directory)
+        except FileExistsError:
+            raise
         except Exception as error:
-            written = [self.directory / str(step), *self.directory.glob(f"{step}.orbax-checkpoint-tmp*")]
+            written = [partial, final, *self.directory.glob(f"{step}{PARTIAL}.orbax-checkpoint-tmp*")]
             missing = isinstance(error, FileNotFoundError) or str(error).startswith("NOT_FOUND")
             if missing or not any(path.exists() for path in written):
                 # orbax's own error is a 100-line dump of a TensorStore spec
                 raise CheckpointFilesRemoved(
                     f"files of checkpoint {step} in {self.directory} were deleted while it was written "
                     "(by another process?)") from error
+            for path in written[:1] + written[2:]:  # give the space back (a full disk)
+                shutil.rmtree(path, ignore_errors=True)
+            if _is_storage_error(error):
+                raise CheckpointWriteFailed(
+                    f"checkpoint {step} could not be written in {self.directory}: {storage_error_text(error, self.directory)}"
+                ) from error
             raise
-        self.rotate()
         self.metrics.add("checkpoint/write_s", time.perf_counter() - start)
-        self.metrics.set("checkpoint/version", step)
+        self.metrics.set("checkpoint/version", step)  # complete: whatever happens to the rotation
+        self.rotate()
 
     def rotate(self) -> None:
         """Delete the oldest steps beyond checkpoint.keep, except one that a reader holds
         (`podrace eval` of this live run, see `step_lock`): it goes at a later rotation. A
-        step that cannot be deleted is a warning: the new checkpoint is complete all the same."""
+        step leaves the listing at once (renamed, then deleted), so a deletion killed
+        halfway leaves no damaged checkpoint. A step that cannot be deleted is a warning:
+        the new checkpoint is complete all the same."""
         for step in checkpoint_steps(self.directory)[: -self.keep]:
             step_dir = self.directory / str(step)
             with step_lock(step_dir, shared=False) as free:
                 if not free:
                     continue
                 try:
-                    self._manager.delete(step)
+                    if step_dir.is_symlink():
+                        raise OSError(f"{step_dir} is a symbolic link, not a step this run wrote")
+                    doomed = self.directory / f"{step}{DELETING}"
+                    os.rename(step_dir, doomed)
+                    shutil.rmtree(doomed)
                 except FileNotFoundError:
                     pass  # gone already: so much the better
                 except OSError as error:
@@ -214,17 +259,65 @@ class Checkpointer:
             self.rotate()
         finally:
             self._executor.shutdown(wait=True)
-            self._manager.close()
+            self._orbax.close()
+            logging.getLogger("absl").removeFilter(self._quiet)
+
+
+class _QuietAbout(logging.Filter):
+    """Drops orbax's log records about files under one directory: its threads log a write's
+    failure with a traceback (and TensorStore's spec dump) that the Checkpointer's own
+    one-line error replaces."""
+
+    def __init__(self, directory: Path):
+        super().__init__()
+        self._directory = str(directory)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self._directory not in record.getMessage()
+
+
+def leftovers(directory: Path) -> list[Path]:
+    """What writes and deletions killed halfway left in `directory` (for the next writer to
+    clear). ConfigError for a file or link of such a name: podrace would write or delete
+    there; a resume checks this before it changes anything in the run."""
+    found = []
+    for path in sorted(directory.iterdir()) if directory.is_dir() else ():
+        if not _LEFTOVER.fullmatch(path.name):
+            continue
+        if path.is_symlink() or not path.is_dir():
+            raise ConfigError(f"{path} is in the way of podrace's checkpoints (a step is written as <step>{PARTIAL} "
+                              f"and deleted as <step>{DELETING}); move it out of {directory}")
+        found.append(path)
+    return found
+
+
+def orbax_checkpointer() -> ocp.Checkpointer:
+    """orbax's writer and reader of one step directory: the `arrays` and `meta` items."""
+    handlers = {"arrays": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}
+    return ocp.Checkpointer(ocp.CompositeCheckpointHandler(**handlers))
+
+
+def _sync_directory(directory: Path) -> None:
+    """Make a rename in `directory` durable (a crash of the machine must not undo it)."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_manifest(step_dir: Path) -> None:
-    """Record size and SHA-256 of every file of a complete step (atomically replaced)."""
+    """Record size and SHA-256 of every file of a complete step, and make it durable: the
+    manifest and the step's directory are synced, as TensorStore syncs the files it wrote,
+    so a machine crash after the rename cannot leave the latest step unverifiable."""
     files = {}
     for path in sorted(p for p in step_dir.rglob("*") if p.is_file() and p.name != MANIFEST):
         files[path.relative_to(step_dir).as_posix()] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
-    tmp = step_dir / f".{MANIFEST}.tmp"
-    tmp.write_text(json.dumps({"format": FORMAT, "files": files}, indent=1) + "\n")
-    os.replace(tmp, step_dir / MANIFEST)
+    with open(step_dir / MANIFEST, "w") as f:
+        f.write(json.dumps({"format": FORMAT, "files": files}, indent=1) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    _sync_directory(step_dir)
 
 
 READ_HOLD_WAIT_S = 10.0

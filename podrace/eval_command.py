@@ -22,7 +22,7 @@ import tyro
 from podrace import json_text
 from podrace.algos.normalizer import acting_apply, acting_params, init_normalizer
 from podrace.checkpoint import RunState, checkpoint_dir, latest_step, step_lock
-from podrace.restore import read_config, restore, wait_for_manifest
+from podrace.restore import read_config, restore
 from podrace.config import ConfigError, TrainConfig
 from podrace.envs import BatchedEnv, env_spec, make_env, resolve_backend
 from podrace.envs.user_modules import make_working_dir_importable
@@ -173,7 +173,6 @@ def load_checkpoint(opts: EvalOptions) -> tuple[int, TrainConfig, EnvSpec, RunSt
         try:
             # Held from the config to the arrays: the run's rotation cannot delete it meanwhile.
             with step_lock(directory / str(step), shared=True):
-                wait_for_manifest(directory / str(step))
                 step, cfg = read_config(directory, step)
                 make_working_dir_importable(cfg.env.id)  # a `module:Env` id, as `podrace train` does
                 resolve_backend(cfg.env)

@@ -7,9 +7,7 @@ file and what is wrong with it."""
 from __future__ import annotations
 
 import json
-import logging
 import re
-import time
 import typing
 from pathlib import Path
 from typing import Any
@@ -20,39 +18,23 @@ import orbax.checkpoint as ocp
 
 from podrace import json_text
 from podrace.algos.base import TrainState
-from podrace.checkpoint import FORMAT, MANIFEST, RunState, file_sha256, resolve_step, spec_json
+from podrace.checkpoint import FORMAT, MANIFEST, RunState, file_sha256, orbax_checkpointer, resolve_step, spec_json
 from podrace.config import ConfigError, TrainConfig
 from podrace.config_dict import config_from_dict
 from podrace.orbax_loops import draining_loops
 from podrace.types import EnvSpec, PyTree
 
 
-MANIFEST_WAIT_S = 2.0
-"""How long a reader of a live run gives a step without its manifest to get one."""
-
-
-def wait_for_manifest(step_dir: Path) -> None:
-    """For a reader of a run that may still be training (`podrace eval`): the run writes a
-    step's manifest a moment after orbax renames the step into place, so a step listed in
-    between is given MANIFEST_WAIT_S to get it before it is read as unverifiable."""
-    deadline = time.monotonic() + MANIFEST_WAIT_S
-    while not (step_dir / MANIFEST).exists() and step_dir.is_dir() and time.monotonic() < deadline:
-        time.sleep(0.02)
-
-
-_unverified: set[Path] = set()
-"""Steps already warned about in this process."""
-
-
 def verify_manifest(step_dir: Path) -> None:
-    """ConfigError naming the first file that is missing, truncated or altered."""
+    """ConfigError naming the first file that is missing, truncated or altered.
+
+    Every step podrace writes has its manifest from the moment it appears (see
+    `podrace.checkpoint`), so a step without one was damaged, or left by a write of an
+    older podrace killed before its manifest: either way it cannot be verified."""
     manifest_path = step_dir / MANIFEST
-    if not manifest_path.exists():
-        # Killed between orbax's rename and the manifest: complete but unverifiable.
-        if step_dir.absolute() not in _unverified:  # a command reads a step more than once
-            _unverified.add(step_dir.absolute())
-            logging.getLogger(__name__).warning("checkpoint %s has no %s; not verified", step_dir, MANIFEST)
-        return
+    if not manifest_path.is_file():
+        raise ConfigError(f"corrupt checkpoint: {step_dir} has no {MANIFEST}, so its files cannot be verified "
+                          "(move the step out of the checkpoints folder to use an earlier one)")
     try:
         files = _manifest_files(json_text.loads(manifest_path.read_bytes()))
     except (ValueError, KeyError, TypeError) as error:  # UnicodeDecodeError is a ValueError
@@ -69,6 +51,9 @@ def verify_manifest(step_dir: Path) -> None:
             raise ConfigError(f"corrupt checkpoint: {path} has {size} bytes, {expected['bytes']} were written")
         if file_sha256(path) != expected["sha256"]:
             raise ConfigError(f"corrupt checkpoint: {path} differs from what was written (SHA-256 mismatch)")
+    for path in sorted(step_dir.rglob("*")):  # orbax reads what it finds, listed or not
+        if path.is_file() and path != manifest_path and path.relative_to(step_dir).as_posix() not in files:
+            raise ConfigError(f"corrupt checkpoint: {path} is not in the manifest (added after the checkpoint was written)")
 
 
 def _manifest_files(manifest: object) -> dict[str, dict]:
@@ -84,6 +69,8 @@ def _manifest_files(manifest: object) -> dict[str, dict]:
                 and isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest)):
             raise ValueError(f"entry {name!r} must be a file in the checkpoint with 'bytes' and 'sha256', "
                              f"got {json.dumps(entry)[:80]}")
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"format {json.dumps(manifest.get('format'))[:20]}, this podrace writes {FORMAT}")
     return files
 
 
@@ -97,16 +84,11 @@ def _corrupt(step_dir: Path, item: str, error: Exception) -> ConfigError:
     return ConfigError(f"corrupt checkpoint: {where}: {what[:300]}")
 
 
-def _checkpointer() -> ocp.Checkpointer:
-    handlers = {"arrays": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}
-    return ocp.Checkpointer(ocp.CompositeCheckpointHandler(**handlers))
-
-
 def _read_item(step_dir: Path, item: str, read: typing.Callable[[ocp.Checkpointer], Any]) -> Any:
     """`read(checkpointer)`; any failure is a one-line "corrupt checkpoint" ConfigError."""
     try:
         with draining_loops():
-            return read(_checkpointer())
+            return read(orbax_checkpointer())
     except Exception as error:  # orbax/tensorstore raise many types; all mean "unreadable"
         raise _corrupt(step_dir, item, error) from None
 

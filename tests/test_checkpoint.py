@@ -8,11 +8,11 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from typing import Callable
 from pathlib import Path
@@ -27,12 +27,14 @@ import podrace.restore
 from podrace.checkpoint import (
     MANIFEST,
     Checkpointer,
+    CheckpointWriteFailed,
     RunState,
     checkpoint_steps,
     latest_step,
     step_lock,
+    write_manifest,
 )
-from podrace.restore import read_config, restore, wait_for_manifest
+from podrace.restore import read_config, restore
 from podrace.config import ConfigError, TrainConfig, replace
 from podrace.config_dict import config_from_dict
 from podrace.envs import env_spec
@@ -174,48 +176,75 @@ def test_an_old_step_that_cannot_be_deleted_is_a_warning_not_a_failed_save(tmp_p
     assert f"could not delete old checkpoint {tmp_path / '1'}" in caplog.text
 
 
-@pytest.mark.timeout(30)
-def test_a_live_step_is_given_time_to_get_its_manifest_and_a_dead_one_is_not_waited_for(tmp_path, monkeypatch, caplog):
-    """The writer renames the step into place, then writes the manifest: `podrace eval` of a
-    live run waits for it (`wait_for_manifest`); everything else (a resume, under the run
-    lock: no writer) reads a step without one at once, unverified."""
+@pytest.mark.timeout(60)
+def test_a_step_appears_only_with_its_manifest_and_one_without_is_refused(tmp_path, monkeypatch):
+    """The manifest is written before the step is renamed into place, so a writer killed at
+    any moment leaves no step that cannot be verified; a step without one was damaged."""
     cfg = tiny_config()
+    listed_while_manifested, manifest = [], podrace.checkpoint.write_manifest
+
+    def watched(step_dir):
+        listed_while_manifested.append(checkpoint_steps(tmp_path))
+        manifest(step_dir)
+
+    monkeypatch.setattr(podrace.checkpoint, "write_manifest", watched)
+    save_versions(tmp_path, cfg, [1, 2])
+    assert listed_while_manifested == [[], [1]]
+    (tmp_path / "2" / MANIFEST).unlink()
+    with pytest.raises(ConfigError, match=rf"^corrupt checkpoint: {tmp_path / '2'} has no {MANIFEST}, so its files"):
+        restore(tmp_path, fresh_state(cfg), env_spec(cfg.env))
+    assert restore(tmp_path, fresh_state(cfg), env_spec(cfg.env), step=1).version == 1
+
+
+@pytest.mark.timeout(60)
+def test_a_rotated_step_leaves_the_listing_before_its_files_are_deleted(tmp_path, monkeypatch):
+    """A deletion killed halfway must not leave a damaged step that a resume would pick."""
+    cfg = tiny_config(**{"checkpoint.keep": 1})
+    deletions, rmtree = [], shutil.rmtree
+
+    def watched(path, *args, **kwargs):
+        deletions.append((Path(path).name, checkpoint_steps(tmp_path)))
+        rmtree(path, *args, **kwargs)
+
     save_versions(tmp_path, cfg, [1])
-    manifest = (tmp_path / "1" / MANIFEST).read_bytes()
-    (tmp_path / "1" / MANIFEST).unlink()
-    monkeypatch.setattr(podrace.restore, "MANIFEST_WAIT_S", 10.0)
-    start = time.monotonic()
-    restore(tmp_path, fresh_state(cfg), env_spec(cfg.env))
-    read_config(tmp_path)  # a command reads a step more than once: warned once (CLI attack: 2-3 times)
-    assert time.monotonic() - start < 5 and caplog.text.count("has no podrace_manifest.json; not verified") == 1
-    caplog.clear()
-    threading.Timer(0.3, lambda: (tmp_path / "1" / MANIFEST).write_bytes(manifest)).start()
-    wait_for_manifest(tmp_path / "1")
-    restore(tmp_path, fresh_state(cfg), env_spec(cfg.env))
-    assert "not verified" not in caplog.text
-    start = time.monotonic()
-    wait_for_manifest(tmp_path / "2")  # no such step: nothing to wait for
-    assert time.monotonic() - start < 1
+    monkeypatch.setattr(podrace.checkpoint.shutil, "rmtree", watched)
+    save_versions(tmp_path, cfg, [2])
+    assert [listed for name, listed in deletions if name.startswith("1")] == [[2]]
+    monkeypatch.undo()
+    # left by a deletion, and by writes (this podrace's, an older one's), killed halfway:
+    # the next writer clears them, and nothing else
+    leftovers = ["1.deleting", "5.partial", "6.partial.orbax-checkpoint-tmp", "7.orbax-checkpoint-tmp-18"]
+    kept = ["3.partial-notes", "4.deleting_old", "8.partial.bak", "9.orbax-checkpoint-tmp-mine", "notes.partial"]
+    for name in leftovers + kept:
+        (tmp_path / name / "d").mkdir(parents=True)
+    save_versions(tmp_path, cfg, [3])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["3"] + kept)
+
+    (tmp_path / "4.partial").write_text("not a directory podrace made")
+    with pytest.raises(ConfigError, match=rf"^{tmp_path / '4.partial'} is in the way of podrace's checkpoints"):
+        Checkpointer(tmp_path, cfg, env_spec(cfg.env))
+    assert (tmp_path / "4.partial").read_text() == "not a directory podrace made"
 
 
-@pytest.mark.timeout(30)
-def test_a_reader_waits_a_bounded_time_for_a_step_held_exclusively(tmp_path, monkeypatch):
-    """A rotation deleting the step holds it for a moment; a fork child of the writer that
-    kept the descriptor could hold it for good: the reader must not hang on it."""
-    monkeypatch.setattr(podrace.checkpoint, "READ_HOLD_WAIT_S", 0.3)
-    (tmp_path / "7").mkdir()
-    with step_lock(tmp_path / "7", shared=False) as deleting:
-        assert deleting
-        start = time.monotonic()
-        with step_lock(tmp_path / "7", shared=True) as held:
-            assert not held and 0.3 <= time.monotonic() - start < 5
-    with step_lock(tmp_path / "7", shared=True) as held, step_lock(tmp_path / "7", shared=True) as also:
-        assert held and also  # readers share it
-    (tmp_path / "8").write_text("")  # `eval --checkpoint 8` where 8 is a file: its read fails, not the hold
-    with step_lock(tmp_path / "8", shared=True) as held:
-        assert not held
-    with step_lock(tmp_path / "8", shared=False) as free:
-        assert free  # no reader can hold what cannot be opened: the rotation tries, and warns
+@pytest.mark.timeout(60)
+def test_a_step_counts_as_saved_before_the_rotation_and_its_manifest_is_synced_before_it_appears(tmp_path, monkeypatch):
+    """A stop during a slow rotation must name the step just written as the latest; and
+    a machine crash after the rename must not find an unsynced manifest."""
+    cfg = tiny_config(**{"checkpoint.keep": 1})
+    checkpointer = Checkpointer(tmp_path, cfg, env_spec(cfg.env))
+    rotate, seen = checkpointer.rotate, []
+    monkeypatch.setattr(checkpointer, "rotate", lambda: (seen.append(checkpointer.metrics.last("checkpoint/version")), rotate()))
+    synced, fsync = [], os.fsync
+    monkeypatch.setattr(podrace.checkpoint.os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), fsync(fd)))
+    try:
+        for v in (1, 2):
+            checkpointer.save(fresh_state(cfg, seed=v, version=v))
+            checkpointer.wait()
+    finally:
+        checkpointer.close()
+    assert seen[:2] == [1, 2]  # then once more at close
+    step = str(tmp_path / "2")
+    assert synced[-3:] == [f"{step}.partial/{MANIFEST}", f"{step}.partial", str(tmp_path)]
 
 
 @pytest.mark.timeout(120)
@@ -333,12 +362,54 @@ def test_a_failed_write_such_as_disk_full_surfaces_and_keeps_the_last_checkpoint
 
         monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", disk_full)
         checkpointer.save(fresh_state(cfg, seed=2, version=2))
-        with pytest.raises(OSError, match="No space left"):
+        with pytest.raises(CheckpointWriteFailed, match=f"^checkpoint 2 could not be written in {tmp_path}: .*No space left"):
             checkpointer.wait()
     finally:
         checkpointer.close()
-    assert checkpoint_steps(tmp_path) == [1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1"]  # the space of the failed write is given back
     assert_same_arrays(restore(tmp_path, fresh_state(cfg), env_spec(cfg.env)), fresh_state(cfg, seed=1, version=1))
+
+
+STORAGE_REFUSES = textwrap.dedent(
+    """
+    import resource, signal, sys
+    from pathlib import Path
+    from podrace.checkpoint import Checkpointer
+    from podrace.envs import env_spec
+    from tests.test_checkpoint import fresh_state, tiny_config
+
+    directory = Path(sys.argv[1])
+    cfg = tiny_config(**{"network.hidden_sizes": (256,)})
+    first, second = fresh_state(cfg, seed=1, version=1), fresh_state(cfg, seed=2, version=2)
+    checkpointer = Checkpointer(directory, cfg, env_spec(cfg.env))
+    checkpointer.save(first)
+    checkpointer.wait()
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # every file over 4 KiB: "File too large"
+    checkpointer.save(second)
+    try:
+        checkpointer.wait()
+    except Exception as error:
+        print(f"{type(error).__name__}: {error}", flush=True)
+    checkpointer.close()
+    """
+)
+
+
+@pytest.mark.timeout(120)
+def test_a_write_the_storage_refuses_is_one_line_without_orbaxs_tracebacks(tmp_path):
+    """A real refusal inside TensorStore (a file size limit; a full disk is the same path):
+    orbax's threads logged tracebacks with TensorStore's spec dump, and late callbacks into
+    closed event loops printed "Event loop is closed" tracebacks, around podrace's error."""
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", STORAGE_REFUSES, str(tmp_path)], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"CheckpointWriteFailed: checkpoint 2 could not be written in {tmp_path}: ")
+    assert "File too large" in lines[0] and "tensorstore_spec" not in lines[0]
+    assert "Traceback" not in proc.stderr and "ERROR:absl" not in proc.stderr, proc.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1"]
 
 
 # Clear errors ---------------------------------------------------------------------------
@@ -373,11 +444,11 @@ def test_a_corrupt_checkpoint_names_the_file_and_what_is_wrong(tmp_path, damage,
 
 
 @pytest.mark.timeout(120)
-def test_without_a_manifest_damage_is_still_reported_with_the_file(tmp_path):
+def test_damage_that_passes_the_manifest_is_still_reported_with_the_file(tmp_path):
     cfg = tiny_config()
     save_versions(tmp_path, cfg, [1])
-    (tmp_path / "1" / MANIFEST).unlink()
     (tmp_path / "1" / "meta" / "metadata").write_text('{"format": 1, "conf')
+    write_manifest(tmp_path / "1")
     with pytest.raises(ConfigError, match=r"corrupt checkpoint: .*1/meta"):
         restore(tmp_path, fresh_state(cfg), env_spec(cfg.env))
 
@@ -415,14 +486,15 @@ def _manifest(text: bytes) -> Callable[[Path], None]:
 
 
 def _meta(edit: Callable[[dict], object]) -> Callable[[Path], None]:
-    """Edit the meta JSON of a checkpoint whose manifest is gone (a write killed before it)."""
+    """Edit the meta JSON of a checkpoint and its manifest to match: meta that passes the
+    manifest (written so by another program, or by a podrace that wrote it wrong)."""
 
     def damage(step_dir: Path) -> None:
-        (step_dir / MANIFEST).unlink()
         path = step_dir / "meta" / "metadata"
         meta = json.loads(path.read_text())
         edit(meta)
         path.write_text(json.dumps(meta))
+        write_manifest(step_dir)
 
     return damage
 
@@ -435,6 +507,8 @@ def _meta(edit: Callable[[dict], object]) -> Callable[[Path], None]:
     (_manifest(b"[3]"), "is not a valid manifest ('files' must map"),
     (_manifest(b"[" * 100_000 + b"]" * 100_000), "is not a valid manifest (nested too deeply to decode"),
     (_manifest(b'{"files": "\xff"}'), "is not a valid manifest ("),
+    (_manifest(b'{"format": 99, "files": {}}'), "is not a valid manifest (format 99, this podrace writes 1)"),
+    (_manifest(b'{"format": 1, "files": {}}'), "is not in the manifest (added after the checkpoint was written)"),
     (_meta(lambda m: [m.pop(k) for k in list(m) if k != "format"]), "meta: 'config' is missing"),
     (_meta(lambda m: m.pop("actor_next_seq")), "meta: 'actor_next_seq' is missing"),
     (_meta(lambda m: m.update(actor_next_seq=[0])), "meta: 'actor_next_seq' has 1 entries for 2 actors"),
@@ -446,7 +520,8 @@ def _meta(edit: Callable[[dict], object]) -> Callable[[Path], None]:
     (_meta(lambda m: m["config"]["network"].update(hidden_sizes=[8, "x"])), "network.hidden_sizes must be tuple[int, ...]"),
     (_meta(lambda m: m["config"].update(env=3)), ".env must be a mapping, got int"),
     (_meta(lambda m: m["config"]["env"].update(num_envs=-4)), "env.num_envs must be positive, got -4"),
-], ids=["files-list", "entry-empty", "entry-outside", "not-object", "too-deep", "not-utf8", "meta-format-only",
+], ids=["files-list", "entry-empty", "entry-outside", "not-object", "too-deep", "not-utf8", "other-format",
+        "files-unlisted", "meta-format-only",
         "no-actor-seq", "actor-seq-short", "actor-seq-type", "version-type", "env-spec-type", "time-type",
         "num-envs-type", "hidden-sizes-type", "env-section-type", "num-envs-negative"])
 def test_a_manifest_or_meta_of_the_wrong_shape_is_a_corrupt_checkpoint(tmp_path, damage, message):
@@ -462,14 +537,14 @@ def test_a_manifest_or_meta_of_the_wrong_shape_is_a_corrupt_checkpoint(tmp_path,
 
 
 @pytest.mark.timeout(120)
-def test_a_damaged_chunk_without_a_manifest_leaves_no_read_running_behind(tmp_path, monkeypatch):
+def test_a_damaged_chunk_that_passes_the_manifest_leaves_no_read_running_behind(tmp_path, monkeypatch):
     """orbax's event loop is closed when the first read fails; the reads still in flight then
     called back into it ("RuntimeError: Event loop is closed" tracebacks after the error)."""
     cfg = tiny_config()
     save_versions(tmp_path, cfg, [1])
-    (tmp_path / "1" / MANIFEST).unlink()
     index = max((tmp_path / "1" / "arrays" / "d").iterdir(), key=lambda p: p.stat().st_size)  # ocdbt's b-tree
     _flip_byte(index)
+    write_manifest(tmp_path / "1")
     stray = []
     monkeypatch.setattr(sys, "unraisablehook", stray.append)
     with pytest.raises(ConfigError, match=rf"^corrupt checkpoint: {index}: .*checksum verification failed"):
@@ -487,8 +562,6 @@ def test_a_checkpoints_folder_deleted_under_the_run_is_named_not_a_100_line_orba
     """Found by sabotage: `rm -rf checkpoints` of a live run during a write failed it with
     orbax's TensorStore spec dump and a traceback; the CLI prints this error in one line.
     Deleted between two saves, the folder is simply made again."""
-    import shutil
-
     cfg = tiny_config()
     directory = tmp_path / "checkpoints"
     checkpointer = Checkpointer(directory, cfg, env_spec(cfg.env))

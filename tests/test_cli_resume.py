@@ -55,6 +55,12 @@ def test_resume_errors_are_one_line_exit_2_and_change_nothing(capsys, tmp_path):
         code, out, err = run_cli(capsys, "train", *args)
         assert code == 2, (args, err)
         assert err.strip() == err.strip().splitlines()[0] and message in err, (args, err)
+    in_the_way = run_dir / "checkpoints" / "3.partial"  # where the resumed run would write its next step
+    in_the_way.write_text("")
+    code, out, err = run_cli(capsys, "train", "--resume", str(run_dir), "--total-steps", "100000")
+    assert code == 2 and err.strip() == f"podrace: error: {in_the_way} is in the way of podrace's checkpoints " \
+        f"(a step is written as <step>.partial and deleted as <step>.deleting); move it out of {in_the_way.parent}", err
+    in_the_way.unlink()
     array_file = max((p for p in (run_dir / "checkpoints" / "2").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
     data = bytearray(array_file.read_bytes())
     data[len(data) // 2] ^= 0xFF

@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import gymnasium
@@ -248,15 +247,13 @@ def test_a_live_run_rotating_its_checkpoints_spares_the_one_being_evaluated(tmp_
 
 
 @pytest.mark.timeout(120)
-def test_eval_of_a_step_just_renamed_into_place_waits_for_its_manifest(tmp_path, caplog):
-    """A live run writes the manifest a moment after the step appears: eval verifies it."""
+def test_eval_of_a_step_without_its_manifest_is_a_corrupt_checkpoint(tmp_path):
+    """A step appears with its manifest (written before the rename), so one without it
+    was damaged: eval refuses it rather than reading what it cannot verify."""
     run = make_run(tmp_path / "run")
-    manifest_path = checkpoint_dir(run) / "3" / "podrace_manifest.json"
-    manifest = manifest_path.read_bytes()
-    manifest_path.unlink()
-    threading.Timer(0.5, manifest_path.write_bytes, (manifest,)).start()
-    assert evaluate_run(EvalOptions(run, episodes=1))["checkpoint"] == 3
-    assert "not verified" not in caplog.text
+    (checkpoint_dir(run) / "3" / "podrace_manifest.json").unlink()
+    with pytest.raises(ConfigError, match=r"^corrupt checkpoint: .*/3 has no podrace_manifest.json"):
+        evaluate_run(EvalOptions(run, episodes=1))
 
 
 @pytest.mark.timeout(120)

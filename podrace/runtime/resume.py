@@ -105,11 +105,12 @@ def stored_config(resume: Resume) -> tuple[int, TrainConfig]:
     starts JAX's backend (orbax asks for the process index): a CLI sets XLA_FLAGS before,
     from `run_config_json`.
     """
-    from podrace.checkpoint import checkpoint_steps, step_lock
+    from podrace.checkpoint import checkpoint_steps, leftovers, step_lock
     from podrace.restore import read_config
 
     run_dir = Path(resume.run_dir)
     check_run_dir(run_dir)
+    leftovers(_checkpoints(run_dir))  # a name in the way of the resumed run's writes: refused now
     steps = checkpoint_steps(_checkpoints(run_dir))
     if resume.step_was_latest and steps[-1:] != [resume.step]:
         raise ConfigError(
