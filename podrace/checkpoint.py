@@ -157,7 +157,7 @@ class Checkpointer:
         """Copy `state` to the host now, write it in the background; returns seconds blocked.
 
         The version this Checkpointer saved last is skipped (e.g. the final save right
-        after a periodic one); any other existing version is orbax's error, never replaced.
+        after a periodic one); any other existing version is an error, never replaced.
         """
         start = time.perf_counter()
         self.wait()
@@ -199,14 +199,14 @@ class Checkpointer:
         except FileExistsError:
             raise
         except Exception as error:
-            written = [partial, final, *self.directory.glob(f"{step}{PARTIAL}.orbax-checkpoint-tmp*")]
+            unfinished = [partial, *self.directory.glob(f"{step}{PARTIAL}.orbax-checkpoint-tmp*")]
             missing = isinstance(error, FileNotFoundError) or str(error).startswith("NOT_FOUND")
-            if missing or not any(path.exists() for path in written):
+            if missing or not any(path.exists() for path in [final, *unfinished]):
                 # orbax's own error is a 100-line dump of a TensorStore spec
                 raise CheckpointFilesRemoved(
                     f"files of checkpoint {step} in {self.directory} were deleted while it was written "
                     "(by another process?)") from error
-            for path in written[:1] + written[2:]:  # give the space back (a full disk)
+            for path in unfinished:  # give the space back (a full disk)
                 shutil.rmtree(path, ignore_errors=True)
             if _is_storage_error(error):
                 raise CheckpointWriteFailed(
