@@ -367,7 +367,7 @@ MUTANTS: list[Mutant] = [
            "    if fits < cfg.num_workers:", "    if fits < 0:",
            ("tests/runtime/test_ray_cluster.py",)),
     Mutant("deleted_checkpoint_files_not_named", "podrace/checkpoint.py",
-           "            if missing or not any(path.exists() for path in written):", "            if False:",
+           "            if missing or not any(path.exists() for path in [final, *unfinished]):", "            if False:",
            ("tests/test_checkpoint.py", "-k", "deleted_under")),
     Mutant("signal_after_a_command_kills_silently", "podrace/cli.py",
            "        ignore_signals_from_now_on()\n", "        pass\n",
