@@ -97,8 +97,18 @@ def train(cfg: "TrainConfig", env_factory: "EnvFactory | None" = None) -> "Train
     `env_factory(num_envs, seed)` returning a `BatchedEnv` or a `gymnasium.vector.VectorEnv`
     replaces `cfg.env.id`: actors and the evaluator build their envs with it (see
     `podrace.envs.EnvSource`); it is called once first, as a probe, to check the spaces.
-    """
-    from podrace.envs import EnvSource
-    from podrace.runtime.single_host import train as train_threads
 
-    return train_threads(cfg, envs=EnvSource(cfg.env, env_factory))
+    Ctrl-C (in the main thread, with Python's own SIGINT handling) stops the run as the CLI
+    does: the last update's state is saved and the run directory released (a run stopped
+    before its first update leaves none), then KeyboardInterrupt is raised; a second Ctrl-C
+    raises it at once.
+    """
+    from podrace.control import Lifetime
+    from podrace.runtime.supervisor import interrupts_stop
+
+    lifetime = Lifetime()
+    with interrupts_stop(lifetime):  # from here: a Ctrl-C during JAX's import too
+        from podrace.envs import EnvSource
+        from podrace.runtime.single_host import train as train_threads
+
+        return train_threads(cfg, lifetime, envs=EnvSource(cfg.env, env_factory))

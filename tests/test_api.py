@@ -4,14 +4,19 @@ and the halfcheetah-ppo preset."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 import sys
+import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import podrace
 from podrace.presets import PRESETS
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.timeout(60)
@@ -131,3 +136,92 @@ def test_train_with_a_vector_env_factory_learns_beyond_random(tmp_path):
     )
     result = podrace.train(cfg, env_factory=factory)
     assert result.final_eval.mean_return >= 0.75 * MATCH_LENGTH > 2 * RANDOM_RETURN
+
+
+CTRL_C_FROM_PYTHON = textwrap.dedent(
+    """
+    import dataclasses, json, os, signal, sys, threading, time
+    from pathlib import Path
+    import gymnasium, numpy as np
+    import podrace
+    from podrace.runtime.resume import Resume
+    from podrace.runtime.single_host import train as train_threads
+
+    root, handlers = Path(sys.argv[1]), []
+
+    class SlowEnv(gymnasium.Env):  # an actor's step takes 0.4 s: a stop lands inside one
+        observation_space = gymnasium.spaces.Box(-1.0, 1.0, (4,), np.float32)
+        action_space = gymnasium.spaces.Discrete(2)
+        def reset(self, *, seed=None, options=None):
+            return np.zeros(4, np.float32), {}
+        def step(self, action):
+            if threading.current_thread().name.startswith("actor"):
+                time.sleep(0.4)
+            return np.zeros(4, np.float32), 1.0, False, False, {}
+
+    def envs(num_envs, seed):
+        handlers.append(signal.getsignal(signal.SIGINT))  # the probe runs in this (main) thread
+        return gymnasium.vector.SyncVectorEnv([SlowEnv] * num_envs)
+
+    base = podrace.presets.get("cartpole-ppo")
+    cfg = dataclasses.replace(base, total_steps=100_000, rollout_length=2,
+                              env=dataclasses.replace(base.env, num_envs=2),
+                              ppo=dataclasses.replace(base.ppo, num_minibatches=1),
+                              eval=dataclasses.replace(base.eval, every_updates=0, episodes=1),
+                              log=dataclasses.replace(base.log, console="none", run_dir=str(root), interval_s=0.1))
+
+    def ctrl_c_when(ready, *delays):
+        def send():
+            while not ready():
+                time.sleep(0.01)
+            for delay in delays:
+                time.sleep(delay)
+                os.kill(os.getpid(), signal.SIGINT)
+        threading.Thread(target=send, daemon=True).start()
+
+    def interrupted(**kwargs):
+        try:
+            train_threads(cfg, **kwargs) if kwargs else podrace.train(cfg, envs)
+        except KeyboardInterrupt:
+            return True
+        return False
+
+    # 1. While preparing (tracing, compiling): no run directory is left.
+    ctrl_c_when(lambda: handlers, 0.0)
+    print("preparing", interrupted(), sorted(p.name for p in root.iterdir()), handlers[-1] is signal.default_int_handler,
+          flush=True)
+
+    # 2. Twice, the second while the run stops (an actor inside its step): the run
+    # directory is released, and resumed from this process from its checkpoint.
+    def updated():
+        metrics = [p / "metrics.jsonl" for p in root.iterdir() if (p / "metrics.jsonl").exists()]
+        return metrics and any(json.loads(l).get("version", 0) >= 1 for l in metrics[0].read_text().splitlines()[:-1])
+    ctrl_c_when(updated, 0.0, 0.15)
+    twice = interrupted()
+    (run,) = root.iterdir()
+    steps = sorted(p.name for p in (run / "checkpoints").iterdir())
+    cfg = dataclasses.replace(cfg, total_steps=(int(steps[-1]) + 2) * cfg.steps_per_update)  # two more updates
+    result = train_threads(cfg, resume=Resume(run))
+    print("twice", twice, steps, result.updates, signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+          sorted(t.name for t in threading.enumerate()), flush=True)
+    """
+)
+
+
+@pytest.mark.timeout(240)
+def test_ctrl_c_of_a_library_caller_stops_the_run_cleanly_then_raises_keyboard_interrupt(tmp_path):
+    """Python's own SIGINT handling raised KeyboardInterrupt wherever the main thread was:
+    inside JAX's tracing (a segfault some calls later), or in the run's cleanup on a second
+    Ctrl-C (the run directory stayed locked: its resume said "in use" in this process; a
+    run stopped before its first update stayed behind, unresumable)."""
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", CTRL_C_FROM_PYTHON, str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=220)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    preparing, twice = proc.stdout.splitlines()
+    # podrace's handler while the run is prepared (the env probe saw it); Python's after
+    assert preparing == "preparing True [] False", proc.stdout
+    word, raised, steps, updates, restored, threads = twice.split(" ", 5)
+    assert (word, raised, restored) == ("twice", "True", "True"), twice
+    assert steps != "[]" and int(updates) == int(eval(steps)[-1]) + 2, twice
+    assert threads == "['MainThread', 'podrace-sync-reaper']", twice

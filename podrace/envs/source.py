@@ -52,7 +52,9 @@ def from_factory(factory: EnvFactory, num_envs: int, seed: int) -> BatchedEnv:
             raise ConfigError(f"env factory {name!r} was asked for {num_envs} envs and made {env.num_envs}")
     except BaseException:
         if hasattr(made, "close"):
-            made.close()
+            from podrace.runtime.threads import close_envs
+
+            close_envs([(f"env factory {name!r}", made)])  # user code: its failure must not hide this one
         raise
     return env
 

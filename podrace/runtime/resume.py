@@ -155,9 +155,12 @@ def check_changes(stored: TrainConfig, cfg: TrainConfig, step: int) -> None:
 
 
 def resume_point(resume: Resume, cfg: TrainConfig | None = None) -> ResumePoint:
-    """Check a resume request; `cfg` (default: the stored config) may change RESUMABLE fields."""
+    """Check a resume request; `cfg` (default: the stored config) may change RESUMABLE fields.
+    Where the run lives is `resume.run_dir`, whatever `cfg.log` says (e.g. the run name
+    None of the config a fresh run was started with)."""
     step, stored = stored_config(resume)
-    cfg = stored if cfg is None else cfg
+    where = {"log.run_dir": stored.log.run_dir, "log.run_name": stored.log.run_name}
+    cfg = stored if cfg is None else replace(cfg, **where)
     check_changes(stored, cfg, step)
     return ResumePoint(Path(resume.run_dir), step, stored, cfg)
 

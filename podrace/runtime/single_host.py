@@ -48,6 +48,7 @@ from podrace.runtime.memory import check_fits
 from podrace.runtime.resume import Resume, ResumePoint, commit, resume_point
 from podrace.runtime.rundir import create_run_dir, discard_if_untrained, remove_run_dir, write_config
 from podrace.runtime.run_lock import RunLock
+from podrace.runtime.supervisor import interrupts_stop
 from podrace.runtime import threads
 from podrace.runtime.threads import ThreadGroup, close_envs
 from podrace.runtime.distributed import local_copy
@@ -87,8 +88,11 @@ def train(
     envs: EnvSource | None = None,
     resume: Resume | None = None,
 ) -> TrainResult:
-    """Train with the single-host thread runtime; raises ConfigError before anything starts."""
-    return prepare(cfg, lifetime, envs, resume).run()
+    """Train with the single-host thread runtime; raises ConfigError before anything starts.
+    Ctrl-C in a library caller's main thread stops the run cleanly (`interrupts_stop`)."""
+    lifetime = lifetime or Lifetime()
+    with interrupts_stop(lifetime):
+        return prepare(cfg, lifetime, envs, resume).run()
 
 
 def prepare(
@@ -350,28 +354,32 @@ class SingleHostRun:
             group.spawn("watchdog", self.watchdog.run, guard_transfers=False)
             log.until_stopped(train_start)
         finally:  # also on KeyboardInterrupt: stop, join, flush, then let it propagate
-            lifetime.stop("shutdown")
-            self._save_final(group)
-            self.stuck = stuck = group.join(STOP_GRACE_S)
-            train_s = time.perf_counter() - train_start
-            if lifetime.stop_reason == "finished":  # the final line then names the final checkpoint
-                self.checkpoints.settle(FINAL_SAVE_WAIT_S)
-            log.write(train_start, final=True)
-            log.close()
-            self.checkpoints.close(lifetime)  # before user code (env.close) runs again
-            if self.lock is not None:
-                self.lock.release()
-            closing = self.close_envs(exclude=stuck)
-            if stuck and lifetime.stop_reason == "finished":
-                lifetime.fail("runtime", TimeoutError(f"threads did not stop within {STOP_GRACE_S}s: {stuck}"))
-            elif closing and lifetime.stop_reason == "finished":
-                lifetime.fail("runtime", TimeoutError(f"env.close() did not return within {threads.ENV_CLOSE_GRACE_S:g}s: "
-                                                      f"{', '.join(c.removesuffix(' env.close') for c in closing)}"))
-            stuck += closing
+            try:
+                lifetime.stop("shutdown")
+                self._save_final(group)
+                self.stuck = stuck = group.join(STOP_GRACE_S)
+                train_s = time.perf_counter() - train_start
+                if lifetime.stop_reason == "finished":  # the final line then names the final checkpoint
+                    self.checkpoints.settle(FINAL_SAVE_WAIT_S)
+                log.write(train_start, final=True)
+                log.close()
+                self.checkpoints.close(lifetime)  # before user code (env.close) runs again
+                if self.lock is not None:
+                    self.lock.release()
+                closing = self.close_envs(exclude=stuck)
+                if stuck and lifetime.stop_reason == "finished":
+                    lifetime.fail("runtime", TimeoutError(f"threads did not stop within {STOP_GRACE_S}s: {stuck}"))
+                elif closing and lifetime.stop_reason == "finished":
+                    lifetime.fail("runtime", TimeoutError(f"env.close() did not return within {threads.ENV_CLOSE_GRACE_S:g}s: "
+                                                          f"{', '.join(c.removesuffix(' env.close') for c in closing)}"))
+                stuck += closing
+            finally:  # even if a second KeyboardInterrupt cut the above short
+                if self.lock is not None:
+                    self.lock.release()
+                if lifetime.failure is None and lifetime.stop_reason != "finished":
+                    discard_if_untrained(lifetime.run_dir, self.learner.version)
         if lifetime.failure is not None:
             raise lifetime.failure
-        if lifetime.stop_reason != "finished":
-            discard_if_untrained(lifetime.run_dir, self.learner.version)
         return TrainResult(
             run_dir=self.run_dir,
             updates=self.learner.version,

@@ -11,6 +11,9 @@ exposes what the watch needs: `outcome` (the exit code or exception, once done),
 or None), `grace_s`, `starved_exit_s`, `distributed`, `leave_together`,
 `discard_untrained_run_dir()` for a process that exits before its run trained, and
 `stopped(left_behind)`, which writes the line of a run stopped by a signal.
+
+A library caller's run (`podrace.train` in the main thread) gets the same clean stop on
+Ctrl-C (`interrupts_stop`), with KeyboardInterrupt raised once the run has stopped.
 """
 
 from __future__ import annotations
@@ -23,7 +26,10 @@ import threading
 import time
 import traceback
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
+
+if TYPE_CHECKING:
+    from podrace.control import Lifetime
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 """The signals that stop a command (exit code 128 + the signal)."""
@@ -225,3 +231,54 @@ def signals_deferred() -> Iterator[None]:
         handler.writing -= 1
         if not handler.writing and handler.received:
             handler.exit()
+
+
+@contextmanager
+def interrupts_stop(lifetime: "Lifetime") -> Iterator[None]:
+    """For a run a library caller starts in the main thread while Python's own SIGINT
+    handling is in place: Ctrl-C stops `lifetime` as in the CLI (the run saves, writes its
+    last line and releases its directory; a run stopped before its first update leaves no
+    directory) and KeyboardInterrupt is raised once the block has ended; a second Ctrl-C
+    raises it at once. Python's handler would raise it wherever the main thread is, inside
+    JAX's tracing or an import too, which left JAX broken for the rest of the process (a
+    segfault some calls later). Elsewhere (another thread, a handler of the caller's, the
+    CLI) it does nothing.
+
+    The handler only records the signal; a thread of its own stops the run (`stop` takes
+    locks the interrupted main thread may hold)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    from podrace.control import Stopped
+
+    received, done = [], threading.Event()
+    signalled = threading.Event()  # set only by the handler; no other code takes its lock
+
+    def handle(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
+        if received:
+            raise KeyboardInterrupt
+        received.append(signum)
+        signalled.set()
+
+    def stop_on_signal() -> None:
+        signalled.wait()
+        if not done.is_set():
+            lifetime.stop("SIGINT received")
+
+    stopper = threading.Thread(target=stop_on_signal, name="podrace-interrupt", daemon=True)
+    stopper.start()
+    signal.signal(signal.SIGINT, handle)
+    try:
+        yield
+    except Stopped:
+        if not received:
+            raise
+        raise KeyboardInterrupt from None
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        done.set()
+        signalled.set()
+        stopper.join()
+    if received:
+        raise KeyboardInterrupt

@@ -131,13 +131,21 @@ def test_unusable_factory_results_are_one_line_config_errors(factory, message):
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
+class _FailsToClose(gymnasium.vector.SyncVectorEnv):
+    def close_extras(self, **kwargs):
+        raise RuntimeError("close fails")
+
+
 @pytest.mark.timeout(60)
-def test_rejected_vector_env_is_closed():
+def test_rejected_vector_env_is_closed_and_a_failing_close_does_not_hide_why(caplog):
     _Closing.closed = 0
     factory = lambda n, s: _Closing([CounterEnv] * (n + 1))  # noqa: E731
     with pytest.raises(ConfigError):
         from_factory(factory, 2, 0)
     assert _Closing.closed == 1
+    with pytest.raises(ConfigError, match="was asked for 2 envs and made 3"):
+        from_factory(lambda n, s: _FailsToClose([CounterEnv] * (n + 1)), 2, 0)
+    assert "env.close() raised RuntimeError: close fails" in caplog.text
 
 
 @pytest.mark.timeout(60)
