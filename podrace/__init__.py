@@ -105,7 +105,9 @@ def train(cfg: "TrainConfig", env_factory: "EnvFactory | None" = None) -> "Train
     """
     from podrace.control import Lifetime
     from podrace.runtime.supervisor import interrupts_stop
+    from podrace.validation import check_types
 
+    check_types(cfg)  # before `cfg.env` is read below
     lifetime = Lifetime()
     with interrupts_stop(lifetime):  # from here: a Ctrl-C during JAX's import too
         from podrace.envs import EnvSource

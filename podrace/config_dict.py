@@ -33,26 +33,39 @@ def config_from_dict(data: dict, cls: type = TrainConfig, where: str = "config")
         else:
             if isinstance(value, list):
                 value = tuple(value)  # JSON has no tuples; every sequence field is a tuple
-            if not _fits(value, hint):
-                shown = hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
-                raise ConfigError(f"{where}.{name} must be {shown}, got {json.dumps(value, default=repr)[:80]}")
+            if not fits(value, hint):
+                raise ConfigError(f"{where}.{name} must be {type_name(hint)}, got {json.dumps(value, default=repr)[:80]}")
         values[name] = value
     return cls(**values)
 
 
-def _fits(value: object, annotation: object) -> bool:
-    """Whether `value` (from JSON) fits a config field's annotation (tuples as lists' tuples)."""
+def type_name(annotation: object) -> str:
+    """A field's annotation as an error message names it: `int`, `tuple[int, ...]`, `one
+    of cpu, gpu, tpu, None` (a Literal, optional or not)."""
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is typing.Literal:
+        return "one of " + ", ".join(map(str, args))
+    literal = [a for a in args if typing.get_origin(a) is typing.Literal]
+    if literal and len(args) == 2 and type(None) in args:
+        return f"{type_name(literal[0])}, None"
+    return annotation.__name__ if isinstance(annotation, type) else str(annotation).replace("typing.", "")
+
+
+def fits(value: object, annotation: object) -> bool:
+    """Whether `value` fits a config field's annotation (a sequence field holds a tuple;
+    a float field takes an int; a bool is no int; NumPy's integers are no int: config.json
+    could not hold them)."""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin is typing.Literal:
         return value in args
     if origin in (typing.Union, types.UnionType):
-        return any(_fits(value, a) for a in args)
+        return any(fits(value, a) for a in args)
     if annotation is type(None):
         return value is None
     if origin is tuple:
         if len(args) == 2 and args[1] is Ellipsis:
-            return isinstance(value, tuple) and all(_fits(v, args[0]) for v in value)
-        return isinstance(value, tuple) and len(value) == len(args) and all(map(_fits, value, args))
+            return isinstance(value, tuple) and all(fits(v, args[0]) for v in value)
+        return isinstance(value, tuple) and len(value) == len(args) and all(map(fits, value, args))
     if annotation is bool:
         return isinstance(value, bool)
     if annotation is int:

@@ -4,19 +4,20 @@ it sets XLA flags."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import threading
 import typing
-from typing import Literal
 
 from podrace.config import ConfigError, DistributedConfig, RayConfig, TrainConfig, leaves, resolved
+from podrace.config_dict import fits, type_name
 
 
 INT32_MAX = 2**31 - 1
+"""Sizes, ids and counters end up in int32 arrays (shapes, env seeds, step counters)."""
 FLOAT32_MAX = 3.4028234663852886e38
 """Every float setting reaches JAX as float32: a larger one would become inf there."""
-"""Sizes, ids and counters end up in int32 arrays (shapes, env seeds, step counters)."""
 MAX_TOTAL_STEPS = 2**53
 """Env-step counters are float64 in the metrics: exact up to 2**53."""
 MAX_CPU_DEVICES = 1024
@@ -33,23 +34,9 @@ MAX_NAME_BYTES = 200
 """A run directory name, leaving room in a 255-byte file name for a uniqueness suffix."""
 
 
-def _choices(annotation: object) -> tuple | None:
-    """The allowed values of a Literal (or Optional Literal) annotation, else None."""
-    if typing.get_origin(annotation) is Literal:
-        return typing.get_args(annotation)
-    literals = [a for a in typing.get_args(annotation) if typing.get_origin(a) is Literal]
-    if literals:
-        return typing.get_args(literals[0]) + (None,)
-    return None
-
-
 def _check_every_field(cfg: TrainConfig) -> None:
-    """Checks that hold for every field: choices, finite floats, ints that fit int32."""
-    for name, value, annotation in leaves(cfg):
-        choices = _choices(annotation)
-        if choices is not None and value not in choices:
-            allowed = ", ".join(str(c) for c in choices)
-            raise ConfigError(f"{name} must be one of {allowed}, got {value!r}")
+    """Checks that hold for every field: finite floats, ints that fit int32."""
+    for name, value, _ in leaves(cfg):
         for item in value if isinstance(value, tuple) else (value,):
             if isinstance(item, float) and not math.isfinite(item):
                 raise ConfigError(f"{name} must be a finite number, got {item}")
@@ -109,8 +96,26 @@ def _validate_ray(cfg: TrainConfig) -> None:
     worker_resources(ray)
 
 
+def check_types(cfg: object, where: str = "") -> None:
+    """Every field holds a value of its annotated type: a config built in Python (the CLI's
+    parser and config.json are checked already) may hold anything, and a wrong type would
+    fail later with a TypeError in the middle of the run's set-up, or not at all."""
+    if not where and not isinstance(cfg, TrainConfig):
+        raise ConfigError(f"the config must be a TrainConfig (e.g. podrace.presets.get(name)), got {type(cfg).__name__}")
+    hints = typing.get_type_hints(type(cfg))
+    for field in dataclasses.fields(cfg):
+        name, value, hint = f"{where}{field.name}", getattr(cfg, field.name), hints[field.name]
+        if dataclasses.is_dataclass(hint):
+            if type(value) is not hint:
+                raise ConfigError(f"{name} must be {hint.__name__}, got {type(value).__name__}")
+            check_types(value, f"{name}.")
+        elif not fits(value, hint):
+            raise ConfigError(f"{name} must be {type_name(hint)}, got {value!r:.80}")
+
+
 def validate(cfg: TrainConfig) -> None:
     """Raise ConfigError for anything that cannot run; needs no devices and no JAX."""
+    check_types(cfg)
     if cfg.runtime == "ray":
         _validate_ray(cfg)
     cfg = resolved(cfg)

@@ -3,9 +3,10 @@ and Ray settings that must be refused before Ray starts."""
 
 import re
 
+import numpy as np
 import pytest
 
-from podrace.config import ConfigError, TrainConfig, replace
+from podrace.config import ConfigError, PPOConfig, TrainConfig, replace
 from podrace.config import leaves as _leaves
 from podrace.validation import validate
 
@@ -23,6 +24,19 @@ PYTHON_ONLY = [
     ({"log.run_name": "\x1b[31m"}, "log.run_name must not contain control characters"),
     ({"log.run_name": "\u00e9" * 101}, "log.run_name is 202 bytes long"),
     ({"ppo.learning_rate": float("inf")}, "ppo.learning_rate must be a finite number"),
+    # Wrong types (found by an attack on the Python API: a TypeError deep in the set-up, or
+    # a run that went on with them).
+    ({"seed": "1"}, "seed must be int, got '1'"),
+    ({"seed": np.int64(1)}, "seed must be int, got np.int64(1)"),  # config.json could not hold it
+    ({"env.id": None}, "env.id must be str, got None"),
+    ({"ppo.anneal_lr": "no"}, "ppo.anneal_lr must be bool, got 'no'"),
+    ({"ppo.anneal_lr": 1}, "ppo.anneal_lr must be bool, got 1"),
+    ({"total_steps": 1e6}, "total_steps must be int, got 1000000.0"),
+    ({"network.hidden_sizes": [64, 64]}, "network.hidden_sizes must be tuple[int, ...], got [64, 64]"),
+    ({"layout.actor_device_ids": (0, "1")}, "layout.actor_device_ids must be tuple[int, ...], got (0, '1')"),
+    ({"env.num_threads": 2.0}, "env.num_threads must be int | None, got 2.0"),
+    ({"env": {"id": "CartPole-v1"}}, "env must be EnvConfig, got dict"),
+    ({"eval": PPOConfig()}, "eval must be EvalConfig, got PPOConfig"),
 ]
 
 
@@ -33,6 +47,22 @@ def test_bad_config_from_python(changes, message):
         validate(replace(TrainConfig(), **changes))
     assert message in str(exc.value)
     assert "\n" not in str(exc.value)
+
+
+@pytest.mark.timeout(10)
+def test_a_config_that_is_no_train_config_is_one_line():
+    with pytest.raises(ConfigError, match=r"^the config must be a TrainConfig \(e.g. podrace.presets.get\(name\)\), got dict$"):
+        validate({"seed": 1})
+
+
+@pytest.mark.timeout(60)
+def test_podrace_train_checks_types_before_it_reads_the_config(tmp_path):
+    import podrace
+
+    cfg = replace(TrainConfig(), **{"log.run_dir": str(tmp_path), "env": "CartPole-v1"})
+    with pytest.raises(ConfigError, match="^env must be EnvConfig, got str$"):
+        podrace.train(cfg, env_factory=lambda n, s: None)
+    assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.timeout(60)
