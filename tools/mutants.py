@@ -274,6 +274,9 @@ MUTANTS: list[Mutant] = [
     Mutant("evaluate_final_waits_through_a_stop", "podrace/evaluate.py",
            "        self.lifetime.on_stop(request.done.set)\n", "", EVALUATE_TESTS),
     # --- validation.py ---------------------------------------------------------------------
+    Mutant("shm_subscriber_channel_name_unchecked", "podrace/sync/shm.py",
+           "        _check_channel_name(channel)  # ", "        # ",
+           ("tests/sync/test_shm.py", "-k", "channel_name_no_socket")),
     Mutant("config_types_from_python_unchecked", "podrace/validation.py",
            '    """Raise ConfigError for anything that cannot run; needs no devices and no JAX."""\n    check_types(cfg)\n',
            '    """Raise ConfigError for anything that cannot run; needs no devices and no JAX."""\n',

@@ -194,6 +194,7 @@ class ShmSubscriber(Subscriber):
     """
 
     def __init__(self, channel: str, device: Any = None, *, expect: Any = None, name: str | None = None):
+        _check_channel_name(channel)  # "../x" named a file outside /dev/shm: an OSError
         self.channel = channel
         self.name = name or f"pid{os.getpid()}-{next(_names)}"
         self._device = device

@@ -803,3 +803,5 @@ def test_a_channel_name_no_socket_or_segment_can_carry_is_a_sync_error_and_creat
     with pytest.raises(SyncError, match=problem):
         ShmPublisher(name=name)
     assert set(os.listdir("/dev/shm")) <= before
+    with pytest.raises(SyncError, match=problem):  # a subscriber's "../etc/passwd" was an OSError
+        ShmSubscriber(name)
