@@ -16,6 +16,7 @@ from podrace.runtime.supervisor import (
     end_at_once_on_signals,
     exit_at_once_on_signals,
     ignore_signals_from_now_on,
+    leave,
     print_error,
 )
 
@@ -92,7 +93,8 @@ def podrace_log_lines() -> Iterator[None]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a command; its exit code. Without `argv` (the process's own command line), a
     signal ends the process in one line from here on (the imports above are the standard
-    library's), and is ignored once the command is done (the exit code is the command's)."""
+    library's), and is ignored once the command is done (the exit code is the command's);
+    the process then ends without interpreter finalization (`supervisor.leave`)."""
     entry = argv is None
     if entry:
         end_at_once_on_signals()
@@ -113,6 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 code = (eval_command if command == "eval" else plot_command)(rest)
     if entry:
         ignore_signals_from_now_on()
+        leave(code)
     return code
 
 

@@ -3,7 +3,6 @@
 import atexit
 import os
 import shutil
-import sys
 import tempfile
 
 import pytest
@@ -46,7 +45,7 @@ def pytest_sessionfinish(session, exitstatus):
 
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config):
-    """Leave without interpreter finalization, as `podrace train` does (supervisor.exit_now):
+    """Leave without interpreter finalization, as the `podrace` command does (supervisor.leave):
     threads that tests leave in native code on purpose (stuck envs, learners in a collective)
     are killed there, and a C++ `catch (...)` that swallows that forced unwind aborts the
     process ("FATAL: exception not rethrown", exit 134) after every test passed. This
@@ -54,12 +53,9 @@ def pytest_unconfigure(config):
     status = getattr(config, "_podrace_exitstatus", None)
     if status is None:  # e.g. --collect-only errors: leave as pytest would
         return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+    from podrace.runtime.supervisor import leave
+
+    leave(status)
 
 
 def pytest_runtest_logreport(report):

@@ -49,6 +49,7 @@ from podrace.runtime.resume import Resume, ResumePoint, commit, resume_point
 from podrace.runtime.rundir import create_run_dir, discard_if_untrained, remove_run_dir, write_config
 from podrace.runtime.run_lock import RunLock
 from podrace.runtime.supervisor import interrupts_stop
+from podrace.runtime.xla_setup import deterministic_gpu_ops
 from podrace.runtime import threads
 from podrace.runtime.threads import ThreadGroup, close_envs
 from podrace.runtime.distributed import local_copy
@@ -146,6 +147,8 @@ def _checked(cfg: TrainConfig, lifetime: Lifetime, envs: EnvSource | None):
     validate(cfg)
     spec = envs.spec()  # the backend (or the factory) is checked first
     check_sinks(cfg.log)
+    if cfg.deterministic:  # the CLI has set it; a library caller may not have
+        deterministic_gpu_ops()
     devices = resolve_devices(cfg)
     check_fits(cfg, make_network(cfg.network, spec), spec, devices)
     lifetime.check()

@@ -18,6 +18,7 @@ Ctrl-C (`interrupts_stop`), with KeyboardInterrupt raised once the run has stopp
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import os
 import signal
@@ -99,6 +100,19 @@ def exit_now(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def leave(code: int) -> None:
+    """End a command's process: the atexit handlers run (Ray's and logging's shutdown,
+    weakref finalizers, temporary folders), interpreter finalization does not. It took
+    0.6 s of a 6.5 s `podrace train` tearing JAX down, and it kills a thread still in
+    native code (an env stuck in C, a learner in a collective), which a C++ `catch (...)`
+    turns into an abort (exit 134) after the command succeeded. Every file podrace writes
+    is closed before its command returns."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()
+    exit_now(code)
 
 
 def supervise(training, signals: Signals) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from podrace.config import TrainConfig
+from podrace.config import ConfigError, TrainConfig
 
 
 def append_xla_flag(flag: str, value: str) -> None:
@@ -61,4 +61,34 @@ def set_xla_flags(cfg: TrainConfig) -> None:
     if "cpu" in (cfg.layout.platform, cfg.layout.actor_platform) or cfg.layout.platform is None:
         force_cpu_devices(cfg.layout.cpu_devices)
     if cfg.deterministic:
-        append_xla_flag("--xla_gpu_deterministic_ops", "true")
+        deterministic_gpu_ops()
+
+
+DETERMINISTIC_OPS = "--xla_gpu_deterministic_ops"
+
+
+def deterministic_gpu_ops() -> None:
+    """XLA:GPU's deterministic kernels for a `deterministic` run (scatter-adds and reductions
+    in a fixed order): the flag is read when JAX starts its backend. Set here if it has not
+    started yet; a library caller whose process already started a GPU backend without it
+    gets a ConfigError (that run could not be bit-identical). XLA:CPU is deterministic."""
+    from jax._src import xla_bridge
+
+    if not xla_bridge.backends_are_initialized():
+        append_xla_flag(DETERMINISTIC_OPS, "true")
+        return
+    if f"{DETERMINISTIC_OPS}=true" in os.environ.get("XLA_FLAGS", "") or not _gpu_started():
+        return
+    raise ConfigError(
+        f"deterministic needs XLA_FLAGS={DETERMINISTIC_OPS}=true before JAX starts its GPU backend, and this "
+        "process started it without: set it before the first JAX call (the podrace command sets it itself)"
+    )
+
+
+def _gpu_started() -> bool:
+    import jax
+
+    try:
+        return bool(jax.devices("gpu"))
+    except RuntimeError:  # no GPU backend
+        return False

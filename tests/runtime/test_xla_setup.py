@@ -34,3 +34,55 @@ def test_train_keeps_every_program_in_the_cache_and_a_second_run_compiles_none(t
 def test_the_cache_turned_off_writes_nothing(tmp_path):
     _train(tmp_path, "off", "false")
     assert _entries(tmp_path) == set()
+
+
+@pytest.mark.timeout(60)
+def test_a_deterministic_run_from_python_gets_deterministic_gpu_kernels_before_jax_starts():
+    """Found by an attack on the Python API: only the CLI set the flag, so a library
+    caller's deterministic run on a GPU used XLA's non-deterministic scatter-adds."""
+    script = ("import os; from podrace.runtime.xla_setup import deterministic_gpu_ops; deterministic_gpu_ops(); "
+              "print(os.environ['XLA_FLAGS'])")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=50)
+    assert done.stdout.split() == ["--xla_gpu_deterministic_ops=true"], done.stderr
+
+
+@pytest.mark.timeout(60)
+def test_a_deterministic_run_on_a_gpu_started_without_the_flag_is_a_config_error(monkeypatch):
+    import jax
+
+    from podrace.config import ConfigError
+    from podrace.runtime import xla_setup
+
+    jax.devices()  # the backend has started
+    monkeypatch.setattr(xla_setup, "_gpu_started", lambda: True)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+    with pytest.raises(ConfigError, match=r"^deterministic needs XLA_FLAGS=--xla_gpu_deterministic_ops=true before JAX "
+                                          r"starts its GPU backend, and this process started it without"):
+        xla_setup.deterministic_gpu_ops()
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_deterministic_ops=true")
+    xla_setup.deterministic_gpu_ops()
+    monkeypatch.setattr(xla_setup, "_gpu_started", lambda: False)  # XLA:CPU is deterministic anyway
+    monkeypatch.setenv("XLA_FLAGS", "")
+    xla_setup.deterministic_gpu_ops()
+
+
+@pytest.mark.timeout(60)
+def test_a_deterministic_run_from_python_asks_for_the_kernels_before_its_devices(tmp_path, monkeypatch):
+    from podrace.control import Lifetime
+    from podrace.runtime import single_host
+    from tests.runtime.test_single_host import small
+
+    class Enough(Exception):
+        pass
+
+    def devices(cfg):
+        asked.append("devices")
+        raise Enough
+
+    asked = []
+    monkeypatch.setattr(single_host, "deterministic_gpu_ops", lambda: asked.append("ops"))
+    monkeypatch.setattr(single_host, "resolve_devices", devices)
+    with pytest.raises(Enough):
+        single_host._checked(small(tmp_path, deterministic=True), Lifetime(), None)
+    assert asked == ["ops", "devices"]
