@@ -19,6 +19,10 @@ for _flag in (f"{DEVICE_COUNT}=4", "--xla_backend_optimization_level=0"):
     if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# A Ray started in this process (tests/sync) would install its C++ crash handler over
+# pytest's faulthandler, as the podrace command prevents too: an abort of the suite's
+# process then printed nothing at all (once in CI: exit 134 at 74%, no stack).
+os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
 # `podrace train` turns JAX's persistent compilation cache on; the suite must neither write
 # into the user's cache nor depend on what an earlier run left there. So it shares one
 # cache of its own, empty at the start and deleted at the end: the many `podrace train`
@@ -56,6 +60,21 @@ def pytest_unconfigure(config):
     from podrace.runtime.supervisor import leave
 
     leave(status)
+
+
+_sigint_seen = [None]
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    """Name the test after which the suite's own SIGINT handling changed (ignored, blocked,
+    another handler): every subprocess a later test starts inherits an ignored or blocked
+    SIGINT, and a test that sends one then waits for a stop that never comes."""
+    import signal
+
+    state = (signal.getsignal(signal.SIGINT), signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+    if _sigint_seen[0] is not None and state != _sigint_seen[0]:
+        os.write(2, f"\npodrace-suite: SIGINT handler, blocked after {nodeid}: {state}\n".encode())
+    _sigint_seen[0] = state
 
 
 def pytest_runtest_logreport(report):

@@ -140,7 +140,7 @@ def test_train_with_a_vector_env_factory_learns_beyond_random(tmp_path):
 
 CTRL_C_FROM_PYTHON = textwrap.dedent(
     """
-    import dataclasses, json, os, signal, sys, threading, time
+    import dataclasses, faulthandler, json, os, signal, sys, threading, time
     from pathlib import Path
     import gymnasium, numpy as np
     import podrace
@@ -148,6 +148,13 @@ CTRL_C_FROM_PYTHON = textwrap.dedent(
     from podrace.runtime.single_host import train as train_threads
 
     root, handlers = Path(sys.argv[1]), []
+    # A library caller's process as Python starts it: what this one inherited from the suite
+    # is told (a SIGINT ignored or blocked would be), then set as Python's own.
+    print("inherited", signal.getsignal(signal.SIGINT), sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+          file=sys.stderr, flush=True)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    faulthandler.dump_traceback_later(150, exit=True)  # a hang: every thread's stack, then exit 1
 
     class SlowEnv(gymnasium.Env):  # an actor's step takes 0.4 s: a stop lands inside one
         observation_space = gymnasium.spaces.Box(-1.0, 1.0, (4,), np.float32)
