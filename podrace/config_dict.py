@@ -56,8 +56,8 @@ def fits(value: object, annotation: object) -> bool:
     a float field takes an int; a bool is no int; NumPy's integers are no int: config.json
     could not hold them)."""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin is typing.Literal:
-        return value in args
+    if origin is typing.Literal:  # not `in` alone: an array's == is elementwise
+        return isinstance(value, (str, int, float, type(None))) and value in args
     if origin in (typing.Union, types.UnionType):
         return any(fits(value, a) for a in args)
     if annotation is type(None):

@@ -1,5 +1,6 @@
 import importlib.util
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -314,6 +315,12 @@ def test_the_command_ends_its_process_after_the_atexit_handlers_without_finaliza
     done = subprocess.run([sys.executable, "-c", LEAVING], cwd=tmp_path, capture_output=True, text=True, timeout=50)
     assert done.returncode == 2, done.stderr
     assert done.stdout.splitlines() == ["atexit ran"], done.stdout
+    # Started with stdout closed (`>&-`; sys.stdout is None): the same code and line (found
+    # by an attack: an AttributeError in the flush, exit 1, after the command succeeded).
+    done = subprocess.run(f'"{sys.executable}" -c "$LEAVING" >&-', shell=True, cwd=tmp_path, text=True,
+                          env={**os.environ, "LEAVING": LEAVING}, stderr=subprocess.PIPE, timeout=50)
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        "podrace: error: name at least one run directory to plot"], done.stderr
 
 
 def test_a_second_signal_removes_a_run_directory_that_never_trained(tmp_path):

@@ -37,6 +37,8 @@ PYTHON_ONLY = [
     ({"env.num_threads": 2.0}, "env.num_threads must be int | None, got 2.0"),
     ({"env": {"id": "CartPole-v1"}}, "env must be EnvConfig, got dict"),
     ({"eval": PPOConfig()}, "eval must be EvalConfig, got PPOConfig"),
+    ({"algo": np.array(["ppo", "ppo"])}, "algo must be one of ppo, impala, got array(['ppo', 'ppo']"),  # was a raw ValueError
+    ({"log.console": np.array("none")}, "log.console must be one of progress, lines, none, got array('none'"),  # was accepted
 ]
 
 

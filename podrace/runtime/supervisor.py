@@ -94,11 +94,21 @@ def _exit_on_a_second(signum: int, before_exit: Callable[[], None] | None = None
     os._exit(128 + signum)
 
 
+def _flush_std_streams() -> None:
+    """What is buffered for stdout and stderr, where they can still take it (None when the
+    process was started with one closed; a full disk or a gone reader refuses it)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
 def exit_now(code: int) -> None:
     """Leave without waiting for threads stuck in native code (no atexit, no finalizers:
     a daemon thread inside C++ at interpreter shutdown can abort the process)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
+    _flush_std_streams()
     os._exit(code)
 
 
@@ -109,8 +119,7 @@ def leave(code: int) -> None:
     native code (an env stuck in C, a learner in a collective), which a C++ `catch (...)`
     turns into an abort (exit 134) after the command succeeded. Every file podrace writes
     is closed before its command returns."""
-    sys.stdout.flush()
-    sys.stderr.flush()
+    _flush_std_streams()
     atexit._run_exitfuncs()
     exit_now(code)
 

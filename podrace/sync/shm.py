@@ -43,9 +43,11 @@ _log = logging.getLogger(__name__)
 
 def _check_channel_name(name: str) -> None:
     """SyncError unless `name` can name the channel's segments and doorbell socket: a plain
-    name (no "/" or NUL) whose socket address fits a Unix socket's 108 bytes."""
-    if not name or "/" in name or "\0" in name:
-        raise SyncError(f"shm channel name {name!r} must be a non-empty name without '/' or NUL")
+    name (no "/" or NUL, not "." or "..") whose socket address fits a Unix socket's 108 bytes."""
+    if not isinstance(name, str):
+        raise SyncError(f"shm channel name must be a str, got {type(name).__name__}")
+    if name in ("", ".", "..") or "/" in name or "\0" in name:
+        raise SyncError(f"shm channel name {name!r} must be a non-empty name without '/' or NUL, not . or ..")
     spare = MAX_SOCKET_ADDRESS - len(socket_address(name).encode())
     if spare < 0:
         raise SyncError(f"shm channel name {name!r} is {len(name.encode())} bytes, at most "

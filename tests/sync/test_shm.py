@@ -792,8 +792,9 @@ def test_a_channel_name_in_use_is_a_sync_error_naming_it():
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("name,problem", [("x" * 100, "is 100 bytes, at most"), ("a/b", "without '/' or NUL")],
-                         ids=["too-long", "slash"])
+@pytest.mark.parametrize("name,problem", [("x" * 100, "is 100 bytes, at most"), ("a/b", "without '/' or NUL"),
+                                          ("..", "not . or .."), (5, "must be a str, got int")],
+                         ids=["too-long", "slash", "dot-dot", "int"])
 def test_a_channel_name_no_socket_or_segment_can_carry_is_a_sync_error_and_creates_nothing(name, problem):
     """Found by the sync attack: a raw OSError (AF_UNIX path too long) after the channel's
     control segment was created, left in /dev/shm while the process lived."""
@@ -803,5 +804,5 @@ def test_a_channel_name_no_socket_or_segment_can_carry_is_a_sync_error_and_creat
     with pytest.raises(SyncError, match=problem):
         ShmPublisher(name=name)
     assert set(os.listdir("/dev/shm")) <= before
-    with pytest.raises(SyncError, match=problem):  # a subscriber's "../etc/passwd" was an OSError
+    with pytest.raises(SyncError, match=problem):  # a subscriber's "../etc/passwd", "..", 5 were OSError, TypeError
         ShmSubscriber(name)
