@@ -373,9 +373,9 @@ MUTANTS: list[Mutant] = [
            "            signal.getsignal(signal.SIGINT) is signal.default_int_handler or True:",
            ("tests/test_api.py", "-k", "ctrl_c")),
     Mutant("second_ctrl_c_keeps_the_run_locked", "podrace/runtime/single_host.py",
-           "            finally:  # even if a second KeyboardInterrupt cut the above short\n"
+           "            finally:  # also when a second KeyboardInterrupt cut the above short\n"
            "                if self.lock is not None:\n                    self.lock.release()\n",
-           "            finally:  # even if a second KeyboardInterrupt cut the above short\n",
+           "            finally:  # also when a second KeyboardInterrupt cut the above short\n",
            ("tests/test_api.py", "-k", "ctrl_c")),
     Mutant("resume_from_python_needs_the_run_name", "podrace/runtime/resume.py",
            "    cfg = stored if cfg is None else replace(cfg, **where)", "    cfg = stored if cfg is None else cfg",

@@ -367,8 +367,6 @@ class SingleHostRun:
                 log.write(train_start, final=True)
                 log.close()
                 self.checkpoints.close(lifetime)  # before user code (env.close) runs again
-                if self.lock is not None:
-                    self.lock.release()
                 closing = self.close_envs(exclude=stuck)
                 if stuck and lifetime.stop_reason == "finished":
                     lifetime.fail("runtime", TimeoutError(f"threads did not stop within {STOP_GRACE_S}s: {stuck}"))
@@ -376,7 +374,7 @@ class SingleHostRun:
                     lifetime.fail("runtime", TimeoutError(f"env.close() did not return within {threads.ENV_CLOSE_GRACE_S:g}s: "
                                                           f"{', '.join(c.removesuffix(' env.close') for c in closing)}"))
                 stuck += closing
-            finally:  # even if a second KeyboardInterrupt cut the above short
+            finally:  # also when a second KeyboardInterrupt cut the above short
                 if self.lock is not None:
                     self.lock.release()
                 if lifetime.failure is None and lifetime.stop_reason != "finished":
