@@ -44,33 +44,53 @@ class HostedService:
     """This process's hosted service, if it is process 0."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.child = subprocess.Popen(
+        self._lock = threading.Lock()
+        self._stopped = False
+        self.child: subprocess.Popen | None = None
+        self.ready = False
+        # Known before the child exists: process 0 leaving meanwhile (a peer lost while JAX
+        # starts) must stop it too, or it would take the port after process 0 has gone.
+        HostedService.current = self
+        child = subprocess.Popen(
             [sys.executable, "-m", __name__, json.dumps([list(args), kwargs])],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,  # JAX's service logs; failures come back on stdout
             start_new_session=True,  # not in process 0's group: a kill of that group spares it
         )
-        self.ready = False
-        # Known before it is ready: process 0 leaving meanwhile (a peer lost while JAX
-        # starts) must stop it too, or it would take the port after process 0 has gone.
-        HostedService.current = self
-        answer = self.child.stdout.readline().decode(errors="replace").strip()
-        if answer != "ready":
-            self.child.wait()
-            raise RuntimeError(answer or f"the coordination service exited with code {self.child.returncode}")
-        self.ready = True
+        with self._lock:
+            self.child = child
+            stopped = self._stopped
+        if stopped:  # stopped while Popen ran: it never serves
+            child.kill()
+        answer = child.stdout.readline().decode(errors="replace").strip()
+        with self._lock:
+            left = self._stopped
+            self.ready = answer == "ready" and not left
+        if not self.ready:
+            child.kill()  # a no-op unless it said ready as process 0 left
+            child.wait()
+            raise RuntimeError(
+                "process 0 left while its coordination service started" if left
+                else answer or f"the coordination service exited with code {child.returncode}"
+            )
 
     def stop(self) -> None:
         """Tell the child to stop the service and exit; returns at once. A child not ready
-        yet serves no one: it is killed."""
-        if not self.ready:
+        yet serves no one: it is killed (or never runs, if it does not exist yet)."""
+        with self._lock:
+            self._stopped = True
+            child = self.child
+            ready = self.ready
+        if child is None:
+            return
+        if not ready:
             with contextlib.suppress(OSError):
-                self.child.kill()
+                child.kill()
             return
         with contextlib.suppress(OSError, ValueError):  # already told, or the child is gone
-            self.child.stdin.write(STOP)
-            self.child.stdin.close()
+            child.stdin.write(STOP)
+            child.stdin.close()
 
     def shutdown(self) -> None:
         """Stop the service and wait for the child (JAX calls this in jax.distributed.shutdown,
