@@ -18,6 +18,7 @@ from podrace.runtime.supervisor import (
     ignore_signals_from_now_on,
     leave,
     print_error,
+    print_result,
 )
 
 USAGE = """usage: podrace train <preset> [--flags]   (podrace train <preset> --help lists the flags)
@@ -43,8 +44,7 @@ def eval_command(args: Sequence[str]) -> int:
         result = evaluate_run(opts)
     except ConfigError as error:
         return print_error(str(error))
-    print(summary(result))
-    return 0
+    return print_result(summary(result))
 
 
 def plot_command(args: Sequence[str]) -> int:
@@ -61,8 +61,7 @@ def plot_command(args: Sequence[str]) -> int:
         save_figure(plot_runs(opts.run_dirs), opts.output)
     except ConfigError as error:
         return print_error(str(error))
-    print(f"wrote {opts.output}")
-    return 0
+    return print_result(f"wrote {opts.output}")
 
 
 class _LineFormatter(logging.Formatter):

@@ -18,7 +18,7 @@ from podrace.config import ConfigError, TrainConfig
 from podrace.control import ComponentError, ExplainedError
 from podrace.metrics.loggers import SinkError
 from podrace.runtime import supervisor
-from podrace.runtime.supervisor import RAY_EXIT_GRACE_S, Signals, print_error, supervise
+from podrace.runtime.supervisor import RAY_EXIT_GRACE_S, Signals, print_error, print_result, supervise
 from podrace.runtime.xla_setup import set_xla_flags
 from podrace.validation import validate
 
@@ -216,11 +216,10 @@ class Training:
             evaluation += " (only process 0 evaluates)"
         checkpoint = getattr(result, "checkpoint", None)
         saved = f"\ncheckpoint: update {checkpoint}" if checkpoint is not None else ""
-        print(
+        return print_result(
             f"done: {result.env_steps:,} env steps, {result.updates} updates{skipped} in {result.train_s:.1f}s "
             f"(+{result.compile_s:.1f}s compile), {evaluation}\nrun directory: {result.run_dir}{saved}"
         )
-        return 0
 
     def discard_untrained_run_dir(self) -> None:
         """For a process about to exit early: see `discard_if_untrained`."""

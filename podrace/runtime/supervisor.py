@@ -53,6 +53,22 @@ def print_error(message: str) -> int:
     return 2
 
 
+def print_result(text: str) -> int:
+    """A command's result on stdout; the exit code: 0, or 1 with one line on stderr where
+    stdout refuses it (a full disk, a reader that has gone: `| head -0`), after the work
+    itself succeeded. Nothing to do where the process was started with stdout closed."""
+    if sys.stdout is None:
+        return 0
+    try:
+        print(text)
+        sys.stdout.flush()
+    except (OSError, ValueError) as error:  # ValueError: stdout closed
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        print(f"podrace: error: could not write to stdout ({reason}); the command itself succeeded", file=sys.stderr)
+        return 1
+    return 0
+
+
 class Signals:
     """SIGINT and SIGTERM stop the run cleanly; the exit code is 128 + the signal.
 

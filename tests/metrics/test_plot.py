@@ -158,6 +158,12 @@ def test_cli_plot_writes_the_image_and_exits_2_on_errors(tmp_path):
     ok = subprocess.run(command + ["-o", str(tmp_path / "out.png")], capture_output=True, text=True, env=env, timeout=100)
     assert ok.returncode == 0, ok.stderr
     assert Image.open(tmp_path / "out.png").format == "PNG"
+    with open("/dev/full", "w") as full:  # the image is written; its line cannot be
+        refused = subprocess.run(command + ["-o", str(tmp_path / "again.png")], stdout=full, stderr=subprocess.PIPE,
+                                 text=True, env=env, timeout=100)
+    assert refused.returncode == 1 and refused.stderr.splitlines() == [
+        "podrace: error: could not write to stdout (No space left on device); the command itself succeeded"]
+    assert Image.open(tmp_path / "again.png").format == "PNG"
 
     bad = subprocess.run(command + ["-o", str(tmp_path / "out.xyz")], capture_output=True, text=True, env=env, timeout=100)
     assert bad.returncode == 2

@@ -1,0 +1,51 @@
+"""A command's result line (podrace.runtime.supervisor.print_result)."""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+
+import pytest
+
+from podrace.runtime.supervisor import print_result
+
+
+@pytest.mark.timeout(30)
+def test_a_result_reaches_stdout_with_exit_0(capsys):
+    assert print_result("done: 1 update") == 0
+    assert capsys.readouterr() == ("done: 1 update\n", "")
+
+
+def broken_pipe() -> io.TextIOWrapper:
+    read, write = os.pipe()
+    os.close(read)  # the reader has gone (`| head -0`); Python ignores SIGPIPE
+    return open(write, "w")
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("stdout, reason", [
+    (lambda: open("/dev/full", "w"), "No space left on device"),
+    (broken_pipe, "Broken pipe"),
+])
+def test_stdout_that_refuses_the_result_is_one_line_and_exit_1(monkeypatch, capsys, stdout, reason):
+    """Found by an attack: `podrace train ... >/dev/full` (or into a closed pipe) printed a
+    traceback after the run had succeeded and saved."""
+    refusing = stdout()
+    monkeypatch.setattr(sys, "stdout", refusing)
+    try:
+        assert print_result("done: 1 update") == 1
+    finally:
+        monkeypatch.undo()
+        try:
+            refusing.close()
+        except OSError:  # its buffer still cannot be written
+            pass
+    assert capsys.readouterr().err.splitlines() == [
+        f"podrace: error: could not write to stdout ({reason}); the command itself succeeded"]
+
+
+@pytest.mark.timeout(30)
+def test_a_process_started_with_stdout_closed_has_nothing_to_print(monkeypatch):
+    monkeypatch.setattr(sys, "stdout", None)
+    assert print_result("done: 1 update") == 0
