@@ -69,10 +69,11 @@ def run_actor(env_id: str, num_envs: int, T: int, fused: bool, network: NetworkC
         ("CartPole-v1", 8, 40, NetworkConfig(), {}),  # discrete, episodes end inside rollouts; chunks 32 + 8
         ("CartPole-v1", 16, 8, NetworkConfig(), {}),  # the cartpole-ppo shape: one call per rollout
         ("Pendulum-v1", 4, 64, NetworkConfig(), {}),  # continuous (clipped), truncated at 200 steps
+        ("FrozenLake-v1", 8, 32, NetworkConfig(), {}),  # Discrete observations, one-hot inside the rollout
         # Atari: lost lives terminate learning episodes, game over ends reported ones
         ("Breakout-v5", 4, 32, NetworkConfig(torso="nature_cnn", hidden_sizes=(32,)), {"image_size": 42}),
     ],
-    ids=["cartpole", "cartpole-one-call", "pendulum", "breakout"],
+    ids=["cartpole", "cartpole-one-call", "pendulum", "frozen-lake", "breakout"],
 )
 def test_fused_rollouts_equal_step_by_step_rollouts(env_id, num_envs, T, network, env_kwargs):
     fused = run_actor(env_id, num_envs, T, True, network, **env_kwargs)

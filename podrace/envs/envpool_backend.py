@@ -18,7 +18,7 @@ from podrace.config import ConfigError, EnvConfig
 from podrace.envs.base import env_seeds
 from podrace.envs.episode_stats import EpisodeStats
 from podrace.envs.resolve import is_envpool_atari
-from podrace.envs.spaces import ActionPreparer, spec_from_spaces
+from podrace.envs.spaces import ActionPreparer, OneHotObs, spec_from_spaces
 from podrace.types import EnvSpec, EnvStep
 
 
@@ -109,6 +109,7 @@ class EnvpoolEnv:
         self.num_envs = num_envs
         self.spec = spec_from_spaces(cfg.id, self._env.observation_space, self._env.action_space)
         self._atari = is_envpool_atari(cfg.id)
+        self._one_hot = OneHotObs.of(self._env.observation_space)
         self._prepare = ActionPreparer(
             self.spec, num_envs, self._env.spec.action_array_spec["action"].dtype
         )
@@ -122,7 +123,7 @@ class EnvpoolEnv:
         obs, _ = self._env.reset()
         self._stats.reset()
         self._started = True
-        return obs
+        return obs if self._one_hot is None else self._one_hot(obs)
 
     def step(self, actions: np.ndarray) -> EnvStep:
         if not self._started:
@@ -135,7 +136,7 @@ class EnvpoolEnv:
             raw_reward, terminated, truncated, episode_done
         )
         return EnvStep(
-            obs=obs,
+            obs=obs if self._one_hot is None else self._one_hot(obs),
             reward=reward.astype(np.float32, copy=False),
             terminated=terminated,
             truncated=truncated,
@@ -152,7 +153,7 @@ class EnvpoolEnv:
         if dtypes & {np.dtype(np.float64), np.dtype(np.int64)}:
             return None
         handle, _, _, step = effect_free_xla(self._env)
-        return XlaStep(handle, step, self.spec, self.num_envs, self._atari)
+        return XlaStep(handle, step, self.spec, self.num_envs, self._atari, self._one_hot)
 
     def close(self) -> None:
         if not self._closed:
@@ -197,8 +198,10 @@ class XlaStep:
     JaxEnvStep)`, with the same translation as `EnvpoolEnv.step` (clipped continuous
     actions, Atari's raw reward and game over). The handle threads the calls in order."""
 
-    def __init__(self, handle: np.ndarray, step: Any, spec: EnvSpec, num_envs: int, atari: bool) -> None:
-        self.handle, self._step, self._spec, self._atari = handle, step, spec, atari
+    def __init__(
+        self, handle: np.ndarray, step: Any, spec: EnvSpec, num_envs: int, atari: bool, one_hot: OneHotObs | None
+    ) -> None:
+        self.handle, self._step, self._spec, self._atari, self._one_hot = handle, step, spec, atari, one_hot
         self._env_ids = np.arange(num_envs, dtype=np.int32)
 
     def __call__(self, handle: Any, actions: Any) -> tuple[Any, "JaxEnvStep"]:
@@ -210,6 +213,8 @@ class XlaStep:
             actions = jnp.clip(actions, self._spec.action_low, self._spec.action_high).astype(jnp.float32)
         handle, (obs, reward, terminated, truncated, info) = self._step(handle, actions, jnp.asarray(self._env_ids))
         terminated, truncated, raw_reward, episode_done = translate(terminated, truncated, reward, info, self._atari)
+        if self._one_hot is not None:
+            obs = self._one_hot.jax(obs)
         return handle, JaxEnvStep(obs, reward.astype(jnp.float32), terminated, truncated, raw_reward, episode_done)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from podrace.config import ConfigError
 from podrace.envs.base import env_seeds
 from podrace.envs.episode_stats import EpisodeStats
-from podrace.envs.spaces import ActionPreparer, spec_from_spaces
+from podrace.envs.spaces import ActionPreparer, OneHotObs, spec_from_spaces
 from podrace.types import EnvStep
 
 
@@ -38,6 +38,7 @@ class VectorEnvAdapter:
         self.num_envs = int(env.num_envs)
         self.spec = spec_from_spaces(name, env.single_observation_space, env.single_action_space)
         self._prepare = ActionPreparer(self.spec, self.num_envs, env.single_action_space.dtype)
+        self._one_hot = OneHotObs.of(env.single_observation_space)
         self._seeds: list[int] | None = env_seeds(seed, self.num_envs)
         self._stats = EpisodeStats(self.num_envs)
         self._started = False
@@ -72,7 +73,9 @@ class VectorEnvAdapter:
         )
 
     def _own(self, obs) -> np.ndarray:
-        """A fresh array in the spec's dtype: vector envs may reuse one obs buffer (copy=False)."""
+        """A fresh array as the spec has it: vector envs may reuse one obs buffer (copy=False)."""
+        if self._one_hot is not None:
+            return self._one_hot(obs)
         return np.array(obs, dtype=self.spec.obs_dtype, copy=True)
 
     def close(self) -> None:
