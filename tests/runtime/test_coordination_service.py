@@ -135,3 +135,47 @@ def test_process_0_leaving_while_its_service_starts_stops_it_before_it_takes_the
         time.sleep(0.1)
     assert not alive(child) and errors
     HostedService.current = None
+
+
+@pytest.mark.timeout(60)
+def test_process_0_leaving_while_its_services_child_is_spawned_never_lets_it_serve(monkeypatch):
+    """The CI failure of stop 33's landing: process 0 left while Popen was still returning
+    (the child already existed), stop_hosted_service did not know the service yet, and the
+    child took the coordinator's port after process 0 had gone. Here the leave lands in that
+    window every time; the port must never be taken, not even for a moment."""
+    import subprocess
+    import threading
+
+    from podrace.runtime import coordination_service
+
+    spawn = subprocess.Popen
+
+    def spawn_then_leave(*args, **kwargs):
+        child = spawn(*args, **kwargs)
+        stop_hosted_service()  # another thread of process 0 leaving, before Popen returned
+        return child
+
+    monkeypatch.setattr(coordination_service.subprocess, "Popen", spawn_then_leave)
+    port = free_port()
+    taken, done = [], threading.Event()
+
+    def watch():
+        while not done.is_set():
+            if listening(port):
+                taken.append(True)
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with pytest.raises(RuntimeError, match="process 0 left while its coordination service started"):
+            HostedService(f"127.0.0.1:{port}", 2)
+        service = HostedService.current
+        assert service.child.returncode is not None
+        time.sleep(1)  # a child that had been left alone would take the port meanwhile
+    finally:
+        done.set()
+        watcher.join()
+        HostedService.current = None
+    assert not taken
+
