@@ -20,6 +20,7 @@ import numpy as np
 
 from podrace.config import ConfigError, EnvConfig
 from podrace.envs import resolve_backend
+from podrace.envs.spaces import OneHotObs
 
 MAX_VIDEO_FRAMES = 3000
 VIDEO_FPS = 30
@@ -55,20 +56,25 @@ class _RenderEnv:
             except Exception as error:  # e.g. DependencyNotInstalled (pygame) for classic control
                 raise ConfigError(f"env {cfg.id!r} cannot be rendered by Gymnasium: {_one_line(error)}") from None
             self.envpool, self.atari = False, False
+        self.one_hot = OneHotObs.of(self.env.observation_space)
 
     def reset(self) -> np.ndarray:
         """The first observation, batched as the policy takes it ([1, ...])."""
         if self.envpool:
-            return self.env.reset()[0]
-        return self.env.reset(seed=self.seed)[0][None]
+            return self._as_trained(self.env.reset()[0])
+        return self._as_trained(np.asarray(self.env.reset(seed=self.seed)[0])[None])
 
     def step(self, action: np.ndarray) -> tuple[np.ndarray, bool]:
         if self.envpool:
             obs, _, terminated, truncated, info = self.env.step(action)
             over = info["terminated"] if self.atari else terminated  # Atari: game over, not a lost life
-            return obs, bool(over[0] or truncated[0])
+            return self._as_trained(obs), bool(over[0] or truncated[0])
         obs, _, terminated, truncated, _ = self.env.step(action[0])
-        return obs[None], bool(terminated or truncated)
+        return self._as_trained(np.asarray(obs)[None]), bool(terminated or truncated)
+
+    def _as_trained(self, obs: np.ndarray) -> np.ndarray:
+        """As the training envs gave them (a Discrete observation one-hot, as in podrace.envs)."""
+        return obs if self.one_hot is None else self.one_hot(obs)
 
     def render(self) -> np.ndarray:
         """An RGB frame [height, width, 3]; ConfigError when the env gives none."""

@@ -94,6 +94,44 @@ def test_video_gif_of_one_episode_and_mp4_without_ffmpeg_is_a_clear_error(tmp_pa
         evaluate_run(EvalOptions(run, episodes=1, video=tmp_path / "episode.mp4"))
 
 
+class StateChain(gymnasium.Env):
+    """Discrete observations from -2 (a state's index, as FrozenLake's), rendered as frames."""
+
+    metadata = {"render_modes": ["rgb_array"]}
+    observation_space = gymnasium.spaces.Discrete(5, start=-2)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def __init__(self, render_mode=None):
+        self.render_mode, self._state, self._steps = render_mode, -2, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self._state, self._steps = -2, 0
+        return self._state, {}
+
+    def step(self, action):
+        self._state = min(2, self._state + 1) if int(action) == 1 else max(-2, self._state - 1)
+        self._steps += 1
+        return self._state, float(self._state == 2), False, self._steps == 6, {}
+
+    def render(self):
+        return np.full((8, 8, 3), 40 * (self._state + 2), np.uint8)
+
+
+@pytest.mark.timeout(120)
+def test_video_of_an_env_with_discrete_observations_shows_the_policy_its_one_hot_states(tmp_path):
+    """Found by an attack: the render env gave the policy the state's index as it is
+    (training gives it one-hot), and the video was refused as 'cannot be recorded'."""
+    gymnasium.register("PodraceStateChain-v0", entry_point=StateChain)
+    try:
+        run = make_run(tmp_path / "run", cfg=tiny_config(**{"env.id": "PodraceStateChain-v0"}))
+        result = evaluate_run(EvalOptions(run, episodes=1, video=tmp_path / "episode.gif"))
+    finally:
+        gymnasium.registry.pop("PodraceStateChain-v0", None)
+    assert result["lengths"] == [6]
+    assert Image.open(tmp_path / "episode.gif").n_frames == result["video_frames"] == 7
+
+
 @pytest.mark.timeout(60)
 def test_errors_come_before_anything_is_written(tmp_path):
     empty = tmp_path / "empty-run"
