@@ -15,6 +15,7 @@ import sys
 from typing import Callable, TypeVar
 
 from podrace.config import ConfigError
+from podrace.runtime.supervisor import stdout_refused
 
 T = TypeVar("T")
 
@@ -34,6 +35,8 @@ def parse(parse_fn: Callable[[], T]) -> T:
             raise ConfigError(one_line(captured.getvalue())) from None
         sys.stderr.write(captured.getvalue())
         raise
+    except OSError as error:  # only printing --help writes: into a stdout that refuses it
+        raise SystemExit(stdout_refused(error)) from None
     sys.stderr.write(captured.getvalue())  # warnings tyro printed on the way
     return result
 

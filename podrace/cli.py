@@ -15,6 +15,7 @@ from typing import Iterator, Sequence
 from podrace.runtime.supervisor import (
     end_at_once_on_signals,
     exit_at_once_on_signals,
+    guard_std_streams,
     ignore_signals_from_now_on,
     leave,
     print_error,
@@ -96,11 +97,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     the process then ends without interpreter finalization (`supervisor.leave`)."""
     entry = argv is None
     if entry:
+        guard_std_streams()
         end_at_once_on_signals()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
-        return 0 if argv else 2
+        shown = print_result(USAGE)
+        return shown if argv else 2
     command, rest = argv[0], argv[1:]
     if command not in ("train", "eval", "plot"):
         return print_error(f"unknown command '{command}'\n{USAGE}")

@@ -72,6 +72,46 @@ def test_train_runs_and_reports(capsys, tmp_path):
     assert code == 2 and "already exists" in err
 
 
+@pytest.mark.timeout(120)
+def test_a_training_run_outlives_the_reader_of_its_stderr(tmp_path):
+    """Found by an attack: `podrace train ... 2>&1 | head -1` ended the run at a tenth of its
+    steps (rich's console raises SystemExit on a broken pipe). Lines nobody reads are lost,
+    not the run."""
+    run = subprocess.Popen(
+        [sys.executable, "-m", "podrace.cli", "train", "cartpole-ppo", "--total-steps", "20480", "--log.console",
+         "lines", "--log.interval-s", "0.05", "--eval.episodes", "2", "--log.run-dir", str(tmp_path),
+         "--log.run-name", "r"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run.stderr.close()  # the reader has gone before the first line
+    out, _ = run.communicate(timeout=100)
+    assert run.returncode == 0 and out.startswith("done: 20,480 env steps"), out
+    assert (tmp_path / "r" / "checkpoints" / "40").is_dir()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("stderr", ["2>&-", "2>/dev/full"])
+def test_a_bad_flag_with_stderr_closed_or_full_is_still_exit_2_and_nothing_on_stdout(tmp_path, stderr):
+    """Found by an attack: exit 1 (a traceback into the full stderr), or the error line on
+    stdout (print(file=None) with stderr closed); and with fd 2 closed, a file the run
+    opened could take its number and get crash dumps and C libraries' log lines."""
+    probe = "import os, sys, podrace.cli as c; c.guard_std_streams(); print(os.readlink('/proc/self/fd/2'))"
+    done = subprocess.run(f'"{sys.executable}" -c "{probe}" {stderr}', shell=True, capture_output=True, text=True,
+                          timeout=50)
+    assert done.stdout.strip() == ("/dev/null" if stderr == "2>&-" else "/dev/full")
+    done = subprocess.run(f'"{sys.executable}" -m podrace.cli train cartpole-ppo --bogus {stderr}', shell=True,
+                          cwd=tmp_path, stdout=subprocess.PIPE, text=True, timeout=50)
+    assert (done.returncode, done.stdout) == (2, "")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("args", [["--help"], ["train", "cartpole-ppo", "--help"]], ids=["usage", "flags"])
+def test_help_into_a_full_stdout_is_one_line_and_exit_1(tmp_path, args):
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "podrace.cli", *args], stdout=full, stderr=subprocess.PIPE,
+                              text=True, timeout=50)
+    assert done.returncode == 1 and done.stderr.splitlines() == [
+        "podrace: error: could not write to stdout (No space left on device); the command itself succeeded"]
+
+
 @pytest.mark.timeout(60)
 def test_a_missing_env_package_is_one_line_without_dependency_warnings_ahead(tmp_path):
     """Gymnasium's coloured "HalfCheetah-v4 is out of date" note came before podrace's line

@@ -46,6 +46,7 @@ from podrace.runtime.distributed import (
 from podrace.runtime.peers import PeerLink, PeerLost, PeerStopped
 from podrace.runtime.rundir import check_run_dir, create_run_dir, discard_if_untrained, run_dir_path
 from podrace.runtime.single_host import SingleHostRun, TrainResult
+from podrace.runtime.supervisor import write_stderr_now
 from podrace.validation import validate
 
 HUB_EXIT_WAIT_S = 5.0
@@ -131,9 +132,9 @@ def _exit_while_preparing(lost: PeerLost, lifetime: Lifetime, link: PeerLink | N
         link.wait_others_gone(HUB_EXIT_WAIT_S)
     stop_hosted_service()  # process 0: the coordinator's port is free again at once
     if isinstance(lost, PeerStopped):  # as once training runs (train_command)
-        os.write(2, f"podrace: {lost}, stopped\n".encode())
+        write_stderr_now(f"podrace: {lost}, stopped\n")
         os._exit(128 + lost.signum)
-    os.write(2, f"podrace: error: process-{lost.process} failed: {type(lost).__name__}: {lost}\n".encode())
+    write_stderr_now(f"podrace: error: process-{lost.process} failed: {type(lost).__name__}: {lost}\n")
     os._exit(1)
 
 

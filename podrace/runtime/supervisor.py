@@ -47,6 +47,58 @@ it) does that, and it starves the watchdog and the signal handlers, which are Py
 faulthandler's timer is a C thread that needs no GIL."""
 
 
+class _StderrThatDropsWhatItCannotWrite:
+    """sys.stderr of a command: a full disk (`2>/dev/full`) or a reader that has gone
+    (`2>&1 | head -1`) loses the lines, not the run. Unguarded, the first warning raised in
+    argument parsing (nothing ran, exit 1), or rich's console ended a training run halfway
+    (its broken-pipe handler raises SystemExit)."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except (OSError, ValueError):
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except (OSError, ValueError):
+            pass
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def guard_std_streams() -> None:
+    """For a command's own process, first: a standard descriptor the process was started
+    without (`2>&-`) is opened on /dev/null, so no file the run opens takes its number (a
+    crash dump or a C library's log line would land in it), and stderr never fails."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    if sys.stderr is None:  # started with fd 2 closed: Python's print(file=None) would use stdout
+        sys.stderr = open(2, "w", closefd=False)
+    if not isinstance(sys.stderr, _StderrThatDropsWhatItCannotWrite):
+        sys.stderr = _StderrThatDropsWhatItCannotWrite(sys.stderr)
+
+
+def write_stderr_now(text: str) -> None:
+    """`text` straight to fd 2 (from a signal handler, or just before os._exit); nothing
+    where stderr cannot take it."""
+    try:
+        os.write(2, text.encode())
+    except OSError:
+        pass
+
+
 def print_error(message: str) -> int:
     """A user-facing error: one line on stderr; the exit code 2."""
     print(f"podrace: error: {message}", file=sys.stderr)
@@ -63,10 +115,15 @@ def print_result(text: str) -> int:
         print(text)
         sys.stdout.flush()
     except (OSError, ValueError) as error:  # ValueError: stdout closed
-        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
-        print(f"podrace: error: could not write to stdout ({reason}); the command itself succeeded", file=sys.stderr)
-        return 1
+        return stdout_refused(error)
     return 0
+
+
+def stdout_refused(error: OSError | ValueError) -> int:
+    """One line for what stdout refused after the command's work was done; the exit code 1."""
+    reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+    print(f"podrace: error: could not write to stdout ({reason}); the command itself succeeded", file=sys.stderr)
+    return 1
 
 
 class Signals:
@@ -104,7 +161,7 @@ class Signals:
 
 def _exit_on_a_second(signum: int, before_exit: Callable[[], None] | None = None) -> None:
     """A second signal while stopping: one line, then exit at once."""
-    os.write(2, f"podrace: second {signal.Signals(signum).name}, exiting now\n".encode())
+    write_stderr_now(f"podrace: second {signal.Signals(signum).name}, exiting now\n")
     if before_exit is not None:
         before_exit()
     os._exit(128 + signum)
@@ -215,7 +272,7 @@ class _ExitAtOnce:
             self.exit()
 
     def exit(self) -> None:
-        os.write(2, f"podrace: {signal.Signals(self.received).name} received, stopped\n".encode())
+        write_stderr_now(f"podrace: {signal.Signals(self.received).name} received, stopped\n")
         exit_now(128 + self.received)
 
 
