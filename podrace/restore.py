@@ -184,9 +184,11 @@ def _check_fits(step_dir: Path, meta: dict, cfg: TrainConfig, like: RunState, sp
     stored, current = meta["env_spec"], spec_json(spec)
     for name, value in stored.items():
         if current.get(name) != value:
+            why = " (Discrete observations are one-hot since podrace 2026-12-06; this run predates it)" if (
+                name == "obs_shape" and value == [] and current.get("obs_dtype") == "float32") else ""
             raise ConfigError(
                 f"checkpoint {step_dir} was saved for env {cfg.env.id!r} with {name} {value}, "
-                f"the config's env has {current.get(name)}"
+                f"the config's env has {current.get(name)}{why}"
             )
     metadata = _read_item(step_dir, "arrays", lambda c: c.metadata(step_dir).item_metadata["arrays"])
     saved = {

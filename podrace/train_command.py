@@ -28,7 +28,9 @@ def explains_itself(error: BaseException) -> bool:
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS):
         return True  # the message names the path and what the system refused
     # A full disk under a checkpoint write reaches us as orbax/TensorStore's ValueError.
-    return isinstance(error, ExplainedError) or "No space left on device" in str(error)
+    if isinstance(error, ExplainedError) or "No space left on device" in str(error):
+        return True
+    return error.__cause__ is not None and explains_itself(error.__cause__)  # an EnvError of one
 
 
 def parse_train(args: Sequence[str]) -> TrainConfig:

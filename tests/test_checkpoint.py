@@ -468,6 +468,22 @@ def test_a_checkpoint_of_another_network_or_env_does_not_load(tmp_path):
         restore(tmp_path, fresh_state(cfg), other_env)
 
 
+@pytest.mark.timeout(120)
+def test_a_run_that_fed_discrete_observations_as_numbers_is_refused_with_the_reason(tmp_path):
+    """Discrete observations became one-hot vectors: a run trained before saw them as numbers."""
+    cfg = tiny_config(**{"env.id": "FrozenLake-v1"})
+    current = env_spec(cfg.env)
+    before = current._replace(obs_shape=(), obs_dtype=np.dtype(np.int64))
+    checkpointer = Checkpointer(tmp_path, cfg, before)
+    try:
+        checkpointer.save(fresh_state(cfg, version=1))
+    finally:
+        checkpointer.close()
+    with pytest.raises(ConfigError, match=r"with obs_shape \[\], the config's env has \[16\] \(Discrete observations "
+                                          r"are one-hot since podrace 2026-12-06; this run predates it\)$"):
+        restore(tmp_path, fresh_state(cfg), current)
+
+
 @pytest.mark.timeout(60)
 def test_no_checkpoint_or_unknown_step_is_a_config_error(tmp_path):
     cfg = tiny_config()

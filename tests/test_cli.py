@@ -181,19 +181,25 @@ def test_final_line_reports_skipped_updates(capsys, tmp_path, monkeypatch):
     ("learner", "skipped", "learner failed: TooManySkippedUpdates: 63 of 625 updates skipped"),
     ("logger", "sink", "logger failed: SinkError: cannot write metrics to m.jsonl: No space left on device"),
     ("actor-0", "hang", "actor-0 failed: HangDetected: env.step did not return within 3s (step 305)"),
+    # Found by an attack: a traceback of podrace's own frames came first (none of the env's).
+    ("actor-0", "outside", "actor-0 failed: EnvError: env.step raised at step 5: ObservationOutsideSpace: got [5]"),
 ])
 def test_named_failures_are_one_line_and_exit_1(capsys, tmp_path, monkeypatch, component, error, message):
     from podrace.learner import TooManySkippedUpdates
     from podrace.metrics.loggers import SinkError
     from podrace.control import ComponentError
 
+    from podrace.actor import EnvError
     from podrace.control import HangDetected
+    from podrace.envs.spaces import ObservationOutsideSpace
 
     cause = {
         "skipped": TooManySkippedUpdates("63 of 625 updates skipped as non-finite"),
         "sink": SinkError("cannot write metrics to m.jsonl: No space left on device"),
         "hang": HangDetected("env.step did not return within 3s (step 305)"),  # printed twice before
+        "outside": EnvError("env.step raised at step 5: ObservationOutsideSpace: got [5]"),
     }[error]
+    cause.__cause__ = ObservationOutsideSpace("got [5]") if error == "outside" else None
     fake_train(monkeypatch, error=ComponentError(component, cause))
     code, out, err = run_cli(capsys, "train", "cartpole-ppo", "--log.run-dir", str(tmp_path))
     assert code == 1

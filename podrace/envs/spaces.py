@@ -11,6 +11,7 @@ import gymnasium
 import numpy as np
 
 from podrace.config import ConfigError
+from podrace.control import ExplainedError
 from podrace.types import EnvSpec
 
 
@@ -55,6 +56,11 @@ def spec_from_spaces(env_id: str, obs_space: gymnasium.Space, action_space: gymn
     raise ConfigError(f"env {env_id!r}: unsupported action space {action_space} ({SUPPORTED})")
 
 
+class ObservationOutsideSpace(ExplainedError, ValueError):
+    """An env gave a Discrete observation its own space does not hold (its bug, not podrace's:
+    no traceback of podrace's frames helps)."""
+
+
 class OneHotObs:
     """A Discrete observation (a state's index: FrozenLake, Taxi) as a one-hot float32
     vector, as the spec describes it. Fed to a network as a number, state 7 was "more" than
@@ -74,8 +80,11 @@ class OneHotObs:
         outside the space (the env broke its own contract)."""
         index = np.asarray(obs).astype(np.int64) - self.start
         if index.size and (index.min() < 0 or index.max() >= self.n):
-            raise ValueError(
-                f"observations must be in [{self.start}, {self.start + self.n}), got {(index + self.start).tolist()}"
+            outside = np.unique(index[(index < 0) | (index >= self.n)] + self.start)
+            more = f" and {outside.size - 3} other values" if outside.size > 3 else ""
+            raise ObservationOutsideSpace(
+                f"the env's observations must be in [{self.start}, {self.start + self.n}) as its "
+                f"Discrete({self.n}, start={self.start}) says, got {outside[:3].tolist()}{more}"
             )
         return (index[..., None] == np.arange(self.n)).astype(np.float32)
 

@@ -9,7 +9,7 @@ import pytest
 
 from podrace.config import EnvConfig
 from podrace.envs import env_spec
-from podrace.envs.spaces import OneHotObs
+from podrace.envs.spaces import ObservationOutsideSpace, OneHotObs
 
 
 def test_one_hot_of_indices_from_the_spaces_start():
@@ -19,8 +19,10 @@ def test_one_hot_of_indices_from_the_spaces_start():
     assert out.dtype == np.float32 and out.shape == (3, 3)
     np.testing.assert_array_equal(out, expected)
     np.testing.assert_array_equal(encode.jax(jnp.array([-1, 1, 0], jnp.int32)), expected)
-    with pytest.raises(ValueError, match=r"in \[-1, 2\), got \[2, 0\]"):
+    with pytest.raises(ObservationOutsideSpace, match=r"in \[-1, 2\) as its Discrete\(3, start=-1\) says, got \[2\]$"):
         encode(np.array([2, 0]))
+    with pytest.raises(ObservationOutsideSpace, match=r"got \[-7, 2, 5\] and 3 other values$"):  # not 1024 of them
+        encode(np.array([5, 6, 0, 7, 8, 2, -7] * 100))
     assert OneHotObs.of(gymnasium.spaces.Box(0, 1, (2,))) is None
 
 
