@@ -87,6 +87,47 @@ def test_a_training_run_outlives_the_reader_of_its_stderr(tmp_path):
     assert (tmp_path / "r" / "checkpoints" / "40").is_dir()
 
 
+def full_pipe() -> tuple[int, int]:
+    """A pipe whose reader is there but reads nothing, filled to the brim (`2>&1 | less`, not
+    scrolled)."""
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    try:
+        while True:
+            os.write(write, b"x" * 4096)
+    except BlockingIOError:
+        pass
+    os.set_blocking(write, True)
+    return read, write
+
+
+@pytest.mark.timeout(120)
+def test_a_signal_ends_a_run_whose_stderr_reader_stopped_reading(tmp_path):
+    """Found by an attack: with stderr a full pipe the main thread sat in a write, and no
+    Ctrl-C (nor a second one) ended the process until the reader read again."""
+    read, write = full_pipe()
+    try:
+        run = subprocess.Popen(
+            [sys.executable, "-m", "podrace.cli", "train", "cartpole-ppo", "--total-steps", "100000000",
+             "--log.console", "lines", "--log.interval-s", "0.05", "--log.run-dir", str(tmp_path),
+             "--log.run-name", "r"], stdout=subprocess.PIPE, stderr=write, text=True)
+        os.close(write)
+        metrics = tmp_path / "r" / "metrics.jsonl"
+        deadline = time.monotonic() + 90
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+            assert run.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        run.send_signal(signal.SIGINT)
+        run.wait(15)
+    finally:
+        if run.poll() is None:  # the hang this test is about: leave no process behind
+            run.kill()
+            run.wait()
+        os.close(read)
+    assert run.returncode == 130
+    assert json.loads(metrics.read_text().splitlines()[-1])["final"] == 1
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("stderr", ["2>&-", "2>/dev/full"])
 def test_a_bad_flag_with_stderr_closed_or_full_is_still_exit_2_and_nothing_on_stdout(tmp_path, stderr):
@@ -100,6 +141,16 @@ def test_a_bad_flag_with_stderr_closed_or_full_is_still_exit_2_and_nothing_on_st
     done = subprocess.run(f'"{sys.executable}" -m podrace.cli train cartpole-ppo --bogus {stderr}', shell=True,
                           cwd=tmp_path, stdout=subprocess.PIPE, text=True, timeout=50)
     assert (done.returncode, done.stdout) == (2, "")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("args,code", [("--bogus", 2), ("--help", 0)])
+def test_a_flag_error_or_help_with_stdout_closed_is_its_usual_exit(tmp_path, args, code):
+    """Found by an attack: tyro writes to sys.stdout, which is None then (exit 1, a traceback)."""
+    done = subprocess.run(f'"{sys.executable}" -m podrace.cli train cartpole-ppo {args} >&-', shell=True,
+                          cwd=tmp_path, stderr=subprocess.PIPE, text=True, timeout=50)
+    assert done.returncode == code, done.stderr
+    assert "Traceback" not in done.stderr
 
 
 @pytest.mark.timeout(60)

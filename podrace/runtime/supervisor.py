@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import faulthandler
 import os
+import select
 import signal
 import sys
 import threading
@@ -47,22 +48,47 @@ it) does that, and it starves the watchdog and the signal handlers, which are Py
 faulthandler's timer is a C thread that needs no GIL."""
 
 
+STDERR_WAIT_S = 1.0
+"""How long a write to stderr waits for a reader that stopped reading (a full pipe: `2>&1 |
+less` not scrolled) before the line is dropped."""
+
+
+def _fd_takes_writes(fd: int | None) -> bool:
+    """False where `fd` is a pipe its reader has left full for STDERR_WAIT_S (a write would
+    block until the reader reads: a signal's exit with it)."""
+    if fd is None:
+        return True
+    try:
+        return bool(select.select([], [fd], [], STDERR_WAIT_S)[1])
+    except (OSError, ValueError):  # closed: the write itself fails, and is dropped
+        return True
+
+
 class _StderrThatDropsWhatItCannotWrite:
-    """sys.stderr of a command: a full disk (`2>/dev/full`) or a reader that has gone
-    (`2>&1 | head -1`) loses the lines, not the run. Unguarded, the first warning raised in
-    argument parsing (nothing ran, exit 1), or rich's console ended a training run halfway
-    (its broken-pipe handler raises SystemExit)."""
+    """sys.stderr of a command: a full disk (`2>/dev/full`), a reader that has gone (`2>&1 |
+    head -1`) or one that stopped reading loses the lines, not the run. Unguarded, the first
+    warning raised in argument parsing (nothing ran, exit 1), rich's console ended a training
+    run halfway (its broken-pipe handler raises SystemExit), and a full pipe held the main
+    thread in a write, so no signal could end the process."""
 
     def __init__(self, stream) -> None:
         self._stream = stream
+        try:
+            self._fd: int | None = stream.fileno()
+        except (OSError, ValueError, AttributeError):  # no descriptor: nothing to wait for
+            self._fd = None
 
     def write(self, text: str) -> int:
+        if not _fd_takes_writes(self._fd):
+            return len(text)
         try:
             return self._stream.write(text)
         except (OSError, ValueError):
             return len(text)
 
     def flush(self) -> None:
+        if not _fd_takes_writes(self._fd):
+            return
         try:
             self._stream.flush()
         except (OSError, ValueError):
@@ -74,8 +100,9 @@ class _StderrThatDropsWhatItCannotWrite:
 
 def guard_std_streams() -> None:
     """For a command's own process, first: a standard descriptor the process was started
-    without (`2>&-`) is opened on /dev/null, so no file the run opens takes its number (a
-    crash dump or a C library's log line would land in it), and stderr never fails."""
+    without (`>&-`, `2>&-`) is opened on /dev/null, so no file the run opens takes its number
+    (a crash dump or a C library's log line would land in it) and sys.stdout and sys.stderr
+    exist (tyro's help and errors use them), and stderr never fails or blocks for long."""
     for fd in (0, 1, 2):
         try:
             os.fstat(fd)
@@ -84,7 +111,9 @@ def guard_std_streams() -> None:
             if null != fd:
                 os.dup2(null, fd)
                 os.close(null)
-    if sys.stderr is None:  # started with fd 2 closed: Python's print(file=None) would use stdout
+    if sys.stdout is None:
+        sys.stdout = open(1, "w", closefd=False)
+    if sys.stderr is None:  # Python's print(file=None) would use stdout
         sys.stderr = open(2, "w", closefd=False)
     if not isinstance(sys.stderr, _StderrThatDropsWhatItCannotWrite):
         sys.stderr = _StderrThatDropsWhatItCannotWrite(sys.stderr)
@@ -92,9 +121,10 @@ def guard_std_streams() -> None:
 
 def write_stderr_now(text: str) -> None:
     """`text` straight to fd 2 (from a signal handler, or just before os._exit); nothing
-    where stderr cannot take it."""
+    where stderr cannot take it, or not within STDERR_WAIT_S."""
     try:
-        os.write(2, text.encode())
+        if _fd_takes_writes(2):
+            os.write(2, text.encode())
     except OSError:
         pass
 
