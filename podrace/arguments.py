@@ -15,7 +15,7 @@ import sys
 from typing import Callable, TypeVar
 
 from podrace.config import ConfigError
-from podrace.runtime.supervisor import stdout_refused
+from podrace.runtime.std_streams import stdout_refused
 
 T = TypeVar("T")
 

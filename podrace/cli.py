@@ -12,14 +12,12 @@ import sys
 from contextlib import contextmanager
 from typing import Iterator, Sequence
 
+from podrace.runtime.std_streams import guard_std_streams, print_error, print_result
 from podrace.runtime.supervisor import (
     end_at_once_on_signals,
     exit_at_once_on_signals,
-    guard_std_streams,
     ignore_signals_from_now_on,
     leave,
-    print_error,
-    print_result,
 )
 
 USAGE = """usage: podrace train <preset> [--flags]   (podrace train <preset> --help lists the flags)

@@ -18,7 +18,8 @@ from podrace.config import ConfigError, TrainConfig
 from podrace.control import ComponentError, ExplainedError
 from podrace.metrics.loggers import SinkError
 from podrace.runtime import supervisor
-from podrace.runtime.supervisor import RAY_EXIT_GRACE_S, Signals, print_error, print_result, supervise
+from podrace.runtime.std_streams import print_error, print_result
+from podrace.runtime.supervisor import RAY_EXIT_GRACE_S, Signals, supervise
 from podrace.runtime.xla_setup import set_xla_flags
 from podrace.validation import validate
 

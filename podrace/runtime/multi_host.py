@@ -46,7 +46,7 @@ from podrace.runtime.distributed import (
 from podrace.runtime.peers import PeerLink, PeerLost, PeerStopped
 from podrace.runtime.rundir import check_run_dir, create_run_dir, discard_if_untrained, run_dir_path
 from podrace.runtime.single_host import SingleHostRun, TrainResult
-from podrace.runtime.supervisor import write_stderr_now
+from podrace.runtime.std_streams import write_stderr_now
 from podrace.validation import validate
 
 HUB_EXIT_WAIT_S = 5.0

@@ -21,7 +21,6 @@ from __future__ import annotations
 import atexit
 import faulthandler
 import os
-import select
 import signal
 import sys
 import threading
@@ -29,6 +28,8 @@ import time
 import traceback
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Callable, Iterator
+
+from podrace.runtime.std_streams import flush_std_streams, write_stderr_now
 
 if TYPE_CHECKING:
     from podrace.control import Lifetime
@@ -46,114 +47,6 @@ STARVED_EXIT_S = 120.0
 native call that holds the GIL and never returns (an env extension that does not release
 it) does that, and it starves the watchdog and the signal handlers, which are Python too;
 faulthandler's timer is a C thread that needs no GIL."""
-
-
-STDERR_WAIT_S = 1.0
-"""How long a write to stderr waits for a reader that stopped reading (a full pipe: `2>&1 |
-less` not scrolled) before the line is dropped."""
-
-
-def _fd_takes_writes(fd: int | None) -> bool:
-    """False where `fd` is a pipe its reader has left full for STDERR_WAIT_S (a write would
-    block until the reader reads: a signal's exit with it)."""
-    if fd is None:
-        return True
-    try:
-        return bool(select.select([], [fd], [], STDERR_WAIT_S)[1])
-    except (OSError, ValueError):  # closed: the write itself fails, and is dropped
-        return True
-
-
-class _StderrThatDropsWhatItCannotWrite:
-    """sys.stderr of a command: a full disk (`2>/dev/full`), a reader that has gone (`2>&1 |
-    head -1`) or one that stopped reading loses the lines, not the run. Unguarded, the first
-    warning raised in argument parsing (nothing ran, exit 1), rich's console ended a training
-    run halfway (its broken-pipe handler raises SystemExit), and a full pipe held the main
-    thread in a write, so no signal could end the process."""
-
-    def __init__(self, stream) -> None:
-        self._stream = stream
-        try:
-            self._fd: int | None = stream.fileno()
-        except (OSError, ValueError, AttributeError):  # no descriptor: nothing to wait for
-            self._fd = None
-
-    def write(self, text: str) -> int:
-        if not _fd_takes_writes(self._fd):
-            return len(text)
-        try:
-            return self._stream.write(text)
-        except (OSError, ValueError):
-            return len(text)
-
-    def flush(self) -> None:
-        if not _fd_takes_writes(self._fd):
-            return
-        try:
-            self._stream.flush()
-        except (OSError, ValueError):
-            pass
-
-    def __getattr__(self, name: str):
-        return getattr(self._stream, name)
-
-
-def guard_std_streams() -> None:
-    """For a command's own process, first: a standard descriptor the process was started
-    without (`>&-`, `2>&-`) is opened on /dev/null, so no file the run opens takes its number
-    (a crash dump or a C library's log line would land in it) and sys.stdout and sys.stderr
-    exist (tyro's help and errors use them), and stderr never fails or blocks for long."""
-    for fd in (0, 1, 2):
-        try:
-            os.fstat(fd)
-        except OSError:
-            null = os.open(os.devnull, os.O_RDWR)
-            if null != fd:
-                os.dup2(null, fd)
-                os.close(null)
-    if sys.stdout is None:
-        sys.stdout = open(1, "w", closefd=False)
-    if sys.stderr is None:  # Python's print(file=None) would use stdout
-        sys.stderr = open(2, "w", closefd=False)
-    if not isinstance(sys.stderr, _StderrThatDropsWhatItCannotWrite):
-        sys.stderr = _StderrThatDropsWhatItCannotWrite(sys.stderr)
-
-
-def write_stderr_now(text: str) -> None:
-    """`text` straight to fd 2 (from a signal handler, or just before os._exit); nothing
-    where stderr cannot take it, or not within STDERR_WAIT_S."""
-    try:
-        if _fd_takes_writes(2):
-            os.write(2, text.encode())
-    except OSError:
-        pass
-
-
-def print_error(message: str) -> int:
-    """A user-facing error: one line on stderr; the exit code 2."""
-    print(f"podrace: error: {message}", file=sys.stderr)
-    return 2
-
-
-def print_result(text: str) -> int:
-    """A command's result on stdout; the exit code: 0, or 1 with one line on stderr where
-    stdout refuses it (a full disk, a reader that has gone: `| head -0`), after the work
-    itself succeeded. Nothing to do where the process was started with stdout closed."""
-    if sys.stdout is None:
-        return 0
-    try:
-        print(text)
-        sys.stdout.flush()
-    except (OSError, ValueError) as error:  # ValueError: stdout closed
-        return stdout_refused(error)
-    return 0
-
-
-def stdout_refused(error: OSError | ValueError) -> int:
-    """One line for what stdout refused after the command's work was done; the exit code 1."""
-    reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
-    print(f"podrace: error: could not write to stdout ({reason}); the command itself succeeded", file=sys.stderr)
-    return 1
 
 
 class Signals:
@@ -197,21 +90,10 @@ def _exit_on_a_second(signum: int, before_exit: Callable[[], None] | None = None
     os._exit(128 + signum)
 
 
-def _flush_std_streams() -> None:
-    """What is buffered for stdout and stderr, where they can still take it (None when the
-    process was started with one closed; a full disk or a gone reader refuses it)."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            if stream is not None:
-                stream.flush()
-        except (OSError, ValueError):
-            pass
-
-
 def exit_now(code: int) -> None:
     """Leave without waiting for threads stuck in native code (no atexit, no finalizers:
     a daemon thread inside C++ at interpreter shutdown can abort the process)."""
-    _flush_std_streams()
+    flush_std_streams()
     os._exit(code)
 
 
@@ -222,7 +104,7 @@ def leave(code: int) -> None:
     native code (an env stuck in C, a learner in a collective), which a C++ `catch (...)`
     turns into an abort (exit 134) after the command succeeded. Every file podrace writes
     is closed before its command returns."""
-    _flush_std_streams()
+    flush_std_streams()
     atexit._run_exitfuncs()
     exit_now(code)
 

@@ -1,4 +1,4 @@
-"""A command's result line (podrace.runtime.supervisor.print_result)."""
+"""A command's result line (podrace.runtime.std_streams.print_result)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from podrace.runtime.supervisor import print_result
+from podrace.runtime.std_streams import flush_std_streams, print_result
 
 
 @pytest.mark.timeout(30)
@@ -49,3 +49,21 @@ def test_stdout_that_refuses_the_result_is_one_line_and_exit_1(monkeypatch, caps
 def test_a_process_started_with_stdout_closed_has_nothing_to_print(monkeypatch):
     monkeypatch.setattr(sys, "stdout", None)
     assert print_result("done: 1 update") == 0
+
+
+@pytest.mark.timeout(30)
+def test_the_exits_flush_takes_a_missing_or_refusing_stdout(monkeypatch):
+    """A process started with stdout closed has sys.stdout None unless the command guarded it
+    (`podrace.cli.main(argv)` from Python, then a signal's exit): an AttributeError in the
+    exit's flush turned a success into exit 1."""
+    monkeypatch.setattr(sys, "stdout", None)
+    flush_std_streams()
+    full = open("/dev/full", "w")
+    full.write("x")  # buffered: the flush is what the disk refuses
+    monkeypatch.setattr(sys, "stdout", full)
+    flush_std_streams()
+    monkeypatch.undo()
+    try:
+        full.close()
+    except OSError:
+        pass
