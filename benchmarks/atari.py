@@ -61,9 +61,9 @@ SKIP = 2
 
 def make_config(args: argparse.Namespace, overrides: list[str], run_dir: str = "runs", **changes):
     """The preset at benchmark sizes; forces the CPU device count before JAX starts."""
-    from podrace.train_command import parse_train
-    from podrace.runtime.xla_setup import force_cpu_devices
     from podrace.config import replace
+    from podrace.runtime.xla_setup import force_cpu_devices
+    from podrace.train_command import parse_train
 
     cfg = parse_train([args.preset, *overrides])
     sizes = {
@@ -104,9 +104,17 @@ def _steady_sps(stamps: list[float], steps_per_update: int, start: float) -> dic
 
 
 COMPONENTS = (
-    "actor/env_step", "actor/inference", "actor/device_to_host", "actor/to_learner", "actor/rollout",
-    "actor/queue_put_wait", "actor/params_wait", "learner/step", "learner/queue_get_wait",
-    "learner/publish", "lag/lag_mean",
+    "actor/env_step",
+    "actor/inference",
+    "actor/device_to_host",
+    "actor/to_learner",
+    "actor/rollout",
+    "actor/queue_put_wait",
+    "actor/params_wait",
+    "learner/step",
+    "learner/queue_get_wait",
+    "learner/publish",
+    "lag/lag_mean",
 )
 
 
@@ -168,7 +176,9 @@ def mode_env_only(cfg) -> dict:
         try:
             env = envs[i]
             env.reset()
-            actions = np.random.default_rng(i).integers(0, num_actions, (steps_per_thread, cfg.env.num_envs))
+            actions = np.random.default_rng(i).integers(
+                0, num_actions, (steps_per_thread, cfg.env.num_envs)
+            )
             barrier.wait()
             for t in range(steps_per_thread):
                 env.step(actions[t].astype(np.int32))
@@ -229,8 +239,15 @@ def _fixed_rollouts(run, seq: int, version: int, host_traj) -> list:
     for actor in run.actors:
         traj = actor.out.place(jax.device_put(host_traj, actor.policy.device))
         rollouts.append(
-            Rollout(actor_id=actor.actor_id, seq=seq, policy_version=version, trajectory=traj,
-                    episode_returns=np.zeros(0), episode_lengths=np.zeros(0, np.int64), timings={})
+            Rollout(
+                actor_id=actor.actor_id,
+                seq=seq,
+                policy_version=version,
+                trajectory=traj,
+                episode_returns=np.zeros(0),
+                episode_lengths=np.zeros(0, np.int64),
+                timings={},
+            )
         )
     return rollouts
 
@@ -322,20 +339,33 @@ def _cpu_model() -> str:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
         return platform.processor()
-    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
+    return next(
+        (line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), ""
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--preset", default=PRESETS[0], choices=PRESETS)
     parser.add_argument("--out", help="default: benchmarks/results/<preset>.json")
     parser.add_argument("--updates", type=int, default=20, help="learner updates per mode")
-    parser.add_argument("--unroll1-updates", type=int, default=2,
-                        help="timed updates for learner_only with scan_unroll=1 (slow on CPU)")
-    parser.add_argument("--num-envs", type=int, default=4, help="envs per actor thread (0: the preset's)")
+    parser.add_argument(
+        "--unroll1-updates",
+        type=int,
+        default=2,
+        help="timed updates for learner_only with scan_unroll=1 (slow on CPU)",
+    )
+    parser.add_argument(
+        "--num-envs", type=int, default=4, help="envs per actor thread (0: the preset's)"
+    )
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
-    parser.add_argument("--xla-flags", default="",
-                        help="appended to XLA_FLAGS of every child, e.g. --xla-flags=--xla_cpu_multi_thread_eigen=false")
+    parser.add_argument(
+        "--xla-flags",
+        default="",
+        help="appended to XLA_FLAGS of every child, e.g. --xla-flags=--xla_cpu_multi_thread_eigen=false",
+    )
     parser.add_argument("--mode", choices=list(MODES), help=argparse.SUPPRESS)
     args, overrides = parser.parse_known_args()
     if args.mode:
@@ -351,8 +381,21 @@ def main() -> None:
     runs: dict[str, dict] = {}
     failed = []
     for mode in args.modes:
-        command = [sys.executable, __file__, "--mode", mode, "--preset", args.preset, "--updates", str(args.updates),
-                   "--unroll1-updates", str(args.unroll1_updates), "--num-envs", str(args.num_envs), *overrides]
+        command = [
+            sys.executable,
+            __file__,
+            "--mode",
+            mode,
+            "--preset",
+            args.preset,
+            "--updates",
+            str(args.updates),
+            "--unroll1-updates",
+            str(args.unroll1_updates),
+            "--num-envs",
+            str(args.num_envs),
+            *overrides,
+        ]
         env = dict(os.environ)
         if args.xla_flags:
             env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {args.xla_flags}".strip()
@@ -361,11 +404,18 @@ def main() -> None:
         if proc.returncode:  # recorded; the other modes still run
             sys.stderr.write(proc.stderr[-4000:])
             print(f"{mode} failed with exit code {proc.returncode}", file=sys.stderr)
-            runs[mode] = {"mode": mode, "exit_code": proc.returncode, "stderr_tail": proc.stderr[-2000:]}
+            runs[mode] = {
+                "mode": mode,
+                "exit_code": proc.returncode,
+                "stderr_tail": proc.stderr[-2000:],
+            }
             failed.append(mode)
         else:
             runs[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
-            print(f"{mode}: {runs[mode]['sps']:.1f} steps/s ({time.perf_counter() - start:.0f} s)", file=sys.stderr)
+            print(
+                f"{mode}: {runs[mode]['sps']:.1f} steps/s ({time.perf_counter() - start:.0f} s)",
+                file=sys.stderr,
+            )
         runs[mode]["child_wall_s"] = time.perf_counter() - start
         # Other processes on the machine skew the ratios; the 1-minute load average at the
         # end of each child (this benchmark alone adds about 2 on two cores) says if they did.
@@ -388,7 +438,9 @@ def _report(args: argparse.Namespace, overrides: list[str], cfg, runs: dict[str,
             "python": platform.python_version(),
             "cpu_count": os.cpu_count(),
             "cpu_model": _cpu_model(),
-            "accelerator": next((run["device_kind"] for run in runs.values() if "device_kind" in run), None),
+            "accelerator": next(
+                (run["device_kind"] for run in runs.values() if "device_kind" in run), None
+            ),
             "xla_flags": f"{os.environ.get('XLA_FLAGS', '')} {args.xla_flags}".strip(),
         },
         "sizes": {
@@ -428,7 +480,9 @@ def _report(args: argparse.Namespace, overrides: list[str], cfg, runs: dict[str,
                 "e2e_over_actor_only": sps["e2e"] / sps["actor_only"],
             }
         if "learner_only_unroll1" in sps:
-            report["summary"]["learner_unrolled_over_scan"] = sps["learner_only"] / sps["learner_only_unroll1"]
+            report["summary"]["learner_unrolled_over_scan"] = (
+                sps["learner_only"] / sps["learner_only_unroll1"]
+            )
     return report
 
 

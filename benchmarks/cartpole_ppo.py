@@ -51,10 +51,10 @@ import json
 import os
 import platform
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
-import statistics
 import threading
 import time
 from pathlib import Path
@@ -86,9 +86,13 @@ def envpool_child(overrides: list[str]) -> dict:
     out = {"mode": "envpool", "num_envs": n}
     for label, threads in (("default_threads", None), ("podrace_threads", env_threads(cfg))):
         kwargs = {} if threads is None else {"num_threads": threads}
-        env = envpool.make(cfg.env.id, env_type="gymnasium", num_envs=n, batch_size=n, seed=0, **kwargs)
+        env = envpool.make(
+            cfg.env.id, env_type="gymnasium", num_envs=n, batch_size=n, seed=0, **kwargs
+        )
         env.reset()
-        actions = np.random.default_rng(0).integers(0, env.action_space.n, size=(ENVPOOL_STEPS, n), dtype=np.int32)
+        actions = np.random.default_rng(0).integers(
+            0, env.action_space.n, size=(ENVPOOL_STEPS, n), dtype=np.int32
+        )
         for a in actions[:100]:
             env.step(a)
         cpu0, start = cpu_s(), time.perf_counter()
@@ -96,11 +100,18 @@ def envpool_child(overrides: list[str]) -> dict:
             env.step(a)
         wall = time.perf_counter() - start
         steps = ENVPOOL_STEPS * n
-        out[label] = {"num_threads": env.config["num_threads"], "sps": steps / wall,
-                      "cpu_us_per_env_step": (cpu_s() - cpu0) / steps * 1e6}
+        out[label] = {
+            "num_threads": env.config["num_threads"],
+            "sps": steps / wall,
+            "cpu_us_per_env_step": (cpu_s() - cpu0) / steps * 1e6,
+        }
         env.close()
     best = max((out["default_threads"], out["podrace_threads"]), key=lambda r: r["sps"])
-    out.update(env_steps=ENVPOOL_STEPS * n, sps=best["sps"], cpu_us_per_env_step=best["cpu_us_per_env_step"])
+    out.update(
+        env_steps=ENVPOOL_STEPS * n,
+        sps=best["sps"],
+        cpu_us_per_env_step=best["cpu_us_per_env_step"],
+    )
     return out
 
 
@@ -136,12 +147,14 @@ def cpu_by_thread(before: dict, after: dict) -> dict[str, float]:
 def child(mode: str, overrides: list[str]) -> dict:
     if mode == "envpool":
         return envpool_child(overrides)
-    from podrace.train_command import parse_train
-    from podrace.runtime.xla_setup import force_cpu_devices
     from podrace.config import replace
+    from podrace.runtime.xla_setup import force_cpu_devices
+    from podrace.train_command import parse_train
 
     cfg = parse_train([PRESET, *overrides])
-    cfg = replace(cfg, **{"log.console": "none", "log.run_dir": tempfile.mkdtemp(prefix="podrace-bench-")})
+    cfg = replace(
+        cfg, **{"log.console": "none", "log.run_dir": tempfile.mkdtemp(prefix="podrace-bench-")}
+    )
     force_cpu_devices(cfg.layout.cpu_devices)
     import jax
 
@@ -161,16 +174,20 @@ def child(mode: str, overrides: list[str]) -> dict:
     learn = run.learner.run
     run.learner.run = lambda: (learn(), snapshots.append(thread_cpu()))[0]
     for actor in run.actors:
+
         def actor_run(loop=actor.run, name=f"actor-{actor.actor_id}"):
             try:
                 loop()
             finally:
                 actors_cpu[name] = time.thread_time()
+
         actor.run = actor_run
     cpu0 = cpu_s()
     result = run.run()
     train_cpu = cpu_s() - cpu0
-    threads_cpu = dict(sorted({**cpu_by_thread(*snapshots), **actors_cpu}.items(), key=lambda item: -item[1]))
+    threads_cpu = dict(
+        sorted({**cpu_by_thread(*snapshots), **actors_cpu}.items(), key=lambda item: -item[1])
+    )
     wall = time.perf_counter() - start
     return {
         "mode": mode,
@@ -204,7 +221,10 @@ def learner_only(cfg, start: float, import_s: float) -> dict:
 
     compiled_for = []
     warm_up = single_host.warm_up_learner
-    single_host.warm_up_learner = lambda learner, trajs: (compiled_for.append(tuple(trajs)), warm_up(learner, trajs))
+    single_host.warm_up_learner = lambda learner, trajs: (
+        compiled_for.append(tuple(trajs)),
+        warm_up(learner, trajs),
+    )
     run = single_host.prepare(cfg)
     prepare_s = time.perf_counter() - start
     learner, (trajs,) = run.learner, compiled_for
@@ -218,10 +238,19 @@ def learner_only(cfg, start: float, import_s: float) -> dict:
         jax.device_get(metrics)  # as the learner loop does
     wall, cpu = time.perf_counter() - begin, cpu_s() - cpu0
     env_steps = updates * cfg.steps_per_update
-    return {"mode": "learner-only", "import_s": import_s, "prepare_s": prepare_s, "updates": updates,
-            "env_steps": env_steps, "learn_s": wall, "sps": env_steps / wall, "train_cpu_s": cpu,
-            "cpu_us_per_env_step": cpu / env_steps * 1e6, "ms_per_update": wall / updates * 1e3,
-            "child_total_s": time.perf_counter() - _START}
+    return {
+        "mode": "learner-only",
+        "import_s": import_s,
+        "prepare_s": prepare_s,
+        "updates": updates,
+        "env_steps": env_steps,
+        "learn_s": wall,
+        "sps": env_steps / wall,
+        "train_cpu_s": cpu,
+        "cpu_us_per_env_step": cpu / env_steps * 1e6,
+        "ms_per_update": wall / updates * 1e3,
+        "child_total_s": time.perf_counter() - _START,
+    }
 
 
 def overlap_bound(actors: dict, learner: dict, cores: int) -> float:
@@ -243,17 +272,27 @@ def ratios_of(raw: dict, e2e: dict, actors: dict, learner: dict, bound: float) -
     }
 
 
-def run_child(mode: str, overrides: list[str], pythonpath: str | None, compile_cache: str | None = None,
-              command: list[str] | None = None) -> dict:
+def run_child(
+    mode: str,
+    overrides: list[str],
+    pythonpath: str | None,
+    compile_cache: str | None = None,
+    command: list[str] | None = None,
+) -> dict:
     """One child process: this script in `mode`, or `command` (another program's run)."""
     env = dict(os.environ)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     if compile_cache:  # JAX's persistent cache, as the README's "Start-up time" sets it
-        env.update(JAX_COMPILATION_CACHE_DIR=compile_cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+        env.update(
+            JAX_COMPILATION_CACHE_DIR=compile_cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0"
+        )
     start = time.perf_counter()
     out = subprocess.run(
-        command or [sys.executable, __file__, "--mode", mode, *overrides], check=True, capture_output=True, text=True,
+        command or [sys.executable, __file__, "--mode", mode, *overrides],
+        check=True,
+        capture_output=True,
+        text=True,
         env=env,
     ).stdout
     result = json.loads(out.strip().splitlines()[-1])
@@ -283,24 +322,44 @@ def median_run(runs: list[dict]) -> dict:
 
 
 def machine(load: list[float]) -> dict:
-    return {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
-            "load_avg_1min_during": load}
+    return {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "load_avg_1min_during": load,
+    }
 
 
-def partial_report(args: argparse.Namespace, modes: tuple[str, ...], runs: dict, baseline: dict,
-                   purejaxrl: list[dict], overrides: list[str], load: list[float]) -> dict:
+def partial_report(
+    args: argparse.Namespace,
+    modes: tuple[str, ...],
+    runs: dict,
+    baseline: dict,
+    purejaxrl: list[dict],
+    overrides: list[str],
+    load: list[float],
+) -> dict:
     """Medians of the children that ran (a subset of MODES), each against the baseline's."""
-    report = {"benchmark": "cartpole_ppo", "preset": PRESET, "overrides": overrides, "modes": list(modes),
-              "compile_cache": args.compile_cache, "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
-              "machine": machine(load), **{m.replace("-", "_"): median_run(runs[m]) for m in modes},
-              "purejaxrl": median_run(purejaxrl) if purejaxrl else None, "runs": {**runs, "purejaxrl": purejaxrl}}
+    report = {
+        "benchmark": "cartpole_ppo",
+        "preset": PRESET,
+        "overrides": overrides,
+        "modes": list(modes),
+        "compile_cache": args.compile_cache,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "machine": machine(load),
+        **{m.replace("-", "_"): median_run(runs[m]) for m in modes},
+        "purejaxrl": median_run(purejaxrl) if purejaxrl else None,
+        "runs": {**runs, "purejaxrl": purejaxrl},
+    }
     if args.baseline:
         medians = {m: median_run(baseline[m]) for m in modes}
         report["baseline"] = {
             "pythonpath": args.baseline,
             **{m.replace("-", "_"): medians[m] for m in modes},
             "this_over_baseline": {
-                f"{m.replace('-', '_')}_sps": report[m.replace("-", "_")]["sps"] / medians[m]["sps"] for m in modes
+                f"{m.replace('-', '_')}_sps": report[m.replace("-", "_")]["sps"] / medians[m]["sps"]
+                for m in modes
             },
             "runs": baseline,
         }
@@ -314,22 +373,43 @@ def write_report(out: str, report: dict) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", default="benchmarks/results/cartpole_ppo.json")
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--pythonpath", help="PYTHONPATH of the children (another checkout, for A/B)")
-    parser.add_argument("--baseline", metavar="DIR",
-                        help="also run every child against the checkout in DIR, interleaved with this one "
-                             "(a before/after comparison under the same load); reported under 'baseline'")
-    parser.add_argument("--compile-cache", metavar="DIR",
-                        help="children use JAX's persistent compilation cache in DIR (fill it first: run twice)")
-    parser.add_argument("--purejaxrl", metavar="DIR",
-                        help="also run PureJaxRL's CartPole PPO from this checkout of luchris429/purejaxrl")
-    parser.add_argument("--purejaxrl-python", metavar="PY",
-                        help="the Python of an environment with PureJaxRL's requirements (for --purejaxrl)")
-    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
-                        help="run only these children (e.g. `--modes e2e --baseline DIR --repeats 10` for "
-                             "many before/after pairs of the end-to-end run); ratios, bound and targets need all")
+    parser.add_argument(
+        "--pythonpath", help="PYTHONPATH of the children (another checkout, for A/B)"
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="also run every child against the checkout in DIR, interleaved with this one "
+        "(a before/after comparison under the same load); reported under 'baseline'",
+    )
+    parser.add_argument(
+        "--compile-cache",
+        metavar="DIR",
+        help="children use JAX's persistent compilation cache in DIR (fill it first: run twice)",
+    )
+    parser.add_argument(
+        "--purejaxrl",
+        metavar="DIR",
+        help="also run PureJaxRL's CartPole PPO from this checkout of luchris429/purejaxrl",
+    )
+    parser.add_argument(
+        "--purejaxrl-python",
+        metavar="PY",
+        help="the Python of an environment with PureJaxRL's requirements (for --purejaxrl)",
+    )
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        choices=MODES,
+        default=list(MODES),
+        help="run only these children (e.g. `--modes e2e --baseline DIR --repeats 10` for "
+        "many before/after pairs of the end-to-end run); ratios, bound and targets need all",
+    )
     parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     args, overrides = parser.parse_known_args()
     if args.mode:
@@ -343,7 +423,9 @@ def main() -> None:
         # Without a podrace package there, the children would import this checkout's
         # (the editable install) and compare it with itself.
         if path and not (Path(path) / "podrace" / "__init__.py").is_file():
-            parser.error(f"{flag} {path}: no podrace package there (expected {Path(path) / 'podrace'})")
+            parser.error(
+                f"{flag} {path}: no podrace package there (expected {Path(path) / 'podrace'})"
+            )
     modes = tuple(m for m in MODES if m in args.modes)
     runs: dict[str, list[dict]] = {m: [] for m in modes}
     baseline: dict[str, list[dict]] = {m: [] for m in modes}
@@ -355,14 +437,23 @@ def main() -> None:
             for into, path in [*sides, (runs, args.pythonpath)]:
                 into[mode].append(run_child(mode, overrides, path, args.compile_cache))
                 load.append(os.getloadavg()[0])
-                print(f"{mode} ({path or 'this checkout'}): {json.dumps(into[mode][-1])}", file=sys.stderr)
+                print(
+                    f"{mode} ({path or 'this checkout'}): {json.dumps(into[mode][-1])}",
+                    file=sys.stderr,
+                )
         if args.purejaxrl:
             driver = str(Path(__file__).with_name("purejaxrl_child.py"))
-            purejaxrl.append(run_child("purejaxrl", [], None, command=[args.purejaxrl_python, driver, args.purejaxrl]))
+            purejaxrl.append(
+                run_child(
+                    "purejaxrl", [], None, command=[args.purejaxrl_python, driver, args.purejaxrl]
+                )
+            )
             load.append(os.getloadavg()[0])
             print(f"purejaxrl: {json.dumps(purejaxrl[-1])}", file=sys.stderr)
     if modes != MODES:
-        write_report(args.out, partial_report(args, modes, runs, baseline, purejaxrl, overrides, load))
+        write_report(
+            args.out, partial_report(args, modes, runs, baseline, purejaxrl, overrides, load)
+        )
         return
     raw, e2e, actors, learner = (median_run(runs[m]) for m in modes)
     cores = len(os.sched_getaffinity(0))
@@ -401,7 +492,9 @@ def main() -> None:
             "ratio>=0.9 reachable": ratios["bound_over_actor_only"] >= 0.9,
             "e2e>=0.4*envpool": ratios["e2e_over_envpool"] >= 0.4,
             "actor_only>=0.5*envpool": ratios["actor_only_over_envpool"] >= 0.5,
-            "whole_process<=purejaxrl": None if pjr is None else startup["whole_process_s"] <= pjr["whole_process_s"],
+            "whole_process<=purejaxrl": None
+            if pjr is None
+            else startup["whole_process_s"] <= pjr["whole_process_s"],
         },
         "purejaxrl": pjr,
         "runs": {**runs, "purejaxrl": purejaxrl},
@@ -416,21 +509,28 @@ def main() -> None:
             "e2e": b_e2e,
             "actor_only": b_actors,
             "learner_only": b_learner,
-            "ratios": ratios_of(b_raw, b_e2e, b_actors, b_learner, overlap_bound(b_actors, b_learner, cores)),
+            "ratios": ratios_of(
+                b_raw, b_e2e, b_actors, b_learner, overlap_bound(b_actors, b_learner, cores)
+            ),
             "this_over_baseline": {
                 "e2e_sps": e2e["sps"] / b_e2e["sps"],
                 "actor_only_sps": actors["sps"] / b_actors["sps"],
                 "e2e_cpu_per_step": e2e["cpu_us_per_env_step"] / b_e2e["cpu_us_per_env_step"],
-                "actor_only_cpu_per_step": actors["cpu_us_per_env_step"] / b_actors["cpu_us_per_env_step"],
+                "actor_only_cpu_per_step": actors["cpu_us_per_env_step"]
+                / b_actors["cpu_us_per_env_step"],
                 "learner_only_sps": learner["sps"] / b_learner["sps"],
                 "whole_process_s": e2e["whole_process_s"] / b_e2e["whole_process_s"],
             },
             "runs": baseline,
         }
     write_report(args.out, report)
-    print(json.dumps({k: report[k] for k in ("ratios", "startup", "targets", "purejaxrl")}, indent=2))
+    print(
+        json.dumps({k: report[k] for k in ("ratios", "startup", "targets", "purejaxrl")}, indent=2)
+    )
     if args.baseline:
-        print(json.dumps({"this_over_baseline": report["baseline"]["this_over_baseline"]}, indent=2))
+        print(
+            json.dumps({"this_over_baseline": report["baseline"]["this_over_baseline"]}, indent=2)
+        )
 
 
 if __name__ == "__main__":

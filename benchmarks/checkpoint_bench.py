@@ -26,13 +26,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from podrace.checkpoint import Checkpointer, RunState  # noqa: E402
-from podrace.restore import restore  # noqa: E402
 from podrace.config import replace  # noqa: E402
 from podrace.envs import env_spec  # noqa: E402
 from podrace.learner_mesh import make_algorithm  # noqa: E402
 from podrace.metrics.registry import Metrics  # noqa: E402
 from podrace.networks import make_network  # noqa: E402
 from podrace.presets import PRESETS  # noqa: E402
+from podrace.restore import restore  # noqa: E402
 
 
 def initial_state(cfg, spec) -> RunState:
@@ -80,11 +80,17 @@ def measure(preset: str, reps: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "checkpoint.json")
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).parent / "results" / "checkpoint.json"
+    )
     parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args()
     results = {
-        "machine": {"platform": platform.platform(), "jax": jax.__version__, "backend": jax.default_backend()},
+        "machine": {
+            "platform": platform.platform(),
+            "jax": jax.__version__,
+            "backend": jax.default_backend(),
+        },
         "reps": args.reps,
         "presets": [measure(p, args.reps) for p in ("cartpole-ppo", "atari-ppo")],
     }

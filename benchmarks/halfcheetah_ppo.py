@@ -31,20 +31,30 @@ PRESET = "halfcheetah-ppo"
 FULL_STEPS = 1_000_000
 # docs.cleanrl.dev, ppo_continuous_action.py, MuJoCo v4 table (tag pr-424): HalfCheetah-v4,
 # 1M steps, mean +- std of the final episodic return over seeds.
-CLEANRL = {"env": "HalfCheetah-v4", "steps": FULL_STEPS, "return_mean": 1442.64, "return_std": 46.03}
+CLEANRL = {
+    "env": "HalfCheetah-v4",
+    "steps": FULL_STEPS,
+    "return_mean": 1442.64,
+    "return_std": 46.03,
+}
 VARIANTS = {  # the comparable run first
-    "normalized": ["--normalize.obs", "--normalize.reward"],  # the preset's setting, clips 10 as in CleanRL
+    "normalized": [
+        "--normalize.obs",
+        "--normalize.reward",
+    ],  # the preset's setting, clips 10 as in CleanRL
     "plain": ["--normalize.no-obs", "--normalize.no-reward"],
 }
 
 
 def child(seed: int, overrides: list[str]) -> dict:
-    from podrace.train_command import parse_train
-    from podrace.runtime.xla_setup import force_cpu_devices
     from podrace.config import replace
+    from podrace.runtime.xla_setup import force_cpu_devices
+    from podrace.train_command import parse_train
 
     cfg = parse_train([PRESET, "--seed", str(seed), *overrides])
-    cfg = replace(cfg, **{"log.console": "none", "log.run_dir": tempfile.mkdtemp(prefix="podrace-bench-")})
+    cfg = replace(
+        cfg, **{"log.console": "none", "log.run_dir": tempfile.mkdtemp(prefix="podrace-bench-")}
+    )
     force_cpu_devices(cfg.layout.cpu_devices)
     import podrace
 
@@ -79,7 +89,9 @@ def summary(runs: list[dict]) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", default="benchmarks/results/halfcheetah_ppo.json")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=list(VARIANTS))
@@ -95,7 +107,11 @@ def main() -> None:
         "overrides": overrides,
         "seeds": args.seeds,
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()},
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+        },
         "jax_compilation_cache_dir": os.environ.get("JAX_COMPILATION_CACHE_DIR"),
         "variants": variants,
         "cleanrl_reference": CLEANRL,
@@ -107,13 +123,24 @@ def main() -> None:
         variants[variant] = {"flags": VARIANTS[variant], "runs": runs}
         for seed in args.seeds:
             out = subprocess.run(
-                [sys.executable, __file__, "--child-seed", str(seed), *VARIANTS[variant], *overrides],
-                check=True, capture_output=True, text=True,
+                [
+                    sys.executable,
+                    __file__,
+                    "--child-seed",
+                    str(seed),
+                    *VARIANTS[variant],
+                    *overrides,
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
             ).stdout
             runs.append({"variant": variant, **json.loads(out.strip().splitlines()[-1])})
             variants[variant]["summary"] = summary(runs)
             print(json.dumps(runs[-1]), file=sys.stderr)
-            path.write_text(json.dumps(report, indent=2) + "\n")  # after every run: a partial report survives
+            path.write_text(
+                json.dumps(report, indent=2) + "\n"
+            )  # after every run: a partial report survives
     print(json.dumps(report, indent=2))
 
 

@@ -37,7 +37,13 @@ import numpy as np
 from podrace import presets
 from podrace.algos.distributions import Categorical
 from podrace.config import replace, resolved
-from podrace.learner_mesh import env_keys, learner_compiler_options, make_algorithm, make_mesh, make_update_fn
+from podrace.learner_mesh import (
+    env_keys,
+    learner_compiler_options,
+    make_algorithm,
+    make_mesh,
+    make_update_fn,
+)
 from podrace.networks import make_network
 from podrace.networks.actor_critic import POLICY_GAIN, VALUE_GAIN
 from podrace.networks.torsos import TORSO_GAIN
@@ -68,7 +74,9 @@ class FusedTwinMLP(nn.Module):
         b2 = self.param("bias_2", nn.initializers.zeros, (2, h))
         first = jnp.tanh(x @ jnp.concatenate([k1[0], k1[1]], axis=1) + b1.reshape(-1))
         second = jnp.tanh(jnp.einsum("nbi,bij->nbj", first.reshape(-1, 2, h), k2) + b2)
-        logits = nn.Dense(SPEC.num_actions, kernel_init=nn.initializers.orthogonal(POLICY_GAIN))(second[:, 0])
+        logits = nn.Dense(SPEC.num_actions, kernel_init=nn.initializers.orthogonal(POLICY_GAIN))(
+            second[:, 0]
+        )
         value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(VALUE_GAIN))(second[:, 1])[:, 0]
         return Categorical(logits), value
 
@@ -86,11 +94,18 @@ def compiled_update(cfg, network, options: dict):
     obs = np.random.default_rng(0).normal(size=traj.obs.shape).astype(np.float32)
     traj = traj._replace(obs=jax.device_put(obs, device))
     update = make_update_fn(algo, mesh, 1, learner_compiler_options(cfg.network, mesh))
-    return update.jitted.lower(state, (traj,), keys).compile(compiler_options=options), state, traj, keys
+    return (
+        update.jitted.lower(state, (traj,), keys).compile(compiler_options=options),
+        state,
+        traj,
+        keys,
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--out", default="benchmarks/results/learner_update.json")
     args = parser.parse_args()
@@ -100,7 +115,11 @@ def main() -> None:
     separate = make_network(cfg.network, SPEC)
     variants = {
         "as_built": (cfg, separate, {}),
-        "default_scheduler": (cfg, separate, {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_DEFAULT"}),
+        "default_scheduler": (
+            cfg,
+            separate,
+            {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_DEFAULT"},
+        ),
         "fused_twin_mlp": (cfg, FusedTwinMLP(), {}),
         "shared_torso": (shared, make_network(shared.network, SPEC), {}),
     }
@@ -117,7 +136,9 @@ def main() -> None:
             for _ in range(10):
                 state, keys, _ = update(state, (traj,), keys)
             jax.block_until_ready(state)
-            samples[name].append(((time.perf_counter() - wall) * 1e3 / 10, (time.process_time() - cpu) * 1e3 / 10))
+            samples[name].append(
+                ((time.perf_counter() - wall) * 1e3 / 10, (time.process_time() - cpu) * 1e3 / 10)
+            )
     results = {}
     for name, rows in samples.items():
         results[name] = {
@@ -128,14 +149,20 @@ def main() -> None:
     for name, r in results.items():
         r["wall_over_as_built"] = r["wall_ms"] / results["as_built"]["wall_ms"]
         r["cpu_over_as_built"] = r["cpu_ms"] / results["as_built"]["cpu_ms"]
-        print(f"{name:20} wall {r['wall_ms']:.2f} ms  cpu {r['cpu_ms']:.2f} ms  "
-              f"(x{r['wall_over_as_built']:.2f} wall, x{r['cpu_over_as_built']:.2f} cpu)")
+        print(
+            f"{name:20} wall {r['wall_ms']:.2f} ms  cpu {r['cpu_ms']:.2f} ms  "
+            f"(x{r['wall_over_as_built']:.2f} wall, x{r['cpu_over_as_built']:.2f} cpu)"
+        )
     report = {
         "benchmark": "learner_update",
         "preset": PRESET,
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                    "cpus": len(os.sched_getaffinity(0)), "jax": jax.__version__},
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": len(os.sched_getaffinity(0)),
+            "jax": jax.__version__,
+        },
         "rounds": args.rounds,
         "calls_per_round": 10,
         "variants": results,

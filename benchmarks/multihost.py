@@ -40,25 +40,50 @@ PRESET = "cartpole-ppo"
 
 
 def layout_flags(processes: int, num_envs: int, total_steps: int) -> list[str]:
-    common = ["--env.num-envs", str(num_envs), "--total-steps", str(total_steps), "--log.console", "none",
-              "--eval.every-updates", "0", "--layout.actor-device-ids", "0"]
+    common = [
+        "--env.num-envs",
+        str(num_envs),
+        "--total-steps",
+        str(total_steps),
+        "--log.console",
+        "none",
+        "--eval.every-updates",
+        "0",
+        "--layout.actor-device-ids",
+        "0",
+    ]
     if processes == 1:
-        return common + ["--layout.cpu-devices", "2", "--layout.learner-device-ids", "0", "1",
-                         "--layout.actors-per-device", "2"]
-    return common + ["--layout.cpu-devices", "1", "--layout.learner-device-ids", "0", "--layout.actors-per-device", "1"]
+        return common + [
+            "--layout.cpu-devices",
+            "2",
+            "--layout.learner-device-ids",
+            "0",
+            "1",
+            "--layout.actors-per-device",
+            "2",
+        ]
+    return common + [
+        "--layout.cpu-devices",
+        "1",
+        "--layout.learner-device-ids",
+        "0",
+        "--layout.actors-per-device",
+        "1",
+    ]
 
 
 def child(args: argparse.Namespace, flags: list[str]) -> dict:
-    from podrace.train_command import parse_train
-    from podrace.runtime.xla_setup import force_cpu_devices
     from podrace.config import replace
+    from podrace.runtime.xla_setup import force_cpu_devices
+    from podrace.train_command import parse_train
 
     cfg = parse_train([PRESET, *flags])
     cfg = replace(cfg, **{"log.run_dir": args.run_dir, "log.run_name": "run"})
     force_cpu_devices(cfg.layout.cpu_devices)
     import jax
     import numpy as np
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     from podrace.envs import env_spec
     from podrace.learner_mesh import LearnerPlacement, trajectory_shardings
@@ -67,8 +92,14 @@ def child(args: argparse.Namespace, flags: list[str]) -> dict:
     if args.processes > 1:
         from podrace.runtime import multi_host
 
-        cfg = replace(cfg, **{"distributed.coordinator": f"127.0.0.1:{args.port}",
-                              "distributed.num_processes": args.processes, "distributed.process_id": args.process_id})
+        cfg = replace(
+            cfg,
+            **{
+                "distributed.coordinator": f"127.0.0.1:{args.port}",
+                "distributed.num_processes": args.processes,
+                "distributed.process_id": args.process_id,
+            },
+        )
         run = multi_host.prepare(cfg)
         local = run.local
     else:
@@ -79,8 +110,15 @@ def child(args: argparse.Namespace, flags: list[str]) -> dict:
     mesh = learner.keys.sharding.mesh
     params = learner.state.params
     param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
-    reduce = jax.jit(jax.shard_map(lambda t: jax.lax.psum(t, "learner"), mesh=mesh, in_specs=P(), out_specs=P(),
-                                   check_vma=False))
+    reduce = jax.jit(
+        jax.shard_map(
+            lambda t: jax.lax.psum(t, "learner"),
+            mesh=mesh,
+            in_specs=P(),
+            out_specs=P(),
+            check_vma=False,
+        )
+    )
     scalar = jax.device_put(np.zeros((), np.float32), NamedSharding(mesh, P()))
 
     def timed(tree) -> float:
@@ -99,7 +137,9 @@ def child(args: argparse.Namespace, flags: list[str]) -> dict:
     traj = placement.place(dummy_trajectory(cfg, env_spec(cfg.env), jax.local_devices()[0]))
     update = getattr(learner.update_fn, "__wrapped__", learner.update_fn).jitted
     hlo = update.lower(learner.state, (traj,) * cfg.num_actors, learner.keys).compile().as_text()
-    hlo_ops = sum(1 for line in hlo.splitlines() if " all-reduce(" in line or " all-reduce-start(" in line)
+    hlo_ops = sum(
+        1 for line in hlo.splitlines() if " all-reduce(" in line or " all-reduce-start(" in line
+    )
     result = run.run()
     metrics_path = local.run_dir / "metrics.jsonl"
     steps = [json.loads(line).get("learner/step") for line in metrics_path.read_text().splitlines()]
@@ -124,7 +164,8 @@ def child(args: argparse.Namespace, flags: list[str]) -> dict:
         "allreduce_share_of_step": allreduce_s * allreduces / step_s if steps else None,
         "scalar_allreduce_s": scalar_s,
         "hlo_allreduce_ops": hlo_ops,
-        "collective_s_per_update_estimate": allreduces * (allreduce_s + max(0, hlo_ops - 1) * scalar_s),
+        "collective_s_per_update_estimate": allreduces
+        * (allreduce_s + max(0, hlo_ops - 1) * scalar_s),
     }
     print(json.dumps(out), flush=True)
     if args.processes > 1:
@@ -144,14 +185,39 @@ def launch(processes: int, args: argparse.Namespace) -> dict:
     flags = layout_flags(processes, args.num_envs, args.total_steps)
     procs = []
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    run_dir = tempfile.mkdtemp(prefix="podrace-bench-mh-")  # shared: process 1 writes run/process-1/
+    run_dir = tempfile.mkdtemp(
+        prefix="podrace-bench-mh-"
+    )  # shared: process 1 writes run/process-1/
     try:
         for process in range(processes):
-            command = [sys.executable, __file__, "--role", "child", "--processes", str(processes),
-                       "--process-id", str(process), "--port", str(port), "--run-dir", run_dir,
-                       "--repeats", str(args.repeats), "--", *flags]
-            procs.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                          env=env, start_new_session=True))
+            command = [
+                sys.executable,
+                __file__,
+                "--role",
+                "child",
+                "--processes",
+                str(processes),
+                "--process-id",
+                str(process),
+                "--port",
+                str(port),
+                "--run-dir",
+                run_dir,
+                "--repeats",
+                str(args.repeats),
+                "--",
+                *flags,
+            ]
+            procs.append(
+                subprocess.Popen(
+                    command,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    env=env,
+                    start_new_session=True,
+                )
+            )
         outs = []
         for proc in procs:
             out, err = proc.communicate(timeout=args.timeout_s)
@@ -167,10 +233,14 @@ def launch(processes: int, args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", default="benchmarks/results/multihost.json")
     parser.add_argument("--total-steps", type=int, default=100_000)
-    parser.add_argument("--num-envs", type=int, default=32, help="envs per actor thread (2 actor threads in all)")
+    parser.add_argument(
+        "--num-envs", type=int, default=32, help="envs per actor thread (2 actor threads in all)"
+    )
     parser.add_argument("--repeats", type=int, default=50, help="timed all-reduces per layout")
     parser.add_argument("--timeout-s", type=float, default=900)
     parser.add_argument("--role", default="main", help=argparse.SUPPRESS)
@@ -193,7 +263,11 @@ def main() -> None:
         "total_steps": args.total_steps,
         "envs_per_actor": args.num_envs,
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()},
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+        },
         "one_process_two_learner_devices": one,
         "two_processes_one_learner_device_each": two,
         "sps_ratio_two_processes_over_one": b["sps"] / a["sps"],

@@ -21,10 +21,22 @@ import jax.numpy as jnp  # noqa: E402
 import ppo  # noqa: E402  (PureJaxRL's module, from the checkout)
 
 CONFIG = {
-    "LR": 2.5e-4, "NUM_ENVS": 4, "NUM_STEPS": 128, "TOTAL_TIMESTEPS": 5e5, "UPDATE_EPOCHS": 4,
-    "NUM_MINIBATCHES": 4, "GAMMA": 0.99, "GAE_LAMBDA": 0.95, "CLIP_EPS": 0.2, "ENT_COEF": 0.01,
-    "VF_COEF": 0.5, "MAX_GRAD_NORM": 0.5, "ACTIVATION": "tanh", "ENV_NAME": "CartPole-v1",
-    "ANNEAL_LR": True, "DEBUG": False,
+    "LR": 2.5e-4,
+    "NUM_ENVS": 4,
+    "NUM_STEPS": 128,
+    "TOTAL_TIMESTEPS": 5e5,
+    "UPDATE_EPOCHS": 4,
+    "NUM_MINIBATCHES": 4,
+    "GAMMA": 0.99,
+    "GAE_LAMBDA": 0.95,
+    "CLIP_EPS": 0.2,
+    "ENT_COEF": 0.01,
+    "VF_COEF": 0.5,
+    "MAX_GRAD_NORM": 0.5,
+    "ACTIVATION": "tanh",
+    "ENV_NAME": "CartPole-v1",
+    "ANNEAL_LR": True,
+    "DEBUG": False,
 }
 
 imported = time.perf_counter()
@@ -32,14 +44,21 @@ train = jax.jit(ppo.make_train(CONFIG)).lower(jax.random.PRNGKey(30)).compile()
 compiled = time.perf_counter()
 out = jax.block_until_ready(train(jax.random.PRNGKey(30)))
 trained = time.perf_counter()
-done, returns = out["metrics"]["returned_episode"][-20:], out["metrics"]["returned_episode_returns"][-20:]
+done, returns = (
+    out["metrics"]["returned_episode"][-20:],
+    out["metrics"]["returned_episode_returns"][-20:],
+)
 final = float(jnp.sum(jnp.where(done, returns, 0.0)) / jnp.maximum(jnp.sum(done), 1))
-print(json.dumps({
-    "mode": "purejaxrl",
-    "import_s": imported - START,
-    "compile_s": compiled - imported,
-    "train_s": trained - compiled,
-    "child_total_s": time.perf_counter() - START,
-    "updates": int(CONFIG["TOTAL_TIMESTEPS"] // (CONFIG["NUM_ENVS"] * CONFIG["NUM_STEPS"])),
-    "final_return_last_20_updates": final,
-}))
+print(
+    json.dumps(
+        {
+            "mode": "purejaxrl",
+            "import_s": imported - START,
+            "compile_s": compiled - imported,
+            "train_s": trained - compiled,
+            "child_total_s": time.perf_counter() - START,
+            "updates": int(CONFIG["TOTAL_TIMESTEPS"] // (CONFIG["NUM_ENVS"] * CONFIG["NUM_STEPS"])),
+            "final_return_last_20_updates": final,
+        }
+    )
+)

@@ -36,13 +36,25 @@ ENVS = 32
 
 
 def child(mode: str, steps: int, overrides: list[str]) -> dict:
-    from podrace.train_command import parse_train
     from podrace.runtime.xla_setup import force_cpu_devices
+    from podrace.train_command import parse_train
 
     kind, _, n = mode.rpartition("-")
-    common = [PRESET, "--total-steps", str(steps), "--env.num-envs", str(ENVS), "--log.console", "none",
-              "--log.run-dir", tempfile.mkdtemp(prefix="podrace-bench-"), "--eval.episodes", "8",
-              "--rollout-length", n if kind != "ray-actors" else "8"]
+    common = [
+        PRESET,
+        "--total-steps",
+        str(steps),
+        "--env.num-envs",
+        str(ENVS),
+        "--log.console",
+        "none",
+        "--log.run-dir",
+        tempfile.mkdtemp(prefix="podrace-bench-"),
+        "--eval.episodes",
+        "8",
+        "--rollout-length",
+        n if kind != "ray-actors" else "8",
+    ]
     if kind == "threads":
         flags = ["--layout.actors-per-device", "2"]
     else:
@@ -73,7 +85,9 @@ def child(mode: str, steps: int, overrides: list[str]) -> dict:
         "max_policy_lag": result.max_policy_lag,
     }
     if kind != "threads":
-        lines = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+        lines = [
+            json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()
+        ]
         out.update(
             object_store_bytes_end=result.object_store_bytes,
             object_store_bytes_max=max(line.get("ray/object_store_bytes", -1) for line in lines),
@@ -83,7 +97,9 @@ def child(mode: str, steps: int, overrides: list[str]) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", default="benchmarks/results/ray_runtime.json")
     parser.add_argument("--steps", type=int, default=200_000, help="env steps per run")
     parser.add_argument("--mode", help=argparse.SUPPRESS)
@@ -95,7 +111,8 @@ def main() -> None:
     for mode in ("threads-8", "ray-8", "threads-32", "ray-32", "ray-actors-1", "ray-actors-2"):
         done = subprocess.run(
             [sys.executable, __file__, "--mode", mode, "--steps", str(args.steps), *overrides],
-            capture_output=True, text=True,
+            capture_output=True,
+            text=True,
         )
         if done.returncode:
             sys.exit(f"{mode} failed:\n{done.stderr[-4000:]}")
@@ -109,7 +126,11 @@ def main() -> None:
         "steps": args.steps,
         "overrides": overrides,
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()},
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+        },
         "runs": runs,
         "ray_over_threads": {f"T={t}": r for t, r in ratio.items()},
         "actor_only_sps": {"1": runs["ray-actors-1"]["sps"], "2": runs["ray-actors-2"]["sps"]},

@@ -50,7 +50,9 @@ def measure(size_mb: int, reps: int) -> dict[str, float]:
     pub = ShmPublisher(keep=1)
     dev_sub, host_sub = ShmSubscriber(pub.name, device), ShmSubscriber(pub.name)
     raw = SlotReader(pub.name)
-    samples: dict[str, list[float]] = {k: [] for k in ("device_read_s", "host_read_s", "slot_place_s", "memcpy_s")}
+    samples: dict[str, list[float]] = {
+        k: [] for k in ("device_read_s", "host_read_s", "slot_place_s", "memcpy_s")
+    }
     for v in range(reps + 2):  # two warm-up reps: slots, buffers and compilation
         params = {f"w{i}": np.full((n,), float(v + i), np.float32) for i in range(4)}
         pub.publish(params)
@@ -62,7 +64,9 @@ def measure(size_mb: int, reps: int) -> dict[str, float]:
         dev_snap = dev_sub.get(v, timeout=120)
         host_snap = host_sub.get(v, timeout=120)
         start = time.perf_counter()
-        got = raw.read(lambda slot: jax.block_until_ready(jax.device_put(raw.layout.views(slot), device)), 64)
+        got = raw.read(
+            lambda slot: jax.block_until_ready(jax.device_put(raw.layout.views(slot), device)), 64
+        )
         slot_place = time.perf_counter() - start
         assert got is not None and got[0] == v
         if v >= 2:
@@ -77,15 +81,22 @@ def measure(size_mb: int, reps: int) -> dict[str, float]:
     pub.close()
     out = {k: statistics.median(x) for k, x in samples.items()}
     out["device_read_over_slot_place"] = out["device_read_s"] / out["slot_place_s"]
-    out["device_read_over_memcpy_plus_slot_place"] = out["device_read_s"] / (out["memcpy_s"] + out["slot_place_s"])
+    out["device_read_over_memcpy_plus_slot_place"] = out["device_read_s"] / (
+        out["memcpy_s"] + out["slot_place_s"]
+    )
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=str(_ROOT / "benchmarks" / "results" / "shm_device_read.json"),
-                        help="JSON output path")
-    parser.add_argument("--sizes-mb", type=int, nargs="+", default=[1, 16, 64], help="params sizes in MB")
+    parser.add_argument(
+        "--out",
+        default=str(_ROOT / "benchmarks" / "results" / "shm_device_read.json"),
+        help="JSON output path",
+    )
+    parser.add_argument(
+        "--sizes-mb", type=int, nargs="+", default=[1, 16, 64], help="params sizes in MB"
+    )
     parser.add_argument("--reps", type=int, default=15, help="measured reps per size")
     args = parser.parse_args()
     _force_cpu_devices(2)

@@ -25,19 +25,25 @@ def rss_mb() -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--sample-s", type=float, default=5.0)
     parser.add_argument("--rss-bound-mb", type=float, default=64.0)
     parser.add_argument("--out", default="benchmarks/results/soak.json")
     args, overrides = parser.parse_known_args()
 
-    from podrace.train_command import parse_train
-    from podrace.runtime.xla_setup import force_cpu_devices
     from podrace.config import replace
+    from podrace.runtime.xla_setup import force_cpu_devices
+    from podrace.train_command import parse_train
 
     cfg = parse_train(["cartpole-ppo", *overrides])
-    cfg = replace(cfg, total_steps=10**9, **{"log.console": "none", "log.run_dir": tempfile.mkdtemp(prefix="podrace-soak-")})
+    cfg = replace(
+        cfg,
+        total_steps=10**9,
+        **{"log.console": "none", "log.run_dir": tempfile.mkdtemp(prefix="podrace-soak-")},
+    )
     force_cpu_devices(cfg.layout.cpu_devices)
     from podrace.runtime.single_host import prepare
 
@@ -49,12 +55,14 @@ def main() -> None:
     def sample() -> None:
         while not run.lifetime.wait(args.sample_s):
             elapsed = time.monotonic() - start
-            samples.append({
-                "t_s": round(elapsed, 1),
-                "rss_mb": round(rss_mb(), 1),
-                "threads": threading.active_count(),
-                "env_steps": run.metrics.total("env_steps"),
-            })
+            samples.append(
+                {
+                    "t_s": round(elapsed, 1),
+                    "rss_mb": round(rss_mb(), 1),
+                    "threads": threading.active_count(),
+                    "env_steps": run.metrics.total("env_steps"),
+                }
+            )
             if elapsed >= duration:
                 run.lifetime.stop("soak duration reached")
 
@@ -65,7 +73,7 @@ def main() -> None:
 
     warm = [s for s in samples if s["t_s"] >= duration / 4]
     baseline = warm[: max(1, len(warm) // 4)]
-    tail = warm[-max(1, len(warm) // 4):]
+    tail = warm[-max(1, len(warm) // 4) :]
     rss_growth = max(s["rss_mb"] for s in tail) - max(s["rss_mb"] for s in baseline)
     thread_growth = max(s["threads"] for s in warm) - min(s["threads"] for s in warm)
     report = {

@@ -36,8 +36,9 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 _ROOT = Path(__file__).resolve().parents[1]
 STREAM_SECONDS = 1.5
@@ -112,13 +113,19 @@ def bench_memcpy(params: dict[str, Any], reps: int) -> dict[str, float]:
     return {"fresh_s": fresh, "prealloc_s": prealloc}
 
 
-def summarize(samples: dict[str, list[float]], copies: PairedCopies, warmup: int) -> dict[str, float]:
+def summarize(
+    samples: dict[str, list[float]], copies: PairedCopies, warmup: int
+) -> dict[str, float]:
     """Medians after warm-up; a ratio = median over reps of (copy time / visible time), each
     pair measured back to back so that the machine's load affects both alike."""
     out = {key: statistics.median(vals[warmup:]) for key, vals in samples.items()}
     visible = samples["visible_s"][warmup:]
-    out["ratio_to_memcpy"] = statistics.median(c / v for c, v in zip(copies.fresh[warmup:], visible))
-    out["ratio_to_prealloc_copy"] = statistics.median(c / v for c, v in zip(copies.prealloc[warmup:], visible))
+    out["ratio_to_memcpy"] = statistics.median(
+        c / v for c, v in zip(copies.fresh[warmup:], visible)
+    )
+    out["ratio_to_prealloc_copy"] = statistics.median(
+        c / v for c, v in zip(copies.prealloc[warmup:], visible)
+    )
     out["memcpy_paired_s"] = statistics.median(copies.fresh[warmup:])
     out["prealloc_copy_paired_s"] = statistics.median(copies.prealloc[warmup:])
     return out
@@ -208,7 +215,12 @@ def bench_shm(params: dict[str, Any], reps: int) -> dict[str, float]:
     proc = ctx.Process(target=_shm_reader, args=(pub.name, requests, replies), daemon=True)
     proc.start()
     assert replies.get(timeout=120) == "ready"
-    samples: dict[str, list[float]] = {"publish_s": [], "visible_s": [], "write_s": [], "read_s": []}
+    samples: dict[str, list[float]] = {
+        "publish_s": [],
+        "visible_s": [],
+        "write_s": [],
+        "read_s": [],
+    }
     copies = PairedCopies(params)
     for rep in range(reps + 2):  # two warm-up reps fault in both slots and the reader's buffers
         copies.measure()
@@ -259,7 +271,12 @@ def bench_ray(params: dict[str, Any], reps: int) -> dict[str, float]:
     pub = RayPublisher(keep=1)
     reader = Reader.remote(pub.subscribe())
     ray.get(reader.__ray_ready__.remote())
-    samples: dict[str, list[float]] = {"publish_s": [], "visible_s": [], "put_s": [], "transfer_s": []}
+    samples: dict[str, list[float]] = {
+        "publish_s": [],
+        "visible_s": [],
+        "put_s": [],
+        "transfer_s": [],
+    }
     copies = PairedCopies(params)
     for rep in range(reps + 2):
         copies.measure()
@@ -276,7 +293,11 @@ def bench_ray(params: dict[str, Any], reps: int) -> dict[str, float]:
     out = summarize(samples, copies, warmup=2)
     pending = reader.stream.remote(reps + 3, STREAM_SECONDS)
     publish_until(pub, params, lambda: bool(ray.wait([pending], timeout=0)[0]))
-    out.update(stream_stats(*ray.get(pending), nbytes=sum(x.nbytes for x in params.values()), copies=copies))
+    out.update(
+        stream_stats(
+            *ray.get(pending), nbytes=sum(x.nbytes for x in params.values()), copies=copies
+        )
+    )
     pub.close()
     ray.kill(reader)
     return out
@@ -284,12 +305,24 @@ def bench_ray(params: dict[str, Any], reps: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=str(_ROOT / "benchmarks" / "results" / "sync.json"), help="JSON output path")
-    parser.add_argument("--sizes-mb", type=int, nargs="+", default=[1, 16, 256], help="params sizes in MB")
-    parser.add_argument("--transports", nargs="+", default=["local", "shm", "ray"], help="transports to measure")
-    parser.add_argument("--ray-preallocate-gb", type=float, default=0.0,
-                        help="size Ray's object store to this many GB and fault it in at start "
-                             "(preallocate_plasma_memory); 0 keeps Ray's defaults")
+    parser.add_argument(
+        "--out",
+        default=str(_ROOT / "benchmarks" / "results" / "sync.json"),
+        help="JSON output path",
+    )
+    parser.add_argument(
+        "--sizes-mb", type=int, nargs="+", default=[1, 16, 256], help="params sizes in MB"
+    )
+    parser.add_argument(
+        "--transports", nargs="+", default=["local", "shm", "ray"], help="transports to measure"
+    )
+    parser.add_argument(
+        "--ray-preallocate-gb",
+        type=float,
+        default=0.0,
+        help="size Ray's object store to this many GB and fault it in at start "
+        "(preallocate_plasma_memory); 0 keeps Ray's defaults",
+    )
     args = parser.parse_args()
     _force_cpu_devices(2)
 
@@ -301,9 +334,17 @@ def main() -> None:
 
         store = {}
         if args.ray_preallocate_gb > 0:
-            store = {"object_store_memory": int(args.ray_preallocate_gb * (1 << 30)),
-                     "_system_config": {"preallocate_plasma_memory": True}}
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False, **store)
+            store = {
+                "object_store_memory": int(args.ray_preallocate_gb * (1 << 30)),
+                "_system_config": {"preallocate_plasma_memory": True},
+            }
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+            **store,
+        )
     results = []
     for size_mb in args.sizes_mb:
         nbytes = size_mb << 20
@@ -317,11 +358,18 @@ def main() -> None:
             res = {"local": bench_local, "shm": bench_shm, "ray": bench_ray}[name](params, reps)
             res["gbps"] = nbytes / res["visible_s"] / 1e9
             row[name] = res
-            stream = (f"  stream {res['stream_gbps']:5.2f} GB/s = {res['stream_ratio_to_memcpy']:6.1%} / "
-                      f"{res['stream_ratio_to_prealloc_copy']:6.1%}" if "stream_gbps" in res else "")
-            print(f"{size_mb:>5} MB {name:>5}: publish {res['publish_s'] * 1e6:8.1f} us  visible "
-                  f"{res['visible_s'] * 1e3:8.2f} ms {res['gbps']:5.2f} GB/s = {res['ratio_to_memcpy']:6.1%} of "
-                  f"np.copy / {res['ratio_to_prealloc_copy']:6.1%} of copyto{stream}", flush=True)
+            stream = (
+                f"  stream {res['stream_gbps']:5.2f} GB/s = {res['stream_ratio_to_memcpy']:6.1%} / "
+                f"{res['stream_ratio_to_prealloc_copy']:6.1%}"
+                if "stream_gbps" in res
+                else ""
+            )
+            print(
+                f"{size_mb:>5} MB {name:>5}: publish {res['publish_s'] * 1e6:8.1f} us  visible "
+                f"{res['visible_s'] * 1e3:8.2f} ms {res['gbps']:5.2f} GB/s = {res['ratio_to_memcpy']:6.1%} of "
+                f"np.copy / {res['ratio_to_prealloc_copy']:6.1%} of copyto{stream}",
+                flush=True,
+            )
         results.append(row)
         del params
     if "ray" in args.transports:
@@ -330,15 +378,25 @@ def main() -> None:
     out = {
         "benchmark": "sync",
         "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
-        "versions": {"jax": jax.__version__, "numpy": np.__version__,
-                     "ray": __import__("ray").__version__ if "ray" in args.transports else None},
-        "ray_object_store": (f"{args.ray_preallocate_gb} GB, preallocated" if args.ray_preallocate_gb > 0
-                             else "Ray defaults"),
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+        },
+        "versions": {
+            "jax": jax.__version__,
+            "numpy": np.__version__,
+            "ray": __import__("ray").__version__ if "ray" in args.transports else None,
+        },
+        "ray_object_store": (
+            f"{args.ray_preallocate_gb} GB, preallocated"
+            if args.ray_preallocate_gb > 0
+            else "Ray defaults"
+        ),
         "method": "medians after warm-up; publishes paced (each visible before the next); "
-                  "ratio_to_memcpy = median of per-rep (np.copy time / visible time), the copy measured just "
-                  "before; ratio_to_prealloc_copy likewise with np.copyto into touched memory; stream_* = "
-                  "sustained delivery while publishing back to back",
+        "ratio_to_memcpy = median of per-rep (np.copy time / visible time), the copy measured just "
+        "before; ratio_to_prealloc_copy likewise with np.copyto into touched memory; stream_* = "
+        "sustained delivery while publishing back to back",
         "results": results,
     }
     big = next((r for r in results if r["size_mb"] == 256), None)
@@ -346,8 +404,12 @@ def main() -> None:
         out["targets"] = {
             f"{name}_ge_{int(goal * 100)}pct_at_256MB": {
                 metric: big[name][metric] >= goal
-                for metric in ("ratio_to_memcpy", "ratio_to_prealloc_copy", "stream_ratio_to_memcpy",
-                               "stream_ratio_to_prealloc_copy")
+                for metric in (
+                    "ratio_to_memcpy",
+                    "ratio_to_prealloc_copy",
+                    "stream_ratio_to_memcpy",
+                    "stream_ratio_to_prealloc_copy",
+                )
             }
             for name, goal in (("shm", 0.5), ("ray", 0.25))
             if name in big

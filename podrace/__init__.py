@@ -85,7 +85,7 @@ def __dir__() -> list[str]:
     return sorted(__all__)
 
 
-def train(cfg: "TrainConfig", env_factory: "EnvFactory | None" = None) -> "TrainResult":
+def train(cfg: TrainConfig, env_factory: EnvFactory | None = None) -> TrainResult:
     """Train with `cfg` on this host (actor, learner and evaluator threads) and return when done.
 
     Raises `ConfigError` (one line) for anything that cannot run, before any thread starts

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import jax
 import jax.numpy as jnp
@@ -46,7 +47,7 @@ class PolicyFns:
     stack: Callable  # (tuple of per-step arrays...) -> stacked [T, ...] arrays
     device: jax.Device | None = None
 
-    def on(self, device: jax.Device) -> "PolicyFns":
+    def on(self, device: jax.Device) -> PolicyFns:
         """The same compiled functions, run on `device`."""
         return dataclasses.replace(self, device=device)
 
@@ -157,13 +158,18 @@ class Actor:
         obs = jax.device_put(obs, device)
         action, logprob, value, _ = self.policy.step(params, obs, self.key)
         self.policy.value(params, obs)
-        jax.block_until_ready(self.policy.stack((obs,) * T, (action,) * T, (logprob,) * T, (value,) * T))
+        jax.block_until_ready(
+            self.policy.stack((obs,) * T, (action,) * T, (logprob,) * T, (value,) * T)
+        )
 
     def run(self) -> None:
         s = self.settings
         obs = self._env_call("env.reset", self.env.reset)
         prev_done = np.zeros(self.env.num_envs, dtype=bool)
-        if self.fused is not None and (self.fused.env, self.fused.policy) != (self.env, self.policy):
+        if self.fused is not None and (self.fused.env, self.fused.policy) != (
+            self.env,
+            self.policy,
+        ):
             self.fused = None  # env or policy swapped since (a wrapper): step by step through it
         if self.fused is not None:
             self.fused.begin(obs)
@@ -207,10 +213,14 @@ class Actor:
         # `steps` env steps in one call: the watchdog allows each its timeout, as it does one
         # call at a time in the step-by-step loop; a stop is seen between calls.
         for steps in leading:
-            key, chunk = self._env_call("env.rollout", self.fused.chunk, steps, params, key, seq=seq, steps=steps)
+            key, chunk = self._env_call(
+                "env.rollout", self.fused.chunk, steps, params, key, seq=seq, steps=steps
+            )
             self.env_steps += steps
             rows.append(chunk)
-        key, out = self._env_call("env.rollout", self.fused.last, params, key, rows, seq=seq, steps=last)
+        key, out = self._env_call(
+            "env.rollout", self.fused.last, params, key, rows, seq=seq, steps=last
+        )
         self.env_steps += last
         self.key = key
         done, returns, lengths = unpack_episodes(jax.device_get(out.episodes))
@@ -231,7 +241,11 @@ class Actor:
         # Fresh per rollout (every row is written below): a device copy may still be in
         # flight, or the rollout still queued, when the next rollout starts.
         rewards = np.empty((T, B), np.float32)
-        terminated, truncated, valid = np.empty((T, B), bool), np.empty((T, B), bool), np.empty((T, B), bool)
+        terminated, truncated, valid = (
+            np.empty((T, B), bool),
+            np.empty((T, B), bool),
+            np.empty((T, B), bool),
+        )
         obs_d, actions_d, logprobs_d, values_d = [None] * T, [None] * T, [None] * T, [None] * T
         returns, lengths = [], []
         key = self.key
@@ -264,7 +278,9 @@ class Actor:
         self.key = key
         last_obs, host = jax.device_put((obs, (rewards, terminated, truncated, valid)), device)
         last_value = self.policy.value(params, last_obs)
-        stacked = self.policy.stack(tuple(obs_d), tuple(actions_d), tuple(logprobs_d), tuple(values_d))
+        stacked = self.policy.stack(
+            tuple(obs_d), tuple(actions_d), tuple(logprobs_d), tuple(values_d)
+        )
         traj = Trajectory(*stacked, *host, last_obs=last_obs, last_value=last_value)
         rollout = Rollout(
             actor_id=self.settings.actor_id,

@@ -12,7 +12,8 @@ import contextlib
 import io
 import re
 import sys
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from podrace.config import ConfigError
 from podrace.runtime.std_streams import stdout_refused
@@ -65,7 +66,11 @@ def _sections(report: str) -> list[list[str]]:
     when stdout is a terminal."""
     lines = _ANSI.sub("", report).splitlines()
     if any(line.startswith("╭") for line in lines):
-        body = [line.rstrip()[2:-2] for line in lines if line.startswith(_BORDER) and line.rstrip().endswith(_BORDER)]
+        body = [
+            line.rstrip()[2:-2]
+            for line in lines
+            if line.startswith(_BORDER) and line.rstrip().endswith(_BORDER)
+        ]
     else:  # " Title", " -----", then "  body" lines
         text = [line for line in lines if line.strip()]
         body = [line[2:] for line in text[2:]] if len(text) > 2 and _is_rule(text[1]) else []

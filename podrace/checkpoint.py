@@ -29,11 +29,12 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Iterator
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import jax
 import numpy as np
@@ -51,7 +52,9 @@ MANIFEST = "podrace_manifest.json"
 CHECKPOINT_DIR = "checkpoints"
 PARTIAL, DELETING = ".partial", ".deleting"
 """Suffixes of a step being written and of one being deleted: never read as checkpoints."""
-_LEFTOVER = re.compile(r"[0-9]+(\.partial(\.orbax-checkpoint-tmp(-[0-9]+)?)?|\.deleting|\.orbax-checkpoint-tmp(-[0-9]+)?)")
+_LEFTOVER = re.compile(
+    r"[0-9]+(\.partial(\.orbax-checkpoint-tmp(-[0-9]+)?)?|\.deleting|\.orbax-checkpoint-tmp(-[0-9]+)?)"
+)
 """The names a write or deletion killed halfway leaves (the last: orbax's, of older podrace)."""
 
 
@@ -80,7 +83,11 @@ class RunState:
     """Updates skipped as non-finite so far (the run's skip budget spans its resumes)."""
 
     def arrays(self) -> dict:
-        tree = {"train_state": self.train_state, "learner_keys": self.learner_keys, "actor_keys": self.actor_keys}
+        tree = {
+            "train_state": self.train_state,
+            "learner_keys": self.learner_keys,
+            "actor_keys": self.actor_keys,
+        }
         if self.normalizer is not None:
             tree["normalizer"] = self.normalizer
         return tree
@@ -133,11 +140,17 @@ class Checkpointer:
     `checkpoint/write_s` (background write), `checkpoint/version` (last one complete).
     """
 
-    def __init__(self, directory: Path, cfg: TrainConfig, spec: EnvSpec, metrics: Metrics | None = None):
+    def __init__(
+        self, directory: Path, cfg: TrainConfig, spec: EnvSpec, metrics: Metrics | None = None
+    ):
         self.directory = Path(directory).absolute()
         self.every_updates = cfg.checkpoint.every_updates
         self.metrics = metrics if metrics is not None else Metrics()
-        self._meta = {"format": FORMAT, "config": dataclasses.asdict(cfg), "env_spec": spec_json(spec)}
+        self._meta = {
+            "format": FORMAT,
+            "config": dataclasses.asdict(cfg),
+            "env_spec": spec_json(spec),
+        }
         self.keep = cfg.checkpoint.keep
         self._orbax = orbax_checkpointer()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
@@ -185,13 +198,21 @@ class Checkpointer:
     def _write(self, step: int, arrays: dict, meta: dict) -> None:
         start = time.perf_counter()
         final, partial = self.directory / str(step), self.directory / f"{step}{PARTIAL}"
-        args = ocp.args.Composite(arrays=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta))
+        args = ocp.args.Composite(
+            arrays=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta)
+        )
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)  # deleted since the last save: made again
+            self.directory.mkdir(
+                parents=True, exist_ok=True
+            )  # deleted since the last save: made again
             if final.exists():
-                raise FileExistsError(f"checkpoint {step} already exists in {self.directory}; it is never replaced")
+                raise FileExistsError(
+                    f"checkpoint {step} already exists in {self.directory}; it is never replaced"
+                )
             shutil.rmtree(partial, ignore_errors=True)
-            with draining_loops():  # a failed write's other writes finish before orbax closes its loop
+            with (
+                draining_loops()
+            ):  # a failed write's other writes finish before orbax closes its loop
                 self._orbax.save(partial, args=args)
             write_manifest(partial)
             os.rename(partial, final)  # files and manifest appear together, or not at all
@@ -205,7 +226,8 @@ class Checkpointer:
                 # orbax's own error is a 100-line dump of a TensorStore spec
                 raise CheckpointFilesRemoved(
                     f"files of checkpoint {step} in {self.directory} were deleted while it was written "
-                    "(by another process?)") from error
+                    "(by another process?)"
+                ) from error
             for path in unfinished:  # give the space back (a full disk)
                 shutil.rmtree(path, ignore_errors=True)
             if _is_storage_error(error):
@@ -237,7 +259,9 @@ class Checkpointer:
                 except FileNotFoundError:
                     pass  # gone already: so much the better
                 except OSError as error:
-                    logging.getLogger(__name__).warning("could not delete old checkpoint %s: %s", step_dir, error)
+                    logging.getLogger(__name__).warning(
+                        "could not delete old checkpoint %s: %s", step_dir, error
+                    )
 
     def settle(self, timeout_s: float) -> None:
         """Wait at most `timeout_s` for the write in progress (its error is `wait`'s to raise)."""
@@ -285,8 +309,10 @@ def leftovers(directory: Path) -> list[Path]:
         if not _LEFTOVER.fullmatch(path.name):
             continue
         if path.is_symlink() or not path.is_dir():
-            raise ConfigError(f"{path} is in the way of podrace's checkpoints (a step is written as <step>{PARTIAL} "
-                              f"and deleted as <step>{DELETING}); move it out of {directory}")
+            raise ConfigError(
+                f"{path} is in the way of podrace's checkpoints (a step is written as <step>{PARTIAL} "
+                f"and deleted as <step>{DELETING}); move it out of {directory}"
+            )
         found.append(path)
     return found
 
@@ -312,7 +338,10 @@ def write_manifest(step_dir: Path) -> None:
     so a machine crash after the rename cannot leave the latest step unverifiable."""
     files = {}
     for path in sorted(p for p in step_dir.rglob("*") if p.is_file() and p.name != MANIFEST):
-        files[path.relative_to(step_dir).as_posix()] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+        files[path.relative_to(step_dir).as_posix()] = {
+            "bytes": path.stat().st_size,
+            "sha256": file_sha256(path),
+        }
     with open(step_dir / MANIFEST, "w") as f:
         f.write(json.dumps({"format": FORMAT, "files": files}, indent=1) + "\n")
         f.flush()
@@ -375,7 +404,9 @@ def checkpoint_steps(directory: Path) -> list[int]:
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    return sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and re.fullmatch(r"[0-9]+", p.name))
+    return sorted(
+        int(p.name) for p in directory.iterdir() if p.is_dir() and re.fullmatch(r"[0-9]+", p.name)
+    )
 
 
 def latest_step(directory: Path) -> int | None:
@@ -391,5 +422,7 @@ def resolve_step(directory: Path, step: int | None = None) -> int:
     if step is None:
         return steps[-1]
     if step not in steps:
-        raise ConfigError(f"no checkpoint for step {step} in {directory} (saved: {', '.join(map(str, steps))})")
+        raise ConfigError(
+            f"no checkpoint for step {step} in {directory} (saved: {', '.join(map(str, steps))})"
+        )
     return step

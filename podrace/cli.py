@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Iterator, Sequence
 
 from podrace.runtime.std_streams import guard_std_streams, print_error, print_result
 from podrace.runtime.supervisor import (

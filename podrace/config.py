@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator, Literal
+from typing import Literal
 
 
 class ConfigError(ValueError):
@@ -393,4 +394,6 @@ def resolved(cfg: TrainConfig) -> TrainConfig:
     shorthand `--ray.envs-per-worker` written as env.num_envs."""
     if cfg.runtime == "ray" and cfg.ray.envs_per_worker is not None:
         cfg = replace(cfg, **{"env.num_envs": cfg.ray.envs_per_worker, "ray.envs_per_worker": None})
-    return replace(cfg, **{"layout.synchronous": cfg.synchronous, "layout.max_policy_lag": cfg.max_policy_lag})
+    return replace(
+        cfg, **{"layout.synchronous": cfg.synchronous, "layout.max_policy_lag": cfg.max_policy_lag}
+    )

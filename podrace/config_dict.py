@@ -34,7 +34,9 @@ def config_from_dict(data: dict, cls: type = TrainConfig, where: str = "config")
             if isinstance(value, list):
                 value = tuple(value)  # JSON has no tuples; every sequence field is a tuple
             if not fits(value, hint):
-                raise ConfigError(f"{where}.{name} must be {type_name(hint)}, got {json.dumps(value, default=repr)[:80]}")
+                raise ConfigError(
+                    f"{where}.{name} must be {type_name(hint)}, got {json.dumps(value, default=repr)[:80]}"
+                )
         values[name] = value
     return cls(**values)
 
@@ -48,7 +50,11 @@ def type_name(annotation: object) -> str:
     literal = [a for a in args if typing.get_origin(a) is typing.Literal]
     if literal and len(args) == 2 and type(None) in args:
         return f"{type_name(literal[0])}, None"
-    return annotation.__name__ if isinstance(annotation, type) else str(annotation).replace("typing.", "")
+    return (
+        annotation.__name__
+        if isinstance(annotation, type)
+        else str(annotation).replace("typing.", "")
+    )
 
 
 def fits(value: object, annotation: object) -> bool:

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 
 class ExplainedError(Exception):
@@ -40,10 +40,15 @@ class ComponentError(RuntimeError):
         self.error = error
 
 
-def raise_stopped_if_stopping(lifetime: "Lifetime", error: BaseException) -> None:
+def raise_stopped_if_stopping(lifetime: Lifetime, error: BaseException) -> None:
     """While preparing a run: an error caused by a stop (a signal closed the publisher under
     the learner's first publish) is the stop, not a failure; raise Stopped for it."""
-    if lifetime.stopping and lifetime.failure is None and isinstance(error, Exception) and not isinstance(error, Stopped):
+    if (
+        lifetime.stopping
+        and lifetime.failure is None
+        and isinstance(error, Exception)
+        and not isinstance(error, Stopped)
+    ):
         raise Stopped(lifetime.stop_reason) from error
 
 
@@ -124,7 +129,12 @@ class Heartbeat:
     def enter(self, what: str, step: int, steps: int = 1) -> None:
         """Inside `what` from now; `steps` env steps run inside it (a fused rollout runs a
         whole rollout in one call), each allowed the watchdog's timeout."""
-        self._what, self._step, self._since, self._steps = what, step, time.monotonic(), max(int(steps), 1)
+        self._what, self._step, self._since, self._steps = (
+            what,
+            step,
+            time.monotonic(),
+            max(int(steps), 1),
+        )
 
     def exit(self) -> None:
         self._what = None

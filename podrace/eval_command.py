@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Callable
+from typing import Annotated
 
 import jax
 import jax.numpy as jnp
@@ -22,18 +23,18 @@ import tyro
 from podrace import json_text
 from podrace.algos.normalizer import acting_apply, acting_params, init_normalizer
 from podrace.checkpoint import RunState, checkpoint_dir, latest_step, step_lock
-from podrace.restore import read_config, restore
 from podrace.config import ConfigError, TrainConfig
 from podrace.envs import BatchedEnv, env_spec, make_env, resolve_backend
 from podrace.envs.user_modules import make_working_dir_importable
 from podrace.evaluate import STUCK_EPISODE_STEPS, EpisodeTally
 from podrace.learner_mesh import make_algorithm
 from podrace.networks import make_network
+from podrace.restore import read_config, restore
 from podrace.runtime.rundir import check_writable
 from podrace.runtime.supervisor import signals_deferred
 from podrace.types import EnvSpec
-from podrace.video import check_renderable, record_episode, write_video
 from podrace.validation import INT32_MAX, check_seed
+from podrace.video import check_renderable, record_episode, write_video
 
 MAX_EVAL_ENVS = 16
 ROTATION_RETRIES = 5
@@ -102,7 +103,9 @@ def _check_paths(opts: EvalOptions) -> None:
             raise ConfigError(f"{opts.video} already exists; choose another --video")
         check_writable(opts.video)
         if suffix == ".mp4" and shutil.which("ffmpeg") is None:
-            raise ConfigError("writing an MP4 needs ffmpeg on PATH, which was not found; use a .gif path")
+            raise ConfigError(
+                "writing an MP4 needs ffmpeg on PATH, which was not found; use a .gif path"
+            )
 
 
 def abstract_run_state(cfg: TrainConfig, spec: EnvSpec) -> RunState:
@@ -116,11 +119,15 @@ def abstract_run_state(cfg: TrainConfig, spec: EnvSpec) -> RunState:
         return jax.ShapeDtypeStruct((n, 2), jnp.uint32)
 
     n = cfg.num_actors
-    normalizer = jax.eval_shape(lambda: init_normalizer(cfg.normalize, spec.obs_shape, n * cfg.env.num_envs))
+    normalizer = jax.eval_shape(
+        lambda: init_normalizer(cfg.normalize, spec.obs_shape, n * cfg.env.num_envs)
+    )
     return RunState(train_state, keys(n * cfg.env.num_envs), keys(n), (0,) * n, 0, 0, 0, normalizer)
 
 
-def make_actor(apply_fn: Callable, params, stochastic: bool, seed: int) -> Callable[[np.ndarray], np.ndarray]:
+def make_actor(
+    apply_fn: Callable, params, stochastic: bool, seed: int
+) -> Callable[[np.ndarray], np.ndarray]:
     """obs (host) -> actions (host): the policy's mode, or a sample with its own key stream."""
 
     @jax.jit
@@ -140,7 +147,9 @@ def make_actor(apply_fn: Callable, params, stochastic: bool, seed: int) -> Calla
     return policy
 
 
-def play_episodes(env: BatchedEnv, policy: Callable, episodes: int, time_limit: int | None = None) -> EpisodeTally:
+def play_episodes(
+    env: BatchedEnv, policy: Callable, episodes: int, time_limit: int | None = None
+) -> EpisodeTally:
     """`episodes` episodes, each env its own share: the complete `EpisodeTally`."""
     tally = EpisodeTally(episodes, env.num_envs, time_limit)
     obs = env.reset()
@@ -152,7 +161,12 @@ def play_episodes(env: BatchedEnv, policy: Callable, episodes: int, time_limit: 
 
 
 def _stats(values: np.ndarray) -> dict[str, float]:
-    return {"mean": float(values.mean()), "std": float(values.std()), "min": float(values.min()), "max": float(values.max())}
+    return {
+        "mean": float(values.mean()),
+        "std": float(values.std()),
+        "min": float(values.min()),
+        "max": float(values.max()),
+    }
 
 
 # The command --------------------------------------------------------------------------
@@ -174,14 +188,18 @@ def load_checkpoint(opts: EvalOptions) -> tuple[int, TrainConfig, EnvSpec, RunSt
             # Held from the config to the arrays: the run's rotation cannot delete it meanwhile.
             with step_lock(directory / str(step), shared=True):
                 step, cfg = read_config(directory, step)
-                make_working_dir_importable(cfg.env.id)  # a `module:Env` id, as `podrace train` does
+                make_working_dir_importable(
+                    cfg.env.id
+                )  # a `module:Env` id, as `podrace train` does
                 resolve_backend(cfg.env)
                 spec = env_spec(cfg.env)
                 state = restore(directory, abstract_run_state(cfg, spec), spec, step)
             return step, cfg, spec, state
         except ConfigError:
             newer = latest_step(directory)
-            rotated = opts.checkpoint is None and step is not None and newer is not None and newer > step
+            rotated = (
+                opts.checkpoint is None and step is not None and newer is not None and newer > step
+            )
             if not rotated or attempt == ROTATION_RETRIES:
                 raise
     raise AssertionError("unreachable")
@@ -207,8 +225,10 @@ def evaluate_run(opts: EvalOptions) -> dict:
         env.close()
     returns, lengths = tally.result()
     if not len(returns):
-        raise ConfigError(f"no eval env ended an episode in {STUCK_EPISODE_STEPS:,} steps: {cfg.env.id!r} needs a "
-                          f"time limit the run declares (--env.max-episode-steps), or episodes that end")
+        raise ConfigError(
+            f"no eval env ended an episode in {STUCK_EPISODE_STEPS:,} steps: {cfg.env.id!r} needs a "
+            f"time limit the run declares (--env.max-episode-steps), or episodes that end"
+        )
     result = {
         "run_dir": str(opts.run_dir),
         "checkpoint": step,
@@ -228,7 +248,9 @@ def evaluate_run(opts: EvalOptions) -> dict:
     video_error = None
     if opts.video is not None:
         try:
-            frames = record_episode(cfg.env, make_actor(apply, params, opts.stochastic, opts.seed), opts.seed)
+            frames = record_episode(
+                cfg.env, make_actor(apply, params, opts.stochastic, opts.seed), opts.seed
+            )
             with signals_deferred():
                 write_video(frames, opts.video)
             result["video"] = str(opts.video)
@@ -256,18 +278,26 @@ def _write_json(result: dict, output: Path) -> None:
 
 
 def _episodes(result: dict) -> str:
-    counted, asked, filled = result["episodes"], result["episodes_asked"], result["episodes_from_other_envs"]
+    counted, asked, filled = (
+        result["episodes"],
+        result["episodes_asked"],
+        result["episodes_from_other_envs"],
+    )
     text = f"{counted} episodes" if counted == asked else f"{counted} of {asked} episodes"
     return text + (f" ({filled} from other envs: some never ended theirs)" if filled else "")
 
 
 def summary(result: dict) -> str:
     """What `podrace eval` prints."""
-    lines = [f"{result['env_id']} ({result['algo']}), checkpoint {result['checkpoint']} "
-             f"({result['env_steps']:,} env steps): {_episodes(result)}, {result['policy']} policy"]
+    lines = [
+        f"{result['env_id']} ({result['algo']}), checkpoint {result['checkpoint']} "
+        f"({result['env_steps']:,} env steps): {_episodes(result)}, {result['policy']} policy"
+    ]
     for name in ("return", "length"):
         s = result[name]
-        lines.append(f"  {name:<7} mean {s['mean']:10,.2f}  std {s['std']:9,.2f}  min {s['min']:10,.2f}  max {s['max']:10,.2f}")
+        lines.append(
+            f"  {name:<7} mean {s['mean']:10,.2f}  std {s['std']:9,.2f}  min {s['min']:10,.2f}  max {s['max']:10,.2f}"
+        )
     if "video" in result:
         lines.append(f"video: {result['video']} ({result['video_frames']} frames)")
     lines.append(f"results: {result['output']}")

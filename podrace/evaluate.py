@@ -10,17 +10,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import jax
 import numpy as np
 
+from podrace.control import Control
 from podrace.envs import BatchedEnv
 from podrace.fused_rollout import CHUNK_STEPS, FusedEpisodes, fused_episodes_for
 from podrace.metrics.registry import Metrics
 from podrace.pipeline import BoundedQueue
-from podrace.control import Control
 from podrace.sync.base import Subscriber
 from podrace.sync.placement import place
 
@@ -89,7 +89,9 @@ class EpisodeTally:
         """Every share counted or filled; or every env given up (no episode is coming: the
         result then has fewer episodes than asked for, maybe none)."""
         owing = (self.finished < self.quota) & ~self._given_up
-        return self._given_up.all() or (not owing.any() and len(self._extra_returns) >= self._missing)
+        return self._given_up.all() or (
+            not owing.any() and len(self._extra_returns) >= self._missing
+        )
 
     def add(self, done: np.ndarray, episode_return: np.ndarray, episode_length: np.ndarray) -> None:
         """One step ([envs]) or several ([steps, envs]) of episode ends, in step order."""
@@ -111,10 +113,17 @@ class EpisodeTally:
         stuck &= self._running >= max(self._patience, 10 * self._longest)
         if stuck.any():
             self._given_up |= stuck
-            then = ("the evaluation ends with the episodes it has" if self._given_up.all()
-                    else "their share is taken from the other envs' later episodes")
-            log.warning("evaluation: env(s) %s have not ended an episode in %d steps: %s",
-                        np.flatnonzero(stuck).tolist(), self._running[stuck].min(), then)
+            then = (
+                "the evaluation ends with the episodes it has"
+                if self._given_up.all()
+                else "their share is taken from the other envs' later episodes"
+            )
+            log.warning(
+                "evaluation: env(s) %s have not ended an episode in %d steps: %s",
+                np.flatnonzero(stuck).tolist(),
+                self._running[stuck].min(),
+                then,
+            )
 
     @property
     def filled(self) -> int:
@@ -124,8 +133,10 @@ class EpisodeTally:
     def result(self) -> tuple[np.ndarray, np.ndarray]:
         """(returns, lengths) of the counted episodes, in the order they ended."""
         missing = self._missing
-        return (np.asarray(self.returns + self._extra_returns[:missing], float),
-                np.asarray(self.lengths + self._extra_lengths[:missing], float))
+        return (
+            np.asarray(self.returns + self._extra_returns[:missing], float),
+            np.asarray(self.lengths + self._extra_lengths[:missing], float),
+        )
 
 
 def run_episodes(
@@ -154,7 +165,9 @@ def run_episodes(
     while not tally.complete:
         if fused is not None:
             steps += CHUNK_STEPS
-            tally.add(*control.call("evaluation env.step", steps, fused.chunk, params, steps=CHUNK_STEPS))
+            tally.add(
+                *control.call("evaluation env.step", steps, fused.chunk, params, steps=CHUNK_STEPS)
+            )
         else:
             action = jax.device_get(policy(params, jax.device_put(obs, device)))
             steps += 1
@@ -223,12 +236,20 @@ class Evaluator:
             if self.fused is not None and self.fused.env is not self.env:
                 self.fused = None  # env swapped since (a wrapper): step by step through it
             returns, lengths = run_episodes(
-                self.env, self.policy, snapshot.params, self.device, self.episodes, self.control, self.fused,
+                self.env,
+                self.policy,
+                snapshot.params,
+                self.device,
+                self.episodes,
+                self.control,
+                self.fused,
                 self.time_limit,
             )
             result = EvalResult(
                 version=snapshot.version,
-                mean_return=float(returns.mean()) if len(returns) else float("nan"),  # no episode ended
+                mean_return=float(returns.mean())
+                if len(returns)
+                else float("nan"),  # no episode ended
                 returns=returns,
                 lengths=lengths,
                 seconds=time.perf_counter() - start,

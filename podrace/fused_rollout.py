@@ -17,7 +17,8 @@ can be: an envpool env whose dtypes JAX carries, acting on a CPU device
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -85,14 +86,18 @@ class FusedRollout:
     arrays of standard dtypes only, and a typed key sends every call through its Python
     path (about 25 us more per call here)."""
 
-    def __init__(self, env: Any, policy: Any, xla_step: Any, rollout_length: int, device: jax.Device):
+    def __init__(
+        self, env: Any, policy: Any, xla_step: Any, rollout_length: int, device: jax.Device
+    ):
         self.env, self.policy, self.device = env, policy, device
         self.lengths = chunk_lengths(rollout_length)
         self._handle = xla_step.handle
         self._chunks: dict[int, Callable] = {
             n: jax.jit(_chunk_fn(policy.step, xla_step, n)) for n in sorted(set(self.lengths[:-1]))
         }
-        self._last: Callable = jax.jit(_last_fn(policy.step, policy.value, xla_step, self.lengths[-1]))
+        self._last: Callable = jax.jit(
+            _last_fn(policy.step, policy.value, xla_step, self.lengths[-1])
+        )
         self.carry: EnvCarry | None = None
 
     def begin(self, obs: np.ndarray) -> None:
@@ -108,7 +113,14 @@ class FusedRollout:
             self._chunks[n] = compile_uncached(fn.lower(params, key, self.carry))
         for n in self.lengths[:-1]:  # the rows' shapes, from the compiled chunks' output types
             _, _, out = self._chunks[n].out_info
-            rows.append(jax.tree.map(lambda info: jax.ShapeDtypeStruct(info.shape, info.dtype, sharding=info.sharding), out))
+            rows.append(
+                jax.tree.map(
+                    lambda info: jax.ShapeDtypeStruct(
+                        info.shape, info.dtype, sharding=info.sharding
+                    ),
+                    out,
+                )
+            )
         self._last = compile_uncached(self._last.lower(params, key, self.carry, tuple(rows)))
         self.carry = carry
 
@@ -124,7 +136,9 @@ class FusedRollout:
         """The rollout's last steps, and the rollout from the earlier chunks' `rows` and
         these (with the bootstrap value of the obs after them): (new key, output).
         Returns once it ran, as `chunk` does."""
-        key, self.carry, out = jax.block_until_ready(self._last(params, key, self.carry, tuple(rows)))
+        key, self.carry, out = jax.block_until_ready(
+            self._last(params, key, self.carry, tuple(rows))
+        )
         return key, out
 
 
@@ -136,10 +150,26 @@ def _scan_steps(policy_step: Callable, env_step: Any, steps: int, params, key, c
         action, logprob, value, key = policy_step(params, carry.obs, key)
         handle, step = env_step(carry.handle, action)
         counts, episode_return, episode_length = count_step(
-            carry.counts, step.raw_reward, step.terminated, step.truncated, step.episode_done, xp=jnp
+            carry.counts,
+            step.raw_reward,
+            step.terminated,
+            step.truncated,
+            step.episode_done,
+            xp=jnp,
         )
-        row = (carry.obs, action, logprob, value, step.reward, step.terminated, step.truncated,
-               ~carry.prev_done, step.episode_done, episode_return, episode_length)
+        row = (
+            carry.obs,
+            action,
+            logprob,
+            value,
+            step.reward,
+            step.terminated,
+            step.truncated,
+            ~carry.prev_done,
+            step.episode_done,
+            episode_return,
+            episode_length,
+        )
         done = step.terminated | step.truncated
         return (key, EnvCarry(handle, step.obs, done, counts)), row
 
@@ -158,11 +188,37 @@ def _last_fn(policy_step: Callable, policy_value: Callable, env_step: Any, steps
     def last(params, key, carry: EnvCarry, earlier: tuple):
         (key, carry), rows = _scan_steps(policy_step, env_step, steps, params, key, carry)
         chunks = (*earlier, rows)
-        rows = jax.tree.map(lambda *parts: jnp.concatenate(parts), *chunks) if len(chunks) > 1 else rows
-        obs, actions, logprobs, values, rewards, terminated, truncated, valid, done, returns, lengths = rows
+        rows = (
+            jax.tree.map(lambda *parts: jnp.concatenate(parts), *chunks)
+            if len(chunks) > 1
+            else rows
+        )
+        (
+            obs,
+            actions,
+            logprobs,
+            values,
+            rewards,
+            terminated,
+            truncated,
+            valid,
+            done,
+            returns,
+            lengths,
+        ) = rows
         last_value = policy_value(params, carry.obs)
-        trajectory = Trajectory(obs, actions, logprobs, values, rewards, terminated, truncated, valid,
-                                carry.obs, last_value)
+        trajectory = Trajectory(
+            obs,
+            actions,
+            logprobs,
+            values,
+            rewards,
+            terminated,
+            truncated,
+            valid,
+            carry.obs,
+            last_value,
+        )
         return key, carry, FusedOutput(trajectory, pack_episodes(done, returns, lengths))
 
     return last
@@ -199,10 +255,19 @@ def _greedy_chunk_fn(greedy: Callable, env_step: Any, steps: int) -> Callable:
         def body(carry, _):
             handle, step = env_step(carry.handle, greedy(params, carry.obs))
             counts, episode_return, episode_length = count_step(
-                carry.counts, step.raw_reward, step.terminated, step.truncated, step.episode_done, xp=jnp
+                carry.counts,
+                step.raw_reward,
+                step.terminated,
+                step.truncated,
+                step.episode_done,
+                xp=jnp,
             )
             done = step.terminated | step.truncated
-            return EnvCarry(handle, step.obs, done, counts), (step.episode_done, episode_return, episode_length)
+            return EnvCarry(handle, step.obs, done, counts), (
+                step.episode_done,
+                episode_return,
+                episode_length,
+            )
 
         carry, rows = jax.lax.scan(body, carry, None, length=steps)
         return carry, pack_episodes(*rows)
@@ -242,7 +307,9 @@ def fused_rollout_for(env: Any, policy: Any, rollout_length: int) -> FusedRollou
     return None if found is None else FusedRollout(env, policy, found[0], rollout_length, found[1])
 
 
-def fused_episodes_for(env: Any, greedy: Callable, device: jax.Device | None) -> FusedEpisodes | None:
+def fused_episodes_for(
+    env: Any, greedy: Callable, device: jax.Device | None
+) -> FusedEpisodes | None:
     """FusedEpisodes for an evaluator, or None where it must step its env one call at a time."""
     found = _env_xla_step(env, device)
     return None if found is None else FusedEpisodes(env, greedy, *found)

@@ -22,7 +22,11 @@ def loads(data: str | bytes) -> Any:
         raise
     except (RecursionError, ValueError) as error:
         text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
-        what = "nested too deeply to decode" if isinstance(error, RecursionError) else str(error).split(";")[0]
+        what = (
+            "nested too deeply to decode"
+            if isinstance(error, RecursionError)
+            else str(error).split(";")[0]
+        )
         raise json.JSONDecodeError(what, text[:80], 0) from None
 
 

@@ -9,8 +9,8 @@ statistics they are published with), and only then published
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import jax
 
@@ -137,7 +137,9 @@ class Learner:
         state, keys, metrics = self.update_fn(self.state, trajs, self.keys)
         jax.block_until_ready(state.params)
         learner_step = time.perf_counter() - start
-        metrics = jax.device_get(metrics)  # a fake's or a wrapper's arrays; UpdateFn's are on the host
+        metrics = jax.device_get(
+            metrics
+        )  # a fake's or a wrapper's arrays; UpdateFn's are on the host
         self.keys = keys
         finite = bool(metrics.pop("finite"))
         stats_finite = bool(stats_finite)
@@ -154,9 +156,12 @@ class Learner:
                 )
             metrics = {}
         else:
-            what = (f"non-finite loss or gradients in update {self.version + 1} (loss={metrics.get('loss')})" if not finite
-                    else f"non-finite observation or return statistics after update {self.version + 1} "
-                         f"(an observation or reward was inf or NaN)")
+            what = (
+                f"non-finite loss or gradients in update {self.version + 1} (loss={metrics.get('loss')})"
+                if not finite
+                else f"non-finite observation or return statistics after update {self.version + 1} "
+                f"(an observation or reward was inf or NaN)"
+            )
             raise NonFiniteUpdate(f"{what}; params not published")
         start = time.perf_counter()
         self.version = self._publish()

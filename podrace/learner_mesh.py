@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from podrace.algos.base import Algorithm, TrainState
 from podrace.algos.impala import make_impala
@@ -68,7 +69,9 @@ def env_keys(key: jax.Array, num_actors: int, envs_per_actor: int, mesh: Mesh) -
     per_process = Counter(d.process_index for d in devices)
     local_shards = per_process[devices[0].process_index]
     if set(per_process.values()) != {local_shards}:
-        raise ValueError(f"every process needs the same number of learner devices, got {dict(per_process)}")
+        raise ValueError(
+            f"every process needs the same number of learner devices, got {dict(per_process)}"
+        )
     per_shard = envs_per_actor // local_shards
     order = []
     rank: Counter = Counter()
@@ -113,7 +116,9 @@ class LearnerPlacement:
             )
 
         self._split = jax.jit(split)
-        self._whole = Trajectory(*(time_sharding,) * 8, last_obs=env_sharding, last_value=env_sharding)
+        self._whole = Trajectory(
+            *(time_sharding,) * 8, last_obs=env_sharding, last_value=env_sharding
+        )
 
     def place(self, traj: Trajectory) -> Trajectory:
         if self.num_shards == 1:
@@ -151,12 +156,14 @@ def concat_actors(trajs: Sequence[Trajectory]) -> Trajectory:
 
     def interleave(xs, axis):
         stacked = jnp.stack(xs, axis=axis + 1)
-        return stacked.reshape(stacked.shape[:axis] + (-1,) + stacked.shape[axis + 2:])
+        return stacked.reshape(stacked.shape[:axis] + (-1,) + stacked.shape[axis + 2 :])
 
-    return Trajectory(*(
-        interleave([getattr(t, f) for t in trajs], 0 if f in ("last_obs", "last_value") else 1)
-        for f in Trajectory._fields
-    ))
+    return Trajectory(
+        *(
+            interleave([getattr(t, f) for t in trajs], 0 if f in ("last_obs", "last_value") else 1)
+            for f in Trajectory._fields
+        )
+    )
 
 
 class UpdateFn:
@@ -179,7 +186,10 @@ class UpdateFn:
 SMALL_MLP_WIDTH = 128
 """Widest MLP layer the memory-optimized schedule is used for (see `learner_compiler_options`)."""
 
-USER_SCHEDULER_FLAGS = ("--xla_cpu_scheduler_type", "--xla_cpu_enable_concurrency_optimized_scheduler")
+USER_SCHEDULER_FLAGS = (
+    "--xla_cpu_scheduler_type",
+    "--xla_cpu_enable_concurrency_optimized_scheduler",
+)
 
 
 def learner_compiler_options(network: NetworkConfig, mesh: Mesh) -> dict[str, str] | None:
@@ -244,7 +254,11 @@ def place_normalizer(normalizer: Normalizer, mesh: Mesh) -> Normalizer:
     onto a multi-process mesh built arrays no program could use."""
     shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), normalizer_specs(normalizer))
     host = jax.device_get(normalizer)
-    return jax.tree.map(lambda sharding, part: jax.tree.map(lambda x: global_array(x, sharding), part), shardings, host)
+    return jax.tree.map(
+        lambda sharding, part: jax.tree.map(lambda x: global_array(x, sharding), part),
+        shardings,
+        host,
+    )
 
 
 def make_normalize_fn(
@@ -266,6 +280,9 @@ def make_normalize_fn(
     trajs_spec = (TRAJECTORY_SPEC,) * num_actors
     behaviour_spec = (P(),) * num_actors if cfg.obs else ()
     sharded = jax.shard_map(
-        body, mesh=mesh, in_specs=(specs, trajs_spec, behaviour_spec), out_specs=(specs, trajs_spec, P())
+        body,
+        mesh=mesh,
+        in_specs=(specs, trajs_spec, behaviour_spec),
+        out_specs=(specs, trajs_spec, P()),
     )
     return jax.jit(sharded, compiler_options=compiler_options)

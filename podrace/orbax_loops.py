@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 DRAIN_S = 30.0
 """Longest a failed read waits for its other reads to finish before its loop is closed."""

@@ -12,7 +12,8 @@ import collections
 import dataclasses
 import threading
 import time
-from typing import Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 import jax
 
@@ -78,7 +79,14 @@ class LagExceeded(RuntimeError):
 class Pipeline:
     """One queue per actor; `next_batch` returns one rollout per actor, in actor order."""
 
-    def __init__(self, num_actors: int, capacity: int, max_policy_lag: int, lifetime: Lifetime, first_seq: int = 0):
+    def __init__(
+        self,
+        num_actors: int,
+        capacity: int,
+        max_policy_lag: int,
+        lifetime: Lifetime,
+        first_seq: int = 0,
+    ):
         self.queues = [BoundedQueue[Rollout](capacity, lifetime) for _ in range(num_actors)]
         self.max_policy_lag = max_policy_lag
         self._expected_seq = [first_seq] * num_actors

@@ -82,7 +82,12 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
             env=EnvConfig(id="Pendulum-v1", num_envs=16),
             network=NetworkConfig(torso="mlp", hidden_sizes=(64, 64), activation="tanh"),
             ppo=PPOConfig(
-                learning_rate=1e-3, gamma=0.95, num_epochs=10, num_minibatches=8, ent_coef=0.0, max_grad_norm=0.5
+                learning_rate=1e-3,
+                gamma=0.95,
+                num_epochs=10,
+                num_minibatches=8,
+                ent_coef=0.0,
+                max_grad_norm=0.5,
             ),
             layout=LayoutConfig(actors_per_device=2),
             eval=EvalConfig(every_updates=100, episodes=8, num_envs=8),
@@ -211,7 +216,9 @@ PRESETS["halfcheetah-ppo"] = (
         total_steps=1_000_000,
         rollout_length=2048,
         env=EnvConfig(id="HalfCheetah-v4", backend="envpool", num_envs=1),
-        network=NetworkConfig(torso="mlp", hidden_sizes=(64, 64), activation="tanh", shared_torso=False),
+        network=NetworkConfig(
+            torso="mlp", hidden_sizes=(64, 64), activation="tanh", shared_torso=False
+        ),
         ppo=PPOConfig(
             learning_rate=3e-4,
             anneal_lr=True,

@@ -18,7 +18,15 @@ import orbax.checkpoint as ocp
 
 from podrace import json_text
 from podrace.algos.base import TrainState
-from podrace.checkpoint import FORMAT, MANIFEST, RunState, file_sha256, orbax_checkpointer, resolve_step, spec_json
+from podrace.checkpoint import (
+    FORMAT,
+    MANIFEST,
+    RunState,
+    file_sha256,
+    orbax_checkpointer,
+    resolve_step,
+    spec_json,
+)
 from podrace.config import ConfigError, TrainConfig
 from podrace.config_dict import config_from_dict
 from podrace.orbax_loops import draining_loops
@@ -33,44 +41,72 @@ def verify_manifest(step_dir: Path) -> None:
     older podrace killed before its manifest: either way it cannot be verified."""
     manifest_path = step_dir / MANIFEST
     if not manifest_path.is_file():
-        raise ConfigError(f"corrupt checkpoint: {step_dir} has no {MANIFEST}, so its files cannot be verified "
-                          "(move the step out of the checkpoints folder to use an earlier one)")
+        raise ConfigError(
+            f"corrupt checkpoint: {step_dir} has no {MANIFEST}, so its files cannot be verified "
+            "(move the step out of the checkpoints folder to use an earlier one)"
+        )
     try:
         files = _manifest_files(json_text.loads(manifest_path.read_bytes()))
     except (ValueError, KeyError, TypeError) as error:  # UnicodeDecodeError is a ValueError
         text = " ".join(str(error).split())[:200]
-        raise ConfigError(f"corrupt checkpoint: {manifest_path} is not a valid manifest ({text})") from None
+        raise ConfigError(
+            f"corrupt checkpoint: {manifest_path} is not a valid manifest ({text})"
+        ) from None
     except OSError as error:
-        raise ConfigError(f"corrupt checkpoint: cannot read {manifest_path}: {error.strerror or error}") from None
+        raise ConfigError(
+            f"corrupt checkpoint: cannot read {manifest_path}: {error.strerror or error}"
+        ) from None
     for name, expected in files.items():
         path = step_dir / name
         if not path.is_file():
             raise ConfigError(f"corrupt checkpoint: {path} is missing")
         size = path.stat().st_size
         if size != expected["bytes"]:
-            raise ConfigError(f"corrupt checkpoint: {path} has {size} bytes, {expected['bytes']} were written")
+            raise ConfigError(
+                f"corrupt checkpoint: {path} has {size} bytes, {expected['bytes']} were written"
+            )
         if file_sha256(path) != expected["sha256"]:
-            raise ConfigError(f"corrupt checkpoint: {path} differs from what was written (SHA-256 mismatch)")
+            raise ConfigError(
+                f"corrupt checkpoint: {path} differs from what was written (SHA-256 mismatch)"
+            )
     for path in sorted(step_dir.rglob("*")):  # orbax reads what it finds, listed or not
-        if path.is_file() and path != manifest_path and path.relative_to(step_dir).as_posix() not in files:
-            raise ConfigError(f"corrupt checkpoint: {path} is not in the manifest (added after the checkpoint was written)")
+        if (
+            path.is_file()
+            and path != manifest_path
+            and path.relative_to(step_dir).as_posix() not in files
+        ):
+            raise ConfigError(
+                f"corrupt checkpoint: {path} is not in the manifest (added after the checkpoint was written)"
+            )
 
 
 def _manifest_files(manifest: object) -> dict[str, dict]:
     """The manifest's {relative path: {"bytes": int, "sha256": hex}}; ValueError for any other shape."""
     files = manifest["files"] if isinstance(manifest, dict) else None
     if not isinstance(files, dict):
-        raise ValueError(f"'files' must map file names to sizes and hashes, got {type(files).__name__}")
+        raise ValueError(
+            f"'files' must map file names to sizes and hashes, got {type(files).__name__}"
+        )
     for name, entry in files.items():
         inside = not Path(name).is_absolute() and ".." not in Path(name).parts
         size = entry.get("bytes") if isinstance(entry, dict) else None
         digest = entry.get("sha256") if isinstance(entry, dict) else None
-        if not (inside and isinstance(size, int) and not isinstance(size, bool) and size >= 0
-                and isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest)):
-            raise ValueError(f"entry {name!r} must be a file in the checkpoint with 'bytes' and 'sha256', "
-                             f"got {json.dumps(entry)[:80]}")
+        if not (
+            inside
+            and isinstance(size, int)
+            and not isinstance(size, bool)
+            and size >= 0
+            and isinstance(digest, str)
+            and re.fullmatch(r"[0-9a-f]{64}", digest)
+        ):
+            raise ValueError(
+                f"entry {name!r} must be a file in the checkpoint with 'bytes' and 'sha256', "
+                f"got {json.dumps(entry)[:80]}"
+            )
     if manifest.get("format") != FORMAT:
-        raise ValueError(f"format {json.dumps(manifest.get('format'))[:20]}, this podrace writes {FORMAT}")
+        raise ValueError(
+            f"format {json.dumps(manifest.get('format'))[:20]}, this podrace writes {FORMAT}"
+        )
     return files
 
 
@@ -80,7 +116,11 @@ def _corrupt(step_dir: Path, item: str, error: Exception) -> ConfigError:
     files = re.findall(r'local file "([^"]+)"', text)
     where = files[-1] if files else str(step_dir / item)
     what = text.split("[tensorstore_spec")[0]
-    what = what.rsplit(f'"{where}":', 1)[-1].strip(" :;") if files else f"{type(error).__name__}: {what}"
+    what = (
+        what.rsplit(f'"{where}":', 1)[-1].strip(" :;")
+        if files
+        else f"{type(error).__name__}: {what}"
+    )
     return ConfigError(f"corrupt checkpoint: {where}: {what[:300]}")
 
 
@@ -93,8 +133,14 @@ def _read_item(step_dir: Path, item: str, read: typing.Callable[[ocp.Checkpointe
         raise _corrupt(step_dir, item, error) from None
 
 
-_META_FIELDS = {"config": dict, "env_spec": dict, "version": int, "env_steps": int, "episodes": int,
-                "actor_next_seq": list}
+_META_FIELDS = {
+    "config": dict,
+    "env_spec": dict,
+    "version": int,
+    "env_steps": int,
+    "episodes": int,
+    "actor_next_seq": list,
+}
 _OPTIONAL_META = {"time_s": (int, float), "skipped_updates": int}
 
 
@@ -115,12 +161,18 @@ def _check_meta(step_dir: Path, meta: dict) -> None:
         if ok and name == "actor_next_seq":
             ok = bool(value) and all(count(v) for v in value)
         if not ok:
-            wanted = {int: "a non-negative integer", dict: "a mapping", list: "a list of non-negative integers"}[kind]
+            wanted = {
+                int: "a non-negative integer",
+                dict: "a mapping",
+                list: "a list of non-negative integers",
+            }[kind]
             raise problem(name, f"{name!r} must be {wanted}, got {json.dumps(value)[:80]}")
     for name, kinds in _OPTIONAL_META.items():
         value = meta.get(name, 0)
         if isinstance(value, bool) or not isinstance(value, kinds) or value < 0:
-            raise problem(name, f"{name!r} must be a non-negative number, got {json.dumps(value)[:80]}")
+            raise problem(
+                name, f"{name!r} must be a non-negative number, got {json.dumps(value)[:80]}"
+            )
 
 
 def _stored_config(step_dir: Path, meta: dict) -> TrainConfig:
@@ -133,7 +185,9 @@ def _stored_config(step_dir: Path, meta: dict) -> TrainConfig:
     except ConfigError as error:
         raise ConfigError(f"corrupt checkpoint: {error}") from None
     except (TypeError, ValueError) as error:
-        raise ConfigError(f"corrupt checkpoint: {where}: {' '.join(str(error).split())[:200]}") from None
+        raise ConfigError(
+            f"corrupt checkpoint: {where}: {' '.join(str(error).split())[:200]}"
+        ) from None
     try:
         validate(cfg)
     except ConfigError as error:
@@ -147,10 +201,16 @@ def _read(directory: Path, step: int | None) -> tuple[int, Path, dict, TrainConf
     step = resolve_step(directory, step)
     step_dir = directory / str(step)
     verify_manifest(step_dir)
-    meta = _read_item(step_dir, "meta", lambda c: c.restore(step_dir, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"])
+    meta = _read_item(
+        step_dir,
+        "meta",
+        lambda c: c.restore(step_dir, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"],
+    )
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else None
-        raise ConfigError(f"checkpoint {step_dir} has format {found}, this podrace reads format {FORMAT}")
+        raise ConfigError(
+            f"checkpoint {step_dir} has format {found}, this podrace reads format {FORMAT}"
+        )
     _check_meta(step_dir, meta)
     return step, step_dir, meta, _stored_config(step_dir, meta)
 
@@ -177,20 +237,29 @@ def _flat_shapes(tree: PyTree) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         return str(key)
 
     leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return {".".join(part(k) for k in path): (tuple(x.shape), np.dtype(x.dtype)) for path, x in leaves}
+    return {
+        ".".join(part(k) for k in path): (tuple(x.shape), np.dtype(x.dtype)) for path, x in leaves
+    }
 
 
-def _check_fits(step_dir: Path, meta: dict, cfg: TrainConfig, like: RunState, spec: EnvSpec) -> None:
+def _check_fits(
+    step_dir: Path, meta: dict, cfg: TrainConfig, like: RunState, spec: EnvSpec
+) -> None:
     stored, current = meta["env_spec"], spec_json(spec)
     for name, value in stored.items():
         if current.get(name) != value:
-            why = " (Discrete observations are one-hot since podrace 2026-12-06; this run predates it)" if (
-                name == "obs_shape" and value == [] and current.get("obs_dtype") == "float32") else ""
+            why = (
+                " (Discrete observations are one-hot since podrace 2026-12-06; this run predates it)"
+                if (name == "obs_shape" and value == [] and current.get("obs_dtype") == "float32")
+                else ""
+            )
             raise ConfigError(
                 f"checkpoint {step_dir} was saved for env {cfg.env.id!r} with {name} {value}, "
                 f"the config's env has {current.get(name)}{why}"
             )
-    metadata = _read_item(step_dir, "arrays", lambda c: c.metadata(step_dir).item_metadata["arrays"])
+    metadata = _read_item(
+        step_dir, "arrays", lambda c: c.metadata(step_dir).item_metadata["arrays"]
+    )
     saved = {
         m.name: (tuple(m.shape), np.dtype(m.dtype))
         for m in jax.tree.leaves(getattr(metadata, "tree", metadata))
@@ -203,8 +272,14 @@ def _check_fits(step_dir: Path, meta: dict, cfg: TrainConfig, like: RunState, sp
             problems.append(f"{name} is missing from the checkpoint")
         elif saved[name] != (shape, dtype):
             s_shape, s_dtype = saved[name]
-            problems.append(f"{name} is {s_dtype.name}{list(s_shape)} in the checkpoint, {dtype.name}{list(shape)} under this config")
-    problems += [f"{name} is in the checkpoint but not in this config" for name in saved if name not in wanted]
+            problems.append(
+                f"{name} is {s_dtype.name}{list(s_shape)} in the checkpoint, {dtype.name}{list(shape)} under this config"
+            )
+    problems += [
+        f"{name} is in the checkpoint but not in this config"
+        for name in saved
+        if name not in wanted
+    ]
     if problems:
         more = f" (and {len(problems) - 1} more differences)" if len(problems) > 1 else ""
         raise ConfigError(f"checkpoint {step_dir} does not fit this config: {problems[0]}{more}")
@@ -222,8 +297,10 @@ def restore(directory: Path, like: RunState, spec: EnvSpec, step: int | None = N
     _check_fits(step_dir, meta, cfg, like, spec)
     actors = like.actor_keys.shape[0]  # as saved: _check_fits compared the shapes
     if len(meta["actor_next_seq"]) != actors:
-        raise ConfigError(f"corrupt checkpoint: {step_dir / 'meta'}: 'actor_next_seq' has "
-                          f"{len(meta['actor_next_seq'])} entries for {actors} actors")
+        raise ConfigError(
+            f"corrupt checkpoint: {step_dir / 'meta'}: 'actor_next_seq' has "
+            f"{len(meta['actor_next_seq'])} entries for {actors} actors"
+        )
 
     def target(x):
         sharding = getattr(x, "sharding", None)
@@ -232,8 +309,13 @@ def restore(directory: Path, like: RunState, spec: EnvSpec, step: int | None = N
         return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
 
     template = jax.tree.map(target, like.arrays())
-    arrays = _read_item(step_dir, "arrays",
-                        lambda c: c.restore(step_dir, args=ocp.args.Composite(arrays=ocp.args.StandardRestore(template))))
+    arrays = _read_item(
+        step_dir,
+        "arrays",
+        lambda c: c.restore(
+            step_dir, args=ocp.args.Composite(arrays=ocp.args.StandardRestore(template))
+        ),
+    )
     arrays = arrays["arrays"]
     return RunState(
         train_state=TrainState(*arrays["train_state"]),

@@ -12,7 +12,7 @@ import os
 import re
 import sys
 import traceback
-from typing import Sequence
+from collections.abc import Sequence
 
 from podrace.config import ConfigError, TrainConfig
 from podrace.control import ComponentError, ExplainedError
@@ -26,7 +26,13 @@ from podrace.validation import validate
 
 def explains_itself(error: BaseException) -> bool:
     """Failures whose one-line message is the whole story (no traceback helps the user)."""
-    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS):
+    if isinstance(error, OSError) and error.errno in (
+        errno.ENOSPC,
+        errno.EDQUOT,
+        errno.EACCES,
+        errno.EPERM,
+        errno.EROFS,
+    ):
         return True  # the message names the path and what the system refused
     # A full disk under a checkpoint write reaches us as orbax/TensorStore's ValueError.
     if isinstance(error, ExplainedError) or "No space left on device" in str(error):
@@ -37,11 +43,12 @@ def explains_itself(error: BaseException) -> bool:
 def parse_train(args: Sequence[str]) -> TrainConfig:
     import tyro
 
+    from podrace.arguments import parse
     from podrace.presets import PRESETS
 
-    from podrace.arguments import parse
-
-    return parse(lambda: tyro.extras.overridable_config_cli(PRESETS, prog="podrace train", args=list(args)))
+    return parse(
+        lambda: tyro.extras.overridable_config_cli(PRESETS, prog="podrace train", args=list(args))
+    )
 
 
 def split_resume(args: Sequence[str]) -> tuple[tuple[str, int | None] | None, list[str]]:
@@ -69,9 +76,13 @@ def split_resume(args: Sequence[str]) -> tuple[tuple[str, int | None] | None, li
         return None, rest
     step = found.get("--resume-from")
     if step is not None and not (re.fullmatch(r"[0-9]+", step) and int(step) < 2**31):
-        raise ConfigError(f"--resume-from must be a checkpoint step (a non-negative integer), got {step!r}")
+        raise ConfigError(
+            f"--resume-from must be a checkpoint step (a non-negative integer), got {step!r}"
+        )
     if rest and not rest[0].startswith("-"):
-        raise ConfigError(f"--resume continues a run with the config of its checkpoint; drop {rest[0]!r}")
+        raise ConfigError(
+            f"--resume continues a run with the config of its checkpoint; drop {rest[0]!r}"
+        )
     return (found["--resume"], None if step is None else int(step)), rest
 
 
@@ -82,7 +93,13 @@ def parse_resumed(run_dir: str, step: int | None, args: Sequence[str]):
 
     import tyro
 
-    from podrace.runtime.resume import Resume, check_changes, check_run_dir, run_config_json, stored_config
+    from podrace.runtime.resume import (
+        Resume,
+        check_changes,
+        check_run_dir,
+        run_config_json,
+        stored_config,
+    )
     from podrace.runtime.run_lock import RunLock
 
     early = run_config_json(Path(run_dir))
@@ -90,11 +107,17 @@ def parse_resumed(run_dir: str, step: int | None, args: Sequence[str]):
         set_xla_flags(early)  # opening the checkpoint starts JAX's backend
     resume = Resume(Path(run_dir), step)
     check_run_dir(resume.run_dir)
-    RunLock(resume.run_dir).release()  # a run still writing it is "in use" before its checkpoints are read
+    RunLock(
+        resume.run_dir
+    ).release()  # a run still writing it is "in use" before its checkpoints are read
     step, stored = stored_config(resume)
     from podrace.arguments import parse
 
-    cfg = parse(lambda: tyro.cli(TrainConfig, default=stored, args=list(args), prog="podrace train --resume RUN_DIR"))
+    cfg = parse(
+        lambda: tyro.cli(
+            TrainConfig, default=stored, args=list(args), prog="podrace train --resume RUN_DIR"
+        )
+    )
     check_changes(stored, cfg, step)
     return Resume(Path(run_dir), step, step_was_latest=resume.step is None), cfg
 
@@ -153,7 +176,9 @@ class Training:
             set_xla_flags(cfg)
             self.distributed = distributed_requested(cfg)
             if resume is not None and (self.distributed or cfg.runtime == "ray"):
-                raise ConfigError("--resume works with the thread runtime on one host (not --runtime ray or --distributed.*)")
+                raise ConfigError(
+                    "--resume works with the thread runtime on one host (not --runtime ray or --distributed.*)"
+                )
             if not self.distributed:  # multi-host: checked by every process, together
                 resolve_backend(cfg.env)
                 if resume is None:
@@ -162,7 +187,9 @@ class Training:
 
             if cfg.runtime == "ray":
                 if self.distributed:
-                    raise ConfigError("--runtime ray cannot be combined with --distributed.*: run one learner process")
+                    raise ConfigError(
+                        "--runtime ray cannot be combined with --distributed.*: run one learner process"
+                    )
                 from podrace.runtime.ray_cluster import check_auth_not_disabled, import_ray
 
                 # Ray's C++ crash handler also catches SIGTERM and re-raises it after ours,
@@ -182,7 +209,11 @@ class Training:
             if self.signals.received:
                 lifetime.stop(f"{self.signals.name} received")
             try:
-                self.run = prepare(cfg, lifetime) if resume is None else prepare(cfg, lifetime, resume=resume)
+                self.run = (
+                    prepare(cfg, lifetime)
+                    if resume is None
+                    else prepare(cfg, lifetime, resume=resume)
+                )
                 result = self.run.run()
                 if self.distributed:
                     self.run.leave(lambda: self.signals.received)
@@ -213,8 +244,12 @@ class Training:
         if self.signals.received:
             return self.stopped()
         final = result.final_eval
-        evaluation = f"final eval return {final.mean_return:.1f}" if final else "no final evaluation"
-        skipped = f" ({result.skipped_updates} skipped as non-finite)" if result.skipped_updates else ""
+        evaluation = (
+            f"final eval return {final.mean_return:.1f}" if final else "no final evaluation"
+        )
+        skipped = (
+            f" ({result.skipped_updates} skipped as non-finite)" if result.skipped_updates else ""
+        )
         if self.distributed and final is None:
             evaluation += " (only process 0 evaluates)"
         checkpoint = getattr(result, "checkpoint", None)
@@ -236,10 +271,18 @@ class Training:
         process exits while threads still run (the grace period is over)."""
         checkpoints = getattr(self.run, "checkpoints", None)  # thread runtime only
         latest = checkpoints.latest if checkpoints is not None else None
-        saved = f"; checkpoint {latest} saved (podrace train --resume {self.run.run_dir})" if latest is not None else ""
+        saved = (
+            f"; checkpoint {latest} saved (podrace train --resume {self.run.run_dir})"
+            if latest is not None
+            else ""
+        )
         writing = checkpoints.writing if checkpoints is not None else None
         if writing is not None:
-            kept = f"checkpoint {latest} is the latest" if latest is not None else "earlier checkpoints are kept"
+            kept = (
+                f"checkpoint {latest} is the latest"
+                if latest is not None
+                else "earlier checkpoints are kept"
+            )
             line = f"stopped; checkpoint {writing} did not finish writing in time and is discarded; {kept}"
         elif left_behind:
             line = f"stopped; threads still busy in native code are left behind{saved}"

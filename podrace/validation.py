@@ -13,7 +13,6 @@ import typing
 from podrace.config import ConfigError, DistributedConfig, RayConfig, TrainConfig, leaves, resolved
 from podrace.config_dict import fits, type_name
 
-
 INT32_MAX = 2**31 - 1
 """Sizes, ids and counters end up in int32 arrays (shapes, env seeds, step counters)."""
 FLOAT32_MAX = 3.4028234663852886e38
@@ -41,10 +40,14 @@ def _check_every_field(cfg: TrainConfig) -> None:
             if isinstance(item, float) and not math.isfinite(item):
                 raise ConfigError(f"{name} must be a finite number, got {item}")
             if isinstance(item, float) and abs(item) > FLOAT32_MAX:
-                raise ConfigError(f"{name} must be at most {FLOAT32_MAX:.4g} in magnitude (float32), got {item:g}")
+                raise ConfigError(
+                    f"{name} must be at most {FLOAT32_MAX:.4g} in magnitude (float32), got {item:g}"
+                )
             if isinstance(item, int) and not isinstance(item, bool) and name != "total_steps":
                 if abs(item) > INT32_MAX:
-                    raise ConfigError(f"{name} must be at most {INT32_MAX:,} in magnitude, got {item:,}")
+                    raise ConfigError(
+                        f"{name} must be at most {INT32_MAX:,} in magnitude, got {item:,}"
+                    )
             if isinstance(item, str) and "\0" in item:
                 raise ConfigError(f"{name} must not contain a NUL character")
 
@@ -60,9 +63,13 @@ def _check_folder_name(name: str, value: str) -> None:
     long, and no control characters (a newline or escape in a path breaks logs, shells and
     scripts)."""
     if value in ("", ".", "..") or "/" in value or "\\" in value:
-        raise ConfigError(f"{name} must be a plain folder name (no '/' or '\\', not '.' or '..'), got {value!r}")
+        raise ConfigError(
+            f"{name} must be a plain folder name (no '/' or '\\', not '.' or '..'), got {value!r}"
+        )
     if any(ord(char) < 32 or ord(char) == 127 for char in value):
-        raise ConfigError(f"{name} must not contain control characters (newline, tab, escape...), got {value!r}")
+        raise ConfigError(
+            f"{name} must not contain control characters (newline, tab, escape...), got {value!r}"
+        )
     if not value.strip():
         raise ConfigError(f"{name} must not be only whitespace, got {value!r}")
     size = len(value.encode("utf-8", "surrogateescape"))
@@ -101,7 +108,9 @@ def check_types(cfg: object, where: str = "") -> None:
     parser and config.json are checked already) may hold anything, and a wrong type would
     fail later with a TypeError in the middle of the run's set-up, or not at all."""
     if not where and not isinstance(cfg, TrainConfig):
-        raise ConfigError(f"the config must be a TrainConfig (e.g. podrace.presets.get(name)), got {type(cfg).__name__}")
+        raise ConfigError(
+            f"the config must be a TrainConfig (e.g. podrace.presets.get(name)), got {type(cfg).__name__}"
+        )
     hints = typing.get_type_hints(type(cfg))
     for field in dataclasses.fields(cfg):
         name, value, hint = f"{where}{field.name}", getattr(cfg, field.name), hints[field.name]
@@ -143,7 +152,9 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.env.num_threads is not None:
         positive("env.num_threads", cfg.env.num_threads)
         if cfg.env.num_threads > MAX_ENV_THREADS:
-            raise ConfigError(f"env.num_threads must be at most {MAX_ENV_THREADS}, got {cfg.env.num_threads:,}")
+            raise ConfigError(
+                f"env.num_threads must be at most {MAX_ENV_THREADS}, got {cfg.env.num_threads:,}"
+            )
     positive("layout.actors_per_device", cfg.layout.actors_per_device)
     if cfg.layout.actors_per_device > MAX_ACTORS_PER_DEVICE:
         raise ConfigError(
@@ -154,7 +165,9 @@ def validate(cfg: TrainConfig) -> None:
     positive("layout.scan_unroll", cfg.layout.scan_unroll)
     positive("layout.cpu_devices", cfg.layout.cpu_devices)
     if cfg.layout.cpu_devices > MAX_CPU_DEVICES:
-        raise ConfigError(f"layout.cpu_devices must be at most {MAX_CPU_DEVICES}, got {cfg.layout.cpu_devices}")
+        raise ConfigError(
+            f"layout.cpu_devices must be at most {MAX_CPU_DEVICES}, got {cfg.layout.cpu_devices}"
+        )
     positive("eval.episodes", cfg.eval.episodes)
     positive("eval.num_envs", cfg.eval.num_envs)
     within("log.interval_s", cfg.log.interval_s, MIN_LOG_INTERVAL_S, MAX_WAIT_S)
@@ -167,7 +180,9 @@ def validate(cfg: TrainConfig) -> None:
     positive("normalize.obs_clip", cfg.normalize.obs_clip)
     positive("normalize.reward_clip", cfg.normalize.reward_clip)
     if not cfg.log.run_dir.strip():  # Path("") is the working directory: say "." for that
-        raise ConfigError(f"log.run_dir must name a folder (\".\" for the working directory), got {cfg.log.run_dir!r}")
+        raise ConfigError(
+            f'log.run_dir must name a folder ("." for the working directory), got {cfg.log.run_dir!r}'
+        )
     positive("checkpoint.keep", cfg.checkpoint.keep)
     non_negative("checkpoint.every_updates", cfg.checkpoint.every_updates)
     if cfg.checkpoint.every_updates and (cfg.runtime == "ray" or cfg.distributed.requested):
@@ -197,9 +212,13 @@ def validate(cfg: TrainConfig) -> None:
         if len(set(ids)) != len(ids):
             raise ConfigError(f"{name} has repeated device ids: {list(ids)}")
     if cfg.eval.device_id is not None and cfg.eval.device_id < 0:
-        raise ConfigError(f"eval.device_id must be a non-negative device id, got {cfg.eval.device_id}")
+        raise ConfigError(
+            f"eval.device_id must be a non-negative device id, got {cfg.eval.device_id}"
+        )
     if not cfg.network.hidden_sizes or any(h <= 0 for h in cfg.network.hidden_sizes):
-        raise ConfigError(f"network.hidden_sizes must be positive widths, got {list(cfg.network.hidden_sizes)}")
+        raise ConfigError(
+            f"network.hidden_sizes must be positive widths, got {list(cfg.network.hidden_sizes)}"
+        )
     _validate_algos(cfg)
     _validate_sizes(cfg)
 
@@ -290,7 +309,9 @@ def validate_distributed(d: DistributedConfig) -> None:
     if d.num_processes is not None and d.num_processes < 1:
         raise ConfigError(f"distributed.num_processes must be positive, got {d.num_processes}")
     if (d.num_processes is None) != (d.process_id is None):
-        raise ConfigError("distributed.num_processes and distributed.process_id must be given together")
+        raise ConfigError(
+            "distributed.num_processes and distributed.process_id must be given together"
+        )
     if d.process_id is not None and not 0 <= d.process_id < d.num_processes:
         raise ConfigError(
             f"distributed.process_id must be in 0..{d.num_processes - 1}, got {d.process_id}"

@@ -13,8 +13,8 @@ import os
 import pickle
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -26,7 +26,6 @@ MAX_VIDEO_FRAMES = 3000
 VIDEO_FPS = 30
 RENDER_CHECK_TIMEOUT_S = 120.0
 """The child that renders one frame: an env's import and first frame, with room for a busy machine."""
-
 
 
 class _RenderEnv:
@@ -41,10 +40,19 @@ class _RenderEnv:
             from podrace.envs.resolve import is_envpool_atari
 
             try:
-                self.env = envpool.make(cfg.id, env_type="gymnasium", num_envs=1, batch_size=1, seed=seed,
-                                        render_mode="rgb_array", **make_kwargs(cfg))
+                self.env = envpool.make(
+                    cfg.id,
+                    env_type="gymnasium",
+                    num_envs=1,
+                    batch_size=1,
+                    seed=seed,
+                    render_mode="rgb_array",
+                    **make_kwargs(cfg),
+                )
             except Exception as error:
-                raise ConfigError(f"env {cfg.id!r} cannot be rendered by envpool: {_one_line(error)}") from None
+                raise ConfigError(
+                    f"env {cfg.id!r} cannot be rendered by envpool: {_one_line(error)}"
+                ) from None
             self.envpool, self.atari = True, is_envpool_atari(cfg.id)
         else:
             import gymnasium
@@ -54,7 +62,9 @@ class _RenderEnv:
             try:
                 self.env = gymnasium.make(cfg.id, render_mode="rgb_array", **make_kwargs(cfg))
             except Exception as error:  # e.g. DependencyNotInstalled (pygame) for classic control
-                raise ConfigError(f"env {cfg.id!r} cannot be rendered by Gymnasium: {_one_line(error)}") from None
+                raise ConfigError(
+                    f"env {cfg.id!r} cannot be rendered by Gymnasium: {_one_line(error)}"
+                ) from None
             self.envpool, self.atari = False, False
         self.one_hot = OneHotObs.of(self.env.observation_space)
 
@@ -67,7 +77,9 @@ class _RenderEnv:
     def step(self, action: np.ndarray) -> tuple[np.ndarray, bool]:
         if self.envpool:
             obs, _, terminated, truncated, info = self.env.step(action)
-            over = info["terminated"] if self.atari else terminated  # Atari: game over, not a lost life
+            over = (
+                info["terminated"] if self.atari else terminated
+            )  # Atari: game over, not a lost life
             return self._as_trained(obs), bool(over[0] or truncated[0])
         obs, _, terminated, truncated, _ = self.env.step(action[0])
         return self._as_trained(np.asarray(obs)[None]), bool(terminated or truncated)
@@ -84,7 +96,9 @@ class _RenderEnv:
         frame = None if frame is None else np.asarray(frame)
         if frame is None or frame.ndim != 3 or frame.shape[-1] != 3 or 0 in frame.shape:
             got = "None" if frame is None else f"an array of shape {list(frame.shape)}"
-            raise ConfigError(f"env {self.env_id!r} cannot be recorded: render() gave {got}, not an RGB frame")
+            raise ConfigError(
+                f"env {self.env_id!r} cannot be recorded: render() gave {got}, not an RGB frame"
+            )
         return frame
 
     def close(self) -> None:
@@ -103,7 +117,9 @@ def _rendering(cfg: EnvConfig, seed: int, use: Callable[[_RenderEnv], object]):
     except ConfigError:
         raise
     except Exception as error:  # e.g. NotImplementedError from an env without render()
-        raise ConfigError(f"env {cfg.id!r} cannot be recorded: {type(error).__name__}: {_one_line(error)[:300]}") from None
+        raise ConfigError(
+            f"env {cfg.id!r} cannot be recorded: {type(error).__name__}: {_one_line(error)[:300]}"
+        ) from None
     finally:
         env.close()
 
@@ -116,23 +132,39 @@ def check_renderable(cfg: EnvConfig, seed: int) -> None:
     `podrace eval`. Where the child could not render (an error, not its death), the check
     runs again here, whose answer counts: an env registered only in this process (a library
     user's `gymnasium.register`) is unknown to the child."""
-    child = [sys.executable, "-c", "from podrace.video import _render_check_child; _render_check_child()"]
+    child = [
+        sys.executable,
+        "-c",
+        "from podrace.video import _render_check_child; _render_check_child()",
+    ]
     try:
-        done = subprocess.run(child, input=pickle.dumps((cfg, seed)), capture_output=True,
-                              timeout=RENDER_CHECK_TIMEOUT_S)
+        done = subprocess.run(
+            child,
+            input=pickle.dumps((cfg, seed)),
+            capture_output=True,
+            timeout=RENDER_CHECK_TIMEOUT_S,
+        )
     except subprocess.TimeoutExpired:
-        raise ConfigError(f"env {cfg.id!r} gave no frame within {RENDER_CHECK_TIMEOUT_S:g}s of starting to render") from None
+        raise ConfigError(
+            f"env {cfg.id!r} gave no frame within {RENDER_CHECK_TIMEOUT_S:g}s of starting to render"
+        ) from None
     if done.returncode == 0:
         return
     if done.returncode == RENDER_CHECK_FAILED:
         _rendering(cfg, seed, _first_frame)
         return
-    lines = [line.strip() for out in (done.stderr, done.stdout)
-             for line in out.decode(errors="replace").splitlines() if line.strip()]
+    lines = [
+        line.strip()
+        for out in (done.stderr, done.stdout)
+        for line in out.decode(errors="replace").splitlines()
+        if line.strip()
+    ]
     ended = f"exit code {done.returncode}" if done.returncode > 0 else f"signal {-done.returncode}"
     said = f": {' '.join(lines[-1].split())[:300]}" if lines else ""
-    raise ConfigError(f"env {cfg.id!r} cannot be rendered here: rendering its first frame ended the process "
-                      f"({ended}){said}")
+    raise ConfigError(
+        f"env {cfg.id!r} cannot be rendered here: rendering its first frame ended the process "
+        f"({ended}){said}"
+    )
 
 
 RENDER_CHECK_FAILED = 3
@@ -181,13 +213,37 @@ def write_video(frames: list[np.ndarray], path: Path) -> None:
             from PIL import Image
 
             images = [Image.fromarray(np.asarray(f, np.uint8)) for f in frames]
-            images[0].save(tmp, format="GIF", save_all=True, append_images=images[1:],
-                           duration=round(1000 / VIDEO_FPS), loop=0)
+            images[0].save(
+                tmp,
+                format="GIF",
+                save_all=True,
+                append_images=images[1:],
+                duration=round(1000 / VIDEO_FPS),
+                loop=0,
+            )
         else:
             height, width = frames[0].shape[:2]
-            command = ["ffmpeg", "-loglevel", "error", "-y", "-f", "rawvideo", "-pix_fmt", "rgb24",
-                       "-s", f"{width}x{height}", "-r", str(VIDEO_FPS), "-i", "-",
-                       "-vf", "pad=ceil(iw/2)*2:ceil(ih/2)*2", "-pix_fmt", "yuv420p", str(tmp)]
+            command = [
+                "ffmpeg",
+                "-loglevel",
+                "error",
+                "-y",
+                "-f",
+                "rawvideo",
+                "-pix_fmt",
+                "rgb24",
+                "-s",
+                f"{width}x{height}",
+                "-r",
+                str(VIDEO_FPS),
+                "-i",
+                "-",
+                "-vf",
+                "pad=ceil(iw/2)*2:ceil(ih/2)*2",
+                "-pix_fmt",
+                "yuv420p",
+                str(tmp),
+            ]
             data = b"".join(np.ascontiguousarray(f, np.uint8).tobytes() for f in frames)
             result = subprocess.run(command, input=data, capture_output=True)
             if result.returncode:

@@ -71,7 +71,10 @@ def pytest_runtest_logfinish(nodeid, location):
     SIGINT, and a test that sends one then waits for a stop that never comes."""
     import signal
 
-    state = (signal.getsignal(signal.SIGINT), signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+    state = (
+        signal.getsignal(signal.SIGINT),
+        signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []),
+    )
     if _sigint_seen[0] is not None and state != _sigint_seen[0]:
         os.write(2, f"\npodrace-suite: SIGINT handler, blocked after {nodeid}: {state}\n".encode())
     _sigint_seen[0] = state

@@ -97,13 +97,23 @@ def fake_policy() -> PolicyFns:
     def stack(*fields):
         return tuple(jnp.stack(f) for f in fields)
 
-    return PolicyFns(step=jax.jit(step), value=jax.jit(lambda p, obs: jnp.zeros(obs.shape[0])),
-                     stack=jax.jit(stack), device=jax.devices()[0])
+    return PolicyFns(
+        step=jax.jit(step),
+        value=jax.jit(lambda p, obs: jnp.zeros(obs.shape[0])),
+        stack=jax.jit(stack),
+        device=jax.devices()[0],
+    )
 
 
 def make_actor(env, T=4, rollouts=3, lag=1, first_seq=0, params=None, lifetime=None):
-    settings = ActorSettings(actor_id=0, rollout_length=T, num_rollouts=rollouts, max_policy_lag=lag,
-                             key=jax.random.PRNGKey(0), first_seq=first_seq)
+    settings = ActorSettings(
+        actor_id=0,
+        rollout_length=T,
+        num_rollouts=rollouts,
+        max_policy_lag=lag,
+        key=jax.random.PRNGKey(0),
+        first_seq=first_seq,
+    )
     recorded = []
     control = Control(lifetime or Lifetime(), Heartbeat("actor-0"), recorded.append)
     sink = ListSink()
@@ -136,7 +146,9 @@ def test_autoreset_steps_are_invalid_exactly():
 @pytest.mark.timeout(60)
 def test_rollouts_are_stamped_and_wait_for_the_lag_bound():
     params = FakeParams(version=0)
-    actor, sink, recorded = make_actor(ScriptedEnv([{}, {}]), rollouts=3, lag=1, first_seq=5, params=params)
+    actor, sink, recorded = make_actor(
+        ScriptedEnv([{}, {}]), rollouts=3, lag=1, first_seq=5, params=params
+    )
     actor.run()
     assert [r.seq for r in sink.rollouts] == [5, 6, 7]
     assert [r.actor_id for r in sink.rollouts] == [0, 0, 0]
@@ -169,7 +181,9 @@ def test_env_errors_say_which_call_step_and_rollout():
             raise ValueError("kaput")
 
     actor, _, _ = make_actor(ScriptedEnv([{}, {}], on_step=boom), T=4)
-    with pytest.raises(EnvError, match=r"env.step raised at step 6 \(rollout 1\): ValueError: kaput"):
+    with pytest.raises(
+        EnvError, match=r"env.step raised at step 6 \(rollout 1\): ValueError: kaput"
+    ):
         actor.run()
 
     def bad_reset():
@@ -196,8 +210,11 @@ def test_reset_is_watched_by_the_heartbeat():
 @pytest.mark.timeout(60)
 def test_closed_params_channel_is_not_swallowed():
     params = FakeParams()
-    actor, sink, _ = make_actor(ScriptedEnv([{}, {}], on_step=lambda s: s == 5 and setattr(params, "closed", True)),
-                                rollouts=5, params=params)
+    actor, sink, _ = make_actor(
+        ScriptedEnv([{}, {}], on_step=lambda s: s == 5 and setattr(params, "closed", True)),
+        rollouts=5,
+        params=params,
+    )
     with pytest.raises(ChannelClosed):
         actor.run()
     assert len(sink.rollouts) == 2
@@ -209,7 +226,9 @@ def test_sampling_key_is_a_pure_function_of_the_raw_key():
 
     raw = jax.random.PRNGKey(7)
     a, b = sampling_key(raw), sampling_key(jax.random.key(7))  # raw and typed threefry keys agree
-    assert a.dtype == np.uint32 and a.shape == (4,)  # raw data: jitted calls take it on JAX's C++ path
+    assert a.dtype == np.uint32 and a.shape == (
+        4,
+    )  # raw data: jitted calls take it on JAX's C++ path
     np.testing.assert_array_equal(a, b)
     other = sampling_key(jax.random.PRNGKey(8))
     assert not np.array_equal(a, other)
@@ -271,9 +290,15 @@ def test_last_value_bootstraps_from_the_observation_after_the_rollout():
     # which observation was bootstrapped from.
     env = ScriptedEnv([{}, {}])
     actor, sink, _ = make_actor(env, T=4, rollouts=2)
-    actor.policy = PolicyFns(step=actor.policy.step, value=jax.jit(lambda p, obs: obs[:, 0] * 10.0),
-                             stack=actor.policy.stack, device=actor.policy.device)
+    actor.policy = PolicyFns(
+        step=actor.policy.step,
+        value=jax.jit(lambda p, obs: obs[:, 0] * 10.0),
+        stack=actor.policy.stack,
+        device=actor.policy.device,
+    )
     actor.run()
-    np.testing.assert_array_equal(np.asarray(sink.rollouts[0].trajectory.last_obs)[:, 0], [4.0, 4.0])
+    np.testing.assert_array_equal(
+        np.asarray(sink.rollouts[0].trajectory.last_obs)[:, 0], [4.0, 4.0]
+    )
     np.testing.assert_array_equal(np.asarray(sink.rollouts[0].trajectory.last_value), [40.0, 40.0])
     np.testing.assert_array_equal(np.asarray(sink.rollouts[1].trajectory.last_value), [80.0, 80.0])

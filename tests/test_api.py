@@ -68,7 +68,9 @@ def test_presets_get_returns_a_config_to_replace():
 def test_train_raises_config_error_before_writing(tmp_path, change, factory, message):
     base = podrace.presets.get("cartpole-ppo")
     cfg = dataclasses.replace(
-        base, env=dataclasses.replace(base.env, **change), log=dataclasses.replace(base.log, run_dir=str(tmp_path))
+        base,
+        env=dataclasses.replace(base.env, **change),
+        log=dataclasses.replace(base.log, run_dir=str(tmp_path)),
     )
     with pytest.raises(podrace.ConfigError, match=message):
         podrace.train(cfg, env_factory=factory)
@@ -82,14 +84,36 @@ def test_train_raises_config_error_before_writing(tmp_path, change, factory, mes
 def test_halfcheetah_ppo_follows_cleanrl_ppo_continuous_action():
     cfg = podrace.presets.get("halfcheetah-ppo")
     ppo = cfg.ppo
-    assert (cfg.env.id, cfg.env.backend, cfg.total_steps) == ("HalfCheetah-v4", "envpool", 1_000_000)
+    assert (cfg.env.id, cfg.env.backend, cfg.total_steps) == (
+        "HalfCheetah-v4",
+        "envpool",
+        1_000_000,
+    )
     assert (cfg.num_actors, cfg.env.num_envs, cfg.rollout_length) == (1, 1, 2048)
-    assert (ppo.learning_rate, ppo.anneal_lr, ppo.num_epochs, ppo.num_minibatches) == (3e-4, True, 10, 32)
-    assert (ppo.clip_coef, ppo.clip_value_loss, ppo.ent_coef, ppo.vf_coef, ppo.max_grad_norm) == (0.2, True, 0.0, 0.5, 0.5)
+    assert (ppo.learning_rate, ppo.anneal_lr, ppo.num_epochs, ppo.num_minibatches) == (
+        3e-4,
+        True,
+        10,
+        32,
+    )
+    assert (ppo.clip_coef, ppo.clip_value_loss, ppo.ent_coef, ppo.vf_coef, ppo.max_grad_norm) == (
+        0.2,
+        True,
+        0.0,
+        0.5,
+        0.5,
+    )
     assert (ppo.gamma, ppo.gae_lambda, ppo.norm_adv) == (0.99, 0.95, True)
-    assert cfg.normalize == podrace.NormalizeConfig(obs=True, obs_clip=10.0, reward=True, reward_clip=10.0)
+    assert cfg.normalize == podrace.NormalizeConfig(
+        obs=True, obs_clip=10.0, reward=True, reward_clip=10.0
+    )
     net = cfg.network
-    assert (net.torso, net.hidden_sizes, net.activation, net.shared_torso) == ("mlp", (64, 64), "tanh", False)
+    assert (net.torso, net.hidden_sizes, net.activation, net.shared_torso) == (
+        "mlp",
+        (64, 64),
+        "tanh",
+        False,
+    )
     spec = podrace.envs.env_spec(cfg.env)  # envpool ships MuJoCo: no mujoco package needed
     assert spec.obs_shape == (17,) and not spec.discrete and spec.action_shape == (6,)
     np.testing.assert_array_equal(spec.action_low, -np.ones(6))
@@ -112,7 +136,9 @@ def test_halfcheetah_ppo_trains_on_envpool_mujoco(tmp_path):
     )
     result = podrace.train(cfg)
     assert result.updates == 2 and result.env_steps == 512
-    assert np.isfinite(result.final_eval.mean_return) and result.final_eval.lengths.tolist() == [100]
+    assert np.isfinite(result.final_eval.mean_return) and result.final_eval.lengths.tolist() == [
+        100
+    ]
 
 
 @pytest.mark.slow
@@ -222,8 +248,13 @@ def test_ctrl_c_of_a_library_caller_stops_the_run_cleanly_then_raises_keyboard_i
     Ctrl-C (the run directory stayed locked: its resume said "in use" in this process; a
     run stopped before its first update stayed behind, unresumable)."""
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", CTRL_C_FROM_PYTHON, str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=220)
+    proc = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", CTRL_C_FROM_PYTHON, str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=220,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     preparing, twice = proc.stdout.splitlines()
     # podrace's handler while the run is prepared (the env probe saw it); Python's after

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from typing import Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -34,12 +34,12 @@ from podrace.checkpoint import (
     step_lock,
     write_manifest,
 )
-from podrace.restore import read_config, restore
 from podrace.config import ConfigError, TrainConfig, replace
 from podrace.config_dict import config_from_dict
 from podrace.envs import env_spec
 from podrace.learner_mesh import make_algorithm
 from podrace.networks import make_network
+from podrace.restore import read_config, restore
 from podrace.validation import validate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,7 +57,9 @@ def fresh_state(cfg: TrainConfig, seed: int = 0, version: int = 0) -> RunState:
     train_state = make_algorithm(cfg, network.apply).init(params)
     return RunState(
         train_state=train_state,
-        learner_keys=jax.random.split(jax.random.PRNGKey(seed + 1), cfg.num_actors * cfg.env.num_envs),
+        learner_keys=jax.random.split(
+            jax.random.PRNGKey(seed + 1), cfg.num_actors * cfg.env.num_envs
+        ),
         actor_keys=np.asarray(jax.random.split(jax.random.PRNGKey(seed + 2), cfg.num_actors)),
         actor_next_seq=tuple(range(version, version + cfg.num_actors)),
         version=version,
@@ -96,7 +98,11 @@ def test_round_trip_restores_every_field_onto_the_template_sharding(tmp_path):
     restored = restore(tmp_path, like, env_spec(cfg.env))
 
     assert_same_arrays(restored, states[4])
-    assert (restored.version, restored.env_steps, restored.episodes) == (4, 4 * cfg.steps_per_update, 12)
+    assert (restored.version, restored.env_steps, restored.episodes) == (
+        4,
+        4 * cfg.steps_per_update,
+        12,
+    )
     assert restored.actor_next_seq == states[4].actor_next_seq
     assert restored.learner_keys.sharding == sharding
     assert type(restored.train_state.opt_state) is type(states[4].train_state.opt_state)
@@ -191,7 +197,9 @@ def test_a_step_appears_only_with_its_manifest_and_one_without_is_refused(tmp_pa
     save_versions(tmp_path, cfg, [1, 2])
     assert listed_while_manifested == [[], [1]]
     (tmp_path / "2" / MANIFEST).unlink()
-    with pytest.raises(ConfigError, match=rf"^corrupt checkpoint: {tmp_path / '2'} has no {MANIFEST}, so its files"):
+    with pytest.raises(
+        ConfigError, match=rf"^corrupt checkpoint: {tmp_path / '2'} has no {MANIFEST}, so its files"
+    ):
         restore(tmp_path, fresh_state(cfg), env_spec(cfg.env))
     assert restore(tmp_path, fresh_state(cfg), env_spec(cfg.env), step=1).version == 1
 
@@ -213,29 +221,52 @@ def test_a_rotated_step_leaves_the_listing_before_its_files_are_deleted(tmp_path
     monkeypatch.undo()
     # left by a deletion, and by writes (this podrace's, an older one's), killed halfway:
     # the next writer clears them, and nothing else
-    leftovers = ["1.deleting", "5.partial", "6.partial.orbax-checkpoint-tmp", "7.orbax-checkpoint-tmp-18"]
-    kept = ["3.partial-notes", "4.deleting_old", "8.partial.bak", "9.orbax-checkpoint-tmp-mine", "notes.partial"]
+    leftovers = [
+        "1.deleting",
+        "5.partial",
+        "6.partial.orbax-checkpoint-tmp",
+        "7.orbax-checkpoint-tmp-18",
+    ]
+    kept = [
+        "3.partial-notes",
+        "4.deleting_old",
+        "8.partial.bak",
+        "9.orbax-checkpoint-tmp-mine",
+        "notes.partial",
+    ]
     for name in leftovers + kept:
         (tmp_path / name / "d").mkdir(parents=True)
     save_versions(tmp_path, cfg, [3])
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["3"] + kept)
 
     (tmp_path / "4.partial").write_text("not a directory podrace made")
-    with pytest.raises(ConfigError, match=rf"^{tmp_path / '4.partial'} is in the way of podrace's checkpoints"):
+    with pytest.raises(
+        ConfigError, match=rf"^{tmp_path / '4.partial'} is in the way of podrace's checkpoints"
+    ):
         Checkpointer(tmp_path, cfg, env_spec(cfg.env))
     assert (tmp_path / "4.partial").read_text() == "not a directory podrace made"
 
 
 @pytest.mark.timeout(60)
-def test_a_step_counts_as_saved_before_the_rotation_and_its_manifest_is_synced_before_it_appears(tmp_path, monkeypatch):
+def test_a_step_counts_as_saved_before_the_rotation_and_its_manifest_is_synced_before_it_appears(
+    tmp_path, monkeypatch
+):
     """A stop during a slow rotation must name the step just written as the latest; and
     a machine crash after the rename must not find an unsynced manifest."""
     cfg = tiny_config(**{"checkpoint.keep": 1})
     checkpointer = Checkpointer(tmp_path, cfg, env_spec(cfg.env))
     rotate, seen = checkpointer.rotate, []
-    monkeypatch.setattr(checkpointer, "rotate", lambda: (seen.append(checkpointer.metrics.last("checkpoint/version")), rotate()))
+    monkeypatch.setattr(
+        checkpointer,
+        "rotate",
+        lambda: (seen.append(checkpointer.metrics.last("checkpoint/version")), rotate()),
+    )
     synced, fsync = [], os.fsync
-    monkeypatch.setattr(podrace.checkpoint.os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), fsync(fd)))
+    monkeypatch.setattr(
+        podrace.checkpoint.os,
+        "fsync",
+        lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), fsync(fd)),
+    )
     try:
         for v in (1, 2):
             checkpointer.save(fresh_state(cfg, seed=v, version=v))
@@ -253,7 +284,9 @@ def test_a_version_saved_by_an_earlier_run_is_never_replaced(tmp_path):
     save_versions(tmp_path, cfg, [1, 2])
     with pytest.raises(Exception, match="already exists"):
         save_versions(tmp_path, cfg, [2])  # e.g. a run resumed from 1 reaching 2 again
-    assert_same_arrays(restore(tmp_path, fresh_state(cfg), env_spec(cfg.env)), fresh_state(cfg, seed=2, version=2))
+    assert_same_arrays(
+        restore(tmp_path, fresh_state(cfg), env_spec(cfg.env)), fresh_state(cfg, seed=2, version=2)
+    )
 
 
 @pytest.mark.timeout(30)
@@ -271,8 +304,10 @@ def test_due_every_n_updates(tmp_path):
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize(
     "changes,message",
-    [({"checkpoint.keep": 0}, "checkpoint.keep must be positive"),
-     ({"checkpoint.every_updates": -1}, "checkpoint.every_updates must be >= 0")],
+    [
+        ({"checkpoint.keep": 0}, "checkpoint.keep must be positive"),
+        ({"checkpoint.every_updates": -1}, "checkpoint.every_updates must be >= 0"),
+    ],
 )
 def test_checkpoint_settings_are_validated(changes, message):
     with pytest.raises(ConfigError, match=message):
@@ -321,7 +356,9 @@ KILLED_WRITER = textwrap.dedent(
 def test_sigkill_during_a_write_leaves_the_previous_checkpoint_loadable(tmp_path):
     directory, marker = tmp_path / "checkpoints", tmp_path / "marker"
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(directory), str(marker)], env=env, cwd=REPO)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WRITER, str(directory), str(marker)], env=env, cwd=REPO
+    )
     try:
         deadline = time.monotonic() + 200
         while not marker.exists():
@@ -330,7 +367,9 @@ def test_sigkill_during_a_write_leaves_the_previous_checkpoint_loadable(tmp_path
             time.sleep(0.1)
         written = [p for p in directory.iterdir() if p.name.startswith("2")]
         array_files = [q for p in written for q in p.rglob("d/*")]
-        assert array_files, "the kill must hit a write in progress (array data on disk, not committed)"
+        assert array_files, (
+            "the kill must hit a write in progress (array data on disk, not committed)"
+        )
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
     finally:
@@ -350,7 +389,9 @@ def test_sigkill_during_a_write_leaves_the_previous_checkpoint_loadable(tmp_path
 
 
 @pytest.mark.timeout(120)
-def test_a_failed_write_such_as_disk_full_surfaces_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
+def test_a_failed_write_such_as_disk_full_surfaces_and_keeps_the_last_checkpoint(
+    tmp_path, monkeypatch
+):
     cfg = tiny_config()
     checkpointer = Checkpointer(tmp_path, cfg, env_spec(cfg.env))
     try:
@@ -362,12 +403,19 @@ def test_a_failed_write_such_as_disk_full_surfaces_and_keeps_the_last_checkpoint
 
         monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", disk_full)
         checkpointer.save(fresh_state(cfg, seed=2, version=2))
-        with pytest.raises(CheckpointWriteFailed, match=f"^checkpoint 2 could not be written in {tmp_path}: .*No space left"):
+        with pytest.raises(
+            CheckpointWriteFailed,
+            match=f"^checkpoint 2 could not be written in {tmp_path}: .*No space left",
+        ):
             checkpointer.wait()
     finally:
         checkpointer.close()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["1"]  # the space of the failed write is given back
-    assert_same_arrays(restore(tmp_path, fresh_state(cfg), env_spec(cfg.env)), fresh_state(cfg, seed=1, version=1))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "1"
+    ]  # the space of the failed write is given back
+    assert_same_arrays(
+        restore(tmp_path, fresh_state(cfg), env_spec(cfg.env)), fresh_state(cfg, seed=1, version=1)
+    )
 
 
 STORAGE_REFUSES = textwrap.dedent(
@@ -402,11 +450,19 @@ def test_a_write_the_storage_refuses_is_one_line_without_orbaxs_tracebacks(tmp_p
     orbax's threads logged tracebacks with TensorStore's spec dump, and late callbacks into
     closed event loops printed "Event loop is closed" tracebacks, around podrace's error."""
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", STORAGE_REFUSES, str(tmp_path)], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=100)
+    proc = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", STORAGE_REFUSES, str(tmp_path)],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"CheckpointWriteFailed: checkpoint 2 could not be written in {tmp_path}: ")
+    assert len(lines) == 1 and lines[0].startswith(
+        f"CheckpointWriteFailed: checkpoint 2 could not be written in {tmp_path}: "
+    )
     assert "File too large" in lines[0] and "tensorstore_spec" not in lines[0]
     assert "Traceback" not in proc.stderr and "ERROR:absl" not in proc.stderr, proc.stderr[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["1"]
@@ -416,8 +472,10 @@ def test_a_write_the_storage_refuses_is_one_line_without_orbaxs_tracebacks(tmp_p
 
 
 def _largest_array_file(step_dir: Path) -> Path:
-    return max((p for p in (step_dir / "arrays").rglob("*") if p.is_file() and "/d/" in p.as_posix()),
-               key=lambda p: p.stat().st_size)
+    return max(
+        (p for p in (step_dir / "arrays").rglob("*") if p.is_file() and "/d/" in p.as_posix()),
+        key=lambda p: p.stat().st_size,
+    )
 
 
 def _flip_byte(path: Path) -> None:
@@ -427,11 +485,14 @@ def _flip_byte(path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("damage,message", [
-    (_flip_byte, "SHA-256 mismatch"),
-    (lambda p: os.truncate(p, 10), "has 10 bytes"),
-    (os.remove, "is missing"),
-])
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        (_flip_byte, "SHA-256 mismatch"),
+        (lambda p: os.truncate(p, 10), "has 10 bytes"),
+        (os.remove, "is missing"),
+    ],
+)
 def test_a_corrupt_checkpoint_names_the_file_and_what_is_wrong(tmp_path, damage, message):
     cfg = tiny_config()
     save_versions(tmp_path, cfg, [1])
@@ -458,13 +519,22 @@ def test_a_checkpoint_of_another_network_or_env_does_not_load(tmp_path):
     cfg = tiny_config()
     save_versions(tmp_path, cfg, [1])
     wider = tiny_config(**{"network.hidden_sizes": (16,)})
-    with pytest.raises(ConfigError, match=r"does not fit this config: train_state.params.params.policy_head.kernel is float32\[8, 2\] in the checkpoint, float32\[16, 2\] under this config \(and 7 more"):
+    with pytest.raises(
+        ConfigError,
+        match=r"does not fit this config: train_state.params.params.policy_head.kernel is float32\[8, 2\] in the checkpoint, float32\[16, 2\] under this config \(and 7 more",
+    ):
         restore(tmp_path, fresh_state(wider), env_spec(wider.env))
     more_actors = tiny_config(**{"layout.actors_per_device": 3})
-    with pytest.raises(ConfigError, match=r"actor_keys is uint32\[2, 2\] in the checkpoint, uint32\[3, 2\] under this config \(and 1 more"):
+    with pytest.raises(
+        ConfigError,
+        match=r"actor_keys is uint32\[2, 2\] in the checkpoint, uint32\[3, 2\] under this config \(and 1 more",
+    ):
         restore(tmp_path, fresh_state(more_actors), env_spec(more_actors.env))
     other_env = env_spec(dataclasses.replace(cfg.env, id="Pendulum-v1"))
-    with pytest.raises(ConfigError, match=r"saved for env 'CartPole-v1' with obs_shape \[4\], the config's env has \[3\]"):
+    with pytest.raises(
+        ConfigError,
+        match=r"saved for env 'CartPole-v1' with obs_shape \[4\], the config's env has \[3\]",
+    ):
         restore(tmp_path, fresh_state(cfg), other_env)
 
 
@@ -479,8 +549,11 @@ def test_a_run_that_fed_discrete_observations_as_numbers_is_refused_with_the_rea
         checkpointer.save(fresh_state(cfg, version=1))
     finally:
         checkpointer.close()
-    with pytest.raises(ConfigError, match=r"with obs_shape \[\], the config's env has \[16\] \(Discrete observations "
-                                          r"are one-hot since podrace 2026-12-06; this run predates it\)$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"with obs_shape \[\], the config's env has \[16\] \(Discrete observations "
+        r"are one-hot since podrace 2026-12-06; this run predates it\)$",
+    ):
         restore(tmp_path, fresh_state(cfg), current)
 
 
@@ -516,30 +589,90 @@ def _meta(edit: Callable[[dict], object]) -> Callable[[Path], None]:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("damage,message", [
-    (_manifest(b'{"files": [1, 2]}'), "is not a valid manifest ('files' must map file names to sizes and hashes, got list)"),
-    (_manifest(b'{"files": {"meta/metadata": {}}}'), "is not a valid manifest (entry 'meta/metadata' must be a file"),
-    (_manifest(b'{"files": {"../../x": {"bytes": 1, "sha256": "' + b"0" * 64 + b'"}}}'), "entry '../../x' must be a file"),
-    (_manifest(b"[3]"), "is not a valid manifest ('files' must map"),
-    (_manifest(b"[" * 100_000 + b"]" * 100_000), "is not a valid manifest (nested too deeply to decode"),
-    (_manifest(b'{"files": "\xff"}'), "is not a valid manifest ("),
-    (_manifest(b'{"format": 99, "files": {}}'), "is not a valid manifest (format 99, this podrace writes 1)"),
-    (_manifest(b'{"format": 1, "files": {}}'), "is not in the manifest (added after the checkpoint was written)"),
-    (_meta(lambda m: [m.pop(k) for k in list(m) if k != "format"]), "meta: 'config' is missing"),
-    (_meta(lambda m: m.pop("actor_next_seq")), "meta: 'actor_next_seq' is missing"),
-    (_meta(lambda m: m.update(actor_next_seq=[0])), "meta: 'actor_next_seq' has 1 entries for 2 actors"),
-    (_meta(lambda m: m.update(actor_next_seq=[0, "x"])), "meta: 'actor_next_seq' must be a list of non-negative integers"),
-    (_meta(lambda m: m.update(version="3")), 'meta: \'version\' must be a non-negative integer, got "3"'),
-    (_meta(lambda m: m.update(env_spec=None)), "meta: 'env_spec' must be a mapping, got null"),
-    (_meta(lambda m: m.update(time_s="soon")), "meta: 'time_s' must be a non-negative number"),
-    (_meta(lambda m: m["config"]["env"].update(num_envs="lots")), 'env.num_envs must be int, got "lots"'),
-    (_meta(lambda m: m["config"]["network"].update(hidden_sizes=[8, "x"])), "network.hidden_sizes must be tuple[int, ...]"),
-    (_meta(lambda m: m["config"].update(env=3)), ".env must be a mapping, got int"),
-    (_meta(lambda m: m["config"]["env"].update(num_envs=-4)), "env.num_envs must be positive, got -4"),
-], ids=["files-list", "entry-empty", "entry-outside", "not-object", "too-deep", "not-utf8", "other-format",
-        "files-unlisted", "meta-format-only",
-        "no-actor-seq", "actor-seq-short", "actor-seq-type", "version-type", "env-spec-type", "time-type",
-        "num-envs-type", "hidden-sizes-type", "env-section-type", "num-envs-negative"])
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        (
+            _manifest(b'{"files": [1, 2]}'),
+            "is not a valid manifest ('files' must map file names to sizes and hashes, got list)",
+        ),
+        (
+            _manifest(b'{"files": {"meta/metadata": {}}}'),
+            "is not a valid manifest (entry 'meta/metadata' must be a file",
+        ),
+        (
+            _manifest(b'{"files": {"../../x": {"bytes": 1, "sha256": "' + b"0" * 64 + b'"}}}'),
+            "entry '../../x' must be a file",
+        ),
+        (_manifest(b"[3]"), "is not a valid manifest ('files' must map"),
+        (
+            _manifest(b"[" * 100_000 + b"]" * 100_000),
+            "is not a valid manifest (nested too deeply to decode",
+        ),
+        (_manifest(b'{"files": "\xff"}'), "is not a valid manifest ("),
+        (
+            _manifest(b'{"format": 99, "files": {}}'),
+            "is not a valid manifest (format 99, this podrace writes 1)",
+        ),
+        (
+            _manifest(b'{"format": 1, "files": {}}'),
+            "is not in the manifest (added after the checkpoint was written)",
+        ),
+        (
+            _meta(lambda m: [m.pop(k) for k in list(m) if k != "format"]),
+            "meta: 'config' is missing",
+        ),
+        (_meta(lambda m: m.pop("actor_next_seq")), "meta: 'actor_next_seq' is missing"),
+        (
+            _meta(lambda m: m.update(actor_next_seq=[0])),
+            "meta: 'actor_next_seq' has 1 entries for 2 actors",
+        ),
+        (
+            _meta(lambda m: m.update(actor_next_seq=[0, "x"])),
+            "meta: 'actor_next_seq' must be a list of non-negative integers",
+        ),
+        (
+            _meta(lambda m: m.update(version="3")),
+            "meta: 'version' must be a non-negative integer, got \"3\"",
+        ),
+        (_meta(lambda m: m.update(env_spec=None)), "meta: 'env_spec' must be a mapping, got null"),
+        (_meta(lambda m: m.update(time_s="soon")), "meta: 'time_s' must be a non-negative number"),
+        (
+            _meta(lambda m: m["config"]["env"].update(num_envs="lots")),
+            'env.num_envs must be int, got "lots"',
+        ),
+        (
+            _meta(lambda m: m["config"]["network"].update(hidden_sizes=[8, "x"])),
+            "network.hidden_sizes must be tuple[int, ...]",
+        ),
+        (_meta(lambda m: m["config"].update(env=3)), ".env must be a mapping, got int"),
+        (
+            _meta(lambda m: m["config"]["env"].update(num_envs=-4)),
+            "env.num_envs must be positive, got -4",
+        ),
+    ],
+    ids=[
+        "files-list",
+        "entry-empty",
+        "entry-outside",
+        "not-object",
+        "too-deep",
+        "not-utf8",
+        "other-format",
+        "files-unlisted",
+        "meta-format-only",
+        "no-actor-seq",
+        "actor-seq-short",
+        "actor-seq-type",
+        "version-type",
+        "env-spec-type",
+        "time-type",
+        "num-envs-type",
+        "hidden-sizes-type",
+        "env-section-type",
+        "num-envs-negative",
+    ],
+)
 def test_a_manifest_or_meta_of_the_wrong_shape_is_a_corrupt_checkpoint(tmp_path, damage, message):
     cfg = tiny_config()
     save_versions(tmp_path, cfg, [1])
@@ -548,22 +681,29 @@ def test_a_manifest_or_meta_of_the_wrong_shape_is_a_corrupt_checkpoint(tmp_path,
         restore(tmp_path, fresh_state(cfg), env_spec(cfg.env))
     text = str(error.value)
     assert text.startswith(f"corrupt checkpoint: {tmp_path / '1'}") or text.startswith(
-        f"corrupt checkpoint: config of checkpoint {tmp_path / '1'}"), text
+        f"corrupt checkpoint: config of checkpoint {tmp_path / '1'}"
+    ), text
     assert message in text and "\n" not in text, text
 
 
 @pytest.mark.timeout(120)
-def test_a_damaged_chunk_that_passes_the_manifest_leaves_no_read_running_behind(tmp_path, monkeypatch):
+def test_a_damaged_chunk_that_passes_the_manifest_leaves_no_read_running_behind(
+    tmp_path, monkeypatch
+):
     """orbax's event loop is closed when the first read fails; the reads still in flight then
     called back into it ("RuntimeError: Event loop is closed" tracebacks after the error)."""
     cfg = tiny_config()
     save_versions(tmp_path, cfg, [1])
-    index = max((tmp_path / "1" / "arrays" / "d").iterdir(), key=lambda p: p.stat().st_size)  # ocdbt's b-tree
+    index = max(
+        (tmp_path / "1" / "arrays" / "d").iterdir(), key=lambda p: p.stat().st_size
+    )  # ocdbt's b-tree
     _flip_byte(index)
     write_manifest(tmp_path / "1")
     stray = []
     monkeypatch.setattr(sys, "unraisablehook", stray.append)
-    with pytest.raises(ConfigError, match=rf"^corrupt checkpoint: {index}: .*checksum verification failed"):
+    with pytest.raises(
+        ConfigError, match=rf"^corrupt checkpoint: {index}: .*checksum verification failed"
+    ):
         restore(tmp_path, fresh_state(cfg), env_spec(cfg.env))
     for _ in range(20):  # the late callbacks came within milliseconds; wait well beyond
         if stray:
@@ -574,7 +714,9 @@ def test_a_damaged_chunk_that_passes_the_manifest_leaves_no_read_running_behind(
 
 
 @pytest.mark.timeout(120)
-def test_a_checkpoints_folder_deleted_under_the_run_is_named_not_a_100_line_orbax_error(tmp_path, monkeypatch):
+def test_a_checkpoints_folder_deleted_under_the_run_is_named_not_a_100_line_orbax_error(
+    tmp_path, monkeypatch
+):
     """Found by sabotage: `rm -rf checkpoints` of a live run during a write failed it with
     orbax's TensorStore spec dump and a traceback; the CLI prints this error in one line.
     Deleted between two saves, the folder is simply made again."""
@@ -597,7 +739,9 @@ def test_a_checkpoints_folder_deleted_under_the_run_is_named_not_a_100_line_orba
 
         monkeypatch.setattr(podrace.checkpoint, "write_manifest", deleted_first)
         checkpointer.save(fresh_state(cfg, version=3))
-        with pytest.raises(podrace.checkpoint.CheckpointFilesRemoved, match=f"checkpoint 3 in {directory}"):
+        with pytest.raises(
+            podrace.checkpoint.CheckpointFilesRemoved, match=f"checkpoint 3 in {directory}"
+        ):
             checkpointer.wait()
     finally:
         with contextlib.suppress(Exception):

@@ -23,19 +23,30 @@ def run_cli(capsys, *args):
         (["--env.num-envs", "0"], "env.num_envs must be positive"),
         (["--env.num-threads", "0"], "env.num_threads must be positive"),
         (["--env.num-threads", "-2"], "env.num_threads must be positive"),
-        (["--env.num-threads", "2147483647"], "env.num_threads must be at most 1024"),  # aborted the process
+        (
+            ["--env.num-threads", "2147483647"],
+            "env.num_threads must be at most 1024",
+        ),  # aborted the process
         (["--layout.learner-device-ids", "0", "1", "2", "--env.num-envs", "8"], "divisible"),
         (["--env.id", "NoSuchEnv-v0"], "unknown env id"),
         (["--rollout-length", "-3"], "rollout_length must be positive"),
         (["--total-steps", "10"], "less than one update"),
         (["--log.run-dir", ""], "log.run_dir must name a folder"),  # silently the working directory
         # Found by the sync/Ray attack: accepted, recorded in config.json, never written.
-        (["--runtime", "ray", "--checkpoint.every-updates", "5"], "thread runtime on one host only"),
-        (["--distributed.num-processes", "2", "--checkpoint.every-updates", "5"], "thread runtime on one host only"),
+        (
+            ["--runtime", "ray", "--checkpoint.every-updates", "5"],
+            "thread runtime on one host only",
+        ),
+        (
+            ["--distributed.num-processes", "2", "--checkpoint.every-updates", "5"],
+            "thread runtime on one host only",
+        ),
     ],
 )
 def test_bad_config_is_one_line_and_exit_2(capsys, tmp_path, flags, message):
-    code, out, err = run_cli(capsys, "train", "cartpole-ppo", "--log.run-dir", str(tmp_path), *flags)
+    code, out, err = run_cli(
+        capsys, "train", "cartpole-ppo", "--log.run-dir", str(tmp_path), *flags
+    )
     assert code == 2
     assert message in err
     assert len(err.strip().splitlines()) == 1
@@ -45,7 +56,9 @@ def test_bad_config_is_one_line_and_exit_2(capsys, tmp_path, flags, message):
 def test_unknown_preset_exits_2_in_one_line(capsys):
     code, out, err = run_cli(capsys, "train", "no-such-preset")
     assert code == 2 and len(err.strip().splitlines()) == 1, err
-    assert err.startswith("podrace: error: Unrecognized options: no-such-preset; Available subcommands: cartpole-ppo,")
+    assert err.startswith(
+        "podrace: error: Unrecognized options: no-such-preset; Available subcommands: cartpole-ppo,"
+    )
     assert err.strip().endswith("(see podrace train --help)")
 
 
@@ -61,14 +74,27 @@ def test_help_lists_flags(capsys):
 @pytest.mark.timeout(120)
 def test_train_runs_and_reports(capsys, tmp_path):
     code, out, err = run_cli(
-        capsys, "train", "cartpole-ppo", "--log.run-dir", str(tmp_path), "--log.run-name", "r",
-        "--total-steps", "4096", "--log.console", "none", "--eval.episodes", "2",
+        capsys,
+        "train",
+        "cartpole-ppo",
+        "--log.run-dir",
+        str(tmp_path),
+        "--log.run-name",
+        "r",
+        "--total-steps",
+        "4096",
+        "--log.console",
+        "none",
+        "--eval.episodes",
+        "2",
     )
     assert code == 0, err
     assert "done: 4,096 env steps" in out
     config = json.loads((tmp_path / "r" / "config.json").read_text())
     assert config["total_steps"] == 4096
-    code, out, err = run_cli(capsys, "train", "cartpole-ppo", "--log.run-dir", str(tmp_path), "--log.run-name", "r")
+    code, out, err = run_cli(
+        capsys, "train", "cartpole-ppo", "--log.run-dir", str(tmp_path), "--log.run-name", "r"
+    )
     assert code == 2 and "already exists" in err
 
 
@@ -78,9 +104,29 @@ def test_a_training_run_outlives_the_reader_of_its_stderr(tmp_path):
     steps (rich's console raises SystemExit on a broken pipe). Lines nobody reads are lost,
     not the run."""
     run = subprocess.Popen(
-        [sys.executable, "-m", "podrace.cli", "train", "cartpole-ppo", "--total-steps", "20480", "--log.console",
-         "lines", "--log.interval-s", "0.05", "--eval.episodes", "2", "--log.run-dir", str(tmp_path),
-         "--log.run-name", "r"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "podrace.cli",
+            "train",
+            "cartpole-ppo",
+            "--total-steps",
+            "20480",
+            "--log.console",
+            "lines",
+            "--log.interval-s",
+            "0.05",
+            "--eval.episodes",
+            "2",
+            "--log.run-dir",
+            str(tmp_path),
+            "--log.run-name",
+            "r",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     run.stderr.close()  # the reader has gone before the first line
     out, _ = run.communicate(timeout=100)
     assert run.returncode == 0 and out.startswith("done: 20,480 env steps"), out
@@ -108,9 +154,27 @@ def test_a_signal_ends_a_run_whose_stderr_reader_stopped_reading(tmp_path):
     read, write = full_pipe()
     try:
         run = subprocess.Popen(
-            [sys.executable, "-m", "podrace.cli", "train", "cartpole-ppo", "--total-steps", "100000000",
-             "--log.console", "lines", "--log.interval-s", "0.05", "--log.run-dir", str(tmp_path),
-             "--log.run-name", "r"], stdout=subprocess.PIPE, stderr=write, text=True)
+            [
+                sys.executable,
+                "-m",
+                "podrace.cli",
+                "train",
+                "cartpole-ppo",
+                "--total-steps",
+                "100000000",
+                "--log.console",
+                "lines",
+                "--log.interval-s",
+                "0.05",
+                "--log.run-dir",
+                str(tmp_path),
+                "--log.run-name",
+                "r",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=write,
+            text=True,
+        )
         os.close(write)
         metrics = tmp_path / "r" / "metrics.jsonl"
         deadline = time.monotonic() + 90
@@ -130,16 +194,29 @@ def test_a_signal_ends_a_run_whose_stderr_reader_stopped_reading(tmp_path):
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("stderr", ["2>&-", "2>/dev/full"])
-def test_a_bad_flag_with_stderr_closed_or_full_is_still_exit_2_and_nothing_on_stdout(tmp_path, stderr):
+def test_a_bad_flag_with_stderr_closed_or_full_is_still_exit_2_and_nothing_on_stdout(
+    tmp_path, stderr
+):
     """Found by an attack: exit 1 (a traceback into the full stderr), or the error line on
     stdout (print(file=None) with stderr closed); and with fd 2 closed, a file the run
     opened could take its number and get crash dumps and C libraries' log lines."""
     probe = "import os, sys, podrace.cli as c; c.guard_std_streams(); print(os.readlink('/proc/self/fd/2'))"
-    done = subprocess.run(f'"{sys.executable}" -c "{probe}" {stderr}', shell=True, capture_output=True, text=True,
-                          timeout=50)
+    done = subprocess.run(
+        f'"{sys.executable}" -c "{probe}" {stderr}',
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
     assert done.stdout.strip() == ("/dev/null" if stderr == "2>&-" else "/dev/full")
-    done = subprocess.run(f'"{sys.executable}" -m podrace.cli train cartpole-ppo --bogus {stderr}', shell=True,
-                          cwd=tmp_path, stdout=subprocess.PIPE, text=True, timeout=50)
+    done = subprocess.run(
+        f'"{sys.executable}" -m podrace.cli train cartpole-ppo --bogus {stderr}',
+        shell=True,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        text=True,
+        timeout=50,
+    )
     assert (done.returncode, done.stdout) == (2, "")
 
 
@@ -147,20 +224,34 @@ def test_a_bad_flag_with_stderr_closed_or_full_is_still_exit_2_and_nothing_on_st
 @pytest.mark.parametrize("args,code", [("--bogus", 2), ("--help", 0)])
 def test_a_flag_error_or_help_with_stdout_closed_is_its_usual_exit(tmp_path, args, code):
     """Found by an attack: tyro writes to sys.stdout, which is None then (exit 1, a traceback)."""
-    done = subprocess.run(f'"{sys.executable}" -m podrace.cli train cartpole-ppo {args} >&-', shell=True,
-                          cwd=tmp_path, stderr=subprocess.PIPE, text=True, timeout=50)
+    done = subprocess.run(
+        f'"{sys.executable}" -m podrace.cli train cartpole-ppo {args} >&-',
+        shell=True,
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=50,
+    )
     assert done.returncode == code, done.stderr
     assert "Traceback" not in done.stderr
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("args", [["--help"], ["train", "cartpole-ppo", "--help"]], ids=["usage", "flags"])
+@pytest.mark.parametrize(
+    "args", [["--help"], ["train", "cartpole-ppo", "--help"]], ids=["usage", "flags"]
+)
 def test_help_into_a_full_stdout_is_one_line_and_exit_1(tmp_path, args):
     with open("/dev/full", "w") as full:
-        done = subprocess.run([sys.executable, "-m", "podrace.cli", *args], stdout=full, stderr=subprocess.PIPE,
-                              text=True, timeout=50)
+        done = subprocess.run(
+            [sys.executable, "-m", "podrace.cli", *args],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=50,
+        )
     assert done.returncode == 1 and done.stderr.splitlines() == [
-        "podrace: error: could not write to stdout (No space left on device); the command itself succeeded"]
+        "podrace: error: could not write to stdout (No space left on device); the command itself succeeded"
+    ]
 
 
 @pytest.mark.timeout(60)
@@ -169,20 +260,56 @@ def test_a_missing_env_package_is_one_line_without_dependency_warnings_ahead(tmp
     (in a child process: pytest captures warnings in its own)."""
     if importlib.util.find_spec("mujoco") is not None:
         pytest.skip("MuJoCo is installed here: the env can be made")
-    done = subprocess.run([sys.executable, "-m", "podrace.cli", "train", "halfcheetah-ppo", "--env.backend",
-                           "gymnasium", "--log.run-dir", str(tmp_path)], capture_output=True, text=True, timeout=50)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "podrace.cli",
+            "train",
+            "halfcheetah-ppo",
+            "--env.backend",
+            "gymnasium",
+            "--log.run-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
     assert done.returncode == 2
-    assert done.stderr.startswith("podrace: error: env 'HalfCheetah-v4' cannot be made") and done.stderr.count("\n") == 1
+    assert (
+        done.stderr.startswith("podrace: error: env 'HalfCheetah-v4' cannot be made")
+        and done.stderr.count("\n") == 1
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("signum", [signal.SIGTERM])  # SIGINT: test_cli_resume's, at a random time test_signals'
+@pytest.mark.parametrize(
+    "signum", [signal.SIGTERM]
+)  # SIGINT: test_cli_resume's, at a random time test_signals'
 def test_signal_stops_cleanly_with_conventional_exit_code(tmp_path, signum):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "podrace.cli", "train", "cartpole-ppo", "--log.run-dir", str(tmp_path),
-         "--log.run-name", "r", "--total-steps", "100000000", "--log.console", "none", "--log.interval-s", "0.2"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "podrace.cli",
+            "train",
+            "cartpole-ppo",
+            "--log.run-dir",
+            str(tmp_path),
+            "--log.run-name",
+            "r",
+            "--total-steps",
+            "100000000",
+            "--log.console",
+            "none",
+            "--log.interval-s",
+            "0.2",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     metrics = tmp_path / "r" / "metrics.jsonl"
     deadline = time.monotonic() + 120
@@ -219,8 +346,17 @@ def fake_train(monkeypatch, result=None, error=None):
 def test_final_line_reports_skipped_updates(capsys, tmp_path, monkeypatch):
     from podrace.runtime.single_host import TrainResult
 
-    result = TrainResult(tmp_path / "r", updates=625, env_steps=320_000, compile_s=1.0, train_s=9.0,
-                         learn_s=8.0, final_eval=None, max_policy_lag=1.0, skipped_updates=12)
+    result = TrainResult(
+        tmp_path / "r",
+        updates=625,
+        env_steps=320_000,
+        compile_s=1.0,
+        train_s=9.0,
+        learn_s=8.0,
+        final_eval=None,
+        max_policy_lag=1.0,
+        skipped_updates=12,
+    )
     fake_train(monkeypatch, result=result)
     code, out, err = run_cli(capsys, "train", "cartpole-ppo", "--log.run-dir", str(tmp_path))
     assert code == 0, err
@@ -228,26 +364,43 @@ def test_final_line_reports_skipped_updates(capsys, tmp_path, monkeypatch):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("component,error,message", [
-    ("learner", "skipped", "learner failed: TooManySkippedUpdates: 63 of 625 updates skipped"),
-    ("logger", "sink", "logger failed: SinkError: cannot write metrics to m.jsonl: No space left on device"),
-    ("actor-0", "hang", "actor-0 failed: HangDetected: env.step did not return within 3s (step 305)"),
-    # Found by an attack: a traceback of podrace's own frames came first (none of the env's).
-    ("actor-0", "outside", "actor-0 failed: EnvError: env.step raised at step 5: ObservationOutsideSpace: got [5]"),
-])
-def test_named_failures_are_one_line_and_exit_1(capsys, tmp_path, monkeypatch, component, error, message):
+@pytest.mark.parametrize(
+    "component,error,message",
+    [
+        ("learner", "skipped", "learner failed: TooManySkippedUpdates: 63 of 625 updates skipped"),
+        (
+            "logger",
+            "sink",
+            "logger failed: SinkError: cannot write metrics to m.jsonl: No space left on device",
+        ),
+        (
+            "actor-0",
+            "hang",
+            "actor-0 failed: HangDetected: env.step did not return within 3s (step 305)",
+        ),
+        # Found by an attack: a traceback of podrace's own frames came first (none of the env's).
+        (
+            "actor-0",
+            "outside",
+            "actor-0 failed: EnvError: env.step raised at step 5: ObservationOutsideSpace: got [5]",
+        ),
+    ],
+)
+def test_named_failures_are_one_line_and_exit_1(
+    capsys, tmp_path, monkeypatch, component, error, message
+):
+    from podrace.actor import EnvError
+    from podrace.control import ComponentError, HangDetected
+    from podrace.envs.spaces import ObservationOutsideSpace
     from podrace.learner import TooManySkippedUpdates
     from podrace.metrics.loggers import SinkError
-    from podrace.control import ComponentError
-
-    from podrace.actor import EnvError
-    from podrace.control import HangDetected
-    from podrace.envs.spaces import ObservationOutsideSpace
 
     cause = {
         "skipped": TooManySkippedUpdates("63 of 625 updates skipped as non-finite"),
         "sink": SinkError("cannot write metrics to m.jsonl: No space left on device"),
-        "hang": HangDetected("env.step did not return within 3s (step 305)"),  # printed twice before
+        "hang": HangDetected(
+            "env.step did not return within 3s (step 305)"
+        ),  # printed twice before
         "outside": EnvError("env.step raised at step 5: ObservationOutsideSpace: got [5]"),
     }[error]
     cause.__cause__ = ObservationOutsideSpace("got [5]") if error == "outside" else None
@@ -261,9 +414,13 @@ def test_named_failures_are_one_line_and_exit_1(capsys, tmp_path, monkeypatch, c
 @pytest.mark.timeout(60)
 def test_wandb_missing_is_exit_2_and_writes_nothing(capsys, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)
-    code, out, err = run_cli(capsys, "train", "cartpole-ppo", "--log.run-dir", str(tmp_path / "runs"), "--log.wandb")
+    code, out, err = run_cli(
+        capsys, "train", "cartpole-ppo", "--log.run-dir", str(tmp_path / "runs"), "--log.wandb"
+    )
     assert code == 2
-    assert err.strip().splitlines() == ["podrace: error: log.wandb needs the wandb package: pip install 'podrace[wandb]'"]
+    assert err.strip().splitlines() == [
+        "podrace: error: log.wandb needs the wandb package: pip install 'podrace[wandb]'"
+    ]
     assert not list(tmp_path.iterdir())
 
 
@@ -277,8 +434,12 @@ def test_a_full_disk_explains_itself_in_one_line():
 
     assert explains_itself(OSError(errno.ENOSPC, "No space left on device"))
     # Found by the second attack: a checkpoints folder made read-only mid-run, the same 50 lines.
-    assert explains_itself(PermissionError(errno.EPERM, "Operation not permitted", "ck/1171.orbax-checkpoint-tmp"))
-    assert explains_itself(ValueError("RESOURCE_EXHAUSTED: Error writing local file: No space left on device"))
+    assert explains_itself(
+        PermissionError(errno.EPERM, "Operation not permitted", "ck/1171.orbax-checkpoint-tmp")
+    )
+    assert explains_itself(
+        ValueError("RESOURCE_EXHAUSTED: Error writing local file: No space left on device")
+    )
     assert not explains_itself(ValueError("shapes do not match"))
 
 
@@ -288,7 +449,9 @@ def test_ray_restart_limits_explain_themselves():
     from podrace.runtime.ray_run import WorkerCrashLoop, WorkerNotReady
     from podrace.train_command import explains_itself
 
-    assert explains_itself(WorkerCrashLoop("ray worker 0 failed 1 time(s), restart limit 0 (--ray.max-restarts)"))
+    assert explains_itself(
+        WorkerCrashLoop("ray worker 0 failed 1 time(s), restart limit 0 (--ray.max-restarts)")
+    )
     assert explains_itself(WorkerNotReady("restarted worker not ready within 20s"))
 
 
@@ -323,23 +486,40 @@ sys.exit(main([sys.argv[1], str(out.parent)] + (["-o", str(out)] if sys.argv[1] 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("command", ["eval", "plot"])
-@pytest.mark.parametrize("when,signame", [("at-once", "SIGINT"), ("at-once", "SIGTERM"), ("while-writing", "SIGINT"),
-                                          ("while-writing-twice", "SIGINT")])
-def test_a_signal_ends_eval_and_plot_at_once_in_one_line_after_any_output_write(tmp_path, command, when, signame):
+@pytest.mark.parametrize(
+    "when,signame",
+    [
+        ("at-once", "SIGINT"),
+        ("at-once", "SIGTERM"),
+        ("while-writing", "SIGINT"),
+        ("while-writing-twice", "SIGINT"),
+    ],
+)
+def test_a_signal_ends_eval_and_plot_at_once_in_one_line_after_any_output_write(
+    tmp_path, command, when, signame
+):
     """Found by the attacks: Ctrl-C in `podrace eval` became a traceback (third attack),
     then was swallowed by one of JAX's callbacks so eval ran on (3 of 4 early Ctrl-C), or a
     traceback from inside `import jax`; `podrace plot` printed a 39-line traceback; SIGTERM
     killed both without a word. A write in progress finishes first: no temp file is left."""
     out = tmp_path / "out.png"
-    done = subprocess.run([sys.executable, "-c", SIGNALLED_COMMAND, command, str(out), when, signame],
-                          capture_output=True, text=True, timeout=50)
+    done = subprocess.run(
+        [sys.executable, "-c", SIGNALLED_COMMAND, command, str(out), when, signame],
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
     signum = getattr(signal, signame)
     assert done.returncode == 128 + signum, done.stderr
-    if when == "while-writing-twice":  # found by the third attack: the second one waited for the write
+    if (
+        when == "while-writing-twice"
+    ):  # found by the third attack: the second one waited for the write
         assert done.stderr.strip().splitlines() == [f"podrace: second {signame}, exiting now"]
         return
     assert done.stderr.strip().splitlines() == [f"podrace: {signame} received, stopped"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == (["out.png"] if when == "while-writing" else [])
+    assert sorted(p.name for p in tmp_path.iterdir()) == (
+        ["out.png"] if when == "while-writing" else []
+    )
     if when == "while-writing":
         assert out.read_text() == "whole"
 
@@ -374,18 +554,26 @@ sys.exit(podrace.cli.main())
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("when,signame,code,lines", [
-    ("before", "SIGTERM", 143, ["podrace: SIGTERM received, stopped"]),
-    ("after", "SIGINT", 2, ["podrace: error: nothing to plot"]),
-    ("after", "SIGTERM", 2, ["podrace: error: nothing to plot"]),
-])
+@pytest.mark.parametrize(
+    "when,signame,code,lines",
+    [
+        ("before", "SIGTERM", 143, ["podrace: SIGTERM received, stopped"]),
+        ("after", "SIGINT", 2, ["podrace: error: nothing to plot"]),
+        ("after", "SIGTERM", 2, ["podrace: error: nothing to plot"]),
+    ],
+)
 def test_a_signal_around_a_command_ends_the_process_at_once(tmp_path, when, signame, code, lines):
     """Found by the third attack: a signal once eval/plot/train had finished, while the
     interpreter shut down, killed the process silently or printed a KeyboardInterrupt in an
     atexit callback (and exit 0); one before the command's own handling was a traceback.
     Now: one line before; after, the command's own exit code."""
-    done = subprocess.run([sys.executable, "-c", ENTRY, when, signame], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=100)
+    done = subprocess.run(
+        [sys.executable, "-c", ENTRY, when, signame],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
     assert done.returncode == code, done.stderr
     assert done.stderr.strip().splitlines() == lines
 
@@ -409,15 +597,25 @@ sys.exit(podrace.cli.main())
 def test_the_command_ends_its_process_after_the_atexit_handlers_without_finalization(tmp_path):
     """Finalization took 0.6 s of a 6.5 s `podrace train`, tearing JAX down, and kills a
     thread left in native code, which can abort the process after the command succeeded."""
-    done = subprocess.run([sys.executable, "-c", LEAVING], cwd=tmp_path, capture_output=True, text=True, timeout=50)
+    done = subprocess.run(
+        [sys.executable, "-c", LEAVING], cwd=tmp_path, capture_output=True, text=True, timeout=50
+    )
     assert done.returncode == 2, done.stderr
     assert done.stdout.splitlines() == ["atexit ran"], done.stdout
     # Started with stdout closed (`>&-`; sys.stdout is None): the same code and line (found
     # by an attack: an AttributeError in the flush, exit 1, after the command succeeded).
-    done = subprocess.run(f'"{sys.executable}" -c "$LEAVING" >&-', shell=True, cwd=tmp_path, text=True,
-                          env={**os.environ, "LEAVING": LEAVING}, stderr=subprocess.PIPE, timeout=50)
+    done = subprocess.run(
+        f'"{sys.executable}" -c "$LEAVING" >&-',
+        shell=True,
+        cwd=tmp_path,
+        text=True,
+        env={**os.environ, "LEAVING": LEAVING},
+        stderr=subprocess.PIPE,
+        timeout=50,
+    )
     assert done.returncode == 2 and done.stderr.splitlines() == [
-        "podrace: error: name at least one run directory to plot"], done.stderr
+        "podrace: error: name at least one run directory to plot"
+    ], done.stderr
 
 
 def test_a_second_signal_removes_a_run_directory_that_never_trained(tmp_path):
@@ -431,8 +629,11 @@ def test_a_second_signal_removes_a_run_directory_that_never_trained(tmp_path):
     signals = Signals()
     training = Training([], signals)
     assert signals.before_exit == training.discard_untrained_run_dir
-    for run, removed in ((None, True), (SimpleNamespace(learner=SimpleNamespace(version=0)), True),
-                         (SimpleNamespace(learner=SimpleNamespace(version=1)), False)):
+    for run, removed in (
+        (None, True),
+        (SimpleNamespace(learner=SimpleNamespace(version=0)), True),
+        (SimpleNamespace(learner=SimpleNamespace(version=1)), False),
+    ):
         run_dir = tmp_path / "r"
         run_dir.mkdir()
         (run_dir / "config.json").write_text("{}")
@@ -447,7 +648,9 @@ def test_a_second_signal_removes_a_run_directory_that_never_trained(tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_podrace_warnings_are_podrace_lines_and_the_callers_logging_is_restored(capsys, monkeypatch, tmp_path):
+def test_podrace_warnings_are_podrace_lines_and_the_callers_logging_is_restored(
+    capsys, monkeypatch, tmp_path
+):
     """A dependency's basicConfig printed them as `WARNING:podrace.evaluate:...`."""
     import logging
 
@@ -459,10 +662,15 @@ def test_podrace_warnings_are_podrace_lines_and_the_callers_logging_is_restored(
 
     monkeypatch.setattr(podrace.metrics.plot, "plot_runs", warns)
     root = logging.getLogger()
-    monkeypatch.setattr(root, "handlers", [logging.StreamHandler(sys.stderr)])  # as basicConfig leaves it
+    monkeypatch.setattr(
+        root, "handlers", [logging.StreamHandler(sys.stderr)]
+    )  # as basicConfig leaves it
     code, out, err = run_cli(capsys, "plot", str(tmp_path), "-o", str(tmp_path / "out.png"))
     assert code == 2
-    assert err.splitlines() == [f"podrace: warning: run {tmp_path} has no metrics", "podrace: error: nothing to plot"]
+    assert err.splitlines() == [
+        f"podrace: warning: run {tmp_path} has no metrics",
+        "podrace: error: nothing to plot",
+    ]
     podrace_logger = logging.getLogger("podrace")
     assert podrace_logger.propagate and not podrace_logger.handlers
 
@@ -476,12 +684,16 @@ def test_a_save_cut_by_the_exit_grace_is_named_in_the_one_stop_line(capsys):
     signals = Signals()
     signals.received = signal.SIGTERM
     training = Training([], signals)
-    training.run = SimpleNamespace(run_dir="runs/r", checkpoints=SimpleNamespace(latest=3, writing=5))
+    training.run = SimpleNamespace(
+        run_dir="runs/r", checkpoints=SimpleNamespace(latest=3, writing=5)
+    )
     assert training.stopped(left_behind=True) == 143
     assert capsys.readouterr().err.splitlines() == [
         "podrace: SIGTERM received, stopped; checkpoint 5 did not finish writing in time and is discarded; "
-        "checkpoint 3 is the latest"]
+        "checkpoint 3 is the latest"
+    ]
     training.run.checkpoints.writing = None
     training.stopped()
     assert capsys.readouterr().err.splitlines() == [
-        "podrace: SIGTERM received, stopped cleanly; checkpoint 3 saved (podrace train --resume runs/r)"]
+        "podrace: SIGTERM received, stopped cleanly; checkpoint 3 saved (podrace train --resume runs/r)"
+    ]

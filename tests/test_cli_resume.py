@@ -27,13 +27,27 @@ from tests.xla_flags import without_device_count
 
 REPO = Path(__file__).resolve().parents[1]
 SPU = 64 * 8  # cartpole-ppo: env steps per update
-FLAGS = ["--log.console", "none", "--log.interval-s", "0.2", "--eval.episodes", "2", "--eval.num-envs", "2",
-         "--layout.cpu-devices", "2", "--layout.actor-device-ids", "1"]
+FLAGS = [
+    "--log.console",
+    "none",
+    "--log.interval-s",
+    "0.2",
+    "--eval.episodes",
+    "2",
+    "--eval.num-envs",
+    "2",
+    "--layout.cpu-devices",
+    "2",
+    "--layout.actor-device-ids",
+    "1",
+]
 
 
 @pytest.mark.timeout(120)
 def test_resume_errors_are_one_line_exit_2_and_change_nothing(capsys, tmp_path):
-    run_dir = fake_run(tmp_path, small(tmp_path, **{"log.run_name": "r", "network.hidden_sizes": (8,)}))
+    run_dir = fake_run(
+        tmp_path, small(tmp_path, **{"log.run_name": "r", "network.hidden_sizes": (8,)})
+    )
     no_checkpoint = fake_run(tmp_path, small(tmp_path, **{"log.run_name": "empty"}), versions=())
     before = snapshot(tmp_path)
     cases = [
@@ -41,13 +55,25 @@ def test_resume_errors_are_one_line_exit_2_and_change_nothing(capsys, tmp_path):
         (["--resume", str(tmp_path)], "not a podrace run directory (no config.json)"),
         (["--resume", str(no_checkpoint)], "has no checkpoint"),
         (["--resume", str(run_dir), "--resume-from", "7"], "saved steps are 2"),
-        (["--resume", str(run_dir), "--network.hidden-sizes", "16"], "--resume cannot change network.hidden_sizes"),
+        (
+            ["--resume", str(run_dir), "--network.hidden-sizes", "16"],
+            "--resume cannot change network.hidden_sizes",
+        ),
         (["--resume", str(run_dir), "--env.id", "Acrobot-v1"], "--resume cannot change env.id"),
-        (["--resume", str(run_dir), "--total-steps", "512"], "nothing to resume: checkpoint 2 is already at update 2"),
+        (
+            ["--resume", str(run_dir), "--total-steps", "512"],
+            "nothing to resume: checkpoint 2 is already at update 2",
+        ),
         (["--resume", str(run_dir), "cartpole-ppo"], "drop 'cartpole-ppo'"),
         (["--resume-from", "2", "cartpole-ppo"], "--resume-from needs --resume RUN_DIR"),
-        (["--resume", str(run_dir), "--resume-from", "x"], "--resume-from must be a checkpoint step"),
-        (["--resume", str(run_dir), "--resume-from", "\u00b2"], "--resume-from must be a checkpoint step"),
+        (
+            ["--resume", str(run_dir), "--resume-from", "x"],
+            "--resume-from must be a checkpoint step",
+        ),
+        (
+            ["--resume", str(run_dir), "--resume-from", "\u00b2"],
+            "--resume-from must be a checkpoint step",
+        ),
         (["--resume", ""], "--resume needs a value, got ''"),
         (["--resume=", "--total-steps", "100"], "--resume needs a value"),
     ]
@@ -55,20 +81,31 @@ def test_resume_errors_are_one_line_exit_2_and_change_nothing(capsys, tmp_path):
         code, out, err = run_cli(capsys, "train", *args)
         assert code == 2, (args, err)
         assert err.strip() == err.strip().splitlines()[0] and message in err, (args, err)
-    in_the_way = run_dir / "checkpoints" / "3.partial"  # where the resumed run would write its next step
+    in_the_way = (
+        run_dir / "checkpoints" / "3.partial"
+    )  # where the resumed run would write its next step
     in_the_way.write_text("")
     code, out, err = run_cli(capsys, "train", "--resume", str(run_dir), "--total-steps", "100000")
-    assert code == 2 and err.strip() == f"podrace: error: {in_the_way} is in the way of podrace's checkpoints " \
-        f"(a step is written as <step>.partial and deleted as <step>.deleting); move it out of {in_the_way.parent}", err
+    assert (
+        code == 2
+        and err.strip()
+        == f"podrace: error: {in_the_way} is in the way of podrace's checkpoints "
+        f"(a step is written as <step>.partial and deleted as <step>.deleting); move it out of {in_the_way.parent}"
+    ), err
     in_the_way.unlink()
-    array_file = max((p for p in (run_dir / "checkpoints" / "2").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    array_file = max(
+        (p for p in (run_dir / "checkpoints" / "2").rglob("*") if p.is_file()),
+        key=lambda p: p.stat().st_size,
+    )
     data = bytearray(array_file.read_bytes())
     data[len(data) // 2] ^= 0xFF
     array_file.write_bytes(bytes(data))
     before[array_file] = bytes(data)
     code, out, err = run_cli(capsys, "train", "--resume", str(run_dir), "--total-steps", "100000")
     assert code == 2 and len(err.strip().splitlines()) == 1
-    assert f"corrupt checkpoint: {array_file} differs from what was written (SHA-256 mismatch)" in err
+    assert (
+        f"corrupt checkpoint: {array_file} differs from what was written (SHA-256 mismatch)" in err
+    )
     assert snapshot(tmp_path) == before
 
 
@@ -76,27 +113,35 @@ def test_resume_errors_are_one_line_exit_2_and_change_nothing(capsys, tmp_path):
 def test_the_cli_pins_the_latest_step_and_says_so(tmp_path):
     """A resume reads the config before it holds the run: if another resume of the run ends
     in between, the refusal must say so, not name a step the user never chose."""
-    from podrace.train_command import parse_resumed
     from podrace.runtime.resume import Resume
+    from podrace.train_command import parse_resumed
 
     run_dir = fake_run(tmp_path, small(tmp_path, **{"log.run_name": "r"}), versions=(1, 2))
-    assert parse_resumed(str(run_dir), None, ["--total-steps", "100000"])[0] == Resume(run_dir, 2, step_was_latest=True)
+    assert parse_resumed(str(run_dir), None, ["--total-steps", "100000"])[0] == Resume(
+        run_dir, 2, step_was_latest=True
+    )
     assert parse_resumed(str(run_dir), 2, ["--total-steps", "100000"])[0] == Resume(run_dir, 2)
 
 
 @pytest.mark.timeout(120)
-def test_a_resume_of_a_run_still_writing_is_in_use_before_its_checkpoints_are_read(tmp_path, monkeypatch):
+def test_a_resume_of_a_run_still_writing_is_in_use_before_its_checkpoints_are_read(
+    tmp_path, monkeypatch
+):
     """A live run rotates its checkpoints: read before the lock, the latest could vanish
     mid-read and be reported as corrupt."""
     import podrace.runtime.resume
-    from podrace.train_command import parse_resumed
     from podrace.runtime.run_lock import RunLock
+    from podrace.train_command import parse_resumed
 
     run_dir = fake_run(tmp_path, small(tmp_path, **{"log.run_name": "r"}), versions=(1, 2))
-    monkeypatch.setattr(podrace.runtime.resume, "stored_config", lambda resume: pytest.fail("read while in use"))
+    monkeypatch.setattr(
+        podrace.runtime.resume, "stored_config", lambda resume: pytest.fail("read while in use")
+    )
     lock = RunLock(run_dir)
     try:
-        with pytest.raises(ConfigError, match=f"run directory {run_dir} is in use by another podrace process"):
+        with pytest.raises(
+            ConfigError, match=f"run directory {run_dir} is in use by another podrace process"
+        ):
             parse_resumed(str(run_dir), None, [])
     finally:
         lock.release()
@@ -107,8 +152,14 @@ def cli(*args: str, script: str | None = None) -> subprocess.Popen:
     (resumed) config before JAX starts a backend, or device 1 would not exist."""
     env = without_device_count(os.environ)
     env["PYTHONPATH"] = str(REPO)
-    command = [sys.executable, "-c", script, *args] if script else [sys.executable, "-m", "podrace.cli", *args]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    command = (
+        [sys.executable, "-c", script, *args]
+        if script
+        else [sys.executable, "-m", "podrace.cli", *args]
+    )
+    return subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO
+    )
 
 
 def wait_for(proc: subprocess.Popen, ready, timeout: float = 240) -> None:
@@ -135,7 +186,15 @@ def assert_continuous(lines: list[dict], checkpoint: int, total_updates: int) ->
 
 
 def resume_to(run_dir: Path, updates: int) -> str:
-    proc = cli("train", "--resume", str(run_dir), "--total-steps", str(updates * SPU), "--log.console", "none")
+    proc = cli(
+        "train",
+        "--resume",
+        str(run_dir),
+        "--total-steps",
+        str(updates * SPU),
+        "--log.console",
+        "none",
+    )
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert f"checkpoint: update {updates}" in out
@@ -146,8 +205,17 @@ def resume_to(run_dir: Path, updates: int) -> str:
 @pytest.mark.timeout(600)
 def test_sigint_saves_a_checkpoint_that_resume_continues(tmp_path):
     run_dir = tmp_path / "r"
-    proc = cli("train", "cartpole-ppo", "--log.run-dir", str(tmp_path), "--log.run-name", "r",
-               "--total-steps", "100000000", *FLAGS)
+    proc = cli(
+        "train",
+        "cartpole-ppo",
+        "--log.run-dir",
+        str(tmp_path),
+        "--log.run-name",
+        "r",
+        "--total-steps",
+        "100000000",
+        *FLAGS,
+    )
     try:
         wait_for(proc, lambda: any(line.get("version", 0) >= 3 for line in lines_of(run_dir)))
         sent = time.monotonic()
@@ -159,7 +227,9 @@ def test_sigint_saves_a_checkpoint_that_resume_continues(tmp_path):
         proc.wait()
     assert proc.returncode == 130, err
     assert exit_s <= EXIT_SLACK_S, exit_s  # the save fits in the CLI's exit grace
-    (step,) = checkpoint_steps(checkpoint_dir(run_dir))  # checkpoint.every_updates 0: the stop saved it
+    (step,) = checkpoint_steps(
+        checkpoint_dir(run_dir)
+    )  # checkpoint.every_updates 0: the stop saved it
     assert f"checkpoint {step} saved" in err and step >= 3
     assert lines_of(run_dir)[-1]["version"] == step  # the final line and the checkpoint agree
 
@@ -201,9 +271,22 @@ KILLED_DURING_WRITE = textwrap.dedent(
 @pytest.mark.timeout(600)
 def test_sigkill_during_a_checkpoint_write_then_resume(tmp_path):
     run_dir, marker = tmp_path / "r", tmp_path / "marker"
-    proc = cli(str(marker), str(checkpoint_dir(run_dir)),
-               "train", "cartpole-ppo", "--log.run-dir", str(tmp_path), "--log.run-name", "r",
-               "--total-steps", "100000000", "--checkpoint.every-updates", "2", *FLAGS, script=KILLED_DURING_WRITE)
+    proc = cli(
+        str(marker),
+        str(checkpoint_dir(run_dir)),
+        "train",
+        "cartpole-ppo",
+        "--log.run-dir",
+        str(tmp_path),
+        "--log.run-name",
+        "r",
+        "--total-steps",
+        "100000000",
+        "--checkpoint.every-updates",
+        "2",
+        *FLAGS,
+        script=KILLED_DURING_WRITE,
+    )
     try:
         wait_for(proc, marker.exists)
         time.sleep(0.5)  # let the learner run on past the checkpoint being written
@@ -213,15 +296,21 @@ def test_sigkill_during_a_checkpoint_write_then_resume(tmp_path):
         proc.kill()
         proc.wait()
     assert checkpoint_steps(checkpoint_dir(run_dir)) == [2]
-    assert [p for p in checkpoint_dir(run_dir).iterdir() if not p.name.isdigit()], "a write was in progress"
+    assert [p for p in checkpoint_dir(run_dir).iterdir() if not p.name.isdigit()], (
+        "a write was in progress"
+    )
     beyond = [line for line in lines_of(run_dir) if line.get("version", 0) > 2]
 
     resume_to(run_dir, 5)
     assert checkpoint_steps(checkpoint_dir(run_dir)) == [2, 4, 5]
-    assert [p.name for p in checkpoint_dir(run_dir).iterdir() if not p.name.isdigit()] == []  # leftovers cleaned
+    assert [
+        p.name for p in checkpoint_dir(run_dir).iterdir() if not p.name.isdigit()
+    ] == []  # leftovers cleaned
     lines = lines_of(run_dir)
     for key in ("version", "env_steps", "time_s"):
-        assert [line.get(key, 0) for line in lines] == sorted(line.get(key, 0) for line in lines), key
+        assert [line.get(key, 0) for line in lines] == sorted(line.get(key, 0) for line in lines), (
+            key
+        )
     assert lines[-1]["version"] == 5 and lines[-1]["final"] == 1
     superseded = (run_dir / SUPERSEDED).read_text().splitlines() if beyond else []
     assert [json.loads(t) for t in superseded] == beyond

@@ -22,7 +22,10 @@ BAD = [
     (["--layout.learner-device-ids", "0", "0"], "repeated device ids"),
     (["--layout.actor-device-ids", "-1"], "non-negative device ids"),
     (["--layout.actor-device-ids"], "layout.actor_device_ids must name at least one device"),
-    (["--layout.cpu-devices", "3", "--layout.learner-device-ids", "0", "1", "2"], "divisible by the number of learner devices"),
+    (
+        ["--layout.cpu-devices", "3", "--layout.learner-device-ids", "0", "1", "2"],
+        "divisible by the number of learner devices",
+    ),
     (["--layout.cpu-devices", "0"], "layout.cpu_devices must be positive"),
     (["--env.id", "NoSuchEnv-v0"], "unknown env id 'NoSuchEnv-v0'"),
     (["--env.id", "Taxi-v4", "--env.backend", "envpool"], "envpool"),
@@ -38,10 +41,19 @@ BAD = [
     (["--env.max-episode-steps", "0"], "max_episode_steps"),
     (["--layout.platform", "tpu"], "layout.platform 'tpu' is not available"),
     (["--layout.actor-platform", "gpu"], "layout.actor_platform 'gpu' is not available"),
-    (["--layout.actor-platform", "cpu", "--layout.actor-device-ids", "6"], "device 6 does not exist, cpu has 4"),
-    (["--layout.actor-platform", "cpu", "--eval.device-id", "6"], "eval.device_id [6]: device 6 does not exist"),
+    (
+        ["--layout.actor-platform", "cpu", "--layout.actor-device-ids", "6"],
+        "device 6 does not exist, cpu has 4",
+    ),
+    (
+        ["--layout.actor-platform", "cpu", "--eval.device-id", "6"],
+        "eval.device_id [6]: device 6 does not exist",
+    ),
     # conftest.py forces 4 CPU devices through XLA_FLAGS: the error names that setting.
-    (["--layout.actor-device-ids", "5"], "XLA_FLAGS already sets --xla_force_host_platform_device_count=4"),
+    (
+        ["--layout.actor-device-ids", "5"],
+        "XLA_FLAGS already sets --xla_force_host_platform_device_count=4",
+    ),
     # seeds, counts and sizes that overflow
     (["--seed", "-1"], "seed must be in [0, 2**31 - 1], got -1"),
     (["--seed", str(2**31)], "seed must be in [0, 2**31 - 1]"),
@@ -51,7 +63,10 @@ BAD = [
     (["--rollout-length", "100000", "--env.num-envs", "100000"], "does not fit an int32 array"),
     (["--network.hidden-sizes", str(2**31)], "network.hidden_sizes must be at most"),
     (["--network.hidden-sizes", "200000", "200000"], "host memory has"),
-    (["--network.torso", "nature_cnn"], "network.torso nature_cnn cannot take observations of shape (4,)"),
+    (
+        ["--network.torso", "nature_cnn"],
+        "network.torso nature_cnn cannot take observations of shape (4,)",
+    ),
     (["--layout.cpu-devices", "100000"], "layout.cpu_devices must be at most 1024"),
     (["--layout.scan-unroll", "0"], "layout.scan_unroll must be positive"),
     (["--layout.actors-per-device", "100000"], "layout.actors_per_device must be at most 256"),
@@ -62,10 +77,19 @@ BAD = [
     (["--env.sticky-action-prob", "nan"], "env.sticky_action_prob must be a finite number"),
     (["--impala.rho-bar", "inf"], "impala.rho_bar must be a finite number"),
     (["--ppo.ent-coef", "-inf"], "ppo.ent_coef must be a finite number"),
-    (["--safety.max-skipped-fraction", "nan"], "safety.max_skipped_fraction must be a finite number"),
+    (
+        ["--safety.max-skipped-fraction", "nan"],
+        "safety.max_skipped_fraction must be a finite number",
+    ),
     # finite in Python, inf as the float32 JAX computes with
-    (["--ppo.max-grad-norm", "1e39"], "ppo.max_grad_norm must be at most 3.403e+38 in magnitude (float32), got 1e+39"),
-    (["--ppo.learning-rate", "-1e39"], "ppo.learning_rate must be at most 3.403e+38 in magnitude (float32)"),
+    (
+        ["--ppo.max-grad-norm", "1e39"],
+        "ppo.max_grad_norm must be at most 3.403e+38 in magnitude (float32), got 1e+39",
+    ),
+    (
+        ["--ppo.learning-rate", "-1e39"],
+        "ppo.learning_rate must be at most 3.403e+38 in magnitude (float32)",
+    ),
     # out-of-range hyperparameters (the unused algorithm's too)
     (["--ppo.gamma", "1.5"], "ppo.gamma must be in [0, 1], got 1.5"),
     (["--ppo.gamma", "-0.1"], "ppo.gamma must be in [0, 1]"),
@@ -118,13 +142,17 @@ def test_bad_config(capsys, tmp_path, flags, message):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("name", ["a" * 5000, "sub/" + "b" * 300], ids=["path-too-long", "name-too-long"])
+@pytest.mark.parametrize(
+    "name", ["a" * 5000, "sub/" + "b" * 300], ids=["path-too-long", "name-too-long"]
+)
 def test_run_dir_the_file_system_cannot_hold_is_refused(capsys, tmp_path, name):
     code = main(["train", "cartpole-ppo", "--log.run-dir", str(tmp_path / name)])
     err = capsys.readouterr().err
     assert code == 2, err
     (line,) = err.strip().splitlines()
-    assert "cannot create run directory" in line and "File name too long" in line and len(line) < 300
+    assert (
+        "cannot create run directory" in line and "File name too long" in line and len(line) < 300
+    )
     assert not list(tmp_path.iterdir())
 
 
@@ -155,27 +183,49 @@ def test_resolved_config_writes_what_deterministic_implies():
 
 BAD_PRESET = [
     # 2 actors x 16 envs on one learner shard: 3 minibatches do not divide 32 envs.
-    ("cartpole-impala", ["--impala.num-minibatches", "3"],
-     "impala.num_minibatches (3) must divide the envs per learner shard (32)"),
+    (
+        "cartpole-impala",
+        ["--impala.num-minibatches", "3"],
+        "impala.num_minibatches (3) must divide the envs per learner shard (32)",
+    ),
     # 2 learner devices: 16 envs per shard.
-    ("cartpole-impala", ["--impala.num-minibatches", "32", "--layout.learner-device-ids", "0", "1"],
-     "impala.num_minibatches (32) must divide the envs per learner shard (16)"),
-    ("cartpole-impala", ["--impala.num-minibatches", "0"], "impala.num_minibatches must be positive"),
+    (
+        "cartpole-impala",
+        ["--impala.num-minibatches", "32", "--layout.learner-device-ids", "0", "1"],
+        "impala.num_minibatches (32) must divide the envs per learner shard (16)",
+    ),
+    (
+        "cartpole-impala",
+        ["--impala.num-minibatches", "0"],
+        "impala.num_minibatches must be positive",
+    ),
     ("cartpole-impala", ["--impala.max-grad-norm", "0"], "impala.max_grad_norm must be positive"),
     ("cartpole-impala", ["--impala.rmsprop-eps", "-1"], "impala.rmsprop_eps must be positive"),
     ("cartpole-impala", ["--impala.rmsprop-decay", "1"], "impala.rmsprop_decay must be in [0, 1)"),
     # Image sizes the torso cannot see through, or the env cannot even describe.
-    ("atari-ppo", ["--env.num-envs", "2", "--env.image-size", "35"],
-     "network.torso nature_cnn cannot take observations of shape (4, 35, 35): its "
-     "parameter params/torso/Dense_0/kernel would have shape (0, 512) (no inputs left)"),
-    ("atari-ppo", ["--env.num-envs", "2", "--env.image-size", "100000"], "env.image_size must be at most 1024 for Atari"),
-    ("atari-ppo", ["--env.num-envs", "2", "--env.frame-stack", "100000"],
-     "(network.hidden_sizes, env.num_envs, rollout_length, env.image_size, env.frame_stack)"),
+    (
+        "atari-ppo",
+        ["--env.num-envs", "2", "--env.image-size", "35"],
+        "network.torso nature_cnn cannot take observations of shape (4, 35, 35): its "
+        "parameter params/torso/Dense_0/kernel would have shape (0, 512) (no inputs left)",
+    ),
+    (
+        "atari-ppo",
+        ["--env.num-envs", "2", "--env.image-size", "100000"],
+        "env.image_size must be at most 1024 for Atari",
+    ),
+    (
+        "atari-ppo",
+        ["--env.num-envs", "2", "--env.frame-stack", "100000"],
+        "(network.hidden_sizes, env.num_envs, rollout_length, env.image_size, env.frame_stack)",
+    ),
 ]
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("preset,flags,message", BAD_PRESET, ids=[" ".join([p, *f]) for p, f, _ in BAD_PRESET])
+@pytest.mark.parametrize(
+    "preset,flags,message", BAD_PRESET, ids=[" ".join([p, *f]) for p, f, _ in BAD_PRESET]
+)
 def test_bad_preset_config(capsys, tmp_path, preset, flags, message):
     """The same contract for the other presets' own settings (IMPALA's optimizer, Atari's images)."""
     runs = tmp_path / "runs"
@@ -188,14 +238,19 @@ def test_bad_preset_config(capsys, tmp_path, preset, flags, message):
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("section,field,value,message", [
-    ("env", "num_envs", "lots", "config.env.num_envs must be int"),
-    ("env", "num_envs", True, "config.env.num_envs must be int"),
-    ("ppo", "learning_rate", "fast", "config.ppo.learning_rate must be float"),
-    ("network", "hidden_sizes", [64, "x"], "config.network.hidden_sizes must be tuple"),
-    ("layout", "synchronous", 1, "config.layout.synchronous must be bool"),
-])
-def test_a_stored_config_with_a_value_of_the_wrong_type_is_a_config_error(section, field, value, message):
+@pytest.mark.parametrize(
+    "section,field,value,message",
+    [
+        ("env", "num_envs", "lots", "config.env.num_envs must be int"),
+        ("env", "num_envs", True, "config.env.num_envs must be int"),
+        ("ppo", "learning_rate", "fast", "config.ppo.learning_rate must be float"),
+        ("network", "hidden_sizes", [64, "x"], "config.network.hidden_sizes must be tuple"),
+        ("layout", "synchronous", 1, "config.layout.synchronous must be bool"),
+    ],
+)
+def test_a_stored_config_with_a_value_of_the_wrong_type_is_a_config_error(
+    section, field, value, message
+):
     """A damaged config.json or checkpoint meta: one line naming the field, not a TypeError later."""
     import dataclasses
     import json

@@ -3,7 +3,15 @@ import time
 
 import pytest
 
-from podrace.control import ComponentError, Control, HangDetected, Heartbeat, Lifetime, Stopped, Watchdog
+from podrace.control import (
+    ComponentError,
+    Control,
+    HangDetected,
+    Heartbeat,
+    Lifetime,
+    Stopped,
+    Watchdog,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -33,7 +41,12 @@ def test_control_call_checks_the_stop_and_brackets_the_call_with_the_heartbeat()
     lifetime, beat = Lifetime(), Heartbeat("actor-0")
     control = Control(lifetime, beat, lambda metrics: None)
     inside = []
-    assert control.call("env.step", 7, lambda x: inside.append(beat.overdue(time.monotonic() + 5, 1.0)) or x, 3) == 3
+    assert (
+        control.call(
+            "env.step", 7, lambda x: inside.append(beat.overdue(time.monotonic() + 5, 1.0)) or x, 3
+        )
+        == 3
+    )
     assert inside == ["env.step did not return within 1s (step 7)"]
     assert beat.overdue(time.monotonic() + 5, 1.0) is None  # idle again after the call
 
@@ -55,7 +68,9 @@ def test_heartbeat_is_overdue_only_after_the_timeout():
     beat.enter("evaluation env.step", 3)
     now = time.monotonic()
     assert beat.overdue(now, 60.0) is None
-    assert beat.overdue(now + 61.0, 60.0) == "evaluation env.step did not return within 60s (step 3)"
+    assert (
+        beat.overdue(now + 61.0, 60.0) == "evaluation env.step did not return within 60s (step 3)"
+    )
 
 
 @pytest.mark.timeout(30)

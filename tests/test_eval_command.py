@@ -16,15 +16,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import podrace.restore
 import podrace.eval_command
+import podrace.restore
 from podrace.checkpoint import Checkpointer, RunState, checkpoint_dir, checkpoint_steps, latest_step
 from podrace.config import ConfigError
 from podrace.envs import env_spec, make_env
 from podrace.eval_command import EvalOptions, evaluate_run, play_episodes
 from tests.envs.user_envs import MatchEnv
-from tests.test_evaluate import FixedLengthEnv
 from tests.test_checkpoint import fresh_state, save_versions, tiny_config
+from tests.test_evaluate import FixedLengthEnv
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,10 +56,15 @@ def test_eval_plays_the_checkpoint_policy_and_writes_json_without_overwriting(tm
     result = evaluate_run(EvalOptions(run, episodes=6, seed=4))
 
     written = json.loads((run / "eval-3.json").read_text())
-    assert written["checkpoint"] == 3 and written["episodes"] == 6 and written["policy"] == "deterministic"
+    assert (
+        written["checkpoint"] == 3
+        and written["episodes"] == 6
+        and written["policy"] == "deterministic"
+    )
     returns = np.asarray(written["returns"])
     assert written["return"] == pytest.approx(
-        {"mean": returns.mean(), "std": returns.std(), "min": returns.min(), "max": returns.max()})
+        {"mean": returns.mean(), "std": returns.std(), "min": returns.min(), "max": returns.max()}
+    )
     assert set(written["length"]) == {"mean", "std", "min", "max"} and len(written["lengths"]) == 6
 
     # The same envs driven by "always push right" give exactly these episodes.
@@ -76,7 +81,9 @@ def test_eval_plays_the_checkpoint_policy_and_writes_json_without_overwriting(tm
 
 @pytest.mark.timeout(30)
 def test_every_env_plays_its_share_so_short_episodes_are_not_over_counted():
-    returns, lengths = play_episodes(FixedLengthEnv([1, 10]), lambda obs: np.zeros(len(obs), int), 4).result()
+    returns, lengths = play_episodes(
+        FixedLengthEnv([1, 10]), lambda obs: np.zeros(len(obs), int), 4
+    ).result()
     assert sorted(lengths.tolist()) == [1, 1, 10, 10]
     assert returns.mean() == 5.5
 
@@ -87,7 +94,9 @@ def test_video_gif_of_one_episode_and_mp4_without_ffmpeg_is_a_clear_error(tmp_pa
     result = evaluate_run(EvalOptions(run, episodes=1, video=tmp_path / "episode.gif"))
     gif = Image.open(tmp_path / "episode.gif")
     assert gif.format == "GIF" and gif.size == (600, 400)
-    assert gif.n_frames == result["video_frames"] == result["lengths"][0] + 1  # reset frame + one per step
+    assert (
+        gif.n_frames == result["video_frames"] == result["lengths"][0] + 1
+    )  # reset frame + one per step
 
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(ConfigError, match="MP4 needs ffmpeg"):
@@ -148,7 +157,9 @@ def test_errors_come_before_anything_is_written(tmp_path):
         evaluate_run(EvalOptions(run, output=existing))
     with pytest.raises(ConfigError, match=r"--episodes must be in \[1, 2,147,483,647\], got 0"):
         evaluate_run(EvalOptions(run, episodes=0))
-    with pytest.raises(ConfigError, match="got 3,000,000,000"):  # ran until killed (sync/Ray attack)
+    with pytest.raises(
+        ConfigError, match="got 3,000,000,000"
+    ):  # ran until killed (sync/Ray attack)
         evaluate_run(EvalOptions(run, episodes=3_000_000_000))
     assert existing.read_text() == "keep me"
     assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.json"]
@@ -164,7 +175,9 @@ def test_cli_eval_prints_statistics_and_exits_2_on_errors(tmp_path):
     assert "return  mean" in ok.stdout and "results: " in ok.stdout
     assert (run / "eval-3.json").exists()
 
-    bad = subprocess.run(command + ["--checkpoint", "7"], capture_output=True, text=True, env=env, timeout=150)
+    bad = subprocess.run(
+        command + ["--checkpoint", "7"], capture_output=True, text=True, env=env, timeout=150
+    )
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == [
         f"podrace: error: no checkpoint for step 7 in {run / 'checkpoints'} (saved: 3)"
@@ -210,13 +223,19 @@ def test_an_output_that_cannot_be_written_is_refused_before_loading(tmp_path, mo
     if os.geteuid() != 0:  # the default output goes into the run directory
         run.chmod(0o500)
         try:
-            with pytest.raises(ConfigError, match=re.escape(
-                    f"cannot write {run / 'eval-<step>.json'}: Permission denied (choose another place with --output)")):
+            with pytest.raises(
+                ConfigError,
+                match=re.escape(
+                    f"cannot write {run / 'eval-<step>.json'}: Permission denied (choose another place with --output)"
+                ),
+            ):
                 evaluate_run(EvalOptions(run))
         finally:
             run.chmod(0o700)
     assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.json"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["a-file", "run"] + (["locked"] if locked != Path("/proc") else []))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["a-file", "run"] + (["locked"] if locked != Path("/proc") else [])
+    )
 
 
 @pytest.mark.timeout(60)
@@ -227,7 +246,9 @@ def test_a_seed_out_of_range_is_refused_before_loading(tmp_path, monkeypatch, se
     with pytest.raises(ConfigError, match=rf"^--seed must be in \[0, 2\*\*31 - 1\], got {seed}$"):
         evaluate_run(EvalOptions(run, seed=seed))
     monkeypatch.undo()
-    assert evaluate_run(EvalOptions(run, episodes=1, seed=2**31 - 1))["seed"] == 2**31 - 1  # the bound is fine
+    assert (
+        evaluate_run(EvalOptions(run, episodes=1, seed=2**31 - 1))["seed"] == 2**31 - 1
+    )  # the bound is fine
 
 
 USER_MODULE = """
@@ -244,7 +265,9 @@ def test_a_run_of_an_env_from_a_module_in_the_working_directory_evaluates(tmp_pa
     env_id = "podrace_eval_user_envs:podrace-eval-user/Match-v0"
     (tmp_path / "podrace_eval_user_envs.py").write_text(USER_MODULE)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", [str(tmp_path)] + [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.setattr(
+        sys, "path", [str(tmp_path)] + [p for p in sys.path if p not in ("", str(tmp_path))]
+    )
     try:
         run = make_run(tmp_path / "run", cfg=tiny_config(**{"env.id": env_id}))
         # A new process: the module not imported, the working directory not on sys.path.
@@ -260,7 +283,9 @@ def test_a_run_of_an_env_from_a_module_in_the_working_directory_evaluates(tmp_pa
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("read", [1, 2], ids=["while-reading-the-config", "while-restoring"])
-def test_a_live_run_rotating_its_checkpoints_spares_the_one_being_evaluated(tmp_path, monkeypatch, read):
+def test_a_live_run_rotating_its_checkpoints_spares_the_one_being_evaluated(
+    tmp_path, monkeypatch, read
+):
     """`--checkpoint.keep 1`: the run writes 4 while eval reads 3; 3 stays until eval is done."""
     run = make_run(tmp_path / "run")
     verify, reads = podrace.restore.verify_manifest, []
@@ -277,7 +302,9 @@ def test_a_live_run_rotating_its_checkpoints_spares_the_one_being_evaluated(tmp_
     assert result["checkpoint"] == 3 and reads == ["3", "3"]
 
     reads.clear()  # the next save deletes both; a step the user asked for is never replaced
-    monkeypatch.setattr(podrace.restore, "verify_manifest", lambda d: (reads.append(d.name), verify(d)))
+    monkeypatch.setattr(
+        podrace.restore, "verify_manifest", lambda d: (reads.append(d.name), verify(d))
+    )
     save_versions(checkpoint_dir(run), tiny_config(**{"checkpoint.keep": 1}), [5])
     assert checkpoint_steps(checkpoint_dir(run)) == [5]
     with pytest.raises(ConfigError, match=r"no checkpoint for step 4 .*\(saved: 5\)"):
@@ -290,12 +317,16 @@ def test_eval_of_a_step_without_its_manifest_is_a_corrupt_checkpoint(tmp_path):
     was damaged: eval refuses it rather than reading what it cannot verify."""
     run = make_run(tmp_path / "run")
     (checkpoint_dir(run) / "3" / "podrace_manifest.json").unlink()
-    with pytest.raises(ConfigError, match=r"^corrupt checkpoint: .*/3 has no podrace_manifest.json"):
+    with pytest.raises(
+        ConfigError, match=r"^corrupt checkpoint: .*/3 has no podrace_manifest.json"
+    ):
         evaluate_run(EvalOptions(run, episodes=1))
 
 
 @pytest.mark.timeout(120)
-def test_a_latest_checkpoint_deleted_before_it_is_held_is_replaced_by_the_new_latest(tmp_path, monkeypatch):
+def test_a_latest_checkpoint_deleted_before_it_is_held_is_replaced_by_the_new_latest(
+    tmp_path, monkeypatch
+):
     """The window left: the run rotates 3 away between eval listing it and holding it."""
     run = make_run(tmp_path / "run")
     listed = []
@@ -324,11 +355,20 @@ class NoFrames(MatchEnv):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("entry_point,message", [
-    (MatchEnv, r"cannot be rendered by Gymnasium: MatchEnv\(\) takes no arguments"),  # no render_mode
-    (NoFrames, r"cannot be recorded: render\(\) gave None, not an RGB frame"),
-], ids=["no-render-mode", "render-gives-none"])
-def test_video_of_an_env_that_cannot_render_is_refused_before_playing(tmp_path, monkeypatch, entry_point, message):
+@pytest.mark.parametrize(
+    "entry_point,message",
+    [
+        (
+            MatchEnv,
+            r"cannot be rendered by Gymnasium: MatchEnv\(\) takes no arguments",
+        ),  # no render_mode
+        (NoFrames, r"cannot be recorded: render\(\) gave None, not an RGB frame"),
+    ],
+    ids=["no-render-mode", "render-gives-none"],
+)
+def test_video_of_an_env_that_cannot_render_is_refused_before_playing(
+    tmp_path, monkeypatch, entry_point, message
+):
     gymnasium.register("PodraceNoRender-v0", entry_point=entry_point)
     try:
         run = make_run(tmp_path / "run", cfg=tiny_config(**{"env.id": "PodraceNoRender-v0"}))
@@ -361,7 +401,9 @@ def test_a_renderer_that_ends_its_process_is_a_one_line_error_before_playing(tmp
     env_id = "podrace_dying_render:podrace-dying/Render-v0"
     (tmp_path / "podrace_dying_render.py").write_text(DYING_RENDER)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", [str(tmp_path)] + [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.setattr(
+        sys, "path", [str(tmp_path)] + [p for p in sys.path if p not in ("", str(tmp_path))]
+    )
     try:
         run = make_run(tmp_path / "run", cfg=tiny_config(**{"env.id": env_id}))
         monkeypatch.setattr(podrace.eval_command, "make_env", fail_if_called("make_env"))
@@ -370,8 +412,10 @@ def test_a_renderer_that_ends_its_process_is_a_one_line_error_before_playing(tmp
     finally:
         sys.modules.pop("podrace_dying_render", None)
         gymnasium.registry.pop("podrace-dying/Render-v0", None)
-    assert str(error.value) == (f"env {env_id!r} cannot be rendered here: rendering its first frame ended the "
-                                "process (exit code 1): ERROR: no OpenGL platform in this process")
+    assert str(error.value) == (
+        f"env {env_id!r} cannot be rendered here: rendering its first frame ended the "
+        "process (exit code 1): ERROR: no OpenGL platform in this process"
+    )
     assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.json"]
 
 
@@ -385,7 +429,9 @@ def test_a_video_that_fails_after_playing_still_leaves_the_results(tmp_path, mon
     monkeypatch.setattr(podrace.eval_command, "write_video", encoder_fails)
     with pytest.raises(ConfigError) as error:
         evaluate_run(EvalOptions(run, episodes=2, video=tmp_path / "episode.gif"))
-    assert str(error.value) == (f"ffmpeg could not write {tmp_path / 'episode.gif'}: Unknown encoder "
-                                f"(the results were written to {run / 'eval-3.json'})")
+    assert str(error.value) == (
+        f"ffmpeg could not write {tmp_path / 'episode.gif'}: Unknown encoder "
+        f"(the results were written to {run / 'eval-3.json'})"
+    )
     written = json.loads((run / "eval-3.json").read_text())
     assert written["episodes"] == 2 and len(written["returns"]) == 2 and "video" not in written

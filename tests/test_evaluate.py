@@ -48,7 +48,9 @@ class FixedLengthEnv:
         self.t += 1
         done = self.t % self.lengths == 0
         zeros = np.zeros(self.num_envs)
-        return EnvStep(self.reset(), zeros, done, done & False, done, self.lengths.astype(float), self.lengths)
+        return EnvStep(
+            self.reset(), zeros, done, done & False, done, self.lengths.astype(float), self.lengths
+        )
 
     def close(self):
         pass
@@ -56,7 +58,9 @@ class FixedLengthEnv:
 
 def test_each_env_counts_its_own_share_so_short_episodes_are_not_over_counted():
     # The first four episodes to end would be env 0's four one-step episodes (mean 1).
-    returns, lengths = run_episodes(FixedLengthEnv([1, 10]), jax.jit(policy), None, jax.devices()[0], 4, control())
+    returns, lengths = run_episodes(
+        FixedLengthEnv([1, 10]), jax.jit(policy), None, jax.devices()[0], 4, control()
+    )
     assert sorted(lengths.tolist()) == [1, 1, 10, 10]
     assert returns.mean() == 5.5
 
@@ -87,12 +91,16 @@ def test_no_env_is_given_up_before_its_declared_time_limit():
 
 
 def test_when_no_env_ever_ends_an_episode_the_evaluation_ends_with_none():
-    returns, lengths = run_episodes(FixedLengthEnv([10**9] * 3), jax.jit(policy), None, jax.devices()[0], 3, control())
+    returns, lengths = run_episodes(
+        FixedLengthEnv([10**9] * 3), jax.jit(policy), None, jax.devices()[0], 3, control()
+    )
     assert len(returns) == len(lengths) == 0  # the caller reports it (nan; podrace eval: an error)
 
 
 def test_a_long_but_finite_episode_is_waited_for():
-    returns, lengths = run_episodes(FixedLengthEnv([10, 3000]), jax.jit(policy), None, jax.devices()[0], 4, control())
+    returns, lengths = run_episodes(
+        FixedLengthEnv([10, 3000]), jax.jit(policy), None, jax.devices()[0], 4, control()
+    )
     assert sorted(lengths.tolist()) == [10, 10, 3000, 3000]
 
 
@@ -103,7 +111,9 @@ def test_a_tally_of_several_steps_at_once_counts_each_env_up_to_its_quota_in_ste
     tally.add(done, returns, returns + 100)
     assert not tally.complete  # env 1 has one of its two
     assert tally.returns == [0.0, 2.0, 3.0, 4.0]
-    tally.add(np.array([True, True]), np.array([50.0, 51.0]), np.array([1, 2]))  # env 0 is past its quota
+    tally.add(
+        np.array([True, True]), np.array([50.0, 51.0]), np.array([1, 2])
+    )  # env 0 is past its quota
     assert tally.complete
     returns, lengths = tally.result()
     assert returns.tolist() == [0.0, 2.0, 3.0, 4.0, 51.0]
@@ -137,8 +147,15 @@ def test_every_evaluation_step_is_watched_by_the_heartbeat():
 
 def test_final_evaluation_returns_when_the_run_stops():
     lifetime = Lifetime()
-    evaluator = Evaluator(ScriptedEnv([{}, {}]), jax.devices()[0], jax.jit(policy), FakeParams(), 1, Metrics(),
-                          control(lifetime))
+    evaluator = Evaluator(
+        ScriptedEnv([{}, {}]),
+        jax.devices()[0],
+        jax.jit(policy),
+        FakeParams(),
+        1,
+        Metrics(),
+        control(lifetime),
+    )
     # No evaluator thread runs: only the stop can end the wait.
     outcome = []
 
@@ -158,8 +175,15 @@ def test_final_evaluation_returns_when_the_run_stops():
 
 def test_busy_evaluator_drops_and_counts_requests():
     metrics = Metrics()
-    evaluator = Evaluator(ScriptedEnv([{}, {}]), jax.devices()[0], jax.jit(policy), FakeParams(), 1, metrics,
-                          control())
+    evaluator = Evaluator(
+        ScriptedEnv([{}, {}]),
+        jax.devices()[0],
+        jax.jit(policy),
+        FakeParams(),
+        1,
+        metrics,
+        control(),
+    )
     assert metrics.collect()["eval/dropped_requests"] == 0  # reported before anything is dropped
     evaluator.request(1)
     evaluator.request(2)
@@ -169,6 +193,7 @@ def test_busy_evaluator_drops_and_counts_requests():
 
 
 # Compiled evaluation (envpool's XLA step): the same episodes as the step-by-step loop.
+
 
 def _envpool_evaluation(env_id, num_envs, episodes, compiled, **env_kwargs):
     from podrace.config import EnvConfig, NetworkConfig
@@ -180,7 +205,9 @@ def _envpool_evaluation(env_id, num_envs, episodes, compiled, **env_kwargs):
     net = make_network(NetworkConfig(hidden_sizes=(16,)), env.spec)
     device = jax.devices("cpu")[0]
     # Large random weights: greedy actions that depend on the observation, so episodes differ.
-    params = net.init(jax.random.PRNGKey(2), np.zeros((1,) + env.spec.obs_shape, env.spec.obs_dtype))
+    params = net.init(
+        jax.random.PRNGKey(2), np.zeros((1,) + env.spec.obs_shape, env.spec.obs_dtype)
+    )
     params = jax.device_put(jax.tree.map(lambda x: x * 30.0, params), device)
     greedy = make_greedy_policy(net.apply)
     evaluator = Evaluator(env, device, greedy, FakeParams(), episodes, Metrics(), control())
@@ -199,9 +226,13 @@ def _envpool_evaluation(env_id, num_envs, episodes, compiled, **env_kwargs):
     "env_id,num_envs,episodes,env_kwargs",
     [("CartPole-v1", 5, 12, {}), ("Pendulum-v1", 3, 7, {"max_episode_steps": 37})],
 )
-def test_compiled_evaluation_ends_the_same_episodes_as_step_by_step(env_id, num_envs, episodes, env_kwargs):
+def test_compiled_evaluation_ends_the_same_episodes_as_step_by_step(
+    env_id, num_envs, episodes, env_kwargs
+):
     returns, lengths = _envpool_evaluation(env_id, num_envs, episodes, True, **env_kwargs)
-    host_returns, host_lengths = _envpool_evaluation(env_id, num_envs, episodes, False, **env_kwargs)
+    host_returns, host_lengths = _envpool_evaluation(
+        env_id, num_envs, episodes, False, **env_kwargs
+    )
     assert len(returns) == episodes and len(set(returns.tolist())) > 1  # episodes that differ
     np.testing.assert_array_equal(returns, host_returns)  # same episodes, same order, same counts
     np.testing.assert_array_equal(lengths, host_lengths)
@@ -230,17 +261,24 @@ def test_compiled_evaluation_is_watched_per_chunk_and_sees_a_stop_between_chunks
             return super().call(what, step, fn, *args, steps=steps)
 
     ctl = StopAfterFirstChunk(lifetime, Heartbeat("evaluator"), lambda _: None)
-    evaluator = Evaluator(env, device, make_greedy_policy(net.apply), FakeParams(), 10_000, Metrics(), ctl)
+    evaluator = Evaluator(
+        env, device, make_greedy_policy(net.apply), FakeParams(), 10_000, Metrics(), ctl
+    )
     evaluator.warm_up(params)
     with pytest.raises(Stopped):
         run_episodes(env, evaluator.policy, params, device, 10_000, ctl, evaluator.fused)
     env.close()
-    assert calls == [("evaluation env.reset", 0, 1), ("evaluation env.step", CHUNK_STEPS, CHUNK_STEPS),
-                     ("evaluation env.step", 2 * CHUNK_STEPS, CHUNK_STEPS)]
+    assert calls == [
+        ("evaluation env.reset", 0, 1),
+        ("evaluation env.step", CHUNK_STEPS, CHUNK_STEPS),
+        ("evaluation env.step", 2 * CHUNK_STEPS, CHUNK_STEPS),
+    ]
 
 
 def test_envs_without_an_xla_step_are_evaluated_step_by_step():
     env = ScriptedEnv([{2: "terminated"}])
-    evaluator = Evaluator(env, jax.devices()[0], jax.jit(policy), FakeParams(), 1, Metrics(), control())
+    evaluator = Evaluator(
+        env, jax.devices()[0], jax.jit(policy), FakeParams(), 1, Metrics(), control()
+    )
     assert evaluator.fused is None
     evaluator.warm_up(None)

@@ -42,16 +42,28 @@ class ListSink:
         return 0.0
 
 
-def run_actor(env_id: str, num_envs: int, T: int, fused: bool, network: NetworkConfig, **env_kwargs):
+def run_actor(
+    env_id: str, num_envs: int, T: int, fused: bool, network: NetworkConfig, **env_kwargs
+):
     env = EnvpoolEnv(EnvConfig(id=env_id, **env_kwargs), num_envs, seed=7)
     net = make_network(network, env.spec)
     device = jax.devices("cpu")[0]
-    params = jax.device_put(net.init(jax.random.PRNGKey(1), np.zeros((1,) + env.spec.obs_shape, env.spec.obs_dtype)), device)
+    params = jax.device_put(
+        net.init(jax.random.PRNGKey(1), np.zeros((1,) + env.spec.obs_shape, env.spec.obs_dtype)),
+        device,
+    )
     policy = make_policy_fns(net.apply).on(device)
     settings = ActorSettings(0, T, ROLLOUTS, max_policy_lag=1, key=jax.random.PRNGKey(3))
     sink = ListSink()
     lifetime = Lifetime()
-    actor = Actor(settings, env, policy, FixedParams(params), sink, Control(lifetime, Heartbeat("actor-0"), lambda _: None))
+    actor = Actor(
+        settings,
+        env,
+        policy,
+        FixedParams(params),
+        sink,
+        Control(lifetime, Heartbeat("actor-0"), lambda _: None),
+    )
     assert (actor.fused is not None) == fused or fused is False
     if not fused:
         actor.fused = None
@@ -66,12 +78,30 @@ def run_actor(env_id: str, num_envs: int, T: int, fused: bool, network: NetworkC
 @pytest.mark.parametrize(
     "env_id,num_envs,T,network,env_kwargs",
     [
-        ("CartPole-v1", 8, 40, NetworkConfig(), {}),  # discrete, episodes end inside rollouts; chunks 32 + 8
+        (
+            "CartPole-v1",
+            8,
+            40,
+            NetworkConfig(),
+            {},
+        ),  # discrete, episodes end inside rollouts; chunks 32 + 8
         ("CartPole-v1", 16, 8, NetworkConfig(), {}),  # the cartpole-ppo shape: one call per rollout
         ("Pendulum-v1", 4, 64, NetworkConfig(), {}),  # continuous (clipped), truncated at 200 steps
-        ("FrozenLake-v1", 8, 32, NetworkConfig(), {}),  # Discrete observations, one-hot inside the rollout
+        (
+            "FrozenLake-v1",
+            8,
+            32,
+            NetworkConfig(),
+            {},
+        ),  # Discrete observations, one-hot inside the rollout
         # Atari: lost lives terminate learning episodes, game over ends reported ones
-        ("Breakout-v5", 4, 32, NetworkConfig(torso="nature_cnn", hidden_sizes=(32,)), {"image_size": 42}),
+        (
+            "Breakout-v5",
+            4,
+            32,
+            NetworkConfig(torso="nature_cnn", hidden_sizes=(32,)),
+            {"image_size": 42},
+        ),
     ],
     ids=["cartpole", "cartpole-one-call", "pendulum", "frozen-lake", "breakout"],
 )
@@ -87,7 +117,9 @@ def test_fused_rollouts_equal_step_by_step_rollouts(env_id, num_envs, T, network
             assert x.dtype == y.dtype and x.shape == y.shape, name
             np.testing.assert_array_equal(x, y, err_msg=name)
         for name in ("logprobs", "values", "last_value"):
-            np.testing.assert_allclose(getattr(ta, name), getattr(tb, name), rtol=1e-5, atol=1e-5, err_msg=name)
+            np.testing.assert_allclose(
+                getattr(ta, name), getattr(tb, name), rtol=1e-5, atol=1e-5, err_msg=name
+            )
         np.testing.assert_allclose(a.episode_returns, b.episode_returns, rtol=1e-6)
         np.testing.assert_array_equal(a.episode_lengths, b.episode_lengths)
         assert (a.seq, a.policy_version) == (b.seq, b.policy_version)
@@ -126,7 +158,6 @@ def test_fused_and_host_episode_returns_agree_bit_for_bit():
     fused rollout counts (in float32 on the device), not differ in the last digits."""
     from podrace.envs.episode_stats import count_step, zero_counts
 
-
     cfg = EnvConfig(id="Pendulum-v1", max_episode_steps=37)
     num_envs, steps = 3, 120
     actions = np.random.default_rng(0).uniform(-3, 3, (steps, num_envs, 1)).astype(np.float32)
@@ -148,12 +179,16 @@ def test_fused_and_host_episode_returns_agree_bit_for_bit():
         def body(state, action):
             handle, counts = state
             handle, step = xla(handle, action)
-            counts, ret, _ = count_step(counts, step.raw_reward, step.terminated, step.truncated,
-                                        step.episode_done, xp=jnp)
+            counts, ret, _ = count_step(
+                counts, step.raw_reward, step.terminated, step.truncated, step.episode_done, xp=jnp
+            )
             return (handle, counts), (ret, step.episode_done)
+
         return jax.lax.scan(body, (handle, counts), actions)[1]
 
-    rets, done = jax.device_get(roll(xla.handle, zero_counts(num_envs, np.float32, np.int32), actions))
+    rets, done = jax.device_get(
+        roll(xla.handle, zero_counts(num_envs, np.float32, np.int32), actions)
+    )
     fused.close()
     del obs
     fused_returns = np.asarray(rets[done], np.float64)
@@ -162,16 +197,26 @@ def test_fused_and_host_episode_returns_agree_bit_for_bit():
     np.testing.assert_array_equal(host_returns, fused_returns)
 
 
-def _cartpole_actor(num_envs: int, rollout_length: int, num_rollouts: int, control: type, lifetime: Lifetime):
+def _cartpole_actor(
+    num_envs: int, rollout_length: int, num_rollouts: int, control: type, lifetime: Lifetime
+):
     """A compiled-rollout CartPole actor on CPU device 0 whose env calls go through `control`."""
     env = EnvpoolEnv(EnvConfig(id="CartPole-v1"), num_envs, seed=0)
     net = make_network(NetworkConfig(), env.spec)
     device = jax.devices("cpu")[0]
     params = jax.device_put(net.init(jax.random.PRNGKey(1), np.zeros((1, 4), np.float32)), device)
-    settings = ActorSettings(0, rollout_length, num_rollouts, max_policy_lag=1, key=jax.random.PRNGKey(3))
+    settings = ActorSettings(
+        0, rollout_length, num_rollouts, max_policy_lag=1, key=jax.random.PRNGKey(3)
+    )
     sink = ListSink()
-    actor = Actor(settings, env, make_policy_fns(net.apply).on(device), FixedParams(params), sink,
-                  control(lifetime, Heartbeat("actor-0"), lambda _: None))
+    actor = Actor(
+        settings,
+        env,
+        make_policy_fns(net.apply).on(device),
+        FixedParams(params),
+        sink,
+        control(lifetime, Heartbeat("actor-0"), lambda _: None),
+    )
     actor.warm_up(params)
     return env, actor, sink
 
@@ -201,7 +246,11 @@ def test_a_long_rollout_runs_in_watched_chunks_and_a_stop_is_seen_between_them()
     assert all(leaf.is_ready() for leaf in jax.tree.leaves(actor.fused.carry))
     env.close()
     jax.effects_barrier()
-    assert calls == [("env.reset", 0, 1), ("env.rollout", 0, CHUNK_STEPS), ("env.rollout", CHUNK_STEPS, CHUNK_STEPS)]
+    assert calls == [
+        ("env.reset", 0, 1),
+        ("env.rollout", 0, CHUNK_STEPS),
+        ("env.rollout", CHUNK_STEPS, CHUNK_STEPS),
+    ]
     assert actor.env_steps == CHUNK_STEPS and not sink.rollouts  # the second chunk never ran
 
 

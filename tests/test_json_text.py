@@ -9,10 +9,17 @@ from podrace import json_text
 
 @pytest.mark.timeout(10)
 def test_non_finite_floats_are_written_as_null_at_any_depth():
-    value = {"mean": float("nan"), "returns": [1.5, float("inf"), -float("inf")], "nested": {"x": (float("nan"),)}}
+    value = {
+        "mean": float("nan"),
+        "returns": [1.5, float("inf"), -float("inf")],
+        "nested": {"x": (float("nan"),)},
+    }
     text = json_text.dumps_strict(value, indent=2)
     assert json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} is not JSON")) == {
-        "mean": None, "returns": [1.5, None, None], "nested": {"x": [None]}}
+        "mean": None,
+        "returns": [1.5, None, None],
+        "nested": {"x": [None]},
+    }
 
 
 @pytest.mark.timeout(10)

@@ -7,13 +7,20 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from podrace.config import EnvConfig, NetworkConfig, PPOConfig, TrainConfig, LayoutConfig
-from podrace.control import Lifetime
-from podrace.envs import env_spec
 from podrace.algos.normalization import RunningStats
 from podrace.algos.normalizer import Normalizer
+from podrace.config import EnvConfig, LayoutConfig, NetworkConfig, PPOConfig, TrainConfig
+from podrace.control import Lifetime
+from podrace.envs import env_spec
 from podrace.learner import Learner, LearnerSettings, NonFiniteUpdate, TooManySkippedUpdates
-from podrace.learner_mesh import LearnerPlacement, env_keys, make_algorithm, make_mesh, make_update_fn, trajectory_shardings
+from podrace.learner_mesh import (
+    LearnerPlacement,
+    env_keys,
+    make_algorithm,
+    make_mesh,
+    make_update_fn,
+    trajectory_shardings,
+)
 from podrace.metrics.registry import Metrics
 from podrace.networks import make_network
 from podrace.pipeline import Pipeline
@@ -27,17 +34,33 @@ class FakeState(NamedTuple):
 
 
 def stamped(actor_id, seq, version, traj=None):
-    return Rollout(actor_id, seq, version, trajectory=traj, episode_returns=np.array([1.0]),
-                   episode_lengths=np.array([3]), timings={})
+    return Rollout(
+        actor_id,
+        seq,
+        version,
+        trajectory=traj,
+        episode_returns=np.array([1.0]),
+        episode_lengths=np.array([3]),
+        timings={},
+    )
 
 
-def fake_learner(update_fn, updates=3, actors=1, skip=False, state=None, keys=None, max_skipped=0, publisher=None):
+def fake_learner(
+    update_fn, updates=3, actors=1, skip=False, state=None, keys=None, max_skipped=0, publisher=None
+):
     lifetime = Lifetime()
     pipeline = Pipeline(actors, capacity=updates, max_policy_lag=1, lifetime=lifetime)
     publisher = publisher or LocalPublisher()
-    learner = Learner(LearnerSettings(updates, steps_per_update=10, skip_nonfinite=skip, max_skipped=max_skipped),
-                      state or FakeState({"w": np.zeros(())}), keys if keys is not None else np.zeros(2),
-                      update_fn, pipeline, publisher, Metrics(), lifetime)
+    learner = Learner(
+        LearnerSettings(updates, steps_per_update=10, skip_nonfinite=skip, max_skipped=max_skipped),
+        state or FakeState({"w": np.zeros(())}),
+        keys if keys is not None else np.zeros(2),
+        update_fn,
+        pipeline,
+        publisher,
+        Metrics(),
+        lifetime,
+    )
     return learner, pipeline, publisher
 
 
@@ -78,6 +101,7 @@ def test_learner_never_publishes_a_nonfinite_update():
 def test_learner_never_accepts_or_publishes_nonfinite_statistics(skip):
     """A finite update whose batch made the normalization statistics inf/NaN (one inf
     observation): neither the params nor the statistics are taken."""
+
     def update(state, trajs, keys):
         return FakeState({"w": state.params["w"] + 1}), keys, {"finite": True, "loss": 0.5}
 
@@ -89,15 +113,26 @@ def test_learner_never_accepts_or_publishes_nonfinite_statistics(skip):
     pipeline = Pipeline(1, capacity=2, max_policy_lag=1, lifetime=lifetime)
     publisher = LocalPublisher()
     first = Normalizer(obs=None, returns=RunningStats(0.0, 1.0, 1e-4), tracker=None)
-    learner = Learner(LearnerSettings(2, steps_per_update=10, skip_nonfinite=skip, max_skipped=1),
-                      FakeState({"w": np.zeros(())}), np.zeros(2), update, pipeline, publisher, Metrics(),
-                      lifetime, normalizer=first, normalize_fn=normalize_fn)
+    learner = Learner(
+        LearnerSettings(2, steps_per_update=10, skip_nonfinite=skip, max_skipped=1),
+        FakeState({"w": np.zeros(())}),
+        np.zeros(2),
+        update,
+        pipeline,
+        publisher,
+        Metrics(),
+        lifetime,
+        normalizer=first,
+        normalize_fn=normalize_fn,
+    )
     pipeline.put(stamped(0, 0, 0))
     if skip:
         learner.step()
         assert learner.skipped == 1 and learner.version == 1
     else:
-        with pytest.raises(NonFiniteUpdate, match="non-finite observation or return statistics after update 1"):
+        with pytest.raises(
+            NonFiniteUpdate, match="non-finite observation or return statistics after update 1"
+        ):
             learner.step()
         assert publisher.latest_version == 0
     assert learner.normalizer is first and learner.state.params["w"] == 0
@@ -107,15 +142,20 @@ def test_learner_never_accepts_or_publishes_nonfinite_statistics(skip):
 def test_learner_advances_its_keys_between_updates():
     """Each update draws fresh keys (minibatch shuffles differ), with the real sharded update."""
     cfg = TrainConfig(
-        env=EnvConfig(id="CartPole-v1", num_envs=B), network=NetworkConfig(hidden_sizes=(8,)),
-        ppo=PPOConfig(num_epochs=1, num_minibatches=2), layout=LayoutConfig(actors_per_device=1),
-        rollout_length=T, total_steps=T * B * 10,
+        env=EnvConfig(id="CartPole-v1", num_envs=B),
+        network=NetworkConfig(hidden_sizes=(8,)),
+        ppo=PPOConfig(num_epochs=1, num_minibatches=2),
+        layout=LayoutConfig(actors_per_device=1),
+        rollout_length=T,
+        total_steps=T * B * 10,
     )
     spec = env_spec(cfg.env)
     network = make_network(cfg.network, spec)
     mesh = make_mesh(jax.devices()[:2])
     replicated = jax.sharding.NamedSharding(mesh, P())
-    params = jax.jit(network.init, out_shardings=replicated)(jax.random.PRNGKey(0), np.zeros((1, 4), np.float32))
+    params = jax.jit(network.init, out_shardings=replicated)(
+        jax.random.PRNGKey(0), np.zeros((1, 4), np.float32)
+    )
     algo = make_algorithm(cfg, network.apply)
     update = make_update_fn(algo, mesh, 1)
     used = []
@@ -125,10 +165,14 @@ def test_learner_advances_its_keys_between_updates():
         return update(state, trajs, keys)
 
     learner, pipeline, _ = fake_learner(
-        recording, state=jax.jit(algo.init, out_shardings=replicated)(params),
-        keys=env_keys(jax.random.PRNGKey(1), 1, B, mesh))
+        recording,
+        state=jax.jit(algo.init, out_shardings=replicated)(params),
+        keys=env_keys(jax.random.PRNGKey(1), 1, B, mesh),
+    )
     placement = LearnerPlacement(*trajectory_shardings(mesh))
-    traj = placement.place(jax.device_put(random_trajectory(np.random.default_rng(0), spec), jax.devices()[0]))
+    traj = placement.place(
+        jax.device_put(random_trajectory(np.random.default_rng(0), spec), jax.devices()[0])
+    )
     for seq in range(3):
         pipeline.put(stamped(0, seq, max(seq - 1, 0), traj=traj))
     learner.run()
@@ -168,7 +212,11 @@ def test_learner_blocks_on_new_params_before_publishing(monkeypatch):
             return super().publish(params, **kwargs)
 
     def update(state, trajs, keys):
-        return FakeState({"w": np.asarray(state.params["w"] + 1)}), keys, {"finite": True, "loss": 0.5}
+        return (
+            FakeState({"w": np.asarray(state.params["w"] + 1)}),
+            keys,
+            {"finite": True, "loss": 0.5},
+        )
 
     real = jax.block_until_ready
 
@@ -213,5 +261,3 @@ def test_learner_passes_each_update_the_keys_the_last_one_returned():
         pipeline.put(stamped(0, seq, max(seq - 1, 0)))
     learner.run()
     assert passed == [0, 1, 2] and int(learner.keys[0]) == 3
-
-

@@ -6,10 +6,23 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from podrace.config import EnvConfig, NetworkConfig, PPOConfig, TrainConfig, LayoutConfig, ImpalaConfig
+from podrace.config import (
+    EnvConfig,
+    ImpalaConfig,
+    LayoutConfig,
+    NetworkConfig,
+    PPOConfig,
+    TrainConfig,
+)
 from podrace.envs import env_spec
 from podrace.learner_mesh import (
-    AXIS, LearnerPlacement, env_keys, make_algorithm, make_mesh, make_update_fn, trajectory_shardings,
+    AXIS,
+    LearnerPlacement,
+    env_keys,
+    make_algorithm,
+    make_mesh,
+    make_update_fn,
+    trajectory_shardings,
 )
 from podrace.networks import make_network
 from podrace.types import Trajectory
@@ -28,7 +41,9 @@ def one_update(cfg, num_learners, host_trajs):
     network = make_network(cfg.network, spec)
     mesh = make_mesh(devices)
     replicated = jax.sharding.NamedSharding(mesh, P())
-    params = jax.jit(network.init, out_shardings=replicated)(jax.random.PRNGKey(0), np.zeros((1, 4), np.float32))
+    params = jax.jit(network.init, out_shardings=replicated)(
+        jax.random.PRNGKey(0), np.zeros((1, 4), np.float32)
+    )
     algo = make_algorithm(cfg, network.apply)
     state = jax.jit(algo.init, out_shardings=replicated)(params)
     placement = LearnerPlacement(*trajectory_shardings(mesh))
@@ -61,8 +76,19 @@ def test_four_learner_devices_match_one(algo):
     for a, b in zip(jax.tree.leaves(params_1), jax.tree.leaves(params_4)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(metrics_1["loss"], metrics_4["loss"], rtol=1e-4, atol=1e-5)
-    moved = [np.abs(a - b).max() for a, b in zip(jax.tree.leaves(params_1), jax.tree.leaves(
-        jax.device_get(make_network(cfg.network, spec).init(jax.random.PRNGKey(0), np.zeros((1, 4), np.float32)))))]
+    moved = [
+        np.abs(a - b).max()
+        for a, b in zip(
+            jax.tree.leaves(params_1),
+            jax.tree.leaves(
+                jax.device_get(
+                    make_network(cfg.network, spec).init(
+                        jax.random.PRNGKey(0), np.zeros((1, 4), np.float32)
+                    )
+                )
+            ),
+        )
+    ]
     assert max(moved) > 0  # the update did something
 
 
@@ -82,8 +108,12 @@ def test_an_envs_key_does_not_depend_on_the_learner_count():
     """Env (a, j) is column j * ACTORS + a of the batch for any learner count (shard d holds
     its slice of every actor's envs, env by env), and its key sits in the same row."""
     keys = jax.random.split(jax.random.PRNGKey(0), ACTORS * B)
-    one = np.asarray(jax.device_get(env_keys(jax.random.PRNGKey(0), ACTORS, B, make_mesh(jax.devices()[:1]))))
-    four = np.asarray(jax.device_get(env_keys(jax.random.PRNGKey(0), ACTORS, B, make_mesh(jax.devices()[:4]))))
+    one = np.asarray(
+        jax.device_get(env_keys(jax.random.PRNGKey(0), ACTORS, B, make_mesh(jax.devices()[:1])))
+    )
+    four = np.asarray(
+        jax.device_get(env_keys(jax.random.PRNGKey(0), ACTORS, B, make_mesh(jax.devices()[:4])))
+    )
     np.testing.assert_array_equal(four, one)
     for a in range(ACTORS):
         for j in range(B):
@@ -128,7 +158,9 @@ def test_placement_gives_each_learner_device_its_slice_of_the_envs():
         env_axis = 0 if name in ("last_obs", "last_value") else 1
         for shard in global_array.addressable_shards:
             d = mesh.devices.flat[:].tolist().index(shard.device)
-            expected = np.take(getattr(host, name), range(d * B // 4, (d + 1) * B // 4), axis=env_axis)
+            expected = np.take(
+                getattr(host, name), range(d * B // 4, (d + 1) * B // 4), axis=env_axis
+            )
             np.testing.assert_array_equal(np.asarray(shard.data), expected, err_msg=name)
 
 
@@ -136,14 +168,21 @@ def test_placement_gives_each_learner_device_its_slice_of_the_envs():
 def test_one_learner_device_takes_a_rollout_made_there_as_it_is_and_moves_others():
     learner_device, other = jax.devices()[:2]
     placement = LearnerPlacement(*trajectory_shardings(make_mesh([learner_device])))
-    host = random_trajectory(np.random.default_rng(0), env_spec(EnvConfig(id="CartPole-v1", num_envs=B)))
+    host = random_trajectory(
+        np.random.default_rng(0), env_spec(EnvConfig(id="CartPole-v1", num_envs=B))
+    )
     made_there = jax.device_put(host, learner_device)
     placed = placement.place(made_there)  # a CPU actor sharing the learner's device: no copy
     for name in Trajectory._fields:
         got, src = getattr(placed, name), getattr(made_there, name)
-        assert got.devices() == {learner_device} and got.unsafe_buffer_pointer() == src.unsafe_buffer_pointer()
+        assert (
+            got.devices() == {learner_device}
+            and got.unsafe_buffer_pointer() == src.unsafe_buffer_pointer()
+        )
     for source in (jax.device_put(host, other), host):  # another device's rollout, a host one (Ray)
         placed = placement.place(source)
         for name in Trajectory._fields:
             assert getattr(placed, name).devices() == {learner_device}, name
-            np.testing.assert_array_equal(np.asarray(getattr(placed, name)), getattr(host, name), err_msg=name)
+            np.testing.assert_array_equal(
+                np.asarray(getattr(placed, name)), getattr(host, name), err_msg=name
+            )

@@ -4,16 +4,23 @@ import time
 import numpy as np
 import pytest
 
-from podrace.pipeline import BoundedQueue, LagExceeded, Pipeline, PlacingSink
 from podrace.control import Lifetime, Stopped
+from podrace.pipeline import BoundedQueue, LagExceeded, Pipeline, PlacingSink
 from podrace.types import Rollout
 
 pytestmark = pytest.mark.timeout(30)
 
 
 def rollout(actor_id, seq, version):
-    return Rollout(actor_id, seq, version, trajectory=None, episode_returns=np.zeros(0),
-                   episode_lengths=np.zeros(0), timings={})
+    return Rollout(
+        actor_id,
+        seq,
+        version,
+        trajectory=None,
+        episode_returns=np.zeros(0),
+        episode_lengths=np.zeros(0),
+        timings={},
+    )
 
 
 def test_queue_blocks_when_full_and_times_the_wait():
@@ -38,7 +45,10 @@ def test_stop_wakes_blocked_put_and_get():
         except Stopped:
             errors.append(fn)
 
-    threads = [threading.Thread(target=blocked, args=(f,), daemon=True) for f in (lambda: full.put(2), empty.get)]
+    threads = [
+        threading.Thread(target=blocked, args=(f,), daemon=True)
+        for f in (lambda: full.put(2), empty.get)
+    ]
     for t in threads:
         t.start()
     time.sleep(0.1)
@@ -85,7 +95,15 @@ def test_pipeline_rejects_rollout_newer_than_the_learner():
 def test_placing_sink_places_then_queues_and_times_it():
     pipe = Pipeline(num_actors=1, capacity=1, max_policy_lag=1, lifetime=Lifetime())
     sink = PlacingSink(pipe, place=lambda traj: ("placed", traj))
-    r = Rollout(0, 0, 0, trajectory="raw", episode_returns=np.zeros(0), episode_lengths=np.zeros(0), timings={})
+    r = Rollout(
+        0,
+        0,
+        0,
+        trajectory="raw",
+        episode_returns=np.zeros(0),
+        episode_lengths=np.zeros(0),
+        timings={},
+    )
     assert sink.put(r) >= 0
     (got,), _ = pipe.next_batch(learner_version=0)
     assert got.trajectory == ("placed", "raw") and "to_learner" in r.timings

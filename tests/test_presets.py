@@ -11,10 +11,10 @@ from jax.sharding import PartitionSpec as P
 
 from podrace.algos.advantages import vtrace
 from podrace.cli import main
-from podrace.train_command import parse_train
 from podrace.envs import env_spec, resolve_backend
 from podrace.learner_mesh import AXIS, TRAJECTORY_SPEC, make_algorithm, make_mesh
 from podrace.presets import PRESETS
+from podrace.train_command import parse_train
 from podrace.types import Trajectory
 from podrace.validation import validate
 from tests.algos import numpy_reference as ref
@@ -71,16 +71,26 @@ def test_atari_presets_state_the_standard_settings(name):
     assert (env.frame_skip, env.image_size, env.frame_stack) == (4, 84, 4)
     assert env.sticky_action_prob == 0.25 and env.reward_clip
     episodic_life, noop_max, full_action_space, num_actions = ATARI_ENVS[name]
-    assert (env.episodic_life, env.noop_max, env.full_action_space) == (episodic_life, noop_max, full_action_space)
+    assert (env.episodic_life, env.noop_max, env.full_action_space) == (
+        episodic_life,
+        noop_max,
+        full_action_space,
+    )
     assert env.max_episode_steps == 108_000 // 4
     # 200M frames = 50M agent steps at frame skip 4.
     assert cfg.total_steps * env.frame_skip == 200_000_000
     spec = env_spec(env)
-    assert spec.obs_shape == (4, 84, 84) and spec.obs_dtype == np.uint8 and spec.num_actions == num_actions
+    assert (
+        spec.obs_shape == (4, 84, 84)
+        and spec.obs_dtype == np.uint8
+        and spec.num_actions == num_actions
+    )
     # The game is overridable; every other setting stays.
     other = dataclasses.replace(env, id="Pong-v5")
     validate(dataclasses.replace(cfg, env=other))
-    assert resolve_backend(other) == "envpool" and env_spec(other).num_actions == (18 if full_action_space else 6)
+    assert resolve_backend(other) == "envpool" and env_spec(other).num_actions == (
+        18 if full_action_space else 6
+    )
 
 
 @pytest.mark.timeout(30)
@@ -89,11 +99,26 @@ def test_atari_impala_follows_cleanba():
     cfg = PRESETS["atari-impala"][1]
     imp = cfg.impala
     assert cfg.network.torso == "impala_resnet" and cfg.network.hidden_sizes == (256,)
-    assert (cfg.rollout_length, cfg.num_actors, cfg.env.num_envs, imp.num_minibatches) == (20, 2, 64, 4)
+    assert (cfg.rollout_length, cfg.num_actors, cfg.env.num_envs, imp.num_minibatches) == (
+        20,
+        2,
+        64,
+        4,
+    )
     assert cfg.total_steps == 50_000_000
-    assert (imp.learning_rate, imp.anneal_lr, imp.gamma, imp.vtrace_lambda) == (6e-4, True, 0.99, 1.0)
+    assert (imp.learning_rate, imp.anneal_lr, imp.gamma, imp.vtrace_lambda) == (
+        6e-4,
+        True,
+        0.99,
+        1.0,
+    )
     assert (imp.ent_coef, imp.vf_coef, imp.rho_bar, imp.c_bar) == (0.01, 0.5, 1.0, 1.0)
-    assert (imp.rmsprop_style, imp.rmsprop_eps, imp.rmsprop_decay, imp.max_grad_norm) == ("torch", 0.01, 0.99, 40.0)
+    assert (imp.rmsprop_style, imp.rmsprop_eps, imp.rmsprop_decay, imp.max_grad_norm) == (
+        "torch",
+        0.01,
+        0.99,
+        40.0,
+    )
     assert cfg.layout.scan_unroll >= imp.num_minibatches  # fully unrolled (see the benchmark)
 
 
@@ -103,7 +128,12 @@ def test_atari_ppo_follows_cleanrl():
     ppo = cfg.ppo
     assert cfg.network.torso == "nature_cnn" and cfg.network.hidden_sizes == (512,)
     assert cfg.rollout_length == 128
-    assert (ppo.learning_rate, ppo.anneal_lr, ppo.num_epochs, ppo.num_minibatches) == (2.5e-4, True, 4, 4)
+    assert (ppo.learning_rate, ppo.anneal_lr, ppo.num_epochs, ppo.num_minibatches) == (
+        2.5e-4,
+        True,
+        4,
+        4,
+    )
     assert (ppo.clip_coef, ppo.ent_coef, ppo.vf_coef, ppo.max_grad_norm) == (0.1, 0.01, 0.5, 0.5)
     assert (ppo.gamma, ppo.gae_lambda) == (0.99, 0.95)
     assert cfg.layout.scan_unroll >= max(ppo.num_epochs, ppo.num_minibatches)
@@ -113,22 +143,40 @@ def cleanba_summed_loss_gradient(net, params, traj, imp):
     """Gradient of Cleanba's loss: the per-step IMPALA loss SUMMED over valid steps."""
     dist, values = net.apply(params, traj.obs)
     _, last_value = net.apply(params, traj.last_obs)
-    vs, pg = vtrace(traj.logprobs, dist.log_prob(traj.actions), traj.rewards, values, last_value,
-                    traj.terminated, traj.truncated, traj.valid, imp.gamma, imp.vtrace_lambda,
-                    imp.rho_bar, imp.c_bar)
+    vs, pg = vtrace(
+        traj.logprobs,
+        dist.log_prob(traj.actions),
+        traj.rewards,
+        values,
+        last_value,
+        traj.terminated,
+        traj.truncated,
+        traj.valid,
+        imp.gamma,
+        imp.vtrace_lambda,
+        imp.rho_bar,
+        imp.c_bar,
+    )
     w = traj.valid.astype(jnp.float32)
 
     def summed(p):
         d, v = net.apply(p, traj.obs)
-        return jnp.sum(w * (-d.log_prob(traj.actions) * pg + imp.vf_coef * 0.5 * (vs - v) ** 2
-                            - imp.ent_coef * d.entropy()))
+        return jnp.sum(
+            w
+            * (
+                -d.log_prob(traj.actions) * pg
+                + imp.vf_coef * 0.5 * (vs - v) ** 2
+                - imp.ent_coef * d.entropy()
+            )
+        )
 
     return jax.grad(summed)(params)
 
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(
-    "argv", [["atari-impala"], ["atari-ppo", "--algo", "impala"], ["cartpole-ppo", "--algo", "impala"]]
+    "argv",
+    [["atari-impala"], ["atari-ppo", "--algo", "impala"], ["cartpole-ppo", "--algo", "impala"]],
 )
 def test_every_way_of_selecting_impala_gets_cleanbas_optimizer(argv):
     """One update of the configured learner (its own T, envs and minibatches; a small
@@ -148,22 +196,41 @@ def test_every_way_of_selecting_impala_gets_cleanbas_optimizer(argv):
         return jnp.repeat(x, n, axis=0 if name in ("last_obs", "last_value") else 1)
 
     traj = Trajectory(*(tile(n, x, num_envs) for n, x in zip(Trajectory._fields, column)))
-    minibatch = Trajectory(*(tile(n, x, num_envs // num_mb) for n, x in zip(Trajectory._fields, column)))
+    minibatch = Trajectory(
+        *(tile(n, x, num_envs // num_mb) for n, x in zip(Trajectory._fields, column))
+    )
 
     algo = make_algorithm(cfg, net.apply)
-    update = jax.jit(jax.shard_map(algo.update, mesh=make_mesh(jax.devices()[:1]),
-                                   in_specs=(P(), TRAJECTORY_SPEC, P(AXIS)), out_specs=(P(), P())))
+    update = jax.jit(
+        jax.shard_map(
+            algo.update,
+            mesh=make_mesh(jax.devices()[:1]),
+            in_specs=(P(), TRAJECTORY_SPEC, P(AXIS)),
+            out_specs=(P(), P()),
+        )
+    )
     state, _ = update(algo.init(params), traj, jax.random.split(jax.random.PRNGKey(0), num_envs))
 
     grad_fn = jax.jit(lambda p: cleanba_summed_loss_gradient(net, p, minibatch, cfg.impala))
     expected, treedef = jax.tree.leaves(params), jax.tree.structure(params)
     grads = []
     for _ in range(num_mb):  # the reference walks the same minibatch num_mb times
-        grads.append([np.asarray(g) for g in jax.tree.leaves(grad_fn(jax.tree.unflatten(treedef, expected)))])
-        expected = ref.rmsprop(jax.tree.leaves(params), grads, [6e-4] * len(grads),
-                               decay=0.99, eps=0.01, max_norm=40.0, style="torch")
+        grads.append(
+            [np.asarray(g) for g in jax.tree.leaves(grad_fn(jax.tree.unflatten(treedef, expected)))]
+        )
+        expected = ref.rmsprop(
+            jax.tree.leaves(params),
+            grads,
+            [6e-4] * len(grads),
+            decay=0.99,
+            eps=0.01,
+            max_norm=40.0,
+            style="torch",
+        )
     got = jax.tree.leaves(state.params)
-    moved = max(np.abs(np.asarray(a) - np.asarray(b)).max() for a, b in zip(got, jax.tree.leaves(params)))
+    moved = max(
+        np.abs(np.asarray(a) - np.asarray(b)).max() for a, b in zip(got, jax.tree.leaves(params))
+    )
     assert moved > 1e-3
     for g, e in zip(got, expected):
         np.testing.assert_allclose(np.asarray(g), e, rtol=1e-4, atol=2e-6)

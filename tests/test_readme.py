@@ -25,9 +25,17 @@ def library_example() -> str:
 def test_library_example_trains_beyond_random(tmp_path):
     script = tmp_path / "train_match.py"
     script.write_text(library_example())
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(README.parent), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(README.parent), os.environ.get("PYTHONPATH", "")]),
+    )
     proc = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = re.search(r"final greedy return ([\d.]+) of 8", proc.stdout)

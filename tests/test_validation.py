@@ -32,13 +32,25 @@ PYTHON_ONLY = [
     ({"ppo.anneal_lr": "no"}, "ppo.anneal_lr must be bool, got 'no'"),
     ({"ppo.anneal_lr": 1}, "ppo.anneal_lr must be bool, got 1"),
     ({"total_steps": 1e6}, "total_steps must be int, got 1000000.0"),
-    ({"network.hidden_sizes": [64, 64]}, "network.hidden_sizes must be tuple[int, ...], got [64, 64]"),
-    ({"layout.actor_device_ids": (0, "1")}, "layout.actor_device_ids must be tuple[int, ...], got (0, '1')"),
+    (
+        {"network.hidden_sizes": [64, 64]},
+        "network.hidden_sizes must be tuple[int, ...], got [64, 64]",
+    ),
+    (
+        {"layout.actor_device_ids": (0, "1")},
+        "layout.actor_device_ids must be tuple[int, ...], got (0, '1')",
+    ),
     ({"env.num_threads": 2.0}, "env.num_threads must be int | None, got 2.0"),
     ({"env": {"id": "CartPole-v1"}}, "env must be EnvConfig, got dict"),
     ({"eval": PPOConfig()}, "eval must be EvalConfig, got PPOConfig"),
-    ({"algo": np.array(["ppo", "ppo"])}, "algo must be one of ppo, impala, got array(['ppo', 'ppo']"),  # was a raw ValueError
-    ({"log.console": np.array("none")}, "log.console must be one of progress, lines, none, got array('none'"),  # was accepted
+    (
+        {"algo": np.array(["ppo", "ppo"])},
+        "algo must be one of ppo, impala, got array(['ppo', 'ppo']",
+    ),  # was a raw ValueError
+    (
+        {"log.console": np.array("none")},
+        "log.console must be one of progress, lines, none, got array('none'",
+    ),  # was accepted
 ]
 
 
@@ -53,7 +65,10 @@ def test_bad_config_from_python(changes, message):
 
 @pytest.mark.timeout(10)
 def test_a_config_that_is_no_train_config_is_one_line():
-    with pytest.raises(ConfigError, match=r"^the config must be a TrainConfig \(e.g. podrace.presets.get\(name\)\), got dict$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^the config must be a TrainConfig \(e.g. podrace.presets.get\(name\)\), got dict$",
+    ):
         validate({"seed": 1})
 
 
@@ -69,14 +84,21 @@ def test_podrace_train_checks_types_before_it_reads_the_config(tmp_path):
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("name", [" ", "   ", "\u3000\u00a0"])
-def test_a_run_name_of_only_whitespace_is_refused_before_anything_is_created(capsys, tmp_path, name):
+def test_a_run_name_of_only_whitespace_is_refused_before_anything_is_created(
+    capsys, tmp_path, name
+):
     from podrace.cli import main
 
-    with pytest.raises(ConfigError, match=re.escape(f"log.run_name must not be only whitespace, got {name!r}")):
+    with pytest.raises(
+        ConfigError, match=re.escape(f"log.run_name must not be only whitespace, got {name!r}")
+    ):
         validate(replace(TrainConfig(), **{"log.run_name": name}))
     code = main(["train", "cartpole-ppo", "--log.run-dir", str(tmp_path), "--log.run-name", name])
     err = capsys.readouterr().err
-    assert code == 2 and err == f"podrace: error: log.run_name must not be only whitespace, got {name!r}\n"
+    assert (
+        code == 2
+        and err == f"podrace: error: log.run_name must not be only whitespace, got {name!r}\n"
+    )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -88,7 +110,9 @@ def test_every_float_field_is_checked_for_finiteness():
     for name in floats:
         with pytest.raises(ConfigError, match=f"{name} must be a finite number"):
             validate(replace(TrainConfig(), **{name: float("nan")}))
-        with pytest.raises(ConfigError, match=f"{name} must be at most .* in magnitude \\(float32\\)"):
+        with pytest.raises(
+            ConfigError, match=f"{name} must be at most .* in magnitude \\(float32\\)"
+        ):
             validate(replace(TrainConfig(), **{name: -1e39}))
 
 

@@ -69,7 +69,9 @@ def baseline(tests: tuple[str, ...], timeout_s: float) -> str | None:
         env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
         command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
         try:
-            done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout_s)
+            done = subprocess.run(
+                command, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout_s
+            )
         except subprocess.TimeoutExpired:
             return f"timed out after {timeout_s:g}s"
     if done.returncode == 0:
@@ -81,48 +83,90 @@ def run_mutant(mutant: Mutant, timeout_s: float) -> Outcome:
     source = (ROOT / mutant.file).read_text()
     count = source.count(mutant.find)
     if count != 1:
-        return Outcome(mutant.name, mutant.file, "stale", 0.0, f"snippet found {count} times", mutant.tests)
+        return Outcome(
+            mutant.name, mutant.file, "stale", 0.0, f"snippet found {count} times", mutant.tests
+        )
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="podrace-mutant-") as tmp:
         tree = Path(tmp)
         _copy_tree(tree)
         (tree / mutant.file).write_text(source.replace(mutant.find, mutant.replace))
         env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
-        command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *mutant.tests]
+        command = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-x",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            *mutant.tests,
+        ]
         try:
-            done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout_s)
+            done = subprocess.run(
+                command, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout_s
+            )
         except subprocess.TimeoutExpired:
             # A hang under a mutant is a failure the suite would report (pytest-timeout).
-            return Outcome(mutant.name, mutant.file, "timeout", time.monotonic() - start, "", mutant.tests)
+            return Outcome(
+                mutant.name, mutant.file, "timeout", time.monotonic() - start, "", mutant.tests
+            )
     seconds = time.monotonic() - start
     tail = done.stdout.strip().splitlines()[-1:] or [""]
     if done.returncode == 0:
         return Outcome(mutant.name, mutant.file, "survived", seconds, tail[0], mutant.tests)
     if done.returncode in (4, 5):  # usage error / no test collected: a typo in `tests`, not a kill
-        return Outcome(mutant.name, mutant.file, "error", seconds, f"pytest exit {done.returncode}: {tail[0]}",
-                       mutant.tests)
+        return Outcome(
+            mutant.name,
+            mutant.file,
+            "error",
+            seconds,
+            f"pytest exit {done.returncode}: {tail[0]}",
+            mutant.tests,
+        )
     if done.returncode in (1, 3):  # tests failed / errored on the mutant
         return Outcome(mutant.name, mutant.file, "killed", seconds, tail[0], mutant.tests)
-    return Outcome(mutant.name, mutant.file, "killed", seconds, f"pytest exit {done.returncode}: {tail[0]}", mutant.tests)
+    return Outcome(
+        mutant.name,
+        mutant.file,
+        "killed",
+        seconds,
+        f"pytest exit {done.returncode}: {tail[0]}",
+        mutant.tests,
+    )
 
 
 def _commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-k", nargs="*", default=[], help="only mutants whose name contains one of these words")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per mutant's test run")
+    parser.add_argument(
+        "-k", nargs="*", default=[], help="only mutants whose name contains one of these words"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds per mutant's test run"
+    )
     parser.add_argument("--json", type=Path, help="write the outcomes as JSON")
-    parser.add_argument("--list", action="store_true", help="list the selected mutants and their tests, run nothing")
-    parser.add_argument("--baseline", action="store_true",
-                        help="first run each distinct test selection on the unmutated tree; mutants whose tests "
-                             "already fail there are reported as errors instead of counted as killed")
+    parser.add_argument(
+        "--list", action="store_true", help="list the selected mutants and their tests, run nothing"
+    )
+    parser.add_argument(
+        "--baseline",
+        action="store_true",
+        help="first run each distinct test selection on the unmutated tree; mutants whose tests "
+        "already fail there are reported as errors instead of counted as killed",
+    )
     args = parser.parse_args(argv)
 
     selected = [m for m in MUTANTS if not args.k or any(word in m.name for word in args.k)]
@@ -134,25 +178,42 @@ def main(argv: list[str] | None = None) -> int:
     if args.baseline:
         for tests in dict.fromkeys(m.tests for m in selected):
             why = baseline(tests, args.timeout)
-            print(f"baseline {'ok' if why is None else 'FAILS'}: {' '.join(tests)} {why or ''}", flush=True)
+            print(
+                f"baseline {'ok' if why is None else 'FAILS'}: {' '.join(tests)} {why or ''}",
+                flush=True,
+            )
             if why is not None:
                 broken[tests] = why
     outcomes = []
     for i, mutant in enumerate(selected, 1):
         if mutant.tests in broken:
-            outcome = Outcome(mutant.name, mutant.file, "error", 0.0, f"fails unmutated: {broken[mutant.tests]}",
-                              mutant.tests)
+            outcome = Outcome(
+                mutant.name,
+                mutant.file,
+                "error",
+                0.0,
+                f"fails unmutated: {broken[mutant.tests]}",
+                mutant.tests,
+            )
         else:
             outcome = run_mutant(mutant, args.timeout)
         outcomes.append(outcome)
-        print(f"[{i}/{len(selected)}] {outcome.status:8s} {outcome.seconds:6.1f}s  {mutant.name}", flush=True)
+        print(
+            f"[{i}/{len(selected)}] {outcome.status:8s} {outcome.seconds:6.1f}s  {mutant.name}",
+            flush=True,
+        )
 
-    if args.json and args.k and args.json.exists():  # a partial re-run: merge into the last full pass
+    if (
+        args.json and args.k and args.json.exists()
+    ):  # a partial re-run: merge into the last full pass
         known = {m.name for m in MUTANTS}
         rerun = {o.name for o in outcomes}
         previous = json.loads(args.json.read_text())["outcomes"]
-        kept = [Outcome(**{**o, "tests": tuple(o.get("tests", ()))}) for o in previous
-                if o["name"] in known and o["name"] not in rerun]
+        kept = [
+            Outcome(**{**o, "tests": tuple(o.get("tests", ()))})
+            for o in previous
+            if o["name"] in known and o["name"] not in rerun
+        ]
         order = {m.name: i for i, m in enumerate(MUTANTS)}
         outcomes = sorted(kept + outcomes, key=lambda o: order[o.name])
     scored = [o for o in outcomes if o.status not in ("stale", "error")]

@@ -7,6 +7,15 @@ from podrace.algos.impala import impala_loss, make_impala
 from podrace.algos.ppo import PPOBatch, make_ppo, ppo_loss
 
 __all__ = [
-    "Algorithm", "Categorical", "Gaussian", "PPOBatch", "TrainState", "gae", "impala_loss",
-    "make_impala", "make_ppo", "ppo_loss", "vtrace",
+    "Algorithm",
+    "Categorical",
+    "Gaussian",
+    "PPOBatch",
+    "TrainState",
+    "gae",
+    "impala_loss",
+    "make_impala",
+    "make_ppo",
+    "ppo_loss",
+    "vtrace",
 ]

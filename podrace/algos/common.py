@@ -8,12 +8,11 @@ the single-device masked mean over the whole batch. `axis_name=None` means no me
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import optax
-
 from jax.flatten_util import ravel_pytree
 
 from podrace.algos.base import TrainState
@@ -67,7 +66,9 @@ class MaskedMean:
         return psum(self.share(x), self.axis_name)
 
 
-def learning_rate_schedule(lr: float, anneal: bool, total_steps: int, hold: int = 1) -> optax.Schedule:
+def learning_rate_schedule(
+    lr: float, anneal: bool, total_steps: int, hold: int = 1
+) -> optax.Schedule:
     """Constant, or linear decay to 0 over `total_steps` optimizer steps.
 
     With `hold` = k the rate changes only every k steps (lr * (1 - (count // k) * k /
@@ -142,7 +143,9 @@ def make_minibatch_step(optimizer, loss_fn, schedule, axis_name: str | None) -> 
 
         def minibatch_step(carry, minibatch):
             flat, opt_state, opt_count = carry
-            flat, opt_state, metrics = sgd_step(optimizer, flat_loss, flat, opt_state, minibatch, axis_name)
+            flat, opt_state, metrics = sgd_step(
+                optimizer, flat_loss, flat, opt_state, minibatch, axis_name
+            )
             metrics["learning_rate"] = jnp.asarray(schedule(opt_count), jnp.float32)
             return (flat, opt_state, opt_count + 1), metrics
 

@@ -16,7 +16,8 @@ straddles two shards, so 1, 2 or 4 learner devices compute the same update.
 
 from __future__ import annotations
 
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -28,11 +29,11 @@ from podrace.algos.base import Algorithm, TrainState
 from podrace.algos.common import (
     MaskedMean,
     Metrics,
+    init_state,
     learning_rate_schedule,
+    make_minibatch_step,
     psum,
     reduce_metrics,
-    init_state,
-    make_minibatch_step,
 )
 from podrace.config import ImpalaConfig
 from podrace.types import PyTree, Trajectory
@@ -64,11 +65,23 @@ def impala_loss(
     _, last_value = apply_fn(params, traj.last_obs)
     logp = dist.log_prob(traj.actions)
     vs, pg_adv = vtrace(
-        traj.logprobs, logp, traj.rewards, values, last_value, traj.terminated,
-        traj.truncated, traj.valid, cfg.gamma, cfg.vtrace_lambda, cfg.rho_bar, cfg.c_bar,
+        traj.logprobs,
+        logp,
+        traj.rewards,
+        values,
+        last_value,
+        traj.terminated,
+        traj.truncated,
+        traj.valid,
+        cfg.gamma,
+        cfg.vtrace_lambda,
+        cfg.rho_bar,
+        cfg.c_bar,
     )
     masked = MaskedMean(traj.valid, axis_name)
-    per_step = -logp * pg_adv + cfg.vf_coef * 0.5 * jnp.square(vs - values) - cfg.ent_coef * dist.entropy()
+    per_step = (
+        -logp * pg_adv + cfg.vf_coef * 0.5 * jnp.square(vs - values) - cfg.ent_coef * dist.entropy()
+    )
     summed = masked.local_sum(per_step)
     shares = {
         "policy_loss": masked.share(-logp * pg_adv),
@@ -79,7 +92,9 @@ def impala_loss(
     cut = jnp.log1p(TRUNCATION_TOLERANCE)
     stats = {
         **shares,
-        "loss": shares["policy_loss"] + cfg.vf_coef * shares["value_loss"] - cfg.ent_coef * shares["entropy"],
+        "loss": shares["policy_loss"]
+        + cfg.vf_coef * shares["value_loss"]
+        - cfg.ent_coef * shares["entropy"],
         "approx_kl": masked.share(jnp.expm1(log_ratio) - log_ratio),
         "rho_truncated": masked.share((log_ratio > jnp.log(cfg.rho_bar) + cut).astype(jnp.float32)),
         "c_truncated": masked.share((log_ratio > jnp.log(cfg.c_bar) + cut).astype(jnp.float32)),
@@ -97,16 +112,24 @@ def rmsprop(
     eps), ms from 1. With the same eps the two take steps of very different sizes.
     """
     if style == "torch":
-        return optax.rmsprop(learning_rate, decay=decay, eps=eps, initial_scale=0.0, eps_in_sqrt=False)
+        return optax.rmsprop(
+            learning_rate, decay=decay, eps=eps, initial_scale=0.0, eps_in_sqrt=False
+        )
     if style == "tf":
-        return optax.rmsprop(learning_rate, decay=decay, eps=eps, initial_scale=1.0, eps_in_sqrt=True)
+        return optax.rmsprop(
+            learning_rate, decay=decay, eps=eps, initial_scale=1.0, eps_in_sqrt=True
+        )
     raise ValueError(f"unknown RMSProp style {style!r}")
 
 
-def make_optimizer(cfg: ImpalaConfig, num_updates: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+def make_optimizer(
+    cfg: ImpalaConfig, num_updates: int
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """(global-norm clip then RMSProp, its learning-rate schedule): one rate per update, as Cleanba."""
     num_mb = cfg.num_minibatches
-    schedule = learning_rate_schedule(cfg.learning_rate, cfg.anneal_lr, num_updates * num_mb, hold=num_mb)
+    schedule = learning_rate_schedule(
+        cfg.learning_rate, cfg.anneal_lr, num_updates * num_mb, hold=num_mb
+    )
     optimizer = optax.chain(
         optax.clip_by_global_norm(cfg.max_grad_norm),
         rmsprop(schedule, cfg.rmsprop_decay, cfg.rmsprop_eps, cfg.rmsprop_style),
@@ -122,7 +145,9 @@ def minibatch_envs(keys: jax.Array, num_mb: int) -> jax.Array:
     """
     num_envs = keys.shape[0]
     if num_envs % num_mb:
-        raise ValueError(f"impala.num_minibatches ({num_mb}) must divide the envs per shard ({num_envs})")
+        raise ValueError(
+            f"impala.num_minibatches ({num_mb}) must divide the envs per shard ({num_envs})"
+        )
     draws = jax.vmap(jax.random.uniform)(keys).reshape(num_envs // num_mb, num_mb)
     blocks = num_mb * jnp.arange(num_envs // num_mb)[:, None]
     return (jnp.argsort(draws, axis=1) + blocks).T

@@ -32,7 +32,9 @@ class RunningStats(NamedTuple):
 
 def init_stats(shape: tuple[int, ...]) -> RunningStats:
     return RunningStats(
-        jnp.asarray(INITIAL_COUNT, jnp.float32), jnp.zeros(shape, jnp.float32), jnp.ones(shape, jnp.float32)
+        jnp.asarray(INITIAL_COUNT, jnp.float32),
+        jnp.zeros(shape, jnp.float32),
+        jnp.ones(shape, jnp.float32),
     )
 
 
@@ -62,7 +64,9 @@ def update_stats(
     return RunningStats(total, mean, m2 / total)
 
 
-def normalize(stats: RunningStats, x: jax.Array, clip: float = 10.0, eps: float = 1e-8) -> jax.Array:
+def normalize(
+    stats: RunningStats, x: jax.Array, clip: float = 10.0, eps: float = 1e-8
+) -> jax.Array:
     """(x - mean) / std, clipped to [-clip, clip]."""
     z = (x.astype(jnp.float32) - stats.mean) / jnp.sqrt(stats.var + eps)
     return jnp.clip(z, -clip, clip)
@@ -92,6 +96,8 @@ def discounted_returns(
     return ReturnTracker(last), per_step
 
 
-def scale_rewards(return_stats: RunningStats, rewards: jax.Array, clip: float = 10.0, eps: float = 1e-8) -> jax.Array:
+def scale_rewards(
+    return_stats: RunningStats, rewards: jax.Array, clip: float = 10.0, eps: float = 1e-8
+) -> jax.Array:
     """rewards / std(discounted return), clipped to [-clip, clip]; the mean is not removed."""
     return jnp.clip(rewards / jnp.sqrt(return_stats.var + eps), -clip, clip)

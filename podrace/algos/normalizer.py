@@ -21,7 +21,8 @@ divides the rewards it consumes by the running std of each env's discounted retu
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -52,7 +53,9 @@ class Normalizer(NamedTuple):
     """Each env's discounted return so far: [num_actors * num_envs], sharded like the env axis."""
 
 
-def init_normalizer(cfg: NormalizeConfig, obs_shape: tuple[int, ...], num_envs: int) -> Normalizer | None:
+def init_normalizer(
+    cfg: NormalizeConfig, obs_shape: tuple[int, ...], num_envs: int
+) -> Normalizer | None:
     """Initial state for `num_envs` envs (all actors together); None when nothing is normalized."""
     if not (cfg.obs or cfg.reward):
         return None
@@ -105,7 +108,10 @@ def normalize_batch(
         valid = jnp.concatenate([t.valid for t in trajs], axis=1)
         obs_stats = update_stats(obs_stats, obs, valid, axis_name)
         trajs = tuple(
-            t._replace(obs=normalize(s, t.obs, cfg.obs_clip), last_obs=normalize(s, t.last_obs, cfg.obs_clip))
+            t._replace(
+                obs=normalize(s, t.obs, cfg.obs_clip),
+                last_obs=normalize(s, t.last_obs, cfg.obs_clip),
+            )
             for t, s in zip(trajs, behaviour_obs_stats, strict=True)
         )
     if cfg.reward:

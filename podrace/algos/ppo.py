@@ -10,7 +10,8 @@ over learner shards, and every mean and the advantage normalisation use global
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -22,11 +23,11 @@ from podrace.algos.base import Algorithm, TrainState
 from podrace.algos.common import (
     MaskedMean,
     Metrics,
+    init_state,
     learning_rate_schedule,
+    make_minibatch_step,
     psum,
     reduce_metrics,
-    init_state,
-    make_minibatch_step,
 )
 from podrace.config import PPOConfig
 from podrace.types import PyTree, Trajectory
@@ -87,7 +88,11 @@ def ppo_loss(
         "value_loss": masked.share(0.5 * value_err),
         "entropy": masked.share(dist.entropy()),
     }
-    loss = shares["policy_loss"] - cfg.ent_coef * shares["entropy"] + cfg.vf_coef * shares["value_loss"]
+    loss = (
+        shares["policy_loss"]
+        - cfg.ent_coef * shares["entropy"]
+        + cfg.vf_coef * shares["value_loss"]
+    )
     stats = {
         **shares,
         "loss": loss,
@@ -110,7 +115,9 @@ def make_ppo(
     linearly to 0 over num_updates * num_epochs * num_minibatches optimizer steps.
     """
     steps_per_update = cfg.num_epochs * cfg.num_minibatches
-    schedule = learning_rate_schedule(cfg.learning_rate, cfg.anneal_lr, num_updates * steps_per_update)
+    schedule = learning_rate_schedule(
+        cfg.learning_rate, cfg.anneal_lr, num_updates * steps_per_update
+    )
     optimizer = optax.chain(
         optax.clip_by_global_norm(cfg.max_grad_norm),
         optax.adam(schedule, eps=1e-5),
@@ -124,14 +131,24 @@ def make_ppo(
 
     def update(state: TrainState, traj: Trajectory, keys: jax.Array) -> tuple[TrainState, Metrics]:
         advantages, returns = gae(
-            traj.rewards, traj.values, traj.last_value, traj.terminated, traj.truncated,
-            traj.valid, cfg.gamma, cfg.gae_lambda,
+            traj.rewards,
+            traj.values,
+            traj.last_value,
+            traj.terminated,
+            traj.truncated,
+            traj.valid,
+            cfg.gamma,
+            cfg.gae_lambda,
         )
-        batch = PPOBatch(traj.obs, traj.actions, traj.logprobs, traj.values, advantages, returns, traj.valid)
+        batch = PPOBatch(
+            traj.obs, traj.actions, traj.logprobs, traj.values, advantages, returns, traj.valid
+        )
         num_steps, num_envs = batch.valid.shape
         num_mb = cfg.num_minibatches
         if num_steps % num_mb:
-            raise ValueError(f"ppo.num_minibatches ({num_mb}) must divide the rollout length ({num_steps})")
+            raise ValueError(
+                f"ppo.num_minibatches ({num_mb}) must divide the rollout length ({num_steps})"
+            )
         columns = jnp.arange(num_envs)
         flat, unravel = ravel_pytree(state.params)
         step = minibatch_step(unravel)
@@ -139,7 +156,9 @@ def make_ppo(
         def epoch(carry, epoch_index):
             data = batch
             if num_mb > 1:  # with one minibatch the order cannot matter: skip the gather
-                order = jax.vmap(lambda k: jax.random.permutation(jax.random.fold_in(k, epoch_index), num_steps))(keys)
+                order = jax.vmap(
+                    lambda k: jax.random.permutation(jax.random.fold_in(k, epoch_index), num_steps)
+                )(keys)
                 data = jax.tree.map(lambda x: x[order.T, columns], data)
             # [T, B, ...] -> [num_mb, T / num_mb * B, ...]: minibatch m takes rows m*T/num_mb...
             data = jax.tree.map(lambda x: x.reshape((num_mb, -1) + x.shape[2:]), data)

@@ -12,7 +12,6 @@ from podrace.envs.source import EnvFactory, EnvSource, from_factory
 from podrace.envs.vector_adapter import VectorEnvAdapter
 
 
-
 def silence_env_warnings() -> None:
     """For the CLI's commands: envpool's float64 Box bounds cast to float32 and Gymnasium's
     "environment is out of date" notes are multi-line, coloured noise ahead of podrace's

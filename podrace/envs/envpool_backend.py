@@ -21,7 +21,6 @@ from podrace.envs.resolve import is_envpool_atari
 from podrace.envs.spaces import ActionPreparer, OneHotObs, spec_from_spaces
 from podrace.types import EnvSpec, EnvStep
 
-
 MAX_ATARI_IMAGE_SIZE = 1024
 """Past the screen's own 210x160, a larger frame only repeats pixels; far past it, building
 the env's observation space alone would need gigabytes (image_size 100000: 37 GiB)."""
@@ -38,7 +37,9 @@ def make_kwargs(cfg: EnvConfig) -> dict[str, Any]:
     kwargs: dict[str, Any] = {}
     if cfg.max_episode_steps is not None:
         if cfg.max_episode_steps <= 0:
-            raise ConfigError(f"env.max_episode_steps must be positive, got {cfg.max_episode_steps}")
+            raise ConfigError(
+                f"env.max_episode_steps must be positive, got {cfg.max_episode_steps}"
+            )
         kwargs["max_episode_steps"] = cfg.max_episode_steps
     if is_envpool_atari(cfg.id):
         if min(cfg.frame_skip, cfg.frame_stack, cfg.image_size, cfg.noop_max) < 1:
@@ -77,7 +78,9 @@ def envpool_spec(cfg: EnvConfig) -> EnvSpec:
     return spec_from_spaces(cfg.id, spec.gymnasium_observation_space, spec.gymnasium_action_space)
 
 
-def translate(terminated: Any, truncated: Any, reward: Any, info: dict, atari: bool) -> tuple[Any, Any, Any, Any]:
+def translate(
+    terminated: Any, truncated: Any, reward: Any, info: dict, atari: bool
+) -> tuple[Any, Any, Any, Any]:
     """envpool's step in podrace's terms: (terminated, truncated, raw reward, episode done),
     on NumPy (host stepping) or inside a jitted rollout alike.
 
@@ -131,7 +134,9 @@ class EnvpoolEnv:
         # envpool returns freshly allocated arrays each step (tests/envs check that
         # earlier results are never overwritten), so nothing is copied here.
         obs, reward, terminated, truncated, info = self._env.step(self._prepare(actions))
-        terminated, truncated, raw_reward, episode_done = translate(terminated, truncated, reward, info, self._atari)
+        terminated, truncated, raw_reward, episode_done = translate(
+            terminated, truncated, reward, info, self._atari
+        )
         episode_return, episode_length = self._stats.update(
             raw_reward, terminated, truncated, episode_done
         )
@@ -145,11 +150,14 @@ class EnvpoolEnv:
             episode_length=episode_length,
         )
 
-    def xla_step(self) -> "XlaStep | None":
+    def xla_step(self) -> XlaStep | None:
         """This env's step as a JAX function (envpool's XLA interface), so rollouts compile
         into XLA calls (`podrace.fused_rollout`); None where JAX (32-bit) cannot carry the
         env's dtypes (MuJoCo's float64 observations and actions)."""
-        dtypes = {np.dtype(self._env.spec.action_array_spec["action"].dtype), np.dtype(self.spec.obs_dtype)}
+        dtypes = {
+            np.dtype(self._env.spec.action_array_spec["action"].dtype),
+            np.dtype(self.spec.obs_dtype),
+        }
         if dtypes & {np.dtype(np.float64), np.dtype(np.int64)}:
             return None
         handle, _, _, step = effect_free_xla(self._env)
@@ -186,7 +194,9 @@ def effect_free_xla(env: Any) -> tuple[Any, Any, Any, Any]:
     with _XLA_TEMPLATE_LOCK:
         if getattr(xla_template, "ffi", None) is not ffi:
             return env.xla()
-        xla_template.ffi = types.SimpleNamespace(register_ffi_target=ffi.register_ffi_target, ffi_call=ffi_call)
+        xla_template.ffi = types.SimpleNamespace(
+            register_ffi_target=ffi.register_ffi_target, ffi_call=ffi_call
+        )
         try:
             return env.xla()
         finally:
@@ -199,23 +209,43 @@ class XlaStep:
     actions, Atari's raw reward and game over). The handle threads the calls in order."""
 
     def __init__(
-        self, handle: np.ndarray, step: Any, spec: EnvSpec, num_envs: int, atari: bool, one_hot: OneHotObs | None
+        self,
+        handle: np.ndarray,
+        step: Any,
+        spec: EnvSpec,
+        num_envs: int,
+        atari: bool,
+        one_hot: OneHotObs | None,
     ) -> None:
-        self.handle, self._step, self._spec, self._atari, self._one_hot = handle, step, spec, atari, one_hot
+        self.handle, self._step, self._spec, self._atari, self._one_hot = (
+            handle,
+            step,
+            spec,
+            atari,
+            one_hot,
+        )
         self._env_ids = np.arange(num_envs, dtype=np.int32)
 
-    def __call__(self, handle: Any, actions: Any) -> tuple[Any, "JaxEnvStep"]:
+    def __call__(self, handle: Any, actions: Any) -> tuple[Any, JaxEnvStep]:
         import jax.numpy as jnp
 
         if self._spec.discrete:
             actions = actions.astype(jnp.int32)
         else:
-            actions = jnp.clip(actions, self._spec.action_low, self._spec.action_high).astype(jnp.float32)
-        handle, (obs, reward, terminated, truncated, info) = self._step(handle, actions, jnp.asarray(self._env_ids))
-        terminated, truncated, raw_reward, episode_done = translate(terminated, truncated, reward, info, self._atari)
+            actions = jnp.clip(actions, self._spec.action_low, self._spec.action_high).astype(
+                jnp.float32
+            )
+        handle, (obs, reward, terminated, truncated, info) = self._step(
+            handle, actions, jnp.asarray(self._env_ids)
+        )
+        terminated, truncated, raw_reward, episode_done = translate(
+            terminated, truncated, reward, info, self._atari
+        )
         if self._one_hot is not None:
             obs = self._one_hot.jax(obs)
-        return handle, JaxEnvStep(obs, reward.astype(jnp.float32), terminated, truncated, raw_reward, episode_done)
+        return handle, JaxEnvStep(
+            obs, reward.astype(jnp.float32), terminated, truncated, raw_reward, episode_done
+        )
 
 
 class JaxEnvStep(NamedTuple):

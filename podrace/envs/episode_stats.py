@@ -25,15 +25,25 @@ class EpisodeCounts(NamedTuple):
     new_episode: Any
 
 
-def zero_counts(num_envs: int, float_dtype: Any = np.float64, int_dtype: Any = np.int64) -> EpisodeCounts:
+def zero_counts(
+    num_envs: int, float_dtype: Any = np.float64, int_dtype: Any = np.int64
+) -> EpisodeCounts:
     """NumPy counts for envs that were all just reset (a jitted rollout takes JAX's 32-bit
     types, placed on its device)."""
     zeros = np.zeros(num_envs, bool)
-    return EpisodeCounts(np.zeros(num_envs, float_dtype), np.zeros(num_envs, int_dtype), zeros, zeros.copy())
+    return EpisodeCounts(
+        np.zeros(num_envs, float_dtype), np.zeros(num_envs, int_dtype), zeros, zeros.copy()
+    )
 
 
-def count_step(counts: EpisodeCounts, raw_reward: Any, terminated: Any, truncated: Any, episode_done: Any,
-               xp: Any = np) -> tuple[EpisodeCounts, Any, Any]:
+def count_step(
+    counts: EpisodeCounts,
+    raw_reward: Any,
+    terminated: Any,
+    truncated: Any,
+    episode_done: Any,
+    xp: Any = np,
+) -> tuple[EpisodeCounts, Any, Any]:
     """Account one step: (new counts, episode_return, episode_length), zero where not done.
 
     Length counts real transitions only: the autoreset steps (after any terminated or
@@ -49,7 +59,9 @@ def count_step(counts: EpisodeCounts, raw_reward: Any, terminated: Any, truncate
 class EpisodeStats:
     """`count_step` with its state kept, for host adapters."""
 
-    def __init__(self, num_envs: int, float_dtype: Any = np.float64, int_dtype: Any = np.int64) -> None:
+    def __init__(
+        self, num_envs: int, float_dtype: Any = np.float64, int_dtype: Any = np.int64
+    ) -> None:
         """`float_dtype`/`int_dtype`: what the counts accumulate in (an adapter whose
         rollouts may also be compiled counts in JAX's 32-bit types, so both agree bit for bit)."""
         self._num_envs = num_envs

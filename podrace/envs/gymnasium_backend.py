@@ -35,7 +35,9 @@ def dependency_checked(env_id: str, make: Callable[[], T]) -> T:
         return make()
     except (ImportError, gymnasium.error.DependencyNotInstalled) as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ConfigError(f"env {env_id!r} cannot be made, a package it needs is missing: {reason}") from None
+        raise ConfigError(
+            f"env {env_id!r} cannot be made, a package it needs is missing: {reason}"
+        ) from None
 
 
 def gymnasium_spec(cfg: EnvConfig) -> EnvSpec:
@@ -58,7 +60,10 @@ def make_gymnasium_env(cfg: EnvConfig, num_envs: int, seed: int) -> VectorEnvAda
             num_envs=num_envs,
             vectorization_mode="sync",
             # The adapter copies each obs out of the vector env's buffer (copy=False here).
-            vector_kwargs={"autoreset_mode": gymnasium.vector.AutoresetMode.NEXT_STEP, "copy": False},
+            vector_kwargs={
+                "autoreset_mode": gymnasium.vector.AutoresetMode.NEXT_STEP,
+                "copy": False,
+            },
             **make_kwargs(cfg),
         ),
     )

@@ -47,7 +47,9 @@ def resolve_backend(cfg: EnvConfig) -> str:
     env_id = import_env_module(cfg.id)
     if cfg.backend == "envpool":
         if env_id not in envpool_ids():
-            raise ConfigError(f"env id {cfg.id!r} is not an envpool id (see envpool.list_all_envs())")
+            raise ConfigError(
+                f"env id {cfg.id!r} is not an envpool id (see envpool.list_all_envs())"
+            )
         return "envpool"
     if cfg.backend == "gymnasium":
         if not gymnasium_has(env_id):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Union
 
 import gymnasium
 
@@ -23,7 +22,7 @@ from podrace.envs.resolve import resolve_backend
 from podrace.envs.vector_adapter import VectorEnvAdapter
 from podrace.types import EnvSpec
 
-EnvFactory = Callable[[int, int], Union[BatchedEnv, gymnasium.vector.VectorEnv]]
+EnvFactory = Callable[[int, int], BatchedEnv | gymnasium.vector.VectorEnv]
 """(num_envs, seed) -> num_envs envs, deterministic given seed."""
 
 
@@ -40,21 +39,31 @@ def from_factory(factory: EnvFactory, num_envs: int, seed: int) -> BatchedEnv:
             env = VectorEnvAdapter(made, seed, name)
         elif isinstance(made, BatchedEnv):
             if not isinstance(made.spec, EnvSpec):
-                raise ConfigError(f"env factory {name!r}: BatchedEnv.spec must be a podrace.types.EnvSpec")
+                raise ConfigError(
+                    f"env factory {name!r}: BatchedEnv.spec must be a podrace.types.EnvSpec"
+                )
             env = made
         else:
-            hint = " (wrap it: gymnasium.vector.SyncVectorEnv)" if isinstance(made, gymnasium.Env) else ""
+            hint = (
+                " (wrap it: gymnasium.vector.SyncVectorEnv)"
+                if isinstance(made, gymnasium.Env)
+                else ""
+            )
             raise ConfigError(
                 f"env factory {name!r} returned {type(made).__name__}; expected a podrace BatchedEnv "
                 f"or a gymnasium.vector.VectorEnv{hint}"
             )
         if env.num_envs != num_envs:
-            raise ConfigError(f"env factory {name!r} was asked for {num_envs} envs and made {env.num_envs}")
+            raise ConfigError(
+                f"env factory {name!r} was asked for {num_envs} envs and made {env.num_envs}"
+            )
     except BaseException:
         if hasattr(made, "close"):
             from podrace.runtime.threads import close_envs
 
-            close_envs([(f"env factory {name!r}", made)])  # user code: its failure must not hide this one
+            close_envs(
+                [(f"env factory {name!r}", made)]
+            )  # user code: its failure must not hide this one
         raise
     return env
 
@@ -83,13 +92,19 @@ class EnvSource:
         finally:
             from podrace.runtime.threads import close_envs
 
-            close_envs([(f"env factory {factory_name(self.factory)!r} (spec probe)", probe)])  # user code
+            close_envs(
+                [(f"env factory {factory_name(self.factory)!r} (spec probe)", probe)]
+            )  # user code
 
     def make(self, num_envs: int, seed: int, threads: int | None = None) -> BatchedEnv:
         """`num_envs` envs, deterministic given `seed` (a non-negative int); `threads` is
         the envpool worker count when `cfg.num_threads` leaves it open (None: envpool's)."""
         if self.factory is None:
-            cfg = self.cfg if self.cfg.num_threads is not None else dataclasses.replace(self.cfg, num_threads=threads)
+            cfg = (
+                self.cfg
+                if self.cfg.num_threads is not None
+                else dataclasses.replace(self.cfg, num_threads=threads)
+            )
             return make_env(cfg, num_envs, seed)
         if num_envs <= 0:
             raise ConfigError(f"num_envs must be positive, got {num_envs}")

@@ -14,14 +14,15 @@ from podrace.config import ConfigError
 from podrace.control import ExplainedError
 from podrace.types import EnvSpec
 
-
 SUPPORTED = (
     "supported: Box or Discrete observations; Discrete actions starting at 0, "
     "or a 1-D Box of float actions"
 )
 
 
-def spec_from_spaces(env_id: str, obs_space: gymnasium.Space, action_space: gymnasium.Space) -> EnvSpec:
+def spec_from_spaces(
+    env_id: str, obs_space: gymnasium.Space, action_space: gymnasium.Space
+) -> EnvSpec:
     """EnvSpec of one (unbatched) env; ConfigError for spaces podrace cannot act in.
 
     The error names the offending space and lists what is supported, so a user with a
@@ -32,11 +33,15 @@ def spec_from_spaces(env_id: str, obs_space: gymnasium.Space, action_space: gymn
     elif isinstance(obs_space, gymnasium.spaces.Discrete):  # one-hot (OneHotObs)
         obs_shape, obs_dtype = (int(obs_space.n),), np.dtype(np.float32)
     else:
-        raise ConfigError(f"env {env_id!r}: unsupported observation space {obs_space} ({SUPPORTED})")
+        raise ConfigError(
+            f"env {env_id!r}: unsupported observation space {obs_space} ({SUPPORTED})"
+        )
 
     if isinstance(action_space, gymnasium.spaces.Discrete):
         if int(action_space.start) != 0:
-            raise ConfigError(f"env {env_id!r}: discrete actions must start at 0, got {action_space} ({SUPPORTED})")
+            raise ConfigError(
+                f"env {env_id!r}: discrete actions must start at 0, got {action_space} ({SUPPORTED})"
+            )
         return EnvSpec(obs_shape, obs_dtype, int(action_space.n), ())
     if isinstance(action_space, gymnasium.spaces.Box) and len(action_space.shape) == 1:
         # A Gaussian policy samples floats; an integer Box would silently truncate them.
@@ -71,7 +76,7 @@ class OneHotObs:
         self.n, self.start = int(space.n), int(space.start)
 
     @staticmethod
-    def of(space: gymnasium.Space) -> "OneHotObs | None":
+    def of(space: gymnasium.Space) -> OneHotObs | None:
         """The encoder for `space`; None where observations are used as they are (a Box)."""
         return OneHotObs(space) if isinstance(space, gymnasium.spaces.Discrete) else None
 

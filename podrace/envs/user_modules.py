@@ -35,7 +35,9 @@ def import_env_module(env_id: str) -> str:
         try:
             importlib.import_module(module)
         except ImportError as error:
-            raise ConfigError(f"env.id {env_id!r}: cannot import module {module!r} ({error})") from None
+            raise ConfigError(
+                f"env.id {env_id!r}: cannot import module {module!r} ({error})"
+            ) from None
     return name
 
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -85,7 +86,9 @@ def import_wandb():
     try:
         import wandb
     except ImportError:
-        raise ConfigError("log.wandb needs the wandb package: pip install 'podrace[wandb]'") from None
+        raise ConfigError(
+            "log.wandb needs the wandb package: pip install 'podrace[wandb]'"
+        ) from None
     return wandb
 
 
@@ -145,7 +148,13 @@ class ConsoleSink:
         self.mode = "lines" if mode == "progress" and not self.console.is_terminal else mode
         self._progress = None
         if self.mode == "progress":
-            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+            from rich.progress import (
+                BarColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
 
             self._progress = Progress(
                 TextColumn("[bold]podrace"),
@@ -162,7 +171,9 @@ class ConsoleSink:
 
     def write(self, line: dict[str, float]) -> None:
         if self._progress is not None:
-            self._progress.update(self._task, completed=line.get("env_steps", 0), description=summary(line))
+            self._progress.update(
+                self._task, completed=line.get("env_steps", 0), description=summary(line)
+            )
         elif self.mode == "lines":
             self.console.print(summary(line), highlight=False, markup=False, soft_wrap=True)
 
@@ -209,7 +220,9 @@ def make_sinks(cfg: TrainConfig, run_dir: Path) -> list[Sink]:
     A sink that cannot start (file not creatable, W&B refusing the run) raises SinkError
     after closing the ones already started.
     """
-    factories: list[tuple[str, Callable[[], Sink]]] = [("metrics.jsonl", lambda: JsonlSink(run_dir / "metrics.jsonl"))]
+    factories: list[tuple[str, Callable[[], Sink]]] = [
+        ("metrics.jsonl", lambda: JsonlSink(run_dir / "metrics.jsonl"))
+    ]
     if cfg.log.tensorboard:
         factories.append(("tensorboard", lambda: TensorBoardSink(run_dir / "tensorboard")))
     if cfg.log.wandb:
@@ -222,7 +235,9 @@ def make_sinks(cfg: TrainConfig, run_dir: Path) -> list[Sink]:
             sinks.append(Guarded(name, factory()))
         except Exception as error:
             for sink in sinks:
-                with contextlib.suppress(Exception):  # the start-up error below is the one to report
+                with contextlib.suppress(
+                    Exception
+                ):  # the start-up error below is the one to report
                     sink.close()
             raise SinkError(f"{name} sink could not start: {_reason(error)}") from error
     return sinks

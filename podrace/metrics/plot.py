@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Sequence
+from typing import Annotated
 
 import tyro
 from matplotlib.figure import Figure
@@ -37,7 +38,10 @@ ACTOR_PARTS = (
     ("actor/inference", "inference"),
     ("actor/device_to_host", "device→host"),
 )
-ACTOR_AFTER_ROLLOUT = (("actor/to_learner", "to learner devices"), ("actor/queue_put_wait", "queue put wait"))
+ACTOR_AFTER_ROLLOUT = (
+    ("actor/to_learner", "to learner devices"),
+    ("actor/queue_put_wait", "queue put wait"),
+)
 LEARNER_PARTS = (
     ("learner/step", "learner step"),
     ("learner/queue_get_wait", "queue get wait"),
@@ -82,9 +86,13 @@ def load_run(run_dir: Path) -> RunData:
     except OSError as error:
         raise ConfigError(f"cannot read {error.filename}: {error.strerror or error}") from None
     try:
-        cfg = config_from_dict(json_text.loads(config_bytes.decode("utf-8")), where=str(config_path))
+        cfg = config_from_dict(
+            json_text.loads(config_bytes.decode("utf-8")), where=str(config_path)
+        )
     except UnicodeDecodeError as error:
-        raise ConfigError(f"{config_path} is not valid UTF-8: {error.reason} at byte {error.start}") from None
+        raise ConfigError(
+            f"{config_path} is not valid UTF-8: {error.reason} at byte {error.start}"
+        ) from None
     except json.JSONDecodeError as error:
         raise ConfigError(f"{config_path} is not valid JSON: {error}") from None
     lines = []
@@ -114,7 +122,10 @@ def _value(line: dict, key: str) -> float | None:
 
 def return_curve(run: RunData) -> tuple[list[float], list[float], list[float]]:
     """(env steps, wall-clock seconds, mean episode return) of every line that has one."""
-    points = [(_value(l, "env_steps"), _value(l, "time_s"), _value(l, "episode/return")) for l in run.lines]
+    points = [
+        (_value(line, "env_steps"), _value(line, "time_s"), _value(line, "episode/return"))
+        for line in run.lines
+    ]
     points = [p for p in points if None not in p]
     return [p[0] for p in points], [p[1] for p in points], [p[2] for p in points]
 
@@ -123,7 +134,11 @@ def eval_curve(run: RunData) -> tuple[list[float], list[float], list[float]]:
     """(env steps of the evaluated params, wall-clock seconds, evaluation return), once each."""
     steps, times, returns, seen = [], [], [], None
     for line in run.lines:
-        version, value, t = _value(line, "eval/version"), _value(line, "eval/return"), _value(line, "time_s")
+        version, value, t = (
+            _value(line, "eval/version"),
+            _value(line, "eval/return"),
+            _value(line, "time_s"),
+        )
         if None in (version, value, t) or version == seen:
             continue
         seen = version
@@ -142,7 +157,9 @@ def time_breakdown(run: RunData) -> dict[str, dict[str, float]]:
         if version is None:
             continue
         updates, previous = version - previous, version
-        for key in ("actor/rollout",) + tuple(k for k, _ in ACTOR_PARTS + ACTOR_AFTER_ROLLOUT + LEARNER_PARTS):
+        for key in ("actor/rollout",) + tuple(
+            k for k, _ in ACTOR_PARTS + ACTOR_AFTER_ROLLOUT + LEARNER_PARTS
+        ):
             mean = _value(line, key)
             if mean is not None:
                 totals[key] = totals.get(key, 0.0) + mean * updates
@@ -178,7 +195,11 @@ def plot_runs(run_dirs: Sequence[Path]) -> Figure:
     runs = [load_run(d) for d in run_dirs]
     fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
     grid = fig.add_gridspec(2, 2)
-    by_steps, by_time, bars = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1]), fig.add_subplot(grid[1, :])
+    by_steps, by_time, bars = (
+        fig.add_subplot(grid[0, 0]),
+        fig.add_subplot(grid[0, 1]),
+        fig.add_subplot(grid[1, :]),
+    )
     fig.suptitle(_title(runs), fontsize=14)
     label_kind = len({(r.cfg.env.id, r.cfg.algo) for r in runs}) > 1
 
@@ -193,10 +214,22 @@ def plot_runs(run_dirs: Sequence[Path]) -> Figure:
         by_steps.plot(e_steps, e_returns, color=color, linestyle="--", marker="o", markersize=4)
         by_time.plot(e_times, e_returns, color=color, linestyle="--", marker="o", markersize=4)
 
-    style = [Line2D([], [], color="grey", label="training episodes"),
-             Line2D([], [], color="grey", linestyle="--", marker="o", markersize=4, label="evaluation (greedy)")]
-    for ax, xlabel, title in ((by_steps, "env steps", "Return vs env steps"),
-                              (by_time, "wall-clock time (s)", "Return vs wall-clock time")):
+    style = [
+        Line2D([], [], color="grey", label="training episodes"),
+        Line2D(
+            [],
+            [],
+            color="grey",
+            linestyle="--",
+            marker="o",
+            markersize=4,
+            label="evaluation (greedy)",
+        ),
+    ]
+    for ax, xlabel, title in (
+        (by_steps, "env steps", "Return vs env steps"),
+        (by_time, "wall-clock time (s)", "Return vs wall-clock time"),
+    ):
         ax.set_xlabel(xlabel)
         ax.set_ylabel("episode return")
         ax.set_title(title)
@@ -211,8 +244,12 @@ def plot_runs(run_dirs: Sequence[Path]) -> Figure:
 
 
 def _time_bars(ax, runs: Sequence[RunData]) -> None:
-    labels = [label for _, label in ACTOR_PARTS] + [OTHER, COMPILED] + [label for _, label in ACTOR_AFTER_ROLLOUT] + [
-        label for _, label in LEARNER_PARTS]
+    labels = (
+        [label for _, label in ACTOR_PARTS]
+        + [OTHER, COMPILED]
+        + [label for _, label in ACTOR_AFTER_ROLLOUT]
+        + [label for _, label in LEARNER_PARTS]
+    )
     colors = {label: f"C{i % 10}" for i, label in enumerate(labels)}
     ticks, names = [], []
     drawn: set[str] = set()
@@ -222,12 +259,20 @@ def _time_bars(ax, runs: Sequence[RunData]) -> None:
             x = i * 3 + j
             bottom = 0.0
             for label, seconds in breakdown[thread].items():
-                ax.bar(x, seconds, bottom=bottom, color=colors[label], width=0.8,
-                       label=None if label in drawn else label)
+                ax.bar(
+                    x,
+                    seconds,
+                    bottom=bottom,
+                    color=colors[label],
+                    width=0.8,
+                    label=None if label in drawn else label,
+                )
                 drawn.add(label)
                 bottom += seconds
             ticks.append(x)
-            names.append(f"{run.name}\n{'one actor thread' if thread == 'actor' else 'learner thread'}")
+            names.append(
+                f"{run.name}\n{'one actor thread' if thread == 'actor' else 'learner thread'}"
+            )
     ax.set_xticks(ticks, names, fontsize=8)
     ax.set_ylabel("seconds (per thread, whole run)")
     ax.set_title("Where the time went")
@@ -241,7 +286,9 @@ def check_output(path: Path) -> None:
     there: not a directory, in a directory that takes a new file (checked by creating one)."""
     formats = Figure().canvas.get_supported_filetypes()
     if path.suffix.lower().lstrip(".") not in formats:
-        raise ConfigError(f"cannot write {path}: use one of {', '.join('.' + f for f in sorted(formats))}")
+        raise ConfigError(
+            f"cannot write {path}: use one of {', '.join('.' + f for f in sorted(formats))}"
+        )
     check_writable(path)
 
 

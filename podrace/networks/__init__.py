@@ -27,7 +27,13 @@ def make_network(cfg: NetworkConfig, spec: EnvSpec) -> ActorCritic:
     else:
         raise ValueError(f"unknown torso {cfg.torso!r}")
     if spec.discrete:
-        return ActorCritic(torso, value_torso, tuple(spec.obs_shape), num_actions=int(spec.num_actions))
+        return ActorCritic(
+            torso, value_torso, tuple(spec.obs_shape), num_actions=int(spec.num_actions)
+        )
     if len(spec.action_shape) != 1:
-        raise ValueError(f"continuous actions must be a vector, got action_shape {spec.action_shape}")
-    return ActorCritic(torso, value_torso, tuple(spec.obs_shape), action_dim=int(spec.action_shape[0]))
+        raise ValueError(
+            f"continuous actions must be a vector, got action_shape {spec.action_shape}"
+        )
+    return ActorCritic(
+        torso, value_torso, tuple(spec.obs_shape), action_dim=int(spec.action_shape[0])
+    )

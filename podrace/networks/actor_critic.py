@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import flax.linen as nn
 import jax
@@ -16,8 +16,12 @@ VALUE_GAIN = 1.0
 
 
 def _head(features: int, gain: float, name: str) -> nn.Dense:
-    return nn.Dense(features, kernel_init=nn.initializers.orthogonal(gain),
-                    bias_init=nn.initializers.zeros, name=name)
+    return nn.Dense(
+        features,
+        kernel_init=nn.initializers.orthogonal(gain),
+        bias_init=nn.initializers.zeros,
+        name=name,
+    )
 
 
 class ActorCritic(nn.Module):
@@ -40,8 +44,10 @@ class ActorCritic(nn.Module):
     @nn.compact
     def __call__(self, obs: jax.Array) -> tuple[Categorical | Gaussian, jax.Array]:
         obs_ndim = len(self.obs_shape)
-        if tuple(obs.shape[obs.ndim - obs_ndim:]) != tuple(self.obs_shape):
-            raise ValueError(f"observation shape {obs.shape} does not end with {tuple(self.obs_shape)}")
+        if tuple(obs.shape[obs.ndim - obs_ndim :]) != tuple(self.obs_shape):
+            raise ValueError(
+                f"observation shape {obs.shape} does not end with {tuple(self.obs_shape)}"
+            )
         batch_shape = obs.shape[: obs.ndim - obs_ndim]
         flat = obs.reshape((math.prod(batch_shape),) + tuple(self.obs_shape))
 

@@ -9,7 +9,7 @@ residual branches, see ResidualBlock).
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import flax.linen as nn
 import jax
@@ -20,16 +20,25 @@ ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {"tanh": nn.tanh, "re
 
 
 def _dense(features: int, gain: float = TORSO_GAIN, name: str | None = None) -> nn.Dense:
-    return nn.Dense(features, kernel_init=nn.initializers.orthogonal(gain),
-                    bias_init=nn.initializers.zeros, name=name)
+    return nn.Dense(
+        features,
+        kernel_init=nn.initializers.orthogonal(gain),
+        bias_init=nn.initializers.zeros,
+        name=name,
+    )
 
 
 def _conv(
     features: int, kernel: int, stride: int = 1, padding: str = "VALID", gain: float = TORSO_GAIN
 ) -> nn.Conv:
-    return nn.Conv(features, (kernel, kernel), (stride, stride), padding=padding,
-                   kernel_init=nn.initializers.orthogonal(gain),
-                   bias_init=nn.initializers.zeros)
+    return nn.Conv(
+        features,
+        (kernel, kernel),
+        (stride, stride),
+        padding=padding,
+        kernel_init=nn.initializers.orthogonal(gain),
+        bias_init=nn.initializers.zeros,
+    )
 
 
 def _image_to_nhwc(obs: jax.Array) -> jax.Array:

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
@@ -50,7 +49,9 @@ def seed_key(seed: int, *path: int) -> jax.Array:
 
 def env_seed(seed: int, stream: int, actor_id: int, *more: int) -> int:
     """Distinct, reproducible env seeds per (run seed, stream, actor[, more, e.g. a resume point])."""
-    return int(np.random.SeedSequence([seed, stream, actor_id, *more]).generate_state(1)[0] & 0x7FFFFFFF)
+    return int(
+        np.random.SeedSequence([seed, stream, actor_id, *more]).generate_state(1)[0] & 0x7FFFFFFF
+    )
 
 
 def env_threads(cfg: TrainConfig) -> int | None:
@@ -102,12 +103,16 @@ def build_learner(
         max_skipped=math.floor(cfg.safety.max_skipped_fraction * cfg.num_updates),
         max_policy_lag=cfg.max_policy_lag,
     )
-    normalizer = init_normalizer(cfg.normalize, spec.obs_shape, jax.process_count() * cfg.num_actors * cfg.env.num_envs)
+    normalizer = init_normalizer(
+        cfg.normalize, spec.obs_shape, jax.process_count() * cfg.num_actors * cfg.env.num_envs
+    )
     options = learner_compiler_options(cfg.network, mesh)
     normalize_fn = None
     if normalizer is not None:
         normalizer = place_normalizer(normalizer, mesh)
-        normalize_fn = make_normalize_fn(cfg.normalize, cfg.gamma, mesh, normalizer, cfg.num_actors, options)
+        normalize_fn = make_normalize_fn(
+            cfg.normalize, cfg.gamma, mesh, normalizer, cfg.num_actors, options
+        )
     if restore is not None:
         fresh = normalizer
         state, keys, normalizer = restore(state, keys, normalizer)

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
 
 import jax
-from pathlib import Path
 
 from podrace.checkpoint import Checkpointer, RunState, checkpoint_dir
 from podrace.config import TrainConfig
@@ -34,7 +34,9 @@ class RunCheckpoints:
     `close` as the Checkpointer requires: from one thread at a time.
     """
 
-    def __init__(self, cfg: TrainConfig, spec: EnvSpec, run_dir: Path, metrics: Metrics, start: RunState):
+    def __init__(
+        self, cfg: TrainConfig, spec: EnvSpec, run_dir: Path, metrics: Metrics, start: RunState
+    ):
         self._cfg, self._spec, self._run_dir, self._metrics = cfg, spec, Path(run_dir), metrics
         self._checkpointer: Checkpointer | None = None
         self._first_version = start.version
@@ -51,7 +53,9 @@ class RunCheckpoints:
         if jax.process_count() > 1:
             log.warning("checkpoints are not written in multi-process runs yet")
             return
-        self._checkpointer = Checkpointer(checkpoint_dir(self._run_dir), self._cfg, self._spec, self._metrics)
+        self._checkpointer = Checkpointer(
+            checkpoint_dir(self._run_dir), self._cfg, self._spec, self._metrics
+        )
 
     @property
     def latest(self) -> int | None:

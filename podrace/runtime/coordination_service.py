@@ -27,7 +27,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 LINGER_S = 10.0
 """How long the service stays up after process 0 vanished without stopping it (the peer link
@@ -40,7 +41,7 @@ SHUTDOWN_WAIT_S = 10.0
 class HostedService:
     """Stands where JAX keeps its DistributedRuntimeService: the child holding it."""
 
-    current: "HostedService | None" = None
+    current: HostedService | None = None
     """This process's hosted service, if it is process 0."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -71,7 +72,8 @@ class HostedService:
             child.kill()  # a no-op unless it said ready as process 0 left
             child.wait()
             raise RuntimeError(
-                "process 0 left while its coordination service started" if left
+                "process 0 left while its coordination service started"
+                if left
                 else answer or f"the coordination service exited with code {child.returncode}"
             )
 

@@ -10,7 +10,6 @@ import jax
 
 from podrace.config import ConfigError, TrainConfig
 
-
 CPU_COUNT_FLAG = "--xla_force_host_platform_device_count"
 
 
@@ -40,7 +39,8 @@ def resolve_devices(cfg: TrainConfig) -> Devices:
     layout = cfg.layout
     learner_devices = _local_devices("layout.platform", layout.platform)
     actor_devices = (
-        learner_devices if layout.actor_platform in (None, layout.platform)
+        learner_devices
+        if layout.actor_platform in (None, layout.platform)
         else _local_devices("layout.actor_platform", layout.actor_platform)
     )
 
@@ -58,7 +58,9 @@ def resolve_devices(cfg: TrainConfig) -> Devices:
     actors = pick("layout.actor_device_ids", layout.actor_device_ids, actor_devices)
     learners = pick("layout.learner_device_ids", layout.learner_device_ids, learner_devices)
     eval_id = cfg.eval.device_id
-    evaluator = actors[0] if eval_id is None else pick("eval.device_id", (eval_id,), actor_devices)[0]
+    evaluator = (
+        actors[0] if eval_id is None else pick("eval.device_id", (eval_id,), actor_devices)[0]
+    )
     return Devices(actors=actors, learners=learners, evaluator=evaluator)
 
 
@@ -68,4 +70,6 @@ def _local_devices(name: str, platform: str | None) -> list[jax.Device]:
     try:
         return jax.local_devices(backend=platform) if platform else jax.local_devices()
     except RuntimeError as error:
-        raise ConfigError(f"{name} '{platform}' is not available: {error}".splitlines()[0]) from None
+        raise ConfigError(
+            f"{name} '{platform}' is not available: {error}".splitlines()[0]
+        ) from None

@@ -19,8 +19,9 @@ import json
 import os
 import re
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import jax
 
@@ -64,7 +65,9 @@ class Cluster:
             ) from None
 
 
-def meet(d: DistributedConfig, check: Callable[[], None] = lambda: None) -> "socket.socket | str | None":
+def meet(
+    d: DistributedConfig, check: Callable[[], None] = lambda: None
+) -> socket.socket | str | None:
     """Before jax.distributed: where the flags give the process count and id (the
     coordinator from its flag or JAX_COORDINATOR_ADDRESS), the processes meet over plain TCP
     (`rendezvous`; jax.distributed would abort a process, not raise, when one is missing),
@@ -83,11 +86,17 @@ def meet(d: DistributedConfig, check: Callable[[], None] = lambda: None) -> "soc
         except ConfigError:
             raise
         except BaseException as stop:  # a stop (Ctrl-C) while waiting: the meeting hears of it
-            refuse(*known, f"it was stopped before every process had joined ({stop})", STOP_REFUSAL_WAIT_S)
+            refuse(
+                *known,
+                f"it was stopped before every process had joined ({stop})",
+                STOP_REFUSAL_WAIT_S,
+            )
             raise
         port = offer.get("peers")
         if not isinstance(port, int) or isinstance(port, bool):
-            raise ConfigError(f"distributed: process 0 at {coordinator} offered no peer link (another podrace version?)")
+            raise ConfigError(
+                f"distributed: process 0 at {coordinator} offered no peer link (another podrace version?)"
+            )
         host = host_of(coordinator)
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # IPv6 in brackets
     from podrace.runtime.peers import PeerLink
@@ -131,11 +140,19 @@ def join(d: DistributedConfig) -> Cluster:
         )
         raise ConfigError(f"distributed: {str(error).splitlines()[0]}{hint}") from None
     except Exception as error:  # noqa: BLE001 - e.g. the coordinator never answered
-        raise ConfigError(f"distributed: could not join the run: {str(error).splitlines()[0]}") from None
+        raise ConfigError(
+            f"distributed: could not join the run: {str(error).splitlines()[0]}"
+        ) from None
     from jax._src.distributed import global_state  # the only handle on the key-value store
 
     coordinator = d.coordinator or global_state.coordinator_address
-    return Cluster(jax.process_index(), jax.process_count(), coordinator, global_state.client, float(d.init_timeout_s))
+    return Cluster(
+        jax.process_index(),
+        jax.process_count(),
+        coordinator,
+        global_state.client,
+        float(d.init_timeout_s),
+    )
 
 
 def refuse_to_join(d: DistributedConfig, reason: str) -> None:
@@ -195,7 +212,9 @@ def config_hash(cfg: TrainConfig) -> str:
     return hashlib.sha256(json.dumps(shared_fields(cfg), sort_keys=True).encode()).hexdigest()[:12]
 
 
-def agree(cluster: Cluster, cfg: TrainConfig, check: Callable[[TrainConfig], TrainConfig]) -> TrainConfig:
+def agree(
+    cluster: Cluster, cfg: TrainConfig, check: Callable[[TrainConfig], TrainConfig]
+) -> TrainConfig:
     """Check this process, compare with every other; return the config to run.
 
     `check(cfg)` validates locally (raising ConfigError) and returns the config to post;
@@ -205,7 +224,12 @@ def agree(cluster: Cluster, cfg: TrainConfig, check: Callable[[TrainConfig], Tra
     me = cluster.process_id
     try:
         cfg = check(cfg)
-        post = {"ok": True, "hash": config_hash(cfg), "fields": shared_fields(cfg), "run_name": cfg.log.run_name}
+        post = {
+            "ok": True,
+            "hash": config_hash(cfg),
+            "fields": shared_fields(cfg),
+            "run_name": cfg.log.run_name,
+        }
         error = None
     except ConfigError as local:
         post, error = {"ok": False, "error": str(local)}, RunRefused(str(local))
@@ -241,7 +265,11 @@ def global_learner_devices(local_ids: tuple[int, ...], platform: str | None) -> 
     """Every process's learner devices (the same local ids on each), process by process."""
     devices = []
     for process in range(jax.process_count()):
-        local = [d for d in (jax.devices(platform) if platform else jax.devices()) if d.process_index == process]
+        local = [
+            d
+            for d in (jax.devices(platform) if platform else jax.devices())
+            if d.process_index == process
+        ]
         if max(local_ids) >= len(local):
             raise ConfigError(
                 f"layout.learner_device_ids {list(local_ids)}: process {process} has only {len(local)} device(s)"
@@ -283,4 +311,3 @@ __all__ = [
     "resolved",
     "shared_fields",
 ]
-

@@ -147,7 +147,10 @@ class FullDiskSink:
 def inject(run, plan: FaultPlan) -> None:
     """Apply `plan` to a prepared SingleHostRun (before `run.run()`)."""
     for actor in run.actors:
-        mine = lambda fault: fault[1] if fault and fault[0] == actor.actor_id else None  # noqa: E731
+
+        def mine(fault, actor_id=actor.actor_id):
+            return fault[1] if fault and fault[0] == actor_id else None
+
         faulty = FaultyEnv(
             actor.env,
             run.lifetime,
@@ -157,7 +160,13 @@ def inject(run, plan: FaultPlan) -> None:
             hang_reset=plan.reset_hang == f"actor-{actor.actor_id}",
             delay_s=plan.slow.get("env_step", 0.0),
         )
-        if faulty.raise_at or faulty.hang_at or faulty.stuck_at or faulty.hang_reset or faulty.delay_s:
+        if (
+            faulty.raise_at
+            or faulty.hang_at
+            or faulty.stuck_at
+            or faulty.hang_reset
+            or faulty.delay_s
+        ):
             actor.env = faulty
         if plan.actor_raise and plan.actor_raise[0] == actor.actor_id:
             # The actor asks for params exactly once per rollout, starting at rollout 0.

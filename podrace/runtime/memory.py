@@ -30,8 +30,10 @@ def params_bytes(network, spec: EnvSpec) -> tuple[int, int]:
     leaves = jax.tree_util.tree_leaves_with_path(shapes)
     for path, leaf in leaves:
         if math.prod(leaf.shape) == 0:
-            raise ValueError(f"its parameter {jax.tree_util.keystr(path, simple=True, separator='/')} "
-                             f"would have shape {tuple(leaf.shape)} (no inputs left)")
+            raise ValueError(
+                f"its parameter {jax.tree_util.keystr(path, simple=True, separator='/')} "
+                f"would have shape {tuple(leaf.shape)} (no inputs left)"
+            )
     count = sum(math.prod(leaf.shape) for _, leaf in leaves)
     return count, sum(math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize for _, leaf in leaves)
 
@@ -40,7 +42,9 @@ def rollout_bytes(cfg: TrainConfig, spec: EnvSpec) -> int:
     """Observations of every rollout alive at once: each actor's queue, plus one being
     filled and one being learned from."""
     obs = math.prod(spec.obs_shape) * np.dtype(spec.obs_dtype).itemsize
-    return cfg.num_actors * (cfg.layout.queue_size + 2) * cfg.rollout_length * cfg.env.num_envs * obs
+    return (
+        cfg.num_actors * (cfg.layout.queue_size + 2) * cfg.rollout_length * cfg.env.num_envs * obs
+    )
 
 
 def host_available_bytes() -> int | None:

@@ -30,18 +30,26 @@ import json
 import os
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, NoReturn
+from typing import NoReturn
 
 import jax
 
 from podrace.config import TrainConfig, replace
 from podrace.control import Lifetime, raise_stopped_if_stopping
 from podrace.envs import EnvSource, resolve_backend
-from podrace.runtime.devices import resolve_devices
 from podrace.runtime.coordination_service import stop_hosted_service
+from podrace.runtime.devices import resolve_devices
 from podrace.runtime.distributed import (
-    SHUTDOWN_TIMEOUT_S, Cluster, RunRefused, agree, global_learner_devices, join, meet, resolved,
+    SHUTDOWN_TIMEOUT_S,
+    Cluster,
+    RunRefused,
+    agree,
+    global_learner_devices,
+    join,
+    meet,
+    resolved,
 )
 from podrace.runtime.peers import PeerLink, PeerLost, PeerStopped
 from podrace.runtime.rundir import check_run_dir, create_run_dir, discard_if_untrained, run_dir_path
@@ -57,7 +65,7 @@ COLLECTIVE_GRACE_S = 5.0
 process was lost (the link hears of a killed process at once)."""
 
 
-def prepare(cfg: TrainConfig, lifetime: Lifetime | None = None) -> "MultiHostRun":
+def prepare(cfg: TrainConfig, lifetime: Lifetime | None = None) -> MultiHostRun:
     """Join the other processes, agree on the config, build and compile; no thread started.
 
     The peer link opens first (right after the processes met, before jax.distributed
@@ -70,16 +78,30 @@ def prepare(cfg: TrainConfig, lifetime: Lifetime | None = None) -> "MultiHostRun
     link = None
     try:
         hub = meet(d, lifetime.check)
-        if hub is not None:  # every process is there: one not connecting within the peer timeout hung
-            link = _started(PeerLink.open(d.process_id, d.num_processes, d.peer_timeout_s, hub, d.peer_timeout_s,
-                                          lifetime.check), lifetime)
+        if (
+            hub is not None
+        ):  # every process is there: one not connecting within the peer timeout hung
+            link = _started(
+                PeerLink.open(
+                    d.process_id,
+                    d.num_processes,
+                    d.peer_timeout_s,
+                    hub,
+                    d.peer_timeout_s,
+                    lifetime.check,
+                ),
+                lifetime,
+            )
         cluster = join(d)
         if link is None:  # JAX detected the processes: the link's address goes through its store
             link = _started(PeerLink.open_through(cluster, d.peer_timeout_s), lifetime)
         cfg = agree(cluster, resolved(cfg, cluster), _check)
         devices = resolve_devices(cfg)
         devices = dataclasses.replace(
-            devices, learners=tuple(global_learner_devices(cfg.layout.learner_device_ids, cfg.layout.platform))
+            devices,
+            learners=tuple(
+                global_learner_devices(cfg.layout.learner_device_ids, cfg.layout.platform)
+            ),
         )
         if cluster.process_id == 0:
             run_dir = lifetime.run_dir = create_run_dir(cfg)
@@ -104,7 +126,9 @@ def prepare(cfg: TrainConfig, lifetime: Lifetime | None = None) -> "MultiHostRun
             link.report_failure(f"while preparing: {type(error).__name__}: {error}".splitlines()[0])
             link.close()
         discard_if_untrained(lifetime.run_dir, None)
-        raise_stopped_if_stopping(lifetime, error)  # e.g. a stop closed the publisher under subscribe()
+        raise_stopped_if_stopping(
+            lifetime, error
+        )  # e.g. a stop closed the publisher under subscribe()
         raise
     return MultiHostRun(cluster, link, local)
 
@@ -117,8 +141,14 @@ def _started(link: PeerLink, lifetime: Lifetime) -> PeerLink:
     """Listening: a loss ends this process (`_exit_while_preparing`), a stop here is told."""
     # On its own thread: it waits for the others' connections to close, which the reader
     # that reported the loss must stay free to see (it waited out HUB_EXIT_WAIT_S before).
-    link.start(lambda lost: threading.Thread(
-        target=_exit_while_preparing, args=(lost, lifetime, link), name="peer-lost-exit", daemon=True).start())
+    link.start(
+        lambda lost: threading.Thread(
+            target=_exit_while_preparing,
+            args=(lost, lifetime, link),
+            name="peer-lost-exit",
+            daemon=True,
+        ).start()
+    )
     lifetime.on_stop(lambda: _tell_peers(lifetime, link))
     return link
 
@@ -134,7 +164,9 @@ def _exit_while_preparing(lost: PeerLost, lifetime: Lifetime, link: PeerLink | N
     if isinstance(lost, PeerStopped):  # as once training runs (train_command)
         write_stderr_now(f"podrace: {lost}, stopped\n")
         os._exit(128 + lost.signum)
-    write_stderr_now(f"podrace: error: process-{lost.process} failed: {type(lost).__name__}: {lost}\n")
+    write_stderr_now(
+        f"podrace: error: process-{lost.process} failed: {type(lost).__name__}: {lost}\n"
+    )
     os._exit(1)
 
 
@@ -185,8 +217,12 @@ class MultiHostRun:
         try:
             return self.local.run()
         except BaseException as error:
-            if isinstance(getattr(error, "error", None), PeerStopped):  # stopped from another process
-                discard_if_untrained(lifetime.run_dir, self.local.learner.version)  # as after a stop here
+            if isinstance(
+                getattr(error, "error", None), PeerStopped
+            ):  # stopped from another process
+                discard_if_untrained(
+                    lifetime.run_dir, self.local.learner.version
+                )  # as after a stop here
             self.link.wait_others_gone(HUB_EXIT_WAIT_S)
             self.link.close()
             raise
@@ -220,7 +256,9 @@ def _tell_peers(lifetime: Lifetime, link: PeerLink) -> None:
     if failure is not None:
         if not isinstance(failure.error, PeerLost):
             link.report_failure(str(failure))
-    elif lifetime.stop_reason != "finished":  # stopped from outside: the CLI's reason names the signal
+    elif (
+        lifetime.stop_reason != "finished"
+    ):  # stopped from outside: the CLI's reason names the signal
         name = (lifetime.stop_reason or "").split(" ")[0]
         signum = signal.Signals[name] if name in signal.Signals.__members__ else signal.SIGINT
         link.report_stop(int(signum), signum.name)

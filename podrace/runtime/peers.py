@@ -29,7 +29,7 @@ import json
 import socket
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from podrace.runtime.rendezvous import listen_on_all_addresses, send_line
 
@@ -83,7 +83,11 @@ class _Conn:
         # Shut the socket down first: that wakes this side's reader thread, blocked in
         # readline holding the reader's lock, which reader.close() would otherwise wait for
         # until the socket timed out (peer_timeout_s: every multi-process run ended that late).
-        for close in (lambda: self.sock.shutdown(socket.SHUT_RDWR), self.reader.close, self.sock.close):
+        for close in (
+            lambda: self.sock.shutdown(socket.SHUT_RDWR),
+            self.reader.close,
+            self.sock.close,
+        ):
             try:
                 close()
             except OSError:  # already closed or shut down by the other side
@@ -117,9 +121,14 @@ class PeerLink:
 
     @classmethod
     def open(
-        cls, process_id: int, num_processes: int, timeout_s: float, hub: "socket.socket | str", wait_s: float,
+        cls,
+        process_id: int,
+        num_processes: int,
+        timeout_s: float,
+        hub: socket.socket | str,
+        wait_s: float,
         check: Callable[[], None] = lambda: None,
-    ) -> "PeerLink":
+    ) -> PeerLink:
         """Connect every process to process 0; returns once all are connected. `hub` is
         process 0's listening socket (`listen`) there and its HOST:PORT elsewhere; `wait_s`
         bounds the wait for the others, and `check` is called while waiting (a stop raises)."""
@@ -136,7 +145,9 @@ class PeerLink:
             try:
                 sock = socket.create_connection((host.strip("[]"), int(port)), timeout=wait_s)
             except OSError as error:
-                raise PeerLost(0, f"process 0 could not be reached at {hub}: {error.strerror or error}") from None
+                raise PeerLost(
+                    0, f"process 0 could not be reached at {hub}: {error.strerror or error}"
+                ) from None
             conn = _Conn(sock, 0)
             conn.send(kind="hello", process=process_id)
             link._conns.append(conn)
@@ -151,11 +162,13 @@ class PeerLink:
             check()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise PeerLost(min(waiting), f"process(es) {sorted(waiting)} never connected to process 0")
+                raise PeerLost(
+                    min(waiting), f"process(es) {sorted(waiting)} never connected to process 0"
+                )
             hub.settimeout(min(_POLL_S, remaining))
             try:
                 sock, _ = hub.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             sock.settimeout(min(5.0, max(0.01, remaining)))  # a stray client stalls it no longer
             conn = _Conn(sock, -1)
@@ -164,7 +177,9 @@ class PeerLink:
             except (OSError, ValueError):
                 hello = {}
             process = hello.get("process")
-            if not isinstance(process, int) or process not in waiting:  # not a process of this run (a port scanner), or a twin
+            if (
+                not isinstance(process, int) or process not in waiting
+            ):  # not a process of this run (a port scanner), or a twin
                 conn.close()
                 continue
             conn.process = process
@@ -172,17 +187,21 @@ class PeerLink:
             self._conns.append(conn)
 
     @classmethod
-    def open_through(cls, cluster, timeout_s: float) -> "PeerLink":
+    def open_through(cls, cluster, timeout_s: float) -> PeerLink:
         """`open`, process 0's address passing through jax.distributed's key-value store
         (where no rendezvous ran before it: JAX detected the processes)."""
         from podrace.runtime.distributed import host_of
 
         if cluster.process_id == 0:
             hub = cls.listen(cluster.num_processes)
-            cluster.store.key_value_set(_ADDRESS_KEY, f"{host_of(cluster.coordinator)}:{hub.getsockname()[1]}")
+            cluster.store.key_value_set(
+                _ADDRESS_KEY, f"{host_of(cluster.coordinator)}:{hub.getsockname()[1]}"
+            )
         else:
             hub = cluster.get(_ADDRESS_KEY)
-        return cls.open(cluster.process_id, cluster.num_processes, timeout_s, hub, cluster.timeout_s)
+        return cls.open(
+            cluster.process_id, cluster.num_processes, timeout_s, hub, cluster.timeout_s
+        )
 
     def on_lost(self, callback: OnLost) -> None:
         """Call `callback` instead on a loss from now on (at once if one already happened)."""
@@ -236,7 +255,9 @@ class PeerLink:
     def _check_all_done(self) -> None:
         """The hub: once it and every spoke are done, tell the spokes."""
         with self._lock:
-            if self._all_done.is_set() or not (self._done_here and all(c.done for c in self._conns)):
+            if self._all_done.is_set() or not (
+                self._done_here and all(c.done for c in self._conns)
+            ):
                 return
             self._all_done.set()
         self._broadcast(kind="all_done", origin=0)
@@ -266,7 +287,9 @@ class PeerLink:
             extra = {"signum": error.signum} if isinstance(error, PeerStopped) else {}
             for conn in self._conns:
                 if conn is not relay_from:
-                    conn.send(kind=kind, origin=error.process, message=str(error), relayed=True, **extra)
+                    conn.send(
+                        kind=kind, origin=error.process, message=str(error), relayed=True, **extra
+                    )
         on_lost(error)  # first: the run records this loss before anyone woken below
         self._event.set()
 
@@ -292,16 +315,26 @@ class PeerLink:
         while not self._closed.is_set():
             try:
                 message = conn.recv()
-            except (socket.timeout, TimeoutError):
+            except TimeoutError:
                 if not self._all_done.is_set():
-                    self._declare(PeerLost(who, f"process {who} sent nothing for {self.timeout_s:g}s (hung or unreachable)"), conn)
+                    self._declare(
+                        PeerLost(
+                            who,
+                            f"process {who} sent nothing for {self.timeout_s:g}s (hung or unreachable)",
+                        ),
+                        conn,
+                    )
                 return
             except (OSError, ValueError):
                 message = None
             if message is None:
                 if not self._all_done.is_set() and not self._closed.is_set() and not conn.refused:
                     self._declare(
-                        PeerLost(who, f"process {who} closed its connection before finishing (it exited or was killed)"), conn
+                        PeerLost(
+                            who,
+                            f"process {who} closed its connection before finishing (it exited or was killed)",
+                        ),
+                        conn,
                     )
                 return
             kind = message.get("kind")
@@ -314,11 +347,19 @@ class PeerLink:
             elif kind == "refused" and origin == who:
                 conn.refused = True
             elif kind == "fail":
-                text = message["message"] if message.get("relayed") else f"process {origin} failed: {message['message']}"
+                text = (
+                    message["message"]
+                    if message.get("relayed")
+                    else f"process {origin} failed: {message['message']}"
+                )
                 self._declare(PeerLost(origin, text), conn)
             elif kind == "stop":
                 signum = int(message.get("signum", 2))
-                text = message["message"] if message.get("relayed") else f"process {origin} received {message['message']}"
+                text = (
+                    message["message"]
+                    if message.get("relayed")
+                    else f"process {origin} received {message['message']}"
+                )
                 self._declare(PeerStopped(origin, signum, text), conn)
 
     def _beat(self) -> None:

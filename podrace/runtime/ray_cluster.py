@@ -20,8 +20,9 @@ import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from podrace.config import ConfigError, RayConfig
 from podrace.validation import worker_resources
@@ -68,7 +69,9 @@ def _quiet_init(ray: Any, **kwargs: Any) -> None:
     logger = logging.getLogger("ray._private.worker")
     logger.addFilter(_not_about_sigterm)
     try:
-        with warnings.catch_warnings():  # Ray starts its daemons with fork_exec; JAX warns about forks
+        with (
+            warnings.catch_warnings()
+        ):  # Ray starts its daemons with fork_exec; JAX warns about forks
             warnings.filterwarnings("ignore", message=".*os.fork.*")
             ray.init(log_to_driver=False, configure_logging=False, **kwargs)
     finally:
@@ -86,7 +89,9 @@ def connect(cfg: RayConfig, num_cpus: int) -> Iterator[Cluster]:
     ray = import_ray()
     check_auth_not_disabled()
     if ray.is_initialized():
-        raise ConfigError("Ray is already initialized in this process; podrace starts or joins Ray itself")
+        raise ConfigError(
+            "Ray is already initialized in this process; podrace starts or joins Ray itself"
+        )
     term_handler = signal.getsignal(signal.SIGTERM)
     temp_dir = None
     try:
@@ -112,14 +117,27 @@ def connect(cfg: RayConfig, num_cpus: int) -> Iterator[Cluster]:
             try:
                 _quiet_init(ray, address=cfg.address)
             except (ConnectionError, RuntimeError, ValueError) as error:
-                first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+                first = (
+                    str(error).strip().splitlines()[0]
+                    if str(error).strip()
+                    else type(error).__name__
+                )
                 # Ray reports a refused token only as "Failed to connect", after ~30 s of retries
-                hint = ("; is RAY_AUTH_TOKEN the cluster's token?" if os.environ.get("RAY_AUTH_TOKEN") else
-                        "; a cluster with token authentication needs RAY_AUTH_MODE=token and its RAY_AUTH_TOKEN here")
-                raise ConfigError(f"cannot join the Ray cluster at {cfg.address}: {first}{hint}") from None
+                hint = (
+                    "; is RAY_AUTH_TOKEN the cluster's token?"
+                    if os.environ.get("RAY_AUTH_TOKEN")
+                    else "; a cluster with token authentication needs RAY_AUTH_MODE=token and its RAY_AUTH_TOKEN here"
+                )
+                raise ConfigError(
+                    f"cannot join the Ray cluster at {cfg.address}: {first}{hint}"
+                ) from None
         if threading_main():
             signal.signal(signal.SIGTERM, term_handler)
-        cluster = Cluster(address=ray.get_runtime_context().gcs_address, local=cfg.address is None, temp_dir=temp_dir)
+        cluster = Cluster(
+            address=ray.get_runtime_context().gcs_address,
+            local=cfg.address is None,
+            temp_dir=temp_dir,
+        )
         _check_resources(ray, cfg)
         yield cluster
     finally:
@@ -201,14 +219,18 @@ def _check_reachable(address: str, timeout_s: float) -> None:
                 if not chunk:
                     break
                 header += chunk
-    except socket.timeout:
+    except TimeoutError:
         header = b""
     except OSError as error:
         reason = error.strerror or type(error).__name__
-        raise ConfigError(f"cannot join the Ray cluster at {address}: nothing answers there ({reason})") from None
+        raise ConfigError(
+            f"cannot join the Ray cluster at {address}: nothing answers there ({reason})"
+        ) from None
     if len(header) < 9 or header[3] != 4:  # frame type 4: SETTINGS
-        raise ConfigError(f"cannot join the Ray cluster at {address}: something listens there but it is not "
-                          f"a Ray head (no gRPC answer within {timeout_s:g}s); is the port the head's GCS port (6379)?")
+        raise ConfigError(
+            f"cannot join the Ray cluster at {address}: something listens there but it is not "
+            f"a Ray head (no gRPC answer within {timeout_s:g}s); is the port the head's GCS port (6379)?"
+        )
 
 
 def threading_main() -> bool:
@@ -221,20 +243,24 @@ def _check_resources(ray: Any, cfg: RayConfig) -> None:
     `ray.start_timeout_s` for workers Ray can never place."""
     needed = worker_resources(cfg)
     nodes = [n for n in ray.nodes() if n.get("Alive")]
-    if needed and not any(all(n["Resources"].get(k, 0) >= v for k, v in needed.items()) for n in nodes):
+    if needed and not any(
+        all(n["Resources"].get(k, 0) >= v for k, v in needed.items()) for n in nodes
+    ):
         offered = sorted({k for n in nodes for k in n["Resources"] if not k.startswith("node:")})
         raise ConfigError(
             f"no Ray node offers the worker resources {needed} (resources in the cluster: {offered}); "
             "start actor nodes with `ray start --address ... --resources '{\"NAME\": N}'`"
         )
     each = {"CPU": 1.0, **needed}
-    fits = sum(min(int(n["Resources"].get(k, 0) / v + 1e-9) for k, v in each.items()) for n in nodes)
+    fits = sum(
+        min(int(n["Resources"].get(k, 0) / v + 1e-9) for k, v in each.items()) for n in nodes
+    )
     if fits < cfg.num_workers:
         raise ConfigError(
             f"the Ray cluster can hold {fits} of the {cfg.num_workers} workers: each takes {each} and its "
-            "nodes offer " + "; ".join(
-                ", ".join(f"{k} {n['Resources'].get(k, 0):g}" for k in each) for n in nodes
-            ) + "; lower --ray.num-workers or add nodes"
+            "nodes offer "
+            + "; ".join(", ".join(f"{k} {n['Resources'].get(k, 0):g}" for k in each) for n in nodes)
+            + "; lower --ray.num-workers or add nodes"
         )
 
 
@@ -295,7 +321,9 @@ def _is_ray(cmdline: bytes, temp_dir: str) -> bool:
 
 def alive(processes: dict[int, int]) -> list[int]:
     """The pids of `processes` ({pid: start time}) still running (pid reuse excluded)."""
-    return [pid for pid, start in processes.items() if (st := _stat(pid)) is not None and st[1] == start]
+    return [
+        pid for pid, start in processes.items() if (st := _stat(pid)) is not None and st[1] == start
+    ]
 
 
 def reap(processes: dict[int, int], grace_s: float = 10.0) -> None:

@@ -28,32 +28,40 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import jax
 
 from podrace.algos.normalizer import acting_apply
 from podrace.config import TrainConfig, resolved
-from podrace.validation import worker_resources
-from podrace.control import ComponentError, Control, ExplainedError, Lifetime, Stopped, Watchdog, raise_stopped_if_stopping
+from podrace.control import (
+    ComponentError,
+    Control,
+    ExplainedError,
+    Lifetime,
+    Stopped,
+    Watchdog,
+    raise_stopped_if_stopping,
+)
 from podrace.envs import env_spec, resolve_backend
 from podrace.evaluate import EvalResult, make_greedy_policy
+from podrace.metrics.loggers import check_sinks
 from podrace.metrics.registry import Metrics
 from podrace.networks import make_network
-from podrace.metrics.loggers import check_sinks
 from podrace.pipeline import Pipeline, PlacingSink
-from podrace.runtime.run_log import RunLog
 from podrace.runtime import ray_cluster
 from podrace.runtime.build import build_evaluator, build_learner, dummy_trajectory, warm_up_learner
 from podrace.runtime.devices import resolve_devices
 from podrace.runtime.ray_worker import RolloutWorker, Shipment, WorkerSpec
+from podrace.runtime.run_log import RunLog
 from podrace.runtime.rundir import create_run_dir, remove_run_dir
 from podrace.runtime.single_host import TrainResult
 from podrace.runtime.threads import ThreadGroup, close_envs
 from podrace.types import Rollout
-from podrace.validation import validate
+from podrace.validation import validate, worker_resources
 
 STOP_GRACE_S = 10.0
 """Seconds the threads get to return after a stop (killing workers wakes their pumps)."""
@@ -112,7 +120,9 @@ def train(cfg: TrainConfig, lifetime: Lifetime | None = None) -> RayTrainResult:
     return prepare(cfg, lifetime).run()
 
 
-def prepare(cfg: TrainConfig, lifetime: Lifetime | None = None, env_factory: Callable | None = None) -> "RayRun":
+def prepare(
+    cfg: TrainConfig, lifetime: Lifetime | None = None, env_factory: Callable | None = None
+) -> RayRun:
     """Validate, start or join Ray, build and compile everything, start the workers.
 
     `env_factory(env_cfg, num_envs, seed)` replaces `make_env` in the workers (tests inject
@@ -148,7 +158,9 @@ def prepare(cfg: TrainConfig, lifetime: Lifetime | None = None, env_factory: Cal
 class RayRun:
     """A prepared Ray run: workers started and compiled; `run()` trains and cleans up."""
 
-    def __init__(self, cfg, spec, devices, run_dir: Path, lifetime: Lifetime, cluster, stack, env_factory):
+    def __init__(
+        self, cfg, spec, devices, run_dir: Path, lifetime: Lifetime, cluster, stack, env_factory
+    ):
         import ray
 
         self._ray, self._stack = ray, stack
@@ -165,7 +177,9 @@ class RayRun:
         from podrace.sync.ray_transport import RayPublisher
 
         network = make_network(cfg.network, spec)
-        self.pipeline = StampedPipeline(cfg.num_actors, cfg.layout.queue_size, cfg.max_policy_lag, lifetime)
+        self.pipeline = StampedPipeline(
+            cfg.num_actors, cfg.layout.queue_size, cfg.max_policy_lag, lifetime
+        )
         self.publisher = publisher = RayPublisher()
         lifetime.on_stop(publisher.close)
         self.learner, placement = build_learner(
@@ -175,7 +189,9 @@ class RayRun:
         lifetime.on_stop(self._kill_workers)  # wakes every wait on a worker, also while starting
         first = devices.learners[0]
         # Host arrays go to one learner device, then through the thread runtime's placement.
-        self.sink = PlacingSink(self.pipeline, lambda traj: placement.place(jax.device_put(traj, first)))
+        self.sink = PlacingSink(
+            self.pipeline, lambda traj: placement.place(jax.device_put(traj, first))
+        )
         greedy = make_greedy_policy(acting_apply(network.apply, cfg.normalize))
 
         compile_start = time.perf_counter()
@@ -190,7 +206,9 @@ class RayRun:
         params = publisher.subscribe(device=devices.evaluator, name="evaluator")
         control = Control(lifetime, self.watchdog.heartbeat("evaluator"), metrics.add_many)
         self.evaluator = build_evaluator(cfg, greedy, devices.evaluator, params, metrics, control)
-        self.evaluator.warm_up(jax.device_get(self.learner.acting_params()))  # as the ray transport delivers
+        self.evaluator.warm_up(
+            jax.device_get(self.learner.acting_params())
+        )  # as the ray transport delivers
         self.compile_s = time.perf_counter() - compile_start
         for name in ("ray/restarts", "ray/lost_rollouts"):
             metrics.count(name, 0)
@@ -199,8 +217,13 @@ class RayRun:
     def _spawn(self, slot: _Slot) -> Any:
         """Create the Ray actor for `slot`'s current incarnation; returns its start() ref."""
         spec = WorkerSpec(
-            self.cfg, self._spec, slot.worker_id, slot.restarts, slot.next_seq,
-            self.publisher.board, self.publisher.channel,
+            self.cfg,
+            self._spec,
+            slot.worker_id,
+            slot.restarts,
+            slot.next_seq,
+            self.publisher.board,
+            self.publisher.channel,
         )
         with self._lock:
             if self._closing:
@@ -266,9 +289,13 @@ class RayRun:
             if slot.handle is None:
                 ahead = None
                 try:
-                    slot.node, slot.pid = ray.get(self._spawn(slot), timeout=self.cfg.ray.start_timeout_s)
+                    slot.node, slot.pid = ray.get(
+                        self._spawn(slot), timeout=self.cfg.ray.start_timeout_s
+                    )
                 except ray.exceptions.GetTimeoutError as error:
-                    raise WorkerNotReady(f"restarted worker not ready within {self.cfg.ray.start_timeout_s:g}s") from error
+                    raise WorkerNotReady(
+                        f"restarted worker not ready within {self.cfg.ray.start_timeout_s:g}s"
+                    ) from error
                 except ray.exceptions.RayError as error:
                     self._failed(slot, error)
                     continue
@@ -281,7 +308,9 @@ class RayRun:
             del request
             rollout = shipment.rollout
             if rollout.seq != slot.next_seq:
-                raise RuntimeError(f"worker {slot.worker_id} sent seq {rollout.seq}, expected {slot.next_seq}")
+                raise RuntimeError(
+                    f"worker {slot.worker_id} sent seq {rollout.seq}, expected {slot.next_seq}"
+                )
             if slot.next_seq + 1 < last:
                 ahead = slot.handle.next.remote()  # its reply travels while this one is placed
             slot.produced_until = shipment.produced_until

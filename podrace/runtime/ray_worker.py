@@ -16,8 +16,9 @@ import dataclasses
 import os
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import jax
 import numpy as np
@@ -42,7 +43,9 @@ def worker_seeds(seed: int, worker_id: int, restart: int) -> tuple[jax.Array, in
     """
     if restart == 0:
         return seed_key(seed, 2, worker_id), env_seed(seed, 0, worker_id)
-    env = int(np.random.SeedSequence([seed, 0, worker_id, restart]).generate_state(1)[0] & 0x7FFFFFFF)
+    env = int(
+        np.random.SeedSequence([seed, 0, worker_id, restart]).generate_state(1)[0] & 0x7FFFFFFF
+    )
     return jax.random.fold_in(seed_key(seed, 2, worker_id), restart), env
 
 

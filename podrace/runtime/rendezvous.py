@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import socket
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from podrace.config import ConfigError
 
@@ -25,7 +25,11 @@ CLOSE_WAIT_S = 2.0
 
 
 def rendezvous(
-    coordinator: str, num_processes: int, process_id: int, timeout_s: float, check: Callable[[], None] = lambda: None,
+    coordinator: str,
+    num_processes: int,
+    process_id: int,
+    timeout_s: float,
+    check: Callable[[], None] = lambda: None,
     offer: dict | None = None,
 ) -> dict:
     """Return once every process has reached process 0 and agrees on `num_processes`;
@@ -47,7 +51,9 @@ def listen_on_all_addresses(port: int, backlog: int | None = None) -> socket.soc
     """A listening socket on every IPv4 and (where the host has it) IPv6 address: the
     others reach process 0 by whatever the coordinator names (127.0.0.1, [::1], a name)."""
     if socket.has_dualstack_ipv6():
-        return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=backlog)
+        return socket.create_server(
+            ("", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=backlog
+        )
     return socket.create_server(("", port), backlog=backlog)
 
 
@@ -57,32 +63,39 @@ def _listen(port: int) -> socket.socket:
     except OSError as error:
         from podrace.runtime.coordination_service import LINGER_S
 
-        raise ConfigError(f"distributed: process 0 cannot listen on port {port} of the coordinator: "
-                          f"{error.strerror or error} (another run on it? a process 0 killed or ended abruptly keeps it for {LINGER_S:g}s)"
-                          ) from None
+        raise ConfigError(
+            f"distributed: process 0 cannot listen on port {port} of the coordinator: "
+            f"{error.strerror or error} (another run on it? a process 0 killed or ended abruptly keeps it for {LINGER_S:g}s)"
+        ) from None
 
 
-def _gather(port: int, num_processes: int, timeout_s: float, check: Callable[[], None], offer: dict) -> None:
+def _gather(
+    port: int, num_processes: int, timeout_s: float, check: Callable[[], None], offer: dict
+) -> None:
     """Process 0: accept every other process's hello, then answer all of them at once."""
     deadline = time.monotonic() + timeout_s
     server = _listen(port)
     joined: dict[int, socket.socket] = {}
     others: list[socket.socket] = []  # connections that said nothing usable
     error = None
-    refused = None  # the first process that said it cannot run (`refuse`): told to everyone at the end
+    refused = (
+        None  # the first process that said it cannot run (`refuse`): told to everyone at the end
+    )
     try:
         while error is None and len(joined) < num_processes - 1:
             check()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 missing = sorted(set(range(1, num_processes)) - set(joined))
-                error = (f"distributed: process(es) {missing} did not join within {timeout_s:g}s "
-                         f"(started, with --distributed.coordinator naming process 0's HOST:PORT?)")
+                error = (
+                    f"distributed: process(es) {missing} did not join within {timeout_s:g}s "
+                    f"(started, with --distributed.coordinator naming process 0's HOST:PORT?)"
+                )
                 break
             server.settimeout(min(POLL_S, remaining))
             try:
                 conn, _ = server.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             hello = _read(conn, min(5.0, max(0.01, deadline - time.monotonic())), check) or {}
             process = hello.get("process") if hello.get("hello") == HELLO else None
@@ -90,14 +103,20 @@ def _gather(port: int, num_processes: int, timeout_s: float, check: Callable[[],
                 others.append(conn)  # not a podrace process (a port scanner, a stray client)
             elif hello.get("num_processes") != num_processes:
                 joined.setdefault(process, conn)
-                error = (f"distributed: processes disagree on --distributed.num-processes: "
-                         f"process 0 says {num_processes}, process {process} says {hello.get('num_processes')}")
+                error = (
+                    f"distributed: processes disagree on --distributed.num-processes: "
+                    f"process 0 says {num_processes}, process {process} says {hello.get('num_processes')}"
+                )
             elif not 0 < process < num_processes:
                 others.append(conn)
                 error = f"distributed: a process says it is process {process} of {num_processes}"
-            elif process in joined and isinstance(hello.get("refusal"), str):  # stopped since its hello
+            elif process in joined and isinstance(
+                hello.get("refusal"), str
+            ):  # stopped since its hello
                 others.append(conn)
-                refused = refused or f"distributed: process {process} cannot run: {hello['refusal']}"
+                refused = (
+                    refused or f"distributed: process {process} cannot run: {hello['refusal']}"
+                )
             elif process in joined:
                 others.append(conn)
                 error = f"distributed: two processes say they are process {process}"
@@ -106,7 +125,9 @@ def _gather(port: int, num_processes: int, timeout_s: float, check: Callable[[],
                 if isinstance(hello.get("refusal"), str) and refused is None:
                     refused = f"distributed: process {process} cannot run: {hello['refusal']}"
         error = error or refused
-        if error is None:  # one that gave up (or was killed) since its hello would leave JAX a process short
+        if (
+            error is None
+        ):  # one that gave up (or was killed) since its hello would leave JAX a process short
             gone = sorted(p for p, conn in joined.items() if _closed(conn))
             if gone:
                 error = f"distributed: process(es) {gone} left before every process had joined"
@@ -122,20 +143,30 @@ def _gather(port: int, num_processes: int, timeout_s: float, check: Callable[[],
         raise ConfigError(error)
 
 
-def _report(host: str, port: int, num_processes: int, process_id: int, timeout_s: float,
-            check: Callable[[], None]) -> dict:
+def _report(
+    host: str,
+    port: int,
+    num_processes: int,
+    process_id: int,
+    timeout_s: float,
+    check: Callable[[], None],
+) -> dict:
     """Process i > 0: reach process 0 (retrying until it listens), say hello, await the answer."""
     deadline = time.monotonic() + timeout_s
     where = f"{host}:{port}"
     while True:
         check()
         try:
-            conn = socket.create_connection((host, port), timeout=max(0.01, min(POLL_S * 5, deadline - time.monotonic())))
+            conn = socket.create_connection(
+                (host, port), timeout=max(0.01, min(POLL_S * 5, deadline - time.monotonic()))
+            )
             break
         except OSError:
             if time.monotonic() >= deadline:
-                raise ConfigError(f"distributed: process 0 at {where} did not answer within {timeout_s:g}s "
-                                  f"(is it started, and is {where} its address from this host?)") from None
+                raise ConfigError(
+                    f"distributed: process 0 at {where} did not answer within {timeout_s:g}s "
+                    f"(is it started, and is {where} its address from this host?)"
+                ) from None
             time.sleep(POLL_S)
     with conn:
         send_line(conn, {"hello": HELLO, "process": process_id, "num_processes": num_processes})
@@ -147,12 +178,16 @@ def _report(host: str, port: int, num_processes: int, process_id: int, timeout_s
         return answer
     if isinstance(answer.get("error"), str):
         raise ConfigError(answer["error"])
-    raise ConfigError(f"distributed: process 0 at {where} ended the meeting without an answer (it stopped: "
-                      f"see its error; or it had met a process {process_id} already; or {where} is not a "
-                      f"podrace process 0)")
+    raise ConfigError(
+        f"distributed: process 0 at {where} ended the meeting without an answer (it stopped: "
+        f"see its error; or it had met a process {process_id} already; or {where} is not a "
+        f"podrace process 0)"
+    )
 
 
-def refuse(coordinator: str, num_processes: int, process_id: int, reason: str, timeout_s: float) -> None:
+def refuse(
+    coordinator: str, num_processes: int, process_id: int, reason: str, timeout_s: float
+) -> None:
     """Process i > 0 whose own config is invalid (so it will not join): tell process 0's
     meeting, which then refuses the run on every process, instead of leaving them to wait
     out the init timeout for it. Best effort, for at most `timeout_s`."""
@@ -162,9 +197,18 @@ def refuse(coordinator: str, num_processes: int, process_id: int, reason: str, t
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            with socket.create_connection((host.strip("[]"), int(port)), timeout=POLL_S * 5) as conn:
-                send_line(conn, {"hello": HELLO, "process": process_id, "num_processes": num_processes,
-                                 "refusal": reason})
+            with socket.create_connection(
+                (host.strip("[]"), int(port)), timeout=POLL_S * 5
+            ) as conn:
+                send_line(
+                    conn,
+                    {
+                        "hello": HELLO,
+                        "process": process_id,
+                        "num_processes": num_processes,
+                        "refusal": reason,
+                    },
+                )
                 return
         except (OSError, ValueError):
             time.sleep(POLL_S)
@@ -191,7 +235,7 @@ def _read(conn: socket.socket, timeout_s: float, check: Callable[[], None]) -> d
         conn.settimeout(min(POLL_S, remaining))
         try:
             chunk = conn.recv(4096)
-        except socket.timeout:
+        except TimeoutError:
             continue
         except OSError:
             return {}

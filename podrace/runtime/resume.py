@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from podrace import json_text
-from podrace.config import ConfigError, TrainConfig, replace
-from podrace.config import leaves
+from podrace.config import ConfigError, TrainConfig, leaves, replace
 
 RESUMABLE = (
     "total_steps",
@@ -121,9 +120,13 @@ def stored_config(resume: Resume) -> tuple[int, TrainConfig]:
     if not steps and _checkpoints(run_dir).exists() and not _checkpoints(run_dir).is_dir():
         raise ConfigError(f"cannot resume {run_dir}: {_checkpoints(run_dir)} is not a directory")
     if not steps:
-        raise ConfigError(f"cannot resume {run_dir}: it has no checkpoint (none was saved in {_checkpoints(run_dir)})")
+        raise ConfigError(
+            f"cannot resume {run_dir}: it has no checkpoint (none was saved in {_checkpoints(run_dir)})"
+        )
     if resume.step is not None and resume.step not in steps:
-        raise ConfigError(f"cannot resume {run_dir} from step {resume.step}: saved steps are {', '.join(map(str, steps))}")
+        raise ConfigError(
+            f"cannot resume {run_dir} from step {resume.step}: saved steps are {', '.join(map(str, steps))}"
+        )
     later = [s for s in steps if resume.step is not None and s > resume.step]
     if later:
         raise ConfigError(
@@ -131,7 +134,9 @@ def stored_config(resume: Resume) -> tuple[int, TrainConfig]:
             f"and would be replaced; move them out of {_checkpoints(run_dir)} first"
         )
     chosen = steps[-1] if resume.step is None else resume.step
-    with step_lock(_checkpoints(run_dir) / str(chosen), shared=True):  # a live run's rotation spares it
+    with step_lock(
+        _checkpoints(run_dir) / str(chosen), shared=True
+    ):  # a live run's rotation spares it
         step, cfg = read_config(_checkpoints(run_dir), chosen)
     here = {"log.run_dir": str(run_dir.absolute().parent), "log.run_name": run_dir.absolute().name}
     return step, replace(cfg, **here)
@@ -141,7 +146,9 @@ def check_changes(stored: TrainConfig, cfg: TrainConfig, step: int) -> None:
     """ConfigError for a change `--resume` does not allow, or a run with nothing left to do."""
     old = {name: value for name, value, _ in leaves(stored)}
     for name, value, _ in leaves(cfg):
-        if value != old[name] and not any(name == a or (a.endswith(".") and name.startswith(a)) for a in RESUMABLE):
+        if value != old[name] and not any(
+            name == a or (a.endswith(".") and name.startswith(a)) for a in RESUMABLE
+        ):
             allowed = ", ".join(a + "*" if a.endswith(".") else a for a in RESUMABLE)
             raise ConfigError(
                 f"--resume cannot change {name} (the checkpoint's run has {old[name]!r}, got {value!r}); "
@@ -220,9 +227,13 @@ def commit(point: ResumePoint, version: int, env_steps: float, effective: TrainC
             with open(run_dir / SUPERSEDED, "a", encoding="utf-8") as f:
                 f.write("".join(text + "\n" for text in superseded))
             _replace_text(run_dir / "metrics.jsonl", "".join(text + "\n" for text in kept))
-        _replace_text(run_dir / "config.json", json.dumps(dataclasses.asdict(effective), indent=2) + "\n")
+        _replace_text(
+            run_dir / "config.json", json.dumps(dataclasses.asdict(effective), indent=2) + "\n"
+        )
     except OSError as error:
-        raise ConfigError(f"cannot update {run_dir} for the resumed run: {error.strerror}") from None
+        raise ConfigError(
+            f"cannot update {run_dir} for the resumed run: {error.strerror}"
+        ) from None
     return last_time_s(kept)
 
 

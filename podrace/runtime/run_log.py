@@ -5,8 +5,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable, Mapping
 
 from podrace.config import TrainConfig
 from podrace.control import Lifetime

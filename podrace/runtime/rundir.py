@@ -55,9 +55,13 @@ def check_run_dir(cfg: TrainConfig) -> Path:
     except OSError as error:  # e.g. a path or name too long for the file system
         raise ConfigError(f"cannot create run directory {_shown(path)}: {error.strerror}") from None
     if cfg.log.run_name and exists:
-        raise ConfigError(f"run directory {_shown(path)} already exists; choose another log.run-name")
+        raise ConfigError(
+            f"run directory {_shown(path)} already exists; choose another log.run-name"
+        )
     if not writable:
-        raise ConfigError(f"cannot create run directory {_shown(path)}: {_shown(parent)} is not a writable directory")
+        raise ConfigError(
+            f"cannot create run directory {_shown(path)}: {_shown(parent)} is not a writable directory"
+        )
     if free < MIN_FREE_BYTES:
         raise ConfigError(
             f"cannot start a run in {_shown(parent)}: {free / 2**20:.1f} MiB free, "
@@ -89,11 +93,15 @@ def _make_unique(path: Path, unique: bool) -> Path:
             return candidate
         except FileExistsError:
             if not unique:
-                raise ConfigError(f"run directory {_shown(path)} already exists; choose another log.run-name") from None
+                raise ConfigError(
+                    f"run directory {_shown(path)} already exists; choose another log.run-name"
+                ) from None
             suffix += 1
             candidate = path.with_name(f"{path.name}-{suffix}")
         except OSError as error:
-            raise ConfigError(f"cannot create run directory {_shown(candidate)}: {error.strerror}") from None
+            raise ConfigError(
+                f"cannot create run directory {_shown(candidate)}: {error.strerror}"
+            ) from None
 
 
 def remove_run_dir(path: Path) -> None:
@@ -122,7 +130,9 @@ def check_writable(path: Path) -> None:
             if path.is_dir():
                 raise ConfigError(f"cannot write {_shown(path)}: it is a directory")
             if not parent.is_dir():
-                raise ConfigError(f"cannot write {_shown(path)}: {_shown(parent)} is not a directory")
+                raise ConfigError(
+                    f"cannot write {_shown(path)}: {_shown(parent)} is not a directory"
+                )
             fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
         except OSError as error:
             raise ConfigError(f"cannot write {_shown(path)}: {error.strerror or error}") from None
@@ -136,4 +146,6 @@ def write_config(run_dir: Path, cfg: TrainConfig) -> None:
     try:
         (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
     except OSError as error:
-        raise ConfigError(f"cannot write {_shown(run_dir / 'config.json')}: {error.strerror}") from None
+        raise ConfigError(
+            f"cannot write {_shown(run_dir / 'config.json')}: {error.strerror}"
+        ) from None

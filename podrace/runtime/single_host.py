@@ -24,7 +24,6 @@ import numpy as np
 from podrace.actor import make_policy_fns
 from podrace.algos.normalizer import acting_apply
 from podrace.checkpoint import RunState, checkpoint_dir
-from podrace.restore import restore
 from podrace.config import ConfigError, TrainConfig, replace, resolved
 from podrace.control import Control, Lifetime, Watchdog, raise_stopped_if_stopping
 from podrace.envs import EnvSource
@@ -33,7 +32,8 @@ from podrace.metrics.loggers import Sink, check_sinks
 from podrace.metrics.registry import Metrics
 from podrace.networks import make_network
 from podrace.pipeline import Pipeline, PlacingSink
-from podrace.runtime.run_log import RunLog
+from podrace.restore import restore
+from podrace.runtime import threads
 from podrace.runtime.build import (
     actor_key,
     build_actor,
@@ -44,15 +44,20 @@ from podrace.runtime.build import (
 )
 from podrace.runtime.checkpoints import RunCheckpoints
 from podrace.runtime.devices import resolve_devices
+from podrace.runtime.distributed import local_copy
 from podrace.runtime.memory import check_fits
 from podrace.runtime.resume import Resume, ResumePoint, commit, resume_point
-from podrace.runtime.rundir import create_run_dir, discard_if_untrained, remove_run_dir, write_config
 from podrace.runtime.run_lock import RunLock
+from podrace.runtime.run_log import RunLog
+from podrace.runtime.rundir import (
+    create_run_dir,
+    discard_if_untrained,
+    remove_run_dir,
+    write_config,
+)
 from podrace.runtime.supervisor import interrupts_stop
-from podrace.runtime.xla_setup import deterministic_gpu_ops
-from podrace.runtime import threads
 from podrace.runtime.threads import ThreadGroup, close_envs
-from podrace.runtime.distributed import local_copy
+from podrace.runtime.xla_setup import deterministic_gpu_ops
 from podrace.sync.base import ChannelClosed
 from podrace.sync.local import LocalPublisher
 from podrace.validation import validate
@@ -101,7 +106,7 @@ def prepare(
     lifetime: Lifetime | None = None,
     envs: EnvSource | None = None,
     resume: Resume | None = None,
-) -> "SingleHostRun":
+) -> SingleHostRun:
     """Validate, build and compile everything; no thread is started yet.
 
     `lifetime` lets a caller stop the run from outside (a signal); a stop during
@@ -126,7 +131,9 @@ def prepare(
         run.lock = lock
         return run
     envs, spec, devices = _checked(cfg, lifetime, envs)
-    run_dir = lifetime.run_dir = create_run_dir(cfg)  # last: nothing is written unless every check passed
+    run_dir = lifetime.run_dir = create_run_dir(
+        cfg
+    )  # last: nothing is written unless every check passed
     lock = RunLock(run_dir)
     try:
         effective = replace(resolved(cfg), **{"log.run_name": run_dir.name})
@@ -155,7 +162,9 @@ def _checked(cfg: TrainConfig, lifetime: Lifetime, envs: EnvSource | None):
     return envs, spec, devices
 
 
-def _prepare_resumed(cfg: TrainConfig | None, lifetime: Lifetime, envs: EnvSource | None, resume: Resume):
+def _prepare_resumed(
+    cfg: TrainConfig | None, lifetime: Lifetime, envs: EnvSource | None, resume: Resume
+):
     point = resume_point(resume, cfg)
     cfg = point.cfg
     envs, spec, devices = _checked(cfg, lifetime, envs)
@@ -217,7 +226,14 @@ class SingleHostRun:
 
         try:
             self.learner, placement = build_learner(
-                cfg, spec, network, devices.learners, pipeline, publisher, metrics, lifetime,
+                cfg,
+                spec,
+                network,
+                devices.learners,
+                pipeline,
+                publisher,
+                metrics,
+                lifetime,
                 restore=from_checkpoint if resume is not None else None,
             )
         except ChannelClosed:  # a stop closed the publisher before the first publish
@@ -241,7 +257,9 @@ class SingleHostRun:
             dummies[device] = placement.place(dummy_trajectory(cfg, spec, device))
         lifetime.check()
         # Each actor's dummy from its own device: its rollouts' shardings, compiled for.
-        warm_up_learner(self.learner, [dummies[self._actor_device(i)] for i in range(cfg.num_actors)])
+        warm_up_learner(
+            self.learner, [dummies[self._actor_device(i)] for i in range(cfg.num_actors)]
+        )
         self.compile_s = time.perf_counter() - compile_start
 
         try:
@@ -263,10 +281,19 @@ class SingleHostRun:
             device = self._actor_device(actor_id)
             params = publisher.subscribe(device=device, name=f"actor-{actor_id}")
             actor_control = control(f"actor-{actor_id}")
-            self.actors.append(build_actor(
-                cfg, actor_id, fns.on(device), params, sink, actor_control, envs=envs,
-                first_seq=first, key=self.start.actor_keys[actor_id],
-            ))
+            self.actors.append(
+                build_actor(
+                    cfg,
+                    actor_id,
+                    fns.on(device),
+                    params,
+                    sink,
+                    actor_control,
+                    envs=envs,
+                    first_seq=first,
+                    key=self.start.actor_keys[actor_id],
+                )
+            )
         compile_start = time.perf_counter()
         for actor in self.actors:
             lifetime.check()
@@ -291,14 +318,21 @@ class SingleHostRun:
         cfg, learner, n = self.cfg, self.learner, self.cfg.num_actors
         if restored is None:
             keys = np.stack([np.asarray(jax.device_get(actor_key(cfg, i))) for i in range(n)])
-            return RunState(learner.state, learner.keys, keys, (0,) * n, 0, 0, 0, learner.normalizer)
+            return RunState(
+                learner.state, learner.keys, keys, (0,) * n, 0, 0, 0, learner.normalizer
+            )
         version = restored.version
         if tuple(restored.actor_next_seq) != (version,) * n:
             raise ConfigError(
                 f"checkpoint {version} has actors' next rollouts {list(restored.actor_next_seq)}; "
                 f"the thread runtime resumes only where every actor continues at {version}"
             )
-        keys = np.stack([np.asarray(jax.device_get(jax.random.fold_in(k, version))) for k in restored.actor_keys])
+        keys = np.stack(
+            [
+                np.asarray(jax.device_get(jax.random.fold_in(k, version)))
+                for k in restored.actor_keys
+            ]
+        )
         m = self.metrics
         m.count("env_steps", restored.env_steps)
         m.count("episodes", restored.episodes)
@@ -307,8 +341,16 @@ class SingleHostRun:
         learner.skipped = restored.skipped_updates
         self.time_offset = restored.time_s
         return RunState(
-            learner.state, learner.keys, keys, restored.actor_next_seq, version,
-            restored.env_steps, restored.episodes, learner.normalizer, restored.time_s, restored.skipped_updates,
+            learner.state,
+            learner.keys,
+            keys,
+            restored.actor_next_seq,
+            version,
+            restored.env_steps,
+            restored.episodes,
+            learner.normalizer,
+            restored.time_s,
+            restored.skipped_updates,
         )
 
     def _clock(self) -> float:
@@ -321,8 +363,16 @@ class SingleHostRun:
             self.evaluator.request(version)
         m, learner = self.metrics, self.learner
         state = RunState(
-            learner.state, learner.keys, self.start.actor_keys, (version,) * self.cfg.num_actors, version,
-            int(m.total("env_steps")), int(m.total("episodes")), learner.normalizer, self._clock(), learner.skipped,
+            learner.state,
+            learner.keys,
+            self.start.actor_keys,
+            (version,) * self.cfg.num_actors,
+            version,
+            int(m.total("env_steps")),
+            int(m.total("episodes")),
+            learner.normalizer,
+            self._clock(),
+            learner.skipped,
         )
         self.checkpoints.record(state, self.lifetime)
 
@@ -362,17 +412,27 @@ class SingleHostRun:
                 self._save_final(group)
                 self.stuck = stuck = group.join(STOP_GRACE_S)
                 train_s = time.perf_counter() - train_start
-                if lifetime.stop_reason == "finished":  # the final line then names the final checkpoint
+                if (
+                    lifetime.stop_reason == "finished"
+                ):  # the final line then names the final checkpoint
                     self.checkpoints.settle(FINAL_SAVE_WAIT_S)
                 log.write(train_start, final=True)
                 log.close()
                 self.checkpoints.close(lifetime)  # before user code (env.close) runs again
                 closing = self.close_envs(exclude=stuck)
                 if stuck and lifetime.stop_reason == "finished":
-                    lifetime.fail("runtime", TimeoutError(f"threads did not stop within {STOP_GRACE_S}s: {stuck}"))
+                    lifetime.fail(
+                        "runtime",
+                        TimeoutError(f"threads did not stop within {STOP_GRACE_S}s: {stuck}"),
+                    )
                 elif closing and lifetime.stop_reason == "finished":
-                    lifetime.fail("runtime", TimeoutError(f"env.close() did not return within {threads.ENV_CLOSE_GRACE_S:g}s: "
-                                                          f"{', '.join(c.removesuffix(' env.close') for c in closing)}"))
+                    lifetime.fail(
+                        "runtime",
+                        TimeoutError(
+                            f"env.close() did not return within {threads.ENV_CLOSE_GRACE_S:g}s: "
+                            f"{', '.join(c.removesuffix(' env.close') for c in closing)}"
+                        ),
+                    )
                 stuck += closing
             finally:  # also when a second KeyboardInterrupt cut the above short
                 if self.lock is not None:

@@ -13,7 +13,6 @@ import os
 import select
 import sys
 
-
 STDERR_WAIT_S = 1.0
 """How long a write to stderr waits for a reader that stopped reading (a full pipe: `2>&1 |
 less` not scrolled) before the line is dropped."""
@@ -118,7 +117,10 @@ def print_result(text: str) -> int:
 def stdout_refused(error: OSError | ValueError) -> int:
     """One line for what stdout refused after the command's work was done; the exit code 1."""
     reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
-    print(f"podrace: error: could not write to stdout ({reason}); the command itself succeeded", file=sys.stderr)
+    print(
+        f"podrace: error: could not write to stdout ({reason}); the command itself succeeded",
+        file=sys.stderr,
+    )
     return 1
 
 

@@ -26,8 +26,9 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING
 
 from podrace.runtime.std_streams import flush_std_streams, write_stderr_now
 
@@ -142,7 +143,10 @@ def supervise(training, signals: Signals) -> int:
         # Never wait at exit for a lost peer (atexit) or for threads left in a collective.
         exit_now(outcome)
     if training.run is not None and training.run.stuck:
-        print(f"podrace: threads stuck in native code left behind: {', '.join(training.run.stuck)}", file=sys.stderr)
+        print(
+            f"podrace: threads stuck in native code left behind: {', '.join(training.run.stuck)}",
+            file=sys.stderr,
+        )
         exit_now(outcome)
     return outcome
 
@@ -242,7 +246,7 @@ def signals_deferred() -> Iterator[None]:
 
 
 @contextmanager
-def interrupts_stop(lifetime: "Lifetime") -> Iterator[None]:
+def interrupts_stop(lifetime: Lifetime) -> Iterator[None]:
     """For a run a library caller starts in the main thread while Python's own SIGINT
     handling is in place: Ctrl-C stops `lifetime` as in the CLI (the run saves, writes its
     last line and releases its directory; a run stopped before its first update leaves no
@@ -254,8 +258,10 @@ def interrupts_stop(lifetime: "Lifetime") -> Iterator[None]:
 
     The handler only records the signal; a thread of its own stops the run (`stop` takes
     locks the interrupted main thread may hold)."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
         yield
         return
     from podrace.control import Stopped

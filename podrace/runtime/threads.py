@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import jax
 
@@ -77,7 +77,9 @@ def close_envs(envs: Iterable[tuple[str, object]], timeout: float | None = None)
 
     threads = []
     for owner, env in envs:
-        thread = threading.Thread(target=close, args=(owner, env), name=f"{owner} env.close", daemon=True)
+        thread = threading.Thread(
+            target=close, args=(owner, env), name=f"{owner} env.close", daemon=True
+        )
         thread.start()
         threads.append(thread)
     deadline = time.monotonic() + (ENV_CLOSE_GRACE_S if timeout is None else timeout)

@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from abc import abstractmethod
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -50,7 +50,9 @@ class BackgroundPublisher(Publisher):
             raise ValueError(f"keep must be >= 1, got {keep}")
         self._label = label
         self._published_layout = FirstLayout("published params")
-        self._stage = TransformStage(transform, label, finish=lambda params: self._check_host(_to_host(params)))
+        self._stage = TransformStage(
+            transform, label, finish=lambda params: self._check_host(_to_host(params))
+        )
         self._cond = threading.Condition()
         self._versions = VersionCounter(first_version)
         self._pending: Published | None = None
@@ -63,7 +65,9 @@ class BackgroundPublisher(Publisher):
         self._stats = {k: RunningStat() for k in ("publish", "deliver", "visible")}
         self._coalesced = 0
         self._bytes = 0
-        self._thread = threading.Thread(target=self._deliver_loop, name=f"podrace-{label}-delivery", daemon=True)
+        self._thread = threading.Thread(
+            target=self._deliver_loop, name=f"podrace-{label}-delivery", daemon=True
+        )
 
     def _start(self) -> None:
         """Called by the subclass once its transport is ready."""
@@ -131,7 +135,11 @@ class BackgroundPublisher(Publisher):
         timeout = wait_limit(timeout)
         with self._cond:
             done = self._cond.wait_for(
-                lambda: self._closed or self._failure is not None or self._settled == self._versions.latest,
+                lambda: (
+                    self._closed
+                    or self._failure is not None
+                    or self._settled == self._versions.latest
+                ),
                 timeout,
             )
             if self._failure is not None:
@@ -200,7 +208,9 @@ class BackgroundPublisher(Publisher):
                 # an Exception in the transform fails that version only (None); anything
                 # else (SystemExit, ...) fails the channel below, never the thread silently
                 snapshot = self._host(entry)
-                if snapshot is None:  # its transform failed: this version is skipped, not the channel
+                if (
+                    snapshot is None
+                ):  # its transform failed: this version is skipped, not the channel
                     with self._cond:
                         self._settled = entry.version
                         self._cond.notify_all()

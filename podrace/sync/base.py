@@ -9,8 +9,9 @@ from __future__ import annotations
 import math
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 PyTree = Any
 PushTarget = Callable[["Snapshot"], None]
@@ -100,7 +101,7 @@ class Subscriber(ABC):
         acked = self.acked_version
         return {"acked_version": -1 if acked is None else acked}
 
-    def __enter__(self) -> "Subscriber":
+    def __enter__(self) -> Subscriber:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -165,7 +166,7 @@ class Publisher(ABC):
     def metrics(self) -> dict[str, float | int]:
         """Flat counters: bytes and time per publish, subscriber acks, push target stats."""
 
-    def __enter__(self) -> "Publisher":
+    def __enter__(self) -> Publisher:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -28,7 +28,7 @@ import sys
 import tempfile
 import threading
 import weakref
-from typing import Callable
+from collections.abc import Callable
 
 _LINUX = sys.platform.startswith("linux")
 
@@ -79,7 +79,9 @@ class Doorbell:
         self._clients: dict[socket.socket, _Client] = {}
         self._acks: dict[str, int] = {}
         self._closed = False
-        self._thread = threading.Thread(target=self._serve, name=f"podrace-doorbell-{channel}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._serve, name=f"podrace-doorbell-{channel}", daemon=True
+        )
         _live.add(self)
         self._thread.start()
 
@@ -201,7 +203,9 @@ class Doorbell:
 class DoorbellClient:
     """Subscriber side: a thread that turns doorbell bytes into `on_ring()` calls."""
 
-    def __init__(self, channel: str, name: str, on_ring: Callable[[], None], on_gone: Callable[[], None]):
+    def __init__(
+        self, channel: str, name: str, on_ring: Callable[[], None], on_gone: Callable[[], None]
+    ):
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._sock.connect(socket_address(channel))
@@ -213,7 +217,9 @@ class DoorbellClient:
         self._send_lock = threading.Lock()
         self._send(f"hello {name}\n".encode())
         _live.add(self)
-        self._thread = threading.Thread(target=self._listen, name=f"podrace-doorbell-client-{name}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._listen, name=f"podrace-doorbell-client-{name}", daemon=True
+        )
         self._thread.start()
 
     def _listen(self) -> None:

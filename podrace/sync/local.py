@@ -13,7 +13,8 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 
@@ -34,6 +35,7 @@ from podrace.sync.push import PushFanout
 from podrace.sync.spec import FirstLayout, TreeSpec
 from podrace.sync.stats import RunningStat, tree_nbytes
 from podrace.sync.versions import Published, TransformStage, VersionCounter, release_later
+
 
 class LocalPublisher(Publisher):
     """In-process publisher; see the module docstring.
@@ -59,7 +61,9 @@ class LocalPublisher(Publisher):
         self._versions = VersionCounter(first_version)
         self._closed = False
         self._error: str | None = None
-        self._subscribers: weakref.WeakValueDictionary[str, LocalSubscriber] = weakref.WeakValueDictionary()
+        self._subscribers: weakref.WeakValueDictionary[str, LocalSubscriber] = (
+            weakref.WeakValueDictionary()
+        )
         self._names = itertools.count()
         self._push = PushFanout(resolve=lambda entry: self._snapshot(entry, None))
         self._publish_time = RunningStat()
@@ -87,7 +91,7 @@ class LocalPublisher(Publisher):
 
     def subscribe(
         self, device: Placement = None, *, expect: Any = None, name: str | None = None
-    ) -> "LocalSubscriber":
+    ) -> LocalSubscriber:
         """A subscriber whose snapshots are placed on `device` (a Device or Sharding).
 
         `expect` (a params-like pytree or TreeSpec) makes every snapshot checked against it.
@@ -98,7 +102,9 @@ class LocalPublisher(Publisher):
             name = name or f"sub{next(self._names)}"
             if name in self._subscribers:
                 raise ValueError(f"subscriber name {name!r} is already in use")
-            sub = LocalSubscriber(self, device, None if expect is None else TreeSpec.of(expect), name)
+            sub = LocalSubscriber(
+                self, device, None if expect is None else TreeSpec.of(expect), name
+            )
             self._subscribers[name] = sub
             return sub
 
@@ -163,10 +169,15 @@ class LocalPublisher(Publisher):
                 raise self._closed_error("reading the latest version")
             return list(reversed(self._entries))
 
-    def _wait(self, min_version: int, timeout: float | None, sub: "LocalSubscriber") -> int:
+    def _wait(self, min_version: int, timeout: float | None, sub: LocalSubscriber) -> int:
         """Block until a version >= min_version is published; return the latest version."""
+
         def ready() -> bool:
-            return self._closed or sub._closed or (bool(self._entries) and self._entries[-1].version >= min_version)
+            return (
+                self._closed
+                or sub._closed
+                or (bool(self._entries) and self._entries[-1].version >= min_version)
+            )
 
         with self._cond:
             if not self._cond.wait_for(ready, timeout):
@@ -181,7 +192,7 @@ class LocalPublisher(Publisher):
                 raise ChannelClosed(f"subscriber {sub.name!r} is closed")
             return self._entries[-1].version
 
-    def _unsubscribe(self, sub: "LocalSubscriber") -> None:
+    def _unsubscribe(self, sub: LocalSubscriber) -> None:
         """Forget a closed subscriber: no longer reported, and its name is free again (as
         on shm and ray, where a closed subscriber drops out of the metrics)."""
         with self._cond:
@@ -219,7 +230,9 @@ class LocalPublisher(Publisher):
 class LocalSubscriber(Subscriber):
     """Reads a LocalPublisher; create with `publisher.subscribe(device)`."""
 
-    def __init__(self, publisher: LocalPublisher, where: Placement, expect: TreeSpec | None, name: str):
+    def __init__(
+        self, publisher: LocalPublisher, where: Placement, expect: TreeSpec | None, name: str
+    ):
         self._pub = publisher
         self._where = where
         self._expect = expect
@@ -246,7 +259,11 @@ class LocalSubscriber(Subscriber):
             latest = self._pub._wait(want, remaining, self)
             with self._lock:
                 snapshot = self._newest(min_version)
-                if snapshot is None and self._last is not None and self._last.version >= min_version:
+                if (
+                    snapshot is None
+                    and self._last is not None
+                    and self._last.version >= min_version
+                ):
                     snapshot = self._last
             if snapshot is not None:
                 return snapshot
@@ -260,7 +277,9 @@ class LocalSubscriber(Subscriber):
             snapshot = self._pub._snapshot(entry, self._where)
             if snapshot is not None:
                 if self._expect is not None:
-                    self._expect.check(snapshot.params, f"version {snapshot.version} for {self.name!r}")
+                    self._expect.check(
+                        snapshot.params, f"version {snapshot.version} for {self.name!r}"
+                    )
                 self._acked = snapshot.version
                 self._last = snapshot
                 return snapshot

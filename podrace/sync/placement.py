@@ -43,12 +43,16 @@ def _leaves_an_accelerator(tree: Any, where: Any) -> bool:
     sharding, or a tree of them) has no device of."""
     targets = {
         d.platform
-        for w in jax.tree.leaves(where, is_leaf=lambda x: isinstance(x, (jax.Device, jax.sharding.Sharding)))
+        for w in jax.tree.leaves(
+            where, is_leaf=lambda x: isinstance(x, (jax.Device, jax.sharding.Sharding))
+        )
         for d in ((w,) if isinstance(w, jax.Device) else w.device_set)
     }
     return any(
         d.platform not in targets and d.platform != "cpu"
-        for x in jax.tree.leaves(tree) if isinstance(x, jax.Array) for d in x.devices()
+        for x in jax.tree.leaves(tree)
+        if isinstance(x, jax.Array)
+        for d in x.devices()
     )
 
 
@@ -62,7 +66,9 @@ def placement_name(where: Placement) -> str:
         return "published"
     if isinstance(where, jax.Device):
         return f"{where.platform}{where.id}"
-    return type(where).__name__ + "".join(f"_{d.id}" for d in sorted(where.device_set, key=lambda d: d.id))
+    return type(where).__name__ + "".join(
+        f"_{d.id}" for d in sorted(where.device_set, key=lambda d: d.id)
+    )
 
 
 def device_key(device: Placement) -> DeviceKey:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from podrace.sync.base import ErrorHook, PushTarget, Snapshot
 from podrace.sync.stats import RunningStat

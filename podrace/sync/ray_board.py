@@ -13,7 +13,9 @@ def ray_module() -> Any:
     try:
         import ray
     except ImportError as exc:  # pragma: no cover - exercised only without ray installed
-        raise ImportError("the ray weight-sync transport needs Ray: pip install 'podrace[ray]'") from exc
+        raise ImportError(
+            "the ray weight-sync transport needs Ray: pip install 'podrace[ray]'"
+        ) from exc
     return ray
 
 
@@ -47,7 +49,9 @@ class Channel:
                 n += 1
                 label = f"{name}#{n}"
             self.labels[subscriber] = label
-        self.alive_until[subscriber] = max(self.alive_until.get(subscriber, 0.0), time.monotonic() + grace)
+        self.alive_until[subscriber] = max(
+            self.alive_until.get(subscriber, 0.0), time.monotonic() + grace
+        )
 
     def forget(self, subscriber: str) -> None:
         self.acks.pop(subscriber, None)
@@ -96,7 +100,12 @@ class Board:
             self._condition().notify_all()
 
     async def wait(
-        self, channel: str, min_version: int, timeout: float, subscriber: str = "", name: str = "",
+        self,
+        channel: str,
+        min_version: int,
+        timeout: float,
+        subscriber: str = "",
+        name: str = "",
         grace: float = 0.0,
     ) -> tuple[str, int | None, Any]:
         """("ok", version, [ref]) once version >= min_version; ("timeout", latest, None) or
@@ -114,7 +123,7 @@ class Board:
         async with cond:
             try:
                 await asyncio.wait_for(cond.wait_for(ready), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 state = self._channels.get(channel)
                 return "timeout", None if state is None else state.version, None
             state = self._channels.get(channel)
@@ -131,7 +140,9 @@ class Board:
             self._channels.pop(channel, None)
             self._condition().notify_all()
 
-    async def ack(self, channel: str, subscriber: str, name: str, version: int, grace: float = 60.0) -> None:
+    async def ack(
+        self, channel: str, subscriber: str, name: str, version: int, grace: float = 60.0
+    ) -> None:
         state = self._channels.get(channel)
         if state is not None:
             state.heard_from(subscriber, name, grace)

@@ -31,7 +31,8 @@ import time
 import uuid
 import weakref
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 
@@ -79,18 +80,27 @@ class RayPublisher(BackgroundPublisher):
         self._start()
 
     def subscribe(
-        self, device: Any = None, *, expect: Any = None, name: str | None = None, long_poll: float = 5.0
-    ) -> "RaySubscriber":
+        self,
+        device: Any = None,
+        *,
+        expect: Any = None,
+        name: str | None = None,
+        long_poll: float = 5.0,
+    ) -> RaySubscriber:
         """A subscriber (see RaySubscriber); it pickles, so pass it to Ray tasks and actors."""
         if self.closed:
             raise ChannelClosed("subscribe() on a closed publisher")
-        return RaySubscriber(self.board, self.channel, device, expect=expect, name=name, long_poll=long_poll)
+        return RaySubscriber(
+            self.board, self.channel, device, expect=expect, name=name, long_poll=long_poll
+        )
 
     def _deliver(self, version: int, host: PyTree, spec: TreeSpec) -> None:
         if not connected():
             raise SyncError("ray publisher: Ray was shut down in this process")
         ref = self._ray.put(host)  # the one object of this version
-        self._ray.get(self.board.set.remote(self.channel, version, [ref]))  # in a list: stays a reference
+        self._ray.get(
+            self.board.set.remote(self.channel, version, [ref])
+        )  # in a list: stays a reference
         self._refs.append(ref)  # the oldest falls out: Ray frees it once readers let go
 
     def _fail(self, reason: str) -> None:
@@ -166,7 +176,14 @@ class RaySubscriber(Subscriber):
     def __reduce__(self) -> tuple[Any, ...]:
         return (
             _reattach,
-            (self._board, self.channel, device_key(self._device), self._expect, self.name, self._long_poll),
+            (
+                self._board,
+                self.channel,
+                device_key(self._device),
+                self._expect,
+                self.name,
+                self._long_poll,
+            ),
         )
 
     def _start(self) -> None:
@@ -176,7 +193,10 @@ class RaySubscriber(Subscriber):
                 # without close() (e.g. unpickled per Ray task) is collected, its thread
                 # ends and the board forgets it, instead of pulling every version forever.
                 self._thread = threading.Thread(
-                    target=_fetch_loop, args=(weakref.ref(self),), name=f"podrace-ray-fetch-{self.name}", daemon=True
+                    target=_fetch_loop,
+                    args=(weakref.ref(self),),
+                    name=f"podrace-ray-fetch-{self.name}",
+                    daemon=True,
                 )
                 self._forget = weakref.finalize(self, _forget, self._board, self.channel, self._id)
                 self._forget.atexit = False
@@ -191,7 +211,9 @@ class RaySubscriber(Subscriber):
                 if self._closed:
                     return None
                 if not connected():
-                    self._ended = PublisherGone(f"ray subscriber {self.name!r}: Ray was shut down in this process")
+                    self._ended = PublisherGone(
+                        f"ray subscriber {self.name!r}: Ray was shut down in this process"
+                    )
                     self._cond.notify_all()
                     return None
                 self._call = call = self._board.wait.remote(
@@ -212,12 +234,18 @@ class RaySubscriber(Subscriber):
                 if refs is not None:
                     self._end(PublisherGone(f"ray channel: publisher failed: {refs}"))
                 else:
-                    self._end(ChannelClosed(f"ray channel closed by its publisher (subscriber {self.name!r})"))
+                    self._end(
+                        ChannelClosed(
+                            f"ray channel closed by its publisher (subscriber {self.name!r})"
+                        )
+                    )
                 return None
             start = time.perf_counter()
             try:
                 params = ray.get(refs[0])
-            except ray.exceptions.RaySystemError as exc:  # e.g. the params' type is not importable here
+            except (
+                ray.exceptions.RaySystemError
+            ) as exc:  # e.g. the params' type is not importable here
                 self._end(unreadable_tree(f"ray subscriber {self.name!r}, version {version}", exc))
                 return None
             if self._device is not None:
@@ -262,7 +290,9 @@ class RaySubscriber(Subscriber):
         if snapshot.version != self._acked:
             self._acked = snapshot.version
             if connected():
-                self._board.ack.remote(self.channel, self._id, self.name, snapshot.version, self._grace)  # fire and forget
+                self._board.ack.remote(
+                    self.channel, self._id, self.name, snapshot.version, self._grace
+                )  # fire and forget
         return snapshot
 
     def poll(self) -> Snapshot | None:
@@ -279,7 +309,9 @@ class RaySubscriber(Subscriber):
         self._start()
         with self._cond:
             ready = lambda: (  # noqa: E731
-                self._closed or self._ended is not None or self._error is not None
+                self._closed
+                or self._ended is not None
+                or self._error is not None
                 or (self._latest is not None and self._latest.version >= min_version)
             )
             if not self._cond.wait_for(ready, timeout):
@@ -320,7 +352,7 @@ class RaySubscriber(Subscriber):
                 self._board.forget.remote(self.channel, self._id)
 
 
-def _fetch_loop(ref: "weakref.ref[RaySubscriber]") -> None:
+def _fetch_loop(ref: weakref.ref[RaySubscriber]) -> None:
     last: int | None = -1
     while last is not None:
         sub = ref()
@@ -339,4 +371,6 @@ def _forget(board: Any, channel: str, subscriber: str) -> None:
 def _reattach(
     board: Any, channel: str, device: DeviceKey, expect: Any, name: str, long_poll: float
 ) -> RaySubscriber:
-    return RaySubscriber(board, channel, device_from_key(device), expect=expect, name=name, long_poll=long_poll)
+    return RaySubscriber(
+        board, channel, device_from_key(device), expect=expect, name=name, long_poll=long_poll
+    )

@@ -27,7 +27,14 @@ class Relay:
     downstream readers raise PublisherGone saying why.
     """
 
-    def __init__(self, source: Subscriber, target: Publisher, *, name: str = "relay", close_target: bool = True):
+    def __init__(
+        self,
+        source: Subscriber,
+        target: Publisher,
+        *,
+        name: str = "relay",
+        close_target: bool = True,
+    ):
         self.source = source
         self.target = target
         self.name = name
@@ -64,7 +71,9 @@ class Relay:
             except Exception:  # noqa: BLE001 - best effort, the upstream may be gone
                 pass
             if self.error is not None:
-                self.target.close(error=f"relay {self.name!r} stopped: {type(self.error).__name__}: {self.error}")
+                self.target.close(
+                    error=f"relay {self.name!r} stopped: {type(self.error).__name__}: {self.error}"
+                )
             elif self._close_target:
                 self.target.close()
 
@@ -86,7 +95,9 @@ class Relay:
     def metrics(self) -> dict[str, float | int]:
         out: dict[str, float | int] = {
             f"relay/{self.name}/relayed": self.relayed,
-            f"relay/{self.name}/last_version": -1 if self.last_version is None else self.last_version,
+            f"relay/{self.name}/last_version": -1
+            if self.last_version is None
+            else self.last_version,
             f"relay/{self.name}/failed": int(self.error is not None),
         }
         out.update(self._hop_time.report(f"relay/{self.name}/publish_seconds"))

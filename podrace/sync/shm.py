@@ -23,16 +23,33 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
 
 from podrace.sync.background import BackgroundPublisher
-from podrace.sync.base import ChannelClosed, PublisherGone, PyTree, Snapshot, Subscriber, SyncError, SyncTimeout, wait_limit
+from podrace.sync.base import (
+    ChannelClosed,
+    PublisherGone,
+    PyTree,
+    Snapshot,
+    Subscriber,
+    SyncError,
+    SyncTimeout,
+    wait_limit,
+)
 from podrace.sync.doorbell import MAX_SOCKET_ADDRESS, Doorbell, DoorbellClient, socket_address
 from podrace.sync.placement import DeviceKey, device_from_key, device_key
-from podrace.sync.shm_layout import ALIGN, CLOSED_CLOSED, CLOSED_FAILED, CLOSED_OPEN, SlotReader, SlotWriter
+from podrace.sync.shm_layout import (
+    ALIGN,
+    CLOSED_CLOSED,
+    CLOSED_FAILED,
+    CLOSED_OPEN,
+    SlotReader,
+    SlotWriter,
+)
 from podrace.sync.shm_leaks import sweep_shm
 from podrace.sync.spec import FirstLayout, TreeSpec
 from podrace.sync.stats import RunningStat
@@ -47,11 +64,15 @@ def _check_channel_name(name: str) -> None:
     if not isinstance(name, str):
         raise SyncError(f"shm channel name must be a str, got {type(name).__name__}")
     if name in ("", ".", "..") or "/" in name or "\0" in name:
-        raise SyncError(f"shm channel name {name!r} must be a non-empty name without '/' or NUL, not . or ..")
+        raise SyncError(
+            f"shm channel name {name!r} must be a non-empty name without '/' or NUL, not . or .."
+        )
     spare = MAX_SOCKET_ADDRESS - len(socket_address(name).encode())
     if spare < 0:
-        raise SyncError(f"shm channel name {name!r} is {len(name.encode())} bytes, at most "
-                        f"{len(name.encode()) + spare} fit the channel's socket address")
+        raise SyncError(
+            f"shm channel name {name!r} is {len(name.encode())} bytes, at most "
+            f"{len(name.encode()) + spare} fit the channel's socket address"
+        )
 
 
 class ShmPublisher(BackgroundPublisher):
@@ -78,7 +99,11 @@ class ShmPublisher(BackgroundPublisher):
         self._host_layout = FirstLayout("transformed params")  # the slots' layout
         swept = sweep_shm()  # segments leaked by publishers that died (see shm_leaks)
         if swept:
-            _log.warning("removed %d shared-memory segments of dead publishers: %s", len(swept), ", ".join(swept))
+            _log.warning(
+                "removed %d shared-memory segments of dead publishers: %s",
+                len(swept),
+                ", ".join(swept),
+            )
         self._writer = SlotWriter(self.name, nslots=keep + 1)
         self._doorbell = Doorbell(self.name)
         self._start()
@@ -107,7 +132,7 @@ class ShmPublisher(BackgroundPublisher):
 
     def subscribe(
         self, device: Any = None, *, expect: Any = None, name: str | None = None
-    ) -> "ShmSubscriber":
+    ) -> ShmSubscriber:
         """A subscriber in this process; other processes use `ShmSubscriber(publisher.name)`."""
         if self.closed:
             raise ChannelClosed("subscribe() on a closed publisher")
@@ -195,7 +220,9 @@ class ShmSubscriber(Subscriber):
       name: label in the publisher's metrics.
     """
 
-    def __init__(self, channel: str, device: Any = None, *, expect: Any = None, name: str | None = None):
+    def __init__(
+        self, channel: str, device: Any = None, *, expect: Any = None, name: str | None = None
+    ):
         _check_channel_name(channel)  # "../x" named a file outside /dev/shm: an OSError
         self.channel = channel
         self.name = name or f"pid{os.getpid()}-{next(_names)}"
@@ -223,11 +250,16 @@ class ShmSubscriber(Subscriber):
         me = weakref.ref(self)  # the doorbell thread must not keep a dropped subscriber alive
         try:
             bell = DoorbellClient(
-                self.channel, self.name, lambda: _call(me, "_on_ring"), lambda: _call(me, "_on_gone")
+                self.channel,
+                self.name,
+                lambda: _call(me, "_on_ring"),
+                lambda: _call(me, "_on_gone"),
             )
         except ConnectionError as exc:
             self._check_open()  # it closed or failed: say so
-            raise PublisherGone(f"shm channel {self.channel!r}: publisher went away (nobody listens)") from exc
+            raise PublisherGone(
+                f"shm channel {self.channel!r}: publisher went away (nobody listens)"
+            ) from exc
         if self._release is not None:
             self._release.detach()  # an inherited copy's: its socket is closed (see doorbell)
         self._bell = bell
@@ -270,9 +302,13 @@ class ShmSubscriber(Subscriber):
         if state == CLOSED_CLOSED:
             raise ChannelClosed(f"shm channel {self.channel!r} was closed by its publisher")
         if state == CLOSED_FAILED:
-            raise PublisherGone(f"shm channel {self.channel!r}: publisher failed: {self._reader.closed_reason()}")
+            raise PublisherGone(
+                f"shm channel {self.channel!r}: publisher failed: {self._reader.closed_reason()}"
+            )
         if state != CLOSED_OPEN or self._gone:
-            raise PublisherGone(f"shm channel {self.channel!r}: publisher went away (its process ended)")
+            raise PublisherGone(
+                f"shm channel {self.channel!r}: publisher went away (its process ended)"
+            )
 
     def poll(self) -> Snapshot | None:
         self._ensure_attached()
@@ -388,7 +424,7 @@ def _inherited_by_fork_child() -> None:
 os.register_at_fork(after_in_child=_inherited_by_fork_child)
 
 
-def _call(ref: "weakref.ref[ShmSubscriber]", method: str) -> None:
+def _call(ref: weakref.ref[ShmSubscriber], method: str) -> None:
     sub = ref()
     if sub is not None:
         getattr(sub, method)()

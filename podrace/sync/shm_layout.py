@@ -22,9 +22,10 @@ import mmap
 import os
 import pickle
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing import shared_memory
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -72,7 +73,7 @@ class Layout:
     used_bytes: int
 
     @classmethod
-    def for_spec(cls, spec: TreeSpec) -> "Layout":
+    def for_spec(cls, spec: TreeSpec) -> Layout:
         offsets, pos = [], 0
         for shape, dtype in zip(spec.shapes, spec.dtypes):
             offsets.append(pos)
@@ -145,7 +146,9 @@ class SlotWriter:
         self._data_shm = _create_segment(self.name + "_d", size)
         data = np.frombuffer(self._data_shm.buf, dtype=np.uint8, count=size)
         data[: len(spec_bytes)] = np.frombuffer(spec_bytes, dtype=np.uint8)
-        self._slots = [data[slot0 + i * slot_bytes : slot0 + (i + 1) * slot_bytes] for i in range(self.nslots)]
+        self._slots = [
+            data[slot0 + i * slot_bytes : slot0 + (i + 1) * slot_bytes] for i in range(self.nslots)
+        ]
         self.layout = layout
         self.ctl[W_SPEC_LEN] = len(spec_bytes)
         self.ctl[W_SLOT0] = slot0
@@ -269,7 +272,11 @@ class SlotReader:
     def closed_reason(self) -> str:
         fence()
         n = min(max(self.ctl[W_REASON_LEN], 0), REASON_MAX)
-        return self.ctl.words.view(np.uint8)[REASON_AT : REASON_AT + n].tobytes().decode("utf-8", "replace")
+        return (
+            self.ctl.words.view(np.uint8)[REASON_AT : REASON_AT + n]
+            .tobytes()
+            .decode("utf-8", "replace")
+        )
 
     def _ensure_data(self) -> bool:
         if self.layout is not None:
@@ -286,7 +293,9 @@ class SlotReader:
             raise unreadable_tree(f"shm channel {self.name!r}", exc) from exc
         slot0, slot_bytes = self.ctl[W_SLOT0], self.ctl[W_SLOT_BYTES]
         nslots = self.ctl[W_NSLOTS]
-        self._slots = [data[slot0 + i * slot_bytes : slot0 + (i + 1) * slot_bytes] for i in range(nslots)]
+        self._slots = [
+            data[slot0 + i * slot_bytes : slot0 + (i + 1) * slot_bytes] for i in range(nslots)
+        ]
         self.layout = Layout(spec, tuple(offsets), used)
         return True
 

@@ -16,7 +16,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m podrace.sync.shm_sweep",
         description="Remove /dev/shm segments left by podrace shm publishers that died.",
     )
-    parser.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="list what would be removed, remove nothing"
+    )
     args = parser.parse_args(argv)
     swept = sweep_shm(dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"

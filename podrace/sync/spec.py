@@ -25,7 +25,7 @@ class TreeSpec:
     dtypes: tuple[np.dtype, ...]
 
     @classmethod
-    def of(cls, tree: Any) -> "TreeSpec":
+    def of(cls, tree: Any) -> TreeSpec:
         """Spec of a pytree of arrays, ShapeDtypeStructs or scalars (reads metadata only)."""
         if isinstance(tree, TreeSpec):
             return tree
@@ -46,7 +46,7 @@ class TreeSpec:
         """Raise SnapshotMismatch naming the first difference between `tree` and this spec."""
         self.check_spec(TreeSpec.of(tree), what)
 
-    def check_spec(self, got: "TreeSpec", what: str = "snapshot") -> None:
+    def check_spec(self, got: TreeSpec, what: str = "snapshot") -> None:
         if got.treedef != self.treedef:
             raise SnapshotMismatch(
                 f"{what} tree structure differs: expected {self.treedef}, got {got.treedef}"
@@ -101,7 +101,8 @@ def _layout_key(tree: Any) -> tuple:
         return tree.treedef, tuple(zip(tree.shapes, tree.dtypes))
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     return treedef, tuple(
-        (leaf.shape, leaf.dtype) if hasattr(leaf, "shape") and hasattr(leaf, "dtype")
+        (leaf.shape, leaf.dtype)
+        if hasattr(leaf, "shape") and hasattr(leaf, "dtype")
         else (np.shape(leaf), np.asarray(leaf).dtype)
         for leaf in leaves
     )

@@ -6,7 +6,8 @@ pytree functions, usable on JAX arrays (staying on the learner's devices) or Num
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np

@@ -12,7 +12,8 @@ import operator
 import queue
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from podrace.sync.base import PyTree, Snapshot, SyncError
 from podrace.sync.stats import RunningStat
@@ -79,11 +80,15 @@ class VersionCounter:
         if explicit is None:
             version = self._next
             if version > MAX_VERSION:
-                raise ValueError(f"versions must be <= {MAX_VERSION}: the channel is out of versions")
+                raise ValueError(
+                    f"versions must be <= {MAX_VERSION}: the channel is out of versions"
+                )
         else:
             version = _as_version(explicit, "publish(version)")  # 3.5 must not become 3
             if self.latest is not None and version <= self.latest:
-                raise SyncError(f"publish(version={version}) is not newer than latest {self.latest}")
+                raise SyncError(
+                    f"publish(version={version}) is not newer than latest {self.latest}"
+                )
         self.latest, self._next = version, version + 1
         return version
 
@@ -130,11 +135,11 @@ class TransformStage:
         self.failures = 0
         self.last_failed_version = -1
 
-    def apply(self, entry: "Published") -> Snapshot | None:
+    def apply(self, entry: Published) -> Snapshot | None:
         """The consumers' snapshot of `entry`, or None if preparing it failed."""
         return entry.derived("host", lambda: self._compute(entry))
 
-    def _compute(self, entry: "Published") -> Snapshot | None:
+    def _compute(self, entry: Published) -> Snapshot | None:
         params, entry.raw = entry.raw, None  # what consumers need is derived from here on
         try:
             if self._transform is not None:
@@ -146,7 +151,12 @@ class TransformStage:
             with self._lock:
                 self.failures += 1
                 self.last_failed_version = max(self.last_failed_version, entry.version)
-            _log.error("%s: transform of version %d failed; version skipped", self._label, entry.version, exc_info=exc)
+            _log.error(
+                "%s: transform of version %d failed; version skipped",
+                self._label,
+                entry.version,
+                exc_info=exc,
+            )
             return None
         return Snapshot(entry.version, params)
 
@@ -176,7 +186,9 @@ class _Reaper:
         if self._thread is None:
             with self._lock:
                 if self._thread is None:
-                    self._thread = threading.Thread(target=self._run, name="podrace-sync-reaper", daemon=True)
+                    self._thread = threading.Thread(
+                        target=self._run, name="podrace-sync-reaper", daemon=True
+                    )
                     self._thread.start()
         self._queue.put(obj)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import lru_cache, partial
+from functools import cache, partial
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +18,7 @@ NUM_ACTIONS = 3
 ACTION_DIM = 2
 
 
-@lru_cache(maxsize=None)
+@cache
 def small_network(discrete: bool, shared_torso: bool = False):
     """(net, params), cached: orthogonal init compiles slowly on CPU (~1 s per shape)."""
     spec = (
@@ -48,12 +48,16 @@ def _act(net, params, obs, last_obs, key):
     return actions, dist.log_prob(actions), values, last_value
 
 
-def random_trajectory(net, params, discrete: bool, T: int, B: int, seed: int, lag_noise: float = 0.3):
+def random_trajectory(
+    net, params, discrete: bool, T: int, B: int, seed: int, lag_noise: float = 0.3
+):
     """A trajectory whose behaviour log-probs/values are the network's plus noise (policy lag)."""
     rng = np.random.default_rng(seed)
     obs = rng.normal(size=(T, B, OBS_DIM)).astype(np.float32)
     last_obs = rng.normal(size=(B, OBS_DIM)).astype(np.float32)
-    actions, logprobs, values, last_value = _act(net, params, obs, last_obs, jax.random.PRNGKey(seed))
+    actions, logprobs, values, last_value = _act(
+        net, params, obs, last_obs, jax.random.PRNGKey(seed)
+    )
     logprobs = logprobs + lag_noise * rng.normal(size=(T, B))
     terminated, truncated, valid = episode_patterns(rng, T, B)
     return Trajectory(

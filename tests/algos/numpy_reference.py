@@ -54,8 +54,20 @@ def gae(rewards, values, last_value, terminated, truncated, valid, gamma, lam):
     return adv, np.where(valid, adv + values, values)
 
 
-def vtrace(behaviour_logprobs, target_logprobs, rewards, values, last_value,
-           terminated, truncated, valid, gamma, lam, rho_bar, c_bar):
+def vtrace(
+    behaviour_logprobs,
+    target_logprobs,
+    rewards,
+    values,
+    last_value,
+    terminated,
+    truncated,
+    valid,
+    gamma,
+    lam,
+    rho_bar,
+    c_bar,
+):
     """Espeholt et al. (2018), eq. (1): v_s = V(x_s) + sum_t gamma^{t-s} (prod_{i<t} c_i) delta_t V."""
     T, B = rewards.shape
     ratio = np.exp(target_logprobs - behaviour_logprobs)
@@ -86,7 +98,9 @@ def vtrace(behaviour_logprobs, target_logprobs, rewards, values, last_value,
                 nxt = values[s + 1, b]  # V(final obs): the truncation bootstrap
             else:
                 nxt = vs[s + 1, b]
-            pg[s, b] = rho[s, b] * (rewards[s, b] + gamma * (1.0 - terminated[s, b]) * nxt - values[s, b])
+            pg[s, b] = rho[s, b] * (
+                rewards[s, b] + gamma * (1.0 - terminated[s, b]) * nxt - values[s, b]
+            )
     return vs, pg
 
 

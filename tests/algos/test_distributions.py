@@ -45,10 +45,14 @@ def test_gaussian_log_prob_entropy_mode():
     dist = Gaussian(jnp.asarray(mean), jnp.asarray(log_std))
     std = np.exp(log_std.astype(np.float64))
     per_dim = -((action - mean) ** 2) / (2 * std**2) - np.log(std * np.sqrt(2 * np.pi))
-    np.testing.assert_allclose(dist.log_prob(jnp.asarray(action)), per_dim.sum(-1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        dist.log_prob(jnp.asarray(action)), per_dim.sum(-1), rtol=1e-5, atol=1e-5
+    )
     entropy = dist.entropy()
     assert entropy.shape == (4, 7)
-    np.testing.assert_allclose(entropy, np.full((4, 7), np.sum(0.5 * np.log(2 * np.pi * np.e * std**2))), rtol=1e-6)
+    np.testing.assert_allclose(
+        entropy, np.full((4, 7), np.sum(0.5 * np.log(2 * np.pi * np.e * std**2))), rtol=1e-6
+    )
     np.testing.assert_array_equal(dist.mode(), mean)
 
 

@@ -41,7 +41,9 @@ def _ppo_reference(logp, value, entropy, mb, cfg):
         "approx_kl": mean(ratio - 1 - log_ratio),
         "clip_frac": mean(np.abs(ratio - 1) > cfg.clip_coef),
     }
-    out["loss"] = out["policy_loss"] - cfg.ent_coef * out["entropy"] + cfg.vf_coef * out["value_loss"]
+    out["loss"] = (
+        out["policy_loss"] - cfg.ent_coef * out["entropy"] + cfg.vf_coef * out["value_loss"]
+    )
     return out
 
 
@@ -57,9 +59,13 @@ def _ppo_minibatch(traj, rng):
     n = traj.valid.size
     flat = lambda x: jnp.reshape(x, (n,) + x.shape[2:])  # noqa: E731
     return PPOBatch(
-        obs=flat(traj.obs), actions=flat(traj.actions), logprobs=flat(traj.logprobs),
-        values=flat(traj.values), advantages=jnp.asarray(rng.normal(1.0, 2.0, size=n), jnp.float32),
-        returns=flat(traj.values) + jnp.asarray(rng.normal(size=n), jnp.float32), valid=flat(traj.valid),
+        obs=flat(traj.obs),
+        actions=flat(traj.actions),
+        logprobs=flat(traj.logprobs),
+        values=flat(traj.values),
+        advantages=jnp.asarray(rng.normal(1.0, 2.0, size=n), jnp.float32),
+        returns=flat(traj.values) + jnp.asarray(rng.normal(size=n), jnp.float32),
+        valid=flat(traj.valid),
     )
 
 
@@ -69,7 +75,9 @@ def test_ppo_loss_matches_numpy(discrete, norm_adv, clip_value_loss):
     net, params = small_network(discrete)
     traj = random_trajectory(net, params, discrete, T=6, B=8, seed=0)
     mb = _ppo_minibatch(traj, np.random.default_rng(0))
-    cfg = dataclasses.replace(PPOConfig(), norm_adv=norm_adv, clip_value_loss=clip_value_loss, ent_coef=0.05)
+    cfg = dataclasses.replace(
+        PPOConfig(), norm_adv=norm_adv, clip_value_loss=clip_value_loss, ent_coef=0.05
+    )
 
     loss, metrics = jax.jit(lambda p, m: ppo_loss(p, net.apply, m, cfg, None))(params, mb)
 
@@ -92,9 +100,23 @@ def test_impala_loss_matches_numpy(discrete):
     logp, values, entropy = _outputs(net, params, traj.obs, traj.actions)
     last_value = _outputs(net, params, traj.last_obs, None)[1]
     logp = _np(logp)
-    valid, terminated, truncated = (np.asarray(x) for x in (traj.valid, traj.terminated, traj.truncated))
-    vs, pg = ref.vtrace(_np(traj.logprobs), logp, _np(traj.rewards), _np(values), _np(last_value),
-                        terminated, truncated, valid, cfg.gamma, cfg.vtrace_lambda, cfg.rho_bar, cfg.c_bar)
+    valid, terminated, truncated = (
+        np.asarray(x) for x in (traj.valid, traj.terminated, traj.truncated)
+    )
+    vs, pg = ref.vtrace(
+        _np(traj.logprobs),
+        logp,
+        _np(traj.rewards),
+        _np(values),
+        _np(last_value),
+        terminated,
+        truncated,
+        valid,
+        cfg.gamma,
+        cfg.vtrace_lambda,
+        cfg.rho_bar,
+        cfg.c_bar,
+    )
     mean = lambda x: ref.masked_mean(x, valid)  # noqa: E731
     ratio = np.exp(logp - _np(traj.logprobs))
     expected = {
@@ -106,7 +128,11 @@ def test_impala_loss_matches_numpy(discrete):
         "rho_truncated": mean(ratio > 1.01 * cfg.rho_bar),
         "c_truncated": mean(ratio > 1.01 * cfg.c_bar),
     }
-    expected["loss"] = expected["policy_loss"] + cfg.vf_coef * expected["value_loss"] - cfg.ent_coef * expected["entropy"]
+    expected["loss"] = (
+        expected["policy_loss"]
+        + cfg.vf_coef * expected["value_loss"]
+        - cfg.ent_coef * expected["entropy"]
+    )
     assert 0.1 < expected["rho_truncated"] < expected["c_truncated"] < 0.9
     # The optimizer's objective is the sum over valid steps; the metrics are means.
     np.testing.assert_allclose(loss, expected["loss"] * valid.sum(), rtol=1e-4, atol=1e-4)
@@ -124,15 +150,32 @@ def test_impala_policy_gradient_treats_vtrace_targets_as_constants():
     logp, values, _ = _outputs(net, params, traj.obs, traj.actions)
     last_value = _outputs(net, params, traj.last_obs, None)[1]
     vs, pg = jax.jit(vtrace, static_argnums=range(8, 12))(
-        traj.logprobs, logp, traj.rewards, values, last_value, traj.terminated, traj.truncated,
-        traj.valid, cfg.gamma, cfg.vtrace_lambda, cfg.rho_bar, cfg.c_bar)
+        traj.logprobs,
+        logp,
+        traj.rewards,
+        values,
+        last_value,
+        traj.terminated,
+        traj.truncated,
+        traj.valid,
+        cfg.gamma,
+        cfg.vtrace_lambda,
+        cfg.rho_bar,
+        cfg.c_bar,
+    )
     vs, pg = np.asarray(vs), np.asarray(pg)
     w = np.asarray(traj.valid).astype(np.float32)  # the summed loss
 
     def manual(p):
         d, v = net.apply(p, traj.obs)
-        return jnp.sum(w * (-d.log_prob(traj.actions) * pg + cfg.vf_coef * 0.5 * (vs - v) ** 2
-                            - cfg.ent_coef * d.entropy()))
+        return jnp.sum(
+            w
+            * (
+                -d.log_prob(traj.actions) * pg
+                + cfg.vf_coef * 0.5 * (vs - v) ** 2
+                - cfg.ent_coef * d.entropy()
+            )
+        )
 
     expected = jax.jit(jax.grad(manual))(params)
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(expected)):

@@ -4,7 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 from podrace.algos.normalization import (
     ReturnTracker,
@@ -21,7 +22,9 @@ AXIS = "learner"
 def _batches(seed=0, n=3, T=6, B=8, D=3):
     rng = np.random.default_rng(seed)
     for _ in range(n):
-        x = rng.normal(5.0, 3.0, (T, B, D)).astype(np.float32) * np.array([1.0, 10.0, 0.1], np.float32)
+        x = rng.normal(5.0, 3.0, (T, B, D)).astype(np.float32) * np.array(
+            [1.0, 10.0, 0.1], np.float32
+        )
         valid = rng.random((T, B)) > 0.3
         x[~valid] = 1e6  # autoreset steps: must not count
         yield x, valid
@@ -43,10 +46,14 @@ def test_update_stats_equals_numpy_over_all_valid_samples():
 @pytest.mark.timeout(60)
 def test_sharded_update_equals_unsharded():
     mesh = Mesh(np.array(jax.devices()[:4]), (AXIS,))
-    sharded = jax.jit(jax.shard_map(
-        lambda s, x, v: update_stats(s, x, v, axis_name=AXIS), mesh=mesh,
-        in_specs=(P(), P(None, AXIS), P(None, AXIS)), out_specs=P(),
-    ))
+    sharded = jax.jit(
+        jax.shard_map(
+            lambda s, x, v: update_stats(s, x, v, axis_name=AXIS),
+            mesh=mesh,
+            in_specs=(P(), P(None, AXIS), P(None, AXIS)),
+            out_specs=P(),
+        )
+    )
     whole, parts = init_stats((3,)), init_stats((3,))
     for x, valid in _batches(seed=1):
         whole = update_stats(whole, x, valid)
@@ -88,7 +95,9 @@ def test_discounted_returns_reset_at_episode_ends_and_carry_across_rollouts():
     np.testing.assert_allclose(got, want, rtol=1e-5)
     np.testing.assert_allclose(tracker.returns, want_last, rtol=1e-5)
     # Two rollouts of 5 steps give the same returns as one of 10.
-    mid, first = discounted_returns(ReturnTracker(jnp.asarray(g0)), rewards[:5], done[:5], valid[:5], gamma)
+    mid, first = discounted_returns(
+        ReturnTracker(jnp.asarray(g0)), rewards[:5], done[:5], valid[:5], gamma
+    )
     _, second = discounted_returns(mid, rewards[5:], done[5:], valid[5:], gamma)
     np.testing.assert_allclose(np.concatenate([first, second]), want, rtol=1e-5)
 
@@ -98,5 +107,7 @@ def test_scale_rewards_divides_by_the_return_std_without_centering():
     returns = np.random.default_rng(4).normal(3.0, 4.0, (50, 8)).astype(np.float32)
     stats = update_stats(init_stats(()), returns, np.ones((50, 8), bool))
     rewards = np.array([1.0, -2.0, 400.0], np.float32)
-    np.testing.assert_allclose(scale_rewards(stats, rewards, clip=10.0)[:2], rewards[:2] / returns.std(), rtol=1e-3)
+    np.testing.assert_allclose(
+        scale_rewards(stats, rewards, clip=10.0)[:2], rewards[:2] / returns.std(), rtol=1e-3
+    )
     assert float(scale_rewards(stats, rewards, clip=10.0)[2]) == 10.0

@@ -8,7 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from podrace.algos.normalization import ReturnTracker, RunningStats, discounted_returns, update_stats
+from podrace.algos.normalization import (
+    ReturnTracker,
+    RunningStats,
+    discounted_returns,
+    update_stats,
+)
 from podrace.algos.normalizer import acting_apply, acting_params, init_normalizer, normalize_batch
 from podrace.config import ConfigError, NormalizeConfig, TrainConfig, replace
 from podrace.learner_mesh import make_mesh, make_normalize_fn, place_normalizer
@@ -28,24 +33,44 @@ def trajectory(seed: int, offset: float = 100.0) -> Trajectory:
     valid = np.ones((T, B), bool)
     valid[1:] = ~done[:-1]
     obs[~valid] = 1e6  # autoreset steps: their obs must not enter the statistics
-    return Trajectory(obs, np.zeros((T, B), np.int32), f, f, f, done, np.zeros((T, B), bool), valid, obs[-1], f[-1])
+    return Trajectory(
+        obs,
+        np.zeros((T, B), np.int32),
+        f,
+        f,
+        f,
+        done,
+        np.zeros((T, B), bool),
+        valid,
+        obs[-1],
+        f[-1],
+    )
 
 
 def stats(mean: float, var: float) -> RunningStats:
-    return RunningStats(jnp.float32(10.0), jnp.full((D,), mean, jnp.float32), jnp.full((D,), var, jnp.float32))
+    return RunningStats(
+        jnp.float32(10.0), jnp.full((D,), mean, jnp.float32), jnp.full((D,), var, jnp.float32)
+    )
 
 
 @pytest.mark.timeout(60)
 def test_each_rollout_is_normalized_with_its_behaviour_statistics():
     trajs = (trajectory(0), trajectory(1))
-    behaviour = (stats(100.0, 4.0), stats(90.0, 1.0))  # two actors that acted with different versions
+    behaviour = (
+        stats(100.0, 4.0),
+        stats(90.0, 1.0),
+    )  # two actors that acted with different versions
     norm = init_normalizer(BOTH, (D,), 2 * B)
-    new, out, finite = jax.jit(lambda n, t, b: normalize_batch(n, t, b, BOTH, 0.9))(norm, trajs, behaviour)
+    new, out, finite = jax.jit(lambda n, t, b: normalize_batch(n, t, b, BOTH, 0.9))(
+        norm, trajs, behaviour
+    )
     assert finite
     for t, o, (mean, std) in zip(trajs, out, [(100.0, 2.0), (90.0, 1.0)]):
         expected = np.clip((t.obs - mean) / std, -5.0, 5.0)
         np.testing.assert_allclose(o.obs, expected, rtol=1e-4, atol=1e-4)
-        np.testing.assert_allclose(o.last_obs, np.clip((t.last_obs - mean) / std, -5, 5), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(
+            o.last_obs, np.clip((t.last_obs - mean) / std, -5, 5), rtol=1e-4, atol=1e-4
+        )
         np.testing.assert_array_equal(o.values, t.values)  # behaviour values untouched
     # The statistics learn the raw valid observations, not the normalized ones.
     raw = np.concatenate([t.obs[t.valid] for t in trajs])
@@ -57,13 +82,17 @@ def test_each_rollout_is_normalized_with_its_behaviour_statistics():
     _, returns = discounted_returns(ReturnTracker(jnp.zeros(2 * B)), rewards, done, valid, 0.9)
     ret_stats = update_stats(norm.returns, returns, valid)
     scaled = np.concatenate([o.rewards for o in out], 1)
-    np.testing.assert_allclose(scaled, np.clip(rewards / np.sqrt(ret_stats.var + 1e-8), -5, 5), rtol=1e-4)
+    np.testing.assert_allclose(
+        scaled, np.clip(rewards / np.sqrt(ret_stats.var + 1e-8), -5, 5), rtol=1e-4
+    )
     assert float(new.returns.count) == pytest.approx(valid.sum(), abs=1e-3)
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
-    "cfg", [BOTH, NormalizeConfig(obs=True), NormalizeConfig(reward=True)], ids=["both", "obs", "reward"]
+    "cfg",
+    [BOTH, NormalizeConfig(obs=True), NormalizeConfig(reward=True)],
+    ids=["both", "obs", "reward"],
 )
 def test_sharded_normalization_equals_one_device(cfg):
     """Two learner shards compute the statistics of the whole batch (psum), not of a half."""
@@ -76,7 +105,11 @@ def test_sharded_normalization_equals_one_device(cfg):
     fn = make_normalize_fn(cfg, 0.9, mesh, two, num_actors=2)
     got, got_out, finite = fn(two, trajs, behaviour)
     assert finite
-    for a, b in zip(jax.tree.leaves((ref.obs, ref.returns)), jax.tree.leaves((got.obs, got.returns)), strict=True):
+    for a, b in zip(
+        jax.tree.leaves((ref.obs, ref.returns)),
+        jax.tree.leaves((got.obs, got.returns)),
+        strict=True,
+    ):
         np.testing.assert_allclose(a, b, rtol=1e-5)
     for r, g in zip(ref_out, got_out):
         np.testing.assert_allclose(r.obs, g.obs, rtol=1e-5)
@@ -116,7 +149,9 @@ def test_statistics_travel_with_the_params_through_local_transport():
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
         assert got.devices() == {device}
     obs = jnp.full((B, D), 60.0)
-    _, value = jax.jit(acting_apply(apply_fn, NormalizeConfig(obs=True)))(snapshot.params, jax.device_put(obs, device))
+    _, value = jax.jit(acting_apply(apply_fn, NormalizeConfig(obs=True)))(
+        snapshot.params, jax.device_put(obs, device)
+    )
     np.testing.assert_allclose(value, np.full(B, 2.0 * (0 + 1 + 2)), rtol=1e-5)  # (60 - 50) / 5 = 2
     publisher.close()
     # Without observation normalization the published pytree is the params themselves.
@@ -137,7 +172,17 @@ def test_clip_values_must_be_positive(field, value):
 def test_bad_clip_on_the_command_line_is_one_line_and_exit_2(capsys, tmp_path):
     from podrace.cli import main
 
-    code = main(["train", "cartpole-ppo", "--log.run-dir", str(tmp_path), "--normalize.obs", "--normalize.obs-clip", "0"])
+    code = main(
+        [
+            "train",
+            "cartpole-ppo",
+            "--log.run-dir",
+            str(tmp_path),
+            "--normalize.obs",
+            "--normalize.obs-clip",
+            "0",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "normalize.obs_clip must be positive, got 0.0" in err
     assert len(err.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
@@ -151,17 +196,25 @@ def test_checkpoint_keeps_the_normalizer_and_eval_acts_with_its_statistics(tmp_p
     import json
 
     from podrace.checkpoint import Checkpointer, checkpoint_dir
-    from podrace.restore import restore
     from podrace.envs import env_spec, make_env
-    from podrace.eval_command import EvalOptions, abstract_run_state, evaluate_run, make_actor, play_episodes
+    from podrace.eval_command import (
+        EvalOptions,
+        abstract_run_state,
+        evaluate_run,
+        make_actor,
+        play_episodes,
+    )
     from podrace.networks import make_network
+    from podrace.restore import restore
     from tests.test_checkpoint import fresh_state, tiny_config
 
     cfg = tiny_config(**{"normalize.obs": True, "normalize.reward": True})
     spec = env_spec(cfg.env)
     n = cfg.num_actors * cfg.env.num_envs
     norm = init_normalizer(cfg.normalize, spec.obs_shape, n)
-    shifted = RunningStats(jnp.float32(50.0), jnp.asarray([0.5, -1.0, 0.05, 2.0]), jnp.asarray([0.01, 4.0, 0.001, 9.0]))
+    shifted = RunningStats(
+        jnp.float32(50.0), jnp.asarray([0.5, -1.0, 0.05, 2.0]), jnp.asarray([0.01, 4.0, 0.001, 9.0])
+    )
     norm = norm._replace(obs=shifted, tracker=ReturnTracker(jnp.arange(n, dtype=jnp.float32)))
     state = dataclasses.replace(fresh_state(cfg, version=2), normalizer=norm)
     run = tmp_path / "run"
@@ -185,7 +238,9 @@ def test_checkpoint_keeps_the_normalizer_and_eval_acts_with_its_statistics(tmp_p
         "raw": (network.apply, params),
     }.items():
         env = make_env(cfg.env, 4, 1)
-        expected[name] = play_episodes(env, make_actor(apply, acting, False, 1), 4).result()[1].tolist()
+        expected[name] = (
+            play_episodes(env, make_actor(apply, acting, False, 1), 4).result()[1].tolist()
+        )
         env.close()
     assert expected["normalized"] != expected["raw"]  # the statistics change what is played
     assert json.loads(open(result["output"]).read())["lengths"] == expected["normalized"]

@@ -22,7 +22,10 @@ def gradient_sequence(steps: int) -> list[list[np.ndarray]]:
     rng = np.random.default_rng(0)
     scales = [300.0, 0.01, 5.0, 0.02, 80.0, 0.005]
     return [
-        [(scales[k % len(scales)] * rng.normal(size=shape)).astype(np.float32) for shape in ((3, 4), (4,))]
+        [
+            (scales[k % len(scales)] * rng.normal(size=shape)).astype(np.float32)
+            for shape in ((3, 4), (4,))
+        ]
         for k in range(steps)
     ]
 
@@ -44,14 +47,26 @@ def test_rmsprop_style_computes_the_reference_update(style):
     """Cleanba (torch): clip 40, RMSProp eps 0.01 outside the sqrt, decay 0.99, lr 6e-4 x
     (1 - (step // num_minibatches) / num_updates). tf: eps inside the sqrt, ms from 1."""
     cfg = ImpalaConfig(rmsprop_style=style, num_minibatches=NUM_MB)
-    assert (cfg.learning_rate, cfg.rmsprop_eps, cfg.rmsprop_decay, cfg.max_grad_norm) == (6e-4, 0.01, 0.99, 40.0)
+    assert (cfg.learning_rate, cfg.rmsprop_eps, cfg.rmsprop_decay, cfg.max_grad_norm) == (
+        6e-4,
+        0.01,
+        0.99,
+        40.0,
+    )
     steps = NUM_UPDATES * NUM_MB
     grads = gradient_sequence(steps)
     params = [np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4), np.zeros(4, np.float32)]
     lrs = [6e-4 * (1 - (k // NUM_MB) / NUM_UPDATES) for k in range(steps)]
     expected = ref.rmsprop(params, grads, lrs, decay=0.99, eps=0.01, max_norm=40.0, style=style)
-    other = ref.rmsprop(params, grads, lrs, decay=0.99, eps=0.01, max_norm=40.0,
-                        style="tf" if style == "torch" else "torch")
+    other = ref.rmsprop(
+        params,
+        grads,
+        lrs,
+        decay=0.99,
+        eps=0.01,
+        max_norm=40.0,
+        style="tf" if style == "torch" else "torch",
+    )
 
     got = run_optimizer(cfg, params, grads)
 
@@ -66,6 +81,8 @@ def test_constant_learning_rate_without_annealing():
     cfg = dataclasses.replace(ImpalaConfig(num_minibatches=NUM_MB), anneal_lr=False)
     grads = gradient_sequence(4)
     params = [np.ones((3, 4), np.float32), np.ones(4, np.float32)]
-    expected = ref.rmsprop(params, grads, [6e-4] * 4, decay=0.99, eps=0.01, max_norm=40.0, style="torch")
+    expected = ref.rmsprop(
+        params, grads, [6e-4] * 4, decay=0.99, eps=0.01, max_norm=40.0, style="torch"
+    )
     for g, e in zip(run_optimizer(cfg, params, grads), expected):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-8)

@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 from podrace.algos.impala import make_impala
 from podrace.algos.ppo import make_ppo, ppo_loss
@@ -29,15 +30,20 @@ def _mesh(n):
 
 def _sharded_update(algo, num_shards, check_vma=True):
     fn = jax.shard_map(
-        algo.update, mesh=_mesh(num_shards), in_specs=(P(), TRAJ_SPEC, P(AXIS)),
-        out_specs=(P(), P()), check_vma=check_vma,
+        algo.update,
+        mesh=_mesh(num_shards),
+        in_specs=(P(), TRAJ_SPEC, P(AXIS)),
+        out_specs=(P(), P()),
+        check_vma=check_vma,
     )
     return jax.jit(fn)
 
 
 def _make(algo_name, net, **overrides):
     if algo_name == "ppo":
-        cfg = dataclasses.replace(PPOConfig(num_epochs=2, num_minibatches=1, learning_rate=1e-3), **overrides)
+        cfg = dataclasses.replace(
+            PPOConfig(num_epochs=2, num_minibatches=1, learning_rate=1e-3), **overrides
+        )
         return make_ppo(cfg, net.apply, num_updates=10, axis_name=AXIS)
     cfg = dataclasses.replace(ImpalaConfig(num_minibatches=1, learning_rate=1e-3), **overrides)
     return make_impala(cfg, net.apply, num_updates=10, axis_name=AXIS)
@@ -45,7 +51,9 @@ def _make(algo_name, net, **overrides):
 
 def _assert_trees_close(a, b, atol):
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        np.testing.assert_allclose(np.asarray(x, np.float64), np.asarray(y, np.float64), atol=atol, rtol=0)
+        np.testing.assert_allclose(
+            np.asarray(x, np.float64), np.asarray(y, np.float64), atol=atol, rtol=0
+        )
 
 
 @pytest.mark.parametrize("algo_name,num_minibatches", [("ppo", 1), ("ppo", 4), ("impala", 1)])
@@ -77,12 +85,26 @@ def test_four_shards_equal_one_device(algo_name, num_minibatches, discrete, chec
     _assert_trees_close(state4.params, state1.params, atol=1e-5)
     _assert_trees_close(state4.opt_state, state1.opt_state, atol=1e-5)
     truncation = {"clip_frac"} if algo_name == "ppo" else {"rho_truncated", "c_truncated"}
-    assert set(metrics4) == {"loss", "policy_loss", "value_loss", "entropy", "approx_kl", "grad_norm",
-                             "learning_rate", "finite"} | truncation
+    assert (
+        set(metrics4)
+        == {
+            "loss",
+            "policy_loss",
+            "value_loss",
+            "entropy",
+            "approx_kl",
+            "grad_norm",
+            "learning_rate",
+            "finite",
+        }
+        | truncation
+    )
     assert bool(metrics4["finite"]) and bool(metrics1["finite"])
     for name in metrics4:
         assert metrics4[name].shape == ()
-        np.testing.assert_allclose(metrics4[name], metrics1[name], rtol=1e-4, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(
+            metrics4[name], metrics1[name], rtol=1e-4, atol=1e-5, err_msg=name
+        )
 
 
 @pytest.mark.timeout(180)
@@ -103,15 +125,19 @@ def test_impala_learner_count_does_not_change_the_update(num_shards, num_minibat
     one, metrics1 = _sharded_update(algo, 1)(state, traj, keys)
     many, metrics_n = _sharded_update(algo, num_shards)(state, traj, keys)
 
-    moved = max(np.abs(np.asarray(a) - np.asarray(b)).max()
-                for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(params)))
+    moved = max(
+        np.abs(np.asarray(a) - np.asarray(b)).max()
+        for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(params))
+    )
     assert moved > 1e-3
     # Shards sum the gradient in another order; RMSProp's first step divides by the
     # gradient's own size, so an element whose gradient is near 0 moves ~1e-6 apart on some
     # CPUs (seen on an AMD EPYC). A wrong reduction (pmean for psum) moves them 2e-3 apart.
     _assert_trees_close(many.params, one.params, atol=1e-5)
     for name in metrics1:
-        np.testing.assert_allclose(metrics_n[name], metrics1[name], rtol=1e-4, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(
+            metrics_n[name], metrics1[name], rtol=1e-4, atol=1e-5, err_msg=name
+        )
 
 
 def test_shards_receive_different_keys():
@@ -121,7 +147,9 @@ def test_shards_receive_different_keys():
         return keys[:1], jax.random.uniform(keys[0], (1,))
 
     keys = jax.random.split(jax.random.PRNGKey(0), 8)
-    fn = jax.jit(jax.shard_map(per_shard, mesh=_mesh(4), in_specs=P(AXIS), out_specs=(P(AXIS), P(AXIS))))
+    fn = jax.jit(
+        jax.shard_map(per_shard, mesh=_mesh(4), in_specs=P(AXIS), out_specs=(P(AXIS), P(AXIS)))
+    )
     seen, draws = fn(keys)
     assert seen.shape == (4, 2)
     assert len({tuple(k) for k in np.asarray(seen).tolist()}) == 4
@@ -135,10 +163,12 @@ def test_update_shuffles_with_each_shards_own_key(algo_name):
     keys the shards pick different minibatches and the result differs."""
     net, params = small_network(True)
     local = random_trajectory(net, params, True, T=4, B=4, seed=5)
-    tiled = Trajectory(*(
-        jnp.concatenate([x] * 4, axis=0 if name in ("last_obs", "last_value") else 1)
-        for name, x in zip(Trajectory._fields, local)
-    ))
+    tiled = Trajectory(
+        *(
+            jnp.concatenate([x] * 4, axis=0 if name in ("last_obs", "last_value") else 1)
+            for name, x in zip(Trajectory._fields, local)
+        )
+    )
     # IMPALA's optimizer sees the summed loss, 4x larger on the tiled batch: without clip
     # and eps, RMSProp's step does not depend on that scale.
     scale_free = {} if algo_name == "ppo" else {"max_grad_norm": 1e9, "rmsprop_eps": 1e-12}
@@ -148,7 +178,9 @@ def test_update_shuffles_with_each_shards_own_key(algo_name):
 
     reference, _ = _sharded_update(algo, 1)(state, local, keys)
     same, _ = _sharded_update(algo, 4)(state, tiled, jnp.concatenate([keys] * 4))
-    distinct, _ = _sharded_update(algo, 4)(state, tiled, jax.random.split(jax.random.PRNGKey(12), 16))
+    distinct, _ = _sharded_update(algo, 4)(
+        state, tiled, jax.random.split(jax.random.PRNGKey(12), 16)
+    )
 
     _assert_trees_close(same.params, reference.params, atol=1e-5)
     gap = max(
@@ -179,4 +211,6 @@ def test_ppo_loss_uses_global_statistics_under_shard_map():
     np.testing.assert_allclose(loss4, loss1, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(loss4, metrics4["loss"], rtol=1e-5, atol=1e-6)
     for name in metrics1:
-        np.testing.assert_allclose(metrics4[name], metrics1[name], rtol=1e-5, atol=1e-6, err_msg=name)
+        np.testing.assert_allclose(
+            metrics4[name], metrics1[name], rtol=1e-5, atol=1e-6, err_msg=name
+        )

@@ -83,7 +83,9 @@ def test_a_nonfinite_last_minibatch_step_is_reported(name):
     else:  # each block of 2 envs deals one env to each minibatch
         cells = [(int(np.flatnonzero(valid[:, b])[0]), b) for b in range(4)]
     for t, b in cells:
-        _, metrics = update(state, traj._replace(obs=traj.obs.at[t, b].set(jnp.nan)), env_keys(0, 4))
+        _, metrics = update(
+            state, traj._replace(obs=traj.obs.at[t, b].set(jnp.nan)), env_keys(0, 4)
+        )
         assert not bool(metrics["finite"]), (t, b)
 
 
@@ -106,7 +108,9 @@ def test_learning_rate_anneals_linearly_over_all_optimizer_steps(name, steps_per
         _, metrics = update(state._replace(step=jnp.int32(step)), traj, env_keys(0, 4))
         np.testing.assert_allclose(metrics["learning_rate"], expected, rtol=1e-5)
     constant = _algo(name, net, learning_rate=lr, anneal_lr=False)
-    _, metrics = jax.jit(constant.update)(constant.init(params)._replace(step=jnp.int32(5)), traj, env_keys(0, 4))
+    _, metrics = jax.jit(constant.update)(
+        constant.init(params)._replace(step=jnp.int32(5)), traj, env_keys(0, 4)
+    )
     np.testing.assert_allclose(metrics["learning_rate"], lr, rtol=1e-6)
 
 
@@ -141,9 +145,16 @@ def _bandit_rollout(net, params, key):
     last_obs = jax.random.normal(obs_key, (B, OBS_DIM))
     false = jnp.zeros((T, B), bool)
     traj = Trajectory(
-        obs=obs, actions=actions, logprobs=dist.log_prob(actions), values=values,
-        rewards=(actions == NUM_ACTIONS - 1).astype(jnp.float32), terminated=false, truncated=false,
-        valid=~false, last_obs=last_obs, last_value=net.apply(params, last_obs)[1],
+        obs=obs,
+        actions=actions,
+        logprobs=dist.log_prob(actions),
+        values=values,
+        rewards=(actions == NUM_ACTIONS - 1).astype(jnp.float32),
+        terminated=false,
+        truncated=false,
+        valid=~false,
+        last_obs=last_obs,
+        last_value=net.apply(params, last_obs)[1],
     )
     probs = jnp.mean(jax.nn.softmax(dist.logits, -1)[..., NUM_ACTIONS - 1])
     return traj, probs
@@ -188,10 +199,14 @@ def test_a_nonfinite_gradient_with_a_finite_loss_is_reported():
     optimizer = optax.sgd(0.1)
     batch = (jnp.array([1.0, jnp.nan, 2.0]), jnp.array([True, False, True]))
     _, _, metrics = jax.jit(partial(sgd_step, optimizer, loss_fn, axis_name=None))(
-        params=params, opt_state=optimizer.init(params), batch=batch)
-    assert np.isfinite(float(metrics["loss"])), "the loss saw the masked step: the test proves nothing"
+        params=params, opt_state=optimizer.init(params), batch=batch
+    )
+    assert np.isfinite(float(metrics["loss"])), (
+        "the loss saw the masked step: the test proves nothing"
+    )
     assert not np.isfinite(float(metrics["grad_norm"]))
     assert not bool(metrics["finite"])
+
 
 @pytest.mark.timeout(30)
 def test_an_update_is_finite_only_if_every_minibatch_step_was():

@@ -7,7 +7,8 @@ from podrace.config import EnvConfig
 
 
 @pytest.mark.parametrize(
-    "env_id,backend", [("CartPole-v1", "envpool"), ("CartPole-v1", "gymnasium"), ("Pong-v5", "envpool")]
+    "env_id,backend",
+    [("CartPole-v1", "envpool"), ("CartPole-v1", "gymnasium"), ("Pong-v5", "envpool")],
 )
 def test_results_are_not_overwritten_by_later_steps(make, env_id, backend):
     """The actor keeps T steps of obs; a backend reusing its buffers would corrupt them."""

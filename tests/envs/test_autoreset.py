@@ -59,7 +59,7 @@ def test_explicit_reset_restarts_statistics(make, backend):
         env.step(np.zeros(2, np.int32))
     env.reset()
     length = None
-    for t in range(1, 200):
+    for t in range(1, 200):  # noqa: B007 - t is the episode's length once it breaks
         step = env.step(np.zeros(2, np.int32))
         if step.episode_done[0]:
             length = step.episode_length[0]

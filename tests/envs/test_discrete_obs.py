@@ -19,9 +19,14 @@ def test_one_hot_of_indices_from_the_spaces_start():
     assert out.dtype == np.float32 and out.shape == (3, 3)
     np.testing.assert_array_equal(out, expected)
     np.testing.assert_array_equal(encode.jax(jnp.array([-1, 1, 0], jnp.int32)), expected)
-    with pytest.raises(ObservationOutsideSpace, match=r"in \[-1, 2\) as its Discrete\(3, start=-1\) says, got \[2\]$"):
+    with pytest.raises(
+        ObservationOutsideSpace,
+        match=r"in \[-1, 2\) as its Discrete\(3, start=-1\) says, got \[2\]$",
+    ):
         encode(np.array([2, 0]))
-    with pytest.raises(ObservationOutsideSpace, match=r"got \[-7, 2, 5\] and 3 other values$"):  # not 1024 of them
+    with pytest.raises(
+        ObservationOutsideSpace, match=r"got \[-7, 2, 5\] and 3 other values$"
+    ):  # not 1024 of them
         encode(np.array([5, 6, 0, 7, 8, 2, -7] * 100))
     assert OneHotObs.of(gymnasium.spaces.Box(0, 1, (2,))) is None
 
@@ -36,7 +41,9 @@ def test_frozen_lake_states_are_one_hot_vectors(make, backend):
     for spec in (env_spec(cfg), env.spec):
         assert spec.obs_shape == (16,) and spec.obs_dtype == np.float32
     obs = env.reset()
-    np.testing.assert_array_equal(obs, np.eye(16, dtype=np.float32)[[0, 0, 0, 0]])  # every lake starts top left
+    np.testing.assert_array_equal(
+        obs, np.eye(16, dtype=np.float32)[[0, 0, 0, 0]]
+    )  # every lake starts top left
     seen = set()
     for _ in range(50):
         obs = env.step(np.full(4, 2)).obs  # right, slipping now and then

@@ -34,7 +34,9 @@ def test_the_xla_step_has_no_effect_and_envpools_template_is_left_as_it_was():
 
 @pytest.mark.timeout(60)
 def test_a_changed_envpool_template_keeps_envpools_own_calls(monkeypatch):
-    changed = types.SimpleNamespace(register_ffi_target=jax.ffi.register_ffi_target, ffi_call=jax.ffi.ffi_call)
+    changed = types.SimpleNamespace(
+        register_ffi_target=jax.ffi.register_ffi_target, ffi_call=jax.ffi.ffi_call
+    )
     monkeypatch.setattr(xla_template, "ffi", changed)
     env = EnvpoolEnv(EnvConfig(id="CartPole-v1"), 2, seed=0)
     env.reset()

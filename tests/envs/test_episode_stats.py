@@ -31,6 +31,8 @@ def test_lives_and_games():
     np.testing.assert_array_equal(returns[[0, 1, 4, 5]], 0)  # zero where no episode ended
 
     stats.reset()
-    ret, length = stats.update(np.array([1.0, 1.0]), np.array([T, T]), np.array([F, F]), np.array([T, T]))
+    ret, length = stats.update(
+        np.array([1.0, 1.0]), np.array([T, T]), np.array([F, F]), np.array([T, T])
+    )
     np.testing.assert_array_equal(ret, [1, 1])
     np.testing.assert_array_equal(length, [1, 1])

@@ -6,7 +6,11 @@ import pytest
 from podrace.config import EnvConfig
 from podrace.envs import env_seeds
 
-CASES = [("CartPole-v1", "envpool", 2), ("CartPole-v1", "gymnasium", 2), ("Breakout-v5", "envpool", 4)]
+CASES = [
+    ("CartPole-v1", "envpool", 2),
+    ("CartPole-v1", "gymnasium", 2),
+    ("Breakout-v5", "envpool", 4),
+]
 
 
 def rollout(env, num_actions: int, num_steps: int):

@@ -75,7 +75,9 @@ def test_factory_env_matches_the_registered_env_step_for_step(adapted, make):
 def test_seeds_make_runs_reproducible_and_distinct(adapted):
     def first_obs(seed):
         env = adapted(match_vector_env, 4, seed=seed)
-        return np.concatenate([env.reset()] + [env.step(np.zeros(4, np.int32)).obs for _ in range(10)])
+        return np.concatenate(
+            [env.reset()] + [env.step(np.zeros(4, np.int32)).obs for _ in range(10)]
+        )
 
     np.testing.assert_array_equal(first_obs(3), first_obs(3))
     assert not np.array_equal(first_obs(3), first_obs(4))
@@ -114,13 +116,24 @@ class _Closing(gymnasium.vector.SyncVectorEnv):
 @pytest.mark.parametrize(
     "factory,message",
     [
-        (lambda n, s: counter_vector_env(n, s, autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP),
-         "autoreset_mode is AutoresetMode.SAME_STEP; podrace needs gymnasium.vector.AutoresetMode.NEXT_STEP"),
+        (
+            lambda n, s: counter_vector_env(
+                n, s, autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP
+            ),
+            "autoreset_mode is AutoresetMode.SAME_STEP; podrace needs gymnasium.vector.AutoresetMode.NEXT_STEP",
+        ),
         (lambda n, s: counter_vector_env(n + 1, s), "was asked for 2 envs and made 3"),
-        (lambda n, s: CounterEnv(), "returned CounterEnv; expected a podrace BatchedEnv or a gymnasium.vector.VectorEnv (wrap it"),
+        (
+            lambda n, s: CounterEnv(),
+            "returned CounterEnv; expected a podrace BatchedEnv or a gymnasium.vector.VectorEnv (wrap it",
+        ),
         (lambda n, s: None, "returned NoneType"),
-        (lambda n, s: gymnasium.vector.SyncVectorEnv(
-            [lambda: gymnasium.make("podrace-invalid/MultiDiscrete-v0")] * n), "unsupported action space MultiDiscrete"),
+        (
+            lambda n, s: gymnasium.vector.SyncVectorEnv(
+                [lambda: gymnasium.make("podrace-invalid/MultiDiscrete-v0")] * n
+            ),
+            "unsupported action space MultiDiscrete",
+        ),
     ],
 )
 def test_unusable_factory_results_are_one_line_config_errors(factory, message):
@@ -153,7 +166,9 @@ def test_factory_with_missing_dependency_is_a_config_error():
     def needs_mujoco(num_envs, seed):
         import no_such_mujoco_binding  # noqa: F401
 
-    with pytest.raises(ConfigError, match="needs_mujoco.*a package it needs is missing: No module named"):
+    with pytest.raises(
+        ConfigError, match="needs_mujoco.*a package it needs is missing: No module named"
+    ):
         from_factory(needs_mujoco, 2, 0)
 
 
@@ -189,7 +204,9 @@ class CloseRaises(CounterEnv):
 def test_a_spec_probe_whose_close_raises_is_a_warning_not_a_failure(caplog):
     """Found by the second attack: the probe env's close() raising ended `podrace train`
     with a traceback before anything started (and a blocking one hung it)."""
-    gymnasium.register("PodraceCloseRaises-v0", entry_point=CloseRaises, max_episode_steps=COUNTER_TIME_LIMIT)
+    gymnasium.register(
+        "PodraceCloseRaises-v0", entry_point=CloseRaises, max_episode_steps=COUNTER_TIME_LIMIT
+    )
     try:
         spec = EnvSource(EnvConfig(id="PodraceCloseRaises-v0", num_envs=2)).spec()
         assert spec.num_actions == CounterEnv.action_space.n

@@ -42,16 +42,34 @@ def cli(capsys, *args):
 def test_cli_trains_env_from_user_module_beyond_random(capsys, user_dir):
     (user_dir / "my_match_envs.py").write_text(USER_MODULE.format(env_id="cli-user/Match-v0"))
     code, out, err = cli(
-        capsys, "train", "cartpole-ppo", "--env.id", "my_match_envs:cli-user/Match-v0",
-        "--total-steps", "8192", "--log.run-dir", "runs", "--log.run-name", "r",
-        "--log.console", "none", "--eval.episodes", "16",
+        capsys,
+        "train",
+        "cartpole-ppo",
+        "--env.id",
+        "my_match_envs:cli-user/Match-v0",
+        "--total-steps",
+        "8192",
+        "--log.run-dir",
+        "runs",
+        "--log.run-name",
+        "r",
+        "--log.console",
+        "none",
+        "--eval.episodes",
+        "16",
     )
     assert code == 0, err
-    lines = [json.loads(line) for line in (user_dir / "runs" / "r" / "metrics.jsonl").read_text().splitlines()]
+    lines = [
+        json.loads(line)
+        for line in (user_dir / "runs" / "r" / "metrics.jsonl").read_text().splitlines()
+    ]
     final_eval = [line["eval/return"] for line in lines if "eval/return" in line][-1]
     # A random policy scores RANDOM_RETURN (2 of 8); the greedy learned policy names most classes.
     assert final_eval >= 0.75 * MATCH_LENGTH > 2 * RANDOM_RETURN, out
-    assert json.loads((user_dir / "runs" / "r" / "config.json").read_text())["env"]["id"] == "my_match_envs:cli-user/Match-v0"
+    assert (
+        json.loads((user_dir / "runs" / "r" / "config.json").read_text())["env"]["id"]
+        == "my_match_envs:cli-user/Match-v0"
+    )
 
 
 @pytest.mark.timeout(60)
@@ -75,7 +93,9 @@ def test_module_form_in_config_imports_before_resolving(user_dir):
     ],
 )
 def test_bad_module_ids_are_one_line_exit_2_nothing_written(capsys, user_dir, env_id, message):
-    code, out, err = cli(capsys, "train", "cartpole-ppo", "--env.id", env_id, "--log.run-dir", "runs")
+    code, out, err = cli(
+        capsys, "train", "cartpole-ppo", "--env.id", env_id, "--log.run-dir", "runs"
+    )
     assert code == 2 and message in err, err
     assert len(err.strip().splitlines()) == 1
     assert not (user_dir / "runs").exists()
@@ -91,7 +111,9 @@ def test_split_env_id():
 
 class _NeedsMujoco(gymnasium.Env):
     def __init__(self):
-        raise gymnasium.error.DependencyNotInstalled('mujoco is not installed, run `pip install "gymnasium[mujoco]"`')
+        raise gymnasium.error.DependencyNotInstalled(
+            'mujoco is not installed, run `pip install "gymnasium[mujoco]"`'
+        )
 
 
 class _IntBoxActions(gymnasium.Env):
@@ -110,12 +132,24 @@ class _MultiDiscreteActions(gymnasium.Env):
 
 
 INVALID = {
-    "podrace-invalid/NeedsMujoco-v0": (_NeedsMujoco, "a package it needs is missing: mujoco is not installed"),
+    "podrace-invalid/NeedsMujoco-v0": (
+        _NeedsMujoco,
+        "a package it needs is missing: mujoco is not installed",
+    ),
     # An entry point in a module that does not exist: ModuleNotFoundError on make.
-    "podrace-invalid/MissingModule-v0": ("no_such_physics_engine.envs:Walker", "No module named 'no_such_physics_engine'"),
-    "podrace-invalid/IntBox-v0": (_IntBoxActions, "Box action space with integer dtype int64 is not supported"),
+    "podrace-invalid/MissingModule-v0": (
+        "no_such_physics_engine.envs:Walker",
+        "No module named 'no_such_physics_engine'",
+    ),
+    "podrace-invalid/IntBox-v0": (
+        _IntBoxActions,
+        "Box action space with integer dtype int64 is not supported",
+    ),
     "podrace-invalid/DictObs-v0": (_DictObs, "unsupported observation space Dict"),
-    "podrace-invalid/MultiDiscrete-v0": (_MultiDiscreteActions, "unsupported action space MultiDiscrete"),
+    "podrace-invalid/MultiDiscrete-v0": (
+        _MultiDiscreteActions,
+        "unsupported action space MultiDiscrete",
+    ),
 }
 for _id, (_entry, _) in INVALID.items():
     if _id not in gymnasium.registry:
@@ -125,7 +159,9 @@ for _id, (_entry, _) in INVALID.items():
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("env_id", sorted(INVALID))
 def test_invalid_env_is_one_line_exit_2_nothing_written(capsys, tmp_path, env_id):
-    code, out, err = cli(capsys, "train", "cartpole-ppo", "--env.id", env_id, "--log.run-dir", str(tmp_path))
+    code, out, err = cli(
+        capsys, "train", "cartpole-ppo", "--env.id", env_id, "--log.run-dir", str(tmp_path)
+    )
     assert code == 2, err
     assert err.startswith("podrace: error: ") and INVALID[env_id][1] in err, err
     assert len(err.strip().splitlines()) == 1
@@ -135,5 +171,7 @@ def test_invalid_env_is_one_line_exit_2_nothing_written(capsys, tmp_path, env_id
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("env_id", ["podrace-invalid/IntBox-v0", "podrace-invalid/DictObs-v0"])
 def test_unsupported_space_error_lists_what_is_supported(env_id):
-    with pytest.raises(ConfigError, match="supported: Box or Discrete observations; Discrete actions"):
+    with pytest.raises(
+        ConfigError, match="supported: Box or Discrete observations; Discrete actions"
+    ):
         env_spec(EnvConfig(id=env_id))

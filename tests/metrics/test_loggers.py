@@ -11,9 +11,23 @@ import pytest
 from rich.console import Console
 
 from podrace.config import ConfigError, LogConfig, TrainConfig, replace
-from podrace.metrics.loggers import ConsoleSink, Guarded, JsonlSink, SinkError, check_sinks, make_sinks, summary
+from podrace.metrics.loggers import (
+    ConsoleSink,
+    Guarded,
+    JsonlSink,
+    SinkError,
+    check_sinks,
+    make_sinks,
+    summary,
+)
 
-LINE = {"env_steps": 1024.0, "sps": 5000.0, "episode/return": 21.5, "learner/loss": float("nan"), "version": 2}
+LINE = {
+    "env_steps": 1024.0,
+    "sps": 5000.0,
+    "episode/return": 21.5,
+    "learner/loss": float("nan"),
+    "version": 2,
+}
 
 
 class FullDisk:
@@ -39,7 +53,9 @@ def test_a_full_disk_leaves_only_whole_lines(tmp_path):
     sink = JsonlSink(path)
     sink.write(LINE)
     sink._file = FullDisk(sink._file, keep=7)
-    with pytest.raises(SinkError, match="cannot write metrics to .*metrics.jsonl: No space left on device"):
+    with pytest.raises(
+        SinkError, match="cannot write metrics to .*metrics.jsonl: No space left on device"
+    ):
         sink.write({**LINE, "env_steps": 2048.0})
     sink.close()
     text = path.read_text()
@@ -119,7 +135,9 @@ def fake_wandb(monkeypatch):
 
 @pytest.mark.timeout(30)
 def test_wandb_logs_the_same_names_as_the_jsonl_file(tmp_path, fake_wandb):
-    cfg = replace(TrainConfig(), **{"log.wandb": True, "log.console": "none", "log.wandb_project": "p"})
+    cfg = replace(
+        TrainConfig(), **{"log.wandb": True, "log.console": "none", "log.wandb_project": "p"}
+    )
     sinks = make_sinks(cfg, tmp_path)
     for sink in sinks:
         sink.write(LINE)
@@ -137,7 +155,9 @@ def test_wandb_logs_the_same_names_as_the_jsonl_file(tmp_path, fake_wandb):
 @pytest.mark.timeout(10)
 def test_wandb_not_installed_is_a_config_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # makes `import wandb` raise ImportError
-    with pytest.raises(ConfigError, match=r"log.wandb needs the wandb package: pip install 'podrace\[wandb\]'"):
+    with pytest.raises(
+        ConfigError, match=r"log.wandb needs the wandb package: pip install 'podrace\[wandb\]'"
+    ):
         check_sinks(LogConfig(wandb=True))
     check_sinks(LogConfig(wandb=False))
 
@@ -149,9 +169,13 @@ def test_a_sink_that_cannot_start_is_a_sink_error(tmp_path, fake_wandb):
 
     fake_wandb.init = refuse
     cfg = replace(TrainConfig(), **{"log.wandb": True, "log.console": "none"})
-    with pytest.raises(SinkError, match="wandb sink could not start: ConnectionError: api.wandb.ai unreachable"):
+    with pytest.raises(
+        SinkError, match="wandb sink could not start: ConnectionError: api.wandb.ai unreachable"
+    ):
         make_sinks(cfg, tmp_path)
-    with pytest.raises(SinkError, match="metrics.jsonl sink could not start: No such file or directory"):
+    with pytest.raises(
+        SinkError, match="metrics.jsonl sink could not start: No such file or directory"
+    ):
         make_sinks(cfg, tmp_path / "gone")
 
 

@@ -14,7 +14,15 @@ from PIL import Image
 
 from podrace.cli import main
 from podrace.config import ConfigError, TrainConfig, replace
-from podrace.metrics.plot import DPI, FIGSIZE, check_output, load_run, plot_runs, save_figure, time_breakdown
+from podrace.metrics.plot import (
+    DPI,
+    FIGSIZE,
+    check_output,
+    load_run,
+    plot_runs,
+    save_figure,
+    time_breakdown,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,23 +34,25 @@ def synthetic_run(run_dir: Path, env_id: str = "CartPole-v1", scale: float = 1.0
     (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
     lines = []
     for i, version in enumerate((10, 20, 30)):
-        lines.append({
-            "version": version,
-            "env_steps": float(version * cfg.steps_per_update),
-            "time_s": 1.5 * (i + 1),
-            "episode/return": scale * 100.0 * (i + 1),
-            "eval/return": scale * 50.0,  # the same evaluation is repeated until a new one
-            "eval/version": 10,
-            "actor/env_step": 0.01,
-            "actor/inference": 0.02,
-            "actor/device_to_host": 0.001,
-            "actor/to_learner": 0.004,
-            "actor/rollout": 0.04,
-            "actor/queue_put_wait": 0.003,
-            "learner/step": 0.1,
-            "learner/queue_get_wait": 0.02,
-            "learner/publish": 0.001,
-        })
+        lines.append(
+            {
+                "version": version,
+                "env_steps": float(version * cfg.steps_per_update),
+                "time_s": 1.5 * (i + 1),
+                "episode/return": scale * 100.0 * (i + 1),
+                "eval/return": scale * 50.0,  # the same evaluation is repeated until a new one
+                "eval/version": 10,
+                "actor/env_step": 0.01,
+                "actor/inference": 0.02,
+                "actor/device_to_host": 0.001,
+                "actor/to_learner": 0.004,
+                "actor/rollout": 0.04,
+                "actor/queue_put_wait": 0.003,
+                "learner/step": 0.1,
+                "learner/queue_get_wait": 0.02,
+                "learner/publish": 0.001,
+            }
+        )
     lines[-1]["eval/version"], lines[-1]["eval/return"] = 30, scale * 400.0
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     return cfg
@@ -52,11 +62,19 @@ def synthetic_run(run_dir: Path, env_id: str = "CartPole-v1", scale: float = 1.0
 def test_time_breakdown_is_mean_times_updates_per_interval(tmp_path):
     synthetic_run(tmp_path / "run")
     breakdown = time_breakdown(load_run(tmp_path / "run"))
-    assert breakdown["learner"] == pytest.approx({"learner step": 3.0, "queue get wait": 0.6, "publish": 0.03})
-    assert breakdown["actor"] == pytest.approx({
-        "env step": 0.3, "inference": 0.6, "device→host": 0.03, "other (rollout)": 0.27,
-        "to learner devices": 0.12, "queue put wait": 0.09,  # after the rollout, not part of it
-    })
+    assert breakdown["learner"] == pytest.approx(
+        {"learner step": 3.0, "queue get wait": 0.6, "publish": 0.03}
+    )
+    assert breakdown["actor"] == pytest.approx(
+        {
+            "env step": 0.3,
+            "inference": 0.6,
+            "device→host": 0.03,
+            "other (rollout)": 0.27,
+            "to learner devices": 0.12,
+            "queue put wait": 0.09,  # after the rollout, not part of it
+        }
+    )
 
 
 @pytest.mark.timeout(60)
@@ -66,11 +84,15 @@ def test_a_compiled_rollout_is_one_part_not_other_work(tmp_path):
     synthetic_run(tmp_path / "run")
     path = tmp_path / "run" / "metrics.jsonl"
     drop = ("actor/env_step", "actor/inference", "actor/device_to_host")
-    lines = [{k: v for k, v in json.loads(line).items() if k not in drop} for line in path.read_text().splitlines()]
+    lines = [
+        {k: v for k, v in json.loads(line).items() if k not in drop}
+        for line in path.read_text().splitlines()
+    ]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     breakdown = time_breakdown(load_run(tmp_path / "run"))
     assert breakdown["actor"] == pytest.approx(
-        {"compiled env + policy steps": 1.2, "to learner devices": 0.12, "queue put wait": 0.09})
+        {"compiled env + policy steps": 1.2, "to learner devices": 0.12, "queue put wait": 0.09}
+    )
 
 
 @pytest.mark.timeout(60)
@@ -83,22 +105,38 @@ def test_figure_has_curves_per_run_labelled_axes_and_a_time_bar_per_thread(tmp_p
 
     assert fig._suptitle.get_text() == "CartPole-v1 · PPO"
     assert (by_steps.get_title(), by_steps.get_xlabel(), by_steps.get_ylabel()) == (
-        "Return vs env steps", "env steps", "episode return")
-    assert (by_time.get_title(), by_time.get_xlabel()) == ("Return vs wall-clock time", "wall-clock time (s)")
-    assert (bars.get_title(), bars.get_ylabel()) == ("Where the time went", "seconds (per thread, whole run)")
+        "Return vs env steps",
+        "env steps",
+        "episode return",
+    )
+    assert (by_time.get_title(), by_time.get_xlabel()) == (
+        "Return vs wall-clock time",
+        "wall-clock time (s)",
+    )
+    assert (bars.get_title(), bars.get_ylabel()) == (
+        "Where the time went",
+        "seconds (per thread, whole run)",
+    )
 
     legend = [t.get_text() for t in by_steps.get_legend().get_texts()]
     assert legend == ["first", "second", "training episodes", "evaluation (greedy)"]
     train_line, eval_line = by_steps.get_lines()[:2]
     assert list(train_line.get_xdata()) == [v * cfg.steps_per_update for v in (10, 20, 30)]
     assert list(train_line.get_ydata()) == [100.0, 200.0, 300.0]
-    assert list(eval_line.get_xdata()) == [10 * cfg.steps_per_update, 30 * cfg.steps_per_update]  # once each
+    assert list(eval_line.get_xdata()) == [
+        10 * cfg.steps_per_update,
+        30 * cfg.steps_per_update,
+    ]  # once each
     assert list(eval_line.get_ydata()) == [50.0, 400.0]
     assert list(by_time.get_lines()[0].get_xdata()) == [1.5, 3.0, 4.5]
 
     assert any("," in t.get_text() for t in by_steps.get_xticklabels())  # e.g. 10,000
     assert [t.get_text() for t in bars.get_xticklabels()] == [
-        "first\none actor thread", "first\nlearner thread", "second\none actor thread", "second\nlearner thread"]
+        "first\none actor thread",
+        "first\nlearner thread",
+        "second\none actor thread",
+        "second\nlearner thread",
+    ]
     assert len(bars.patches) == 2 * (6 + 3)  # per run: 6 actor parts, 3 learner parts
 
 
@@ -154,20 +192,48 @@ def test_cli_plot_writes_the_image_and_exits_2_on_errors(tmp_path):
     synthetic_run(tmp_path / "a")
     synthetic_run(tmp_path / "b", scale=2.0)
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    command = [sys.executable, "-m", "podrace.cli", "plot", str(tmp_path / "a"), str(tmp_path / "b")]
-    ok = subprocess.run(command + ["-o", str(tmp_path / "out.png")], capture_output=True, text=True, env=env, timeout=100)
+    command = [
+        sys.executable,
+        "-m",
+        "podrace.cli",
+        "plot",
+        str(tmp_path / "a"),
+        str(tmp_path / "b"),
+    ]
+    ok = subprocess.run(
+        command + ["-o", str(tmp_path / "out.png")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=100,
+    )
     assert ok.returncode == 0, ok.stderr
     assert Image.open(tmp_path / "out.png").format == "PNG"
     with open("/dev/full", "w") as full:  # the image is written; its line cannot be
-        refused = subprocess.run(command + ["-o", str(tmp_path / "again.png")], stdout=full, stderr=subprocess.PIPE,
-                                 text=True, env=env, timeout=100)
+        refused = subprocess.run(
+            command + ["-o", str(tmp_path / "again.png")],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            timeout=100,
+        )
     assert refused.returncode == 1 and refused.stderr.splitlines() == [
-        "podrace: error: could not write to stdout (No space left on device); the command itself succeeded"]
+        "podrace: error: could not write to stdout (No space left on device); the command itself succeeded"
+    ]
     assert Image.open(tmp_path / "again.png").format == "PNG"
 
-    bad = subprocess.run(command + ["-o", str(tmp_path / "out.xyz")], capture_output=True, text=True, env=env, timeout=100)
+    bad = subprocess.run(
+        command + ["-o", str(tmp_path / "out.xyz")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=100,
+    )
     assert bad.returncode == 2
-    assert len(bad.stderr.strip().splitlines()) == 1 and bad.stderr.startswith("podrace: error: cannot write")
+    assert len(bad.stderr.strip().splitlines()) == 1 and bad.stderr.startswith(
+        "podrace: error: cannot write"
+    )
     assert not (tmp_path / "out.xyz").exists()
 
 
@@ -178,16 +244,30 @@ def test_no_run_directory_is_a_config_error():
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("bad,problem", [
-    (b"3", "is not a JSON object of metrics (got int)"),
-    (b"[1, 2]", "is not a JSON object of metrics (got list)"),
-    (b'"text"', "is not a JSON object of metrics (got str)"),
-    (b'{"version": 5, "time_s": \xff\xfe}', "is not valid UTF-8: invalid start byte at byte 25"),
-    (b"[" * 100_000 + b"]" * 100_000, "is not valid JSON: nested too deeply to decode: line 1 column 1 (char 0)"),
-    (b'{"version": ' + b"7" * 5000 + b"}", "is not valid JSON: Exceeds the limit (4300 digits) for integer string "
-     "conversion: value has 5000 digits: line 1 column 1 (char 0)"),
-])
-def test_a_metrics_line_that_is_not_an_object_is_an_error_naming_file_and_line(tmp_path, capsys, bad, problem):
+@pytest.mark.parametrize(
+    "bad,problem",
+    [
+        (b"3", "is not a JSON object of metrics (got int)"),
+        (b"[1, 2]", "is not a JSON object of metrics (got list)"),
+        (b'"text"', "is not a JSON object of metrics (got str)"),
+        (
+            b'{"version": 5, "time_s": \xff\xfe}',
+            "is not valid UTF-8: invalid start byte at byte 25",
+        ),
+        (
+            b"[" * 100_000 + b"]" * 100_000,
+            "is not valid JSON: nested too deeply to decode: line 1 column 1 (char 0)",
+        ),
+        (
+            b'{"version": ' + b"7" * 5000 + b"}",
+            "is not valid JSON: Exceeds the limit (4300 digits) for integer string "
+            "conversion: value has 5000 digits: line 1 column 1 (char 0)",
+        ),
+    ],
+)
+def test_a_metrics_line_that_is_not_an_object_is_an_error_naming_file_and_line(
+    tmp_path, capsys, bad, problem
+):
     synthetic_run(tmp_path / "run")
     metrics = tmp_path / "run" / "metrics.jsonl"
     lines = metrics.read_bytes().splitlines()
@@ -217,7 +297,9 @@ def test_a_config_json_that_is_not_utf8_is_an_error(tmp_path):
 def test_a_config_json_nested_too_deeply_is_an_error(tmp_path):
     synthetic_run(tmp_path / "run")
     (tmp_path / "run" / "config.json").write_text('{"algo": ' * 100_000 + "1" + "}" * 100_000)
-    with pytest.raises(ConfigError, match=r"config.json is not valid JSON: nested too deeply to decode"):
+    with pytest.raises(
+        ConfigError, match=r"config.json is not valid JSON: nested too deeply to decode"
+    ):
         load_run(tmp_path / "run")
 
 
@@ -245,8 +327,11 @@ def test_an_output_that_cannot_be_written_is_refused_before_plotting(tmp_path, c
         assert message in str(error.value)
         code = main(["plot", str(tmp_path / "run"), "-o", str(path)])
         err = capsys.readouterr().err
-        assert code == 2 and err.startswith("podrace: error: cannot write ") and err.count("\n") == 1, err
+        assert (
+            code == 2 and err.startswith("podrace: error: cannot write ") and err.count("\n") == 1
+        ), err
         assert message in err or "File name too long" in message
     assert directory.is_dir() and list(directory.iterdir()) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        ["run", "dir.png", "a-file"] + (["locked"] if os.geteuid() != 0 else []))
+        ["run", "dir.png", "a-file"] + (["locked"] if os.geteuid() != 0 else [])
+    )

@@ -1,4 +1,4 @@
-from functools import lru_cache
+from functools import cache
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +16,7 @@ VECTOR_CONTINUOUS = EnvSpec((3,), np.float32, None, (2,))
 ATARI = EnvSpec((4, 84, 84), np.uint8, 6, ())
 
 
-@lru_cache(maxsize=None)
+@cache
 def _built(cfg: NetworkConfig, spec: EnvSpec):
     net = make_network(cfg, spec)
     params = jax.jit(net.init)(jax.random.PRNGKey(0), jnp.zeros(spec.obs_shape, spec.obs_dtype))
@@ -36,7 +36,9 @@ def test_mlp_discrete_shapes_and_leading_dims(shared):
     apply = jax.jit(net.apply)
     obs = _obs(VECTOR_DISCRETE, (5, 3))
     dist, value = apply(params, obs)
-    assert isinstance(dist, Categorical) and dist.logits.shape == (5, 3, 2) and value.shape == (5, 3)
+    assert (
+        isinstance(dist, Categorical) and dist.logits.shape == (5, 3, 2) and value.shape == (5, 3)
+    )
     flat_dist, flat_value = apply(params, obs.reshape(15, 4))
     np.testing.assert_allclose(dist.logits.reshape(15, 2), flat_dist.logits, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(value.reshape(15), flat_value, rtol=1e-6, atol=1e-6)
@@ -88,12 +90,17 @@ def test_nature_cnn_scales_and_transposes_frames():
     x = jnp.transpose(obs.astype(jnp.float32) / 255.0, (0, 2, 3, 1))
     for i, stride in enumerate((4, 2, 1)):
         conv = params[f"Conv_{i}"]
-        x = jax.lax.conv_general_dilated(x, conv["kernel"], (stride, stride), "VALID",
-                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        x = jax.lax.conv_general_dilated(
+            x, conv["kernel"], (stride, stride), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
         x = jax.nn.relu(x + conv["bias"])
     assert x.shape == (2, 7, 7, 64)
-    expected = jax.nn.relu(x.reshape(2, -1) @ params["Dense_0"]["kernel"] + params["Dense_0"]["bias"])
-    np.testing.assert_allclose(module.apply({"params": params}, obs), expected, rtol=1e-4, atol=1e-5)
+    expected = jax.nn.relu(
+        x.reshape(2, -1) @ params["Dense_0"]["kernel"] + params["Dense_0"]["bias"]
+    )
+    np.testing.assert_allclose(
+        module.apply({"params": params}, obs), expected, rtol=1e-4, atol=1e-5
+    )
 
 
 def test_image_torsos_take_float_observations_as_they_are():
@@ -103,8 +110,12 @@ def test_image_torsos_take_float_observations_as_they_are():
     for module in (NatureCNN(), ImpalaResNet()):
         params = jax.jit(module.init)(jax.random.PRNGKey(0), frames)
         scaled = module.apply(params, frames)
-        np.testing.assert_allclose(module.apply(params, frames.astype(jnp.float32) / 255.0), scaled, rtol=1e-5, atol=1e-6)
-        assert not np.allclose(module.apply(params, standardized), module.apply(params, standardized / 255.0))
+        np.testing.assert_allclose(
+            module.apply(params, frames.astype(jnp.float32) / 255.0), scaled, rtol=1e-5, atol=1e-6
+        )
+        assert not np.allclose(
+            module.apply(params, standardized), module.apply(params, standardized / 255.0)
+        )
 
 
 def test_impala_resnet_structure():

@@ -18,14 +18,22 @@ import time
 import jax
 import numpy as np
 
-from podrace.config import EnvConfig, LayoutConfig, NetworkConfig, NormalizeConfig, PPOConfig, TrainConfig, replace
+from podrace.config import (
+    EnvConfig,
+    LayoutConfig,
+    NetworkConfig,
+    NormalizeConfig,
+    PPOConfig,
+    TrainConfig,
+    replace,
+)
 from podrace.control import Lifetime
 from podrace.envs import env_spec
 from podrace.metrics.registry import Metrics
 from podrace.networks import make_network
-from podrace.runtime.faults import FaultPlan
 from podrace.pipeline import Pipeline
 from podrace.runtime.build import build_learner, seed_key
+from podrace.runtime.faults import FaultPlan
 from podrace.sync.local import LocalPublisher
 from podrace.types import Trajectory
 from tests.trajectories import random_trajectory
@@ -61,8 +69,14 @@ def train(learner_devices, num_processes: int, process: int, normalize: bool = F
     spec = env_spec(cfg.env)
     lifetime = Lifetime()
     learner, placement = build_learner(
-        cfg, spec, make_network(cfg.network, spec), learner_devices, Pipeline(cfg.num_actors, 1, 1, lifetime),
-        LocalPublisher(), Metrics(), lifetime,
+        cfg,
+        spec,
+        make_network(cfg.network, spec),
+        learner_devices,
+        Pipeline(cfg.num_actors, 1, 1, lifetime),
+        LocalPublisher(),
+        Metrics(),
+        lifetime,
     )
     local_copy(learner.acting_params())  # what the runtimes give their actors and evaluator
     state, keys, normalizer = learner.state, learner.keys, learner.normalizer
@@ -71,7 +85,9 @@ def train(learner_devices, num_processes: int, process: int, normalize: bool = F
         mine = batch(u, spec)[process * cfg.num_actors : (process + 1) * cfg.num_actors]
         trajs = tuple(placement.place(jax.device_put(t, local)) for t in mine)
         if normalize:  # every rollout acted with the statistics of the update before
-            normalizer, trajs, _ = learner.normalize_fn(normalizer, trajs, (normalizer.obs,) * cfg.num_actors)
+            normalizer, trajs, _ = learner.normalize_fn(
+                normalizer, trajs, (normalizer.obs,) * cfg.num_actors
+            )
         state, keys, _ = learner.update_fn(state, trajs, keys)
     out = {"params": state.params}
     if normalize:
@@ -106,7 +122,9 @@ FAULTS = {
 }
 
 
-def faulty_run(run_dir: str, process: int, num_processes: int, coordinator: str, fault: str = "fault") -> int:
+def faulty_run(
+    run_dir: str, process: int, num_processes: int, coordinator: str, fault: str = "fault"
+) -> int:
     """`podrace train` (the CLI, in this process) with one of `FAULTS` injected."""
     from podrace.cli import main as cli
     from podrace.runtime import faults, multi_host
@@ -128,20 +146,40 @@ def faulty_run(run_dir: str, process: int, num_processes: int, coordinator: str,
         return run
 
     multi_host.prepare = prepare_with_fault
-    return cli([
-        "train", "cartpole-ppo", "--total-steps", str(10**8), "--log.run-dir", run_dir, "--log.run-name", "r",
-        "--log.console", "none", "--distributed.coordinator", coordinator,
-        "--distributed.num-processes", str(num_processes), "--distributed.process-id", str(process),
-        "--distributed.init-timeout-s", "60",
-    ])
+    return cli(
+        [
+            "train",
+            "cartpole-ppo",
+            "--total-steps",
+            str(10**8),
+            "--log.run-dir",
+            run_dir,
+            "--log.run-name",
+            "r",
+            "--log.console",
+            "none",
+            "--distributed.coordinator",
+            coordinator,
+            "--distributed.num-processes",
+            str(num_processes),
+            "--distributed.process-id",
+            str(process),
+            "--distributed.init-timeout-s",
+            "60",
+        ]
+    )
 
 
 if __name__ == "__main__":
     # Before JAX creates its backend (importing jax does not); tests import this module too.
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=1").strip()
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=1"
+    ).strip()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     if sys.argv[1] in FAULTS:
         code = faulty_run(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[1])
         sys.stdout.flush(), sys.stderr.flush()
         os._exit(code)
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5:] == ["normalize"])
+    main(
+        sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5:] == ["normalize"]
+    )

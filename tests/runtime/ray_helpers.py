@@ -16,9 +16,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from podrace.envs import make_env
 from podrace.runtime.ray_cluster import alive, process_tree, reap
@@ -85,7 +85,9 @@ def leftovers(marker: str) -> list[str]:
         except OSError:
             continue
         if state != "Z" and (marker.encode() in cmdline or marker.encode() in environ):
-            found.append(f"{entry}: {cmdline.replace(bytes(1), b' ').decode(errors='replace')[:120]}")
+            found.append(
+                f"{entry}: {cmdline.replace(bytes(1), b' ').decode(errors='replace')[:120]}"
+            )
     return found
 
 
@@ -97,7 +99,9 @@ def short_tmpdir() -> str:
 def base_env(tmpdir: str) -> dict[str, str]:
     """Environment of a podrace/ray subprocess: this checkout first, TMPDIR as a marker."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
     env["TMPDIR"] = tmpdir
     env.pop("RAY_ADDRESS", None)
     return env
@@ -141,19 +145,54 @@ def two_node_cluster() -> Iterator[TwoNodes]:
     common = ["--temp-dir", temp_dir, "--disable-usage-stats"]
     try:
         subprocess.run(
-            [RAY, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", address.split(":")[1],
-             "--num-cpus", "1", "--include-dashboard", "false", *common],
-            env=env, check=True, capture_output=True, timeout=120,
+            [
+                RAY,
+                "start",
+                "--head",
+                "--node-ip-address",
+                "127.0.0.1",
+                "--port",
+                address.split(":")[1],
+                "--num-cpus",
+                "1",
+                "--include-dashboard",
+                "false",
+                *common,
+            ],
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=120,
         )
         subprocess.run(
-            [RAY, "start", "--address", address, "--num-cpus", "2", "--resources", '{"actor_node": 2}', *common],
-            env=env, check=True, capture_output=True, timeout=120,
+            [
+                RAY,
+                "start",
+                "--address",
+                address,
+                "--num-cpus",
+                "2",
+                "--resources",
+                '{"actor_node": 2}',
+                *common,
+            ],
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=120,
         )
         query = (
-            "import json, ray; ray.init(address=%r, log_to_driver=False); "
+            f"import json, ray; ray.init(address={address!r}, log_to_driver=False); "
             "print(json.dumps([(n['NodeID'], n['Resources']) for n in ray.nodes() if n['Alive']])); ray.shutdown()"
-        ) % address
-        out = subprocess.run([sys.executable, "-c", query], env=env, check=True, capture_output=True, text=True, timeout=120)
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", query],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         nodes = json.loads(out.stdout.strip().splitlines()[-1])
         actor = [node for node, res in nodes if res.get("actor_node")]
         head = [node for node, res in nodes if not res.get("actor_node")]

@@ -36,7 +36,9 @@ def made_envs(monkeypatch):
 
 def actor(cfg, actor_id):
     control = Control(Lifetime(), Heartbeat(f"actor-{actor_id}"), lambda metrics: None)
-    return build.build_actor(cfg, actor_id, policy=_Policy(), params=None, out=None, control=control)
+    return build.build_actor(
+        cfg, actor_id, policy=_Policy(), params=None, out=None, control=control
+    )
 
 
 class _Policy:
@@ -64,7 +66,9 @@ def test_the_evaluator_envs_are_seeded_apart_from_every_actor(made_envs):
     control = Control(Lifetime(), Heartbeat("evaluator"), lambda metrics: None)
     from podrace.metrics.registry import Metrics
 
-    build.build_evaluator(cfg, greedy=None, device=None, params=None, metrics=Metrics(), control=control)
+    build.build_evaluator(
+        cfg, greedy=None, device=None, params=None, metrics=Metrics(), control=control
+    )
     assert len(set(made_envs)) == 3
 
 
@@ -87,10 +91,15 @@ def test_envpool_threads_share_the_cores_after_one_for_the_learner(monkeypatch):
     cfg = TrainConfig()
     for cores, actors, expected in ((2, 1, 1), (2, 2, 1), (1, 1, 1), (16, 2, 7), (16, 1, 15)):
         monkeypatch.setattr(os, "sched_getaffinity", lambda _pid, n=cores: set(range(n)))
-        assert build.env_threads(replace(cfg, **{"layout.actors_per_device": actors})) == expected, (cores, actors)
+        assert (
+            build.env_threads(replace(cfg, **{"layout.actors_per_device": actors})) == expected
+        ), (cores, actors)
     assert build.env_threads(replace(cfg, **{"env.num_threads": 3})) == 3  # the user's count wins
     assert build.env_threads(replace(cfg, runtime="ray")) is None  # Ray workers: envpool's default
-    for source, threads, expected in ((EnvSource(cfg.env), 1, 1), (EnvSource(replace(cfg, **{"env.num_threads": 2}).env), 1, 2)):
+    for source, threads, expected in (
+        (EnvSource(cfg.env), 1, 1),
+        (EnvSource(replace(cfg, **{"env.num_threads": 2}).env), 1, 2),
+    ):
         env = source.make(4, 0, threads)
         try:
             assert env._env.config["num_threads"] == expected
@@ -108,16 +117,26 @@ def built_learner(network: NetworkConfig, normalize: bool = False):
     from podrace.sync.local import LocalPublisher
 
     cfg = TrainConfig(
-        env=EnvConfig(id="CartPole-v1", num_envs=4), network=network, rollout_length=4, total_steps=64,
-        ppo=PPOConfig(num_epochs=1, num_minibatches=2), layout=LayoutConfig(actors_per_device=1),
+        env=EnvConfig(id="CartPole-v1", num_envs=4),
+        network=network,
+        rollout_length=4,
+        total_steps=64,
+        ppo=PPOConfig(num_epochs=1, num_minibatches=2),
+        layout=LayoutConfig(actors_per_device=1),
     )
     if normalize:
         cfg = replace(cfg, normalize=NormalizeConfig(obs=True, reward=True))
     spec = env_spec(cfg.env)
     lifetime = Lifetime()
     learner, placement = build.build_learner(
-        cfg, spec, make_network(cfg.network, spec), jax.devices()[:1], Pipeline(1, 1, 1, lifetime),
-        LocalPublisher(), Metrics(), lifetime,
+        cfg,
+        spec,
+        make_network(cfg.network, spec),
+        jax.devices()[:1],
+        Pipeline(1, 1, 1, lifetime),
+        LocalPublisher(),
+        Metrics(),
+        lifetime,
     )
     return learner, (placement.place(build.dummy_trajectory(cfg, spec, jax.devices()[0])),)
 
@@ -143,12 +162,18 @@ def test_an_mlp_learner_on_cpu_compiles_its_programs_with_the_memory_optimized_s
     learner, trajs = built_learner(NetworkConfig(hidden_sizes=(16, 16)), normalize=True)
     update_args = (learner.state, trajs, learner.keys)
     built = schedule(learner.update_fn.jitted, *update_args)
-    assert built == schedule(learner.update_fn.jitted, *update_args, **MEMORY_SCHEDULE), "update not memory-scheduled"
-    assert built != schedule(learner.update_fn.jitted, *update_args, **DEFAULT_SCHEDULE), "the option changes nothing"
+    assert built == schedule(learner.update_fn.jitted, *update_args, **MEMORY_SCHEDULE), (
+        "update not memory-scheduled"
+    )
+    assert built != schedule(learner.update_fn.jitted, *update_args, **DEFAULT_SCHEDULE), (
+        "the option changes nothing"
+    )
     behaviour = (learner.normalizer.obs,)
     normalize_args = (learner.normalizer, trajs, behaviour)
     built = schedule(learner.normalize_fn, *normalize_args)
-    assert built == schedule(learner.normalize_fn, *normalize_args, **MEMORY_SCHEDULE), "normalization not memory-scheduled"
+    assert built == schedule(learner.normalize_fn, *normalize_args, **MEMORY_SCHEDULE), (
+        "normalization not memory-scheduled"
+    )
 
 
 @pytest.mark.timeout(120)
@@ -177,7 +202,10 @@ def test_only_mlp_learners_on_cpu_change_the_schedule(monkeypatch):
         return SimpleNamespace(devices=np.array([SimpleNamespace(platform=platform)]))
 
     assert learner_compiler_options(NetworkConfig(torso="mlp"), mesh("cpu")) == MEMORY_SCHEDULE
-    assert learner_compiler_options(NetworkConfig(hidden_sizes=(128, 32)), mesh("cpu")) == MEMORY_SCHEDULE
+    assert (
+        learner_compiler_options(NetworkConfig(hidden_sizes=(128, 32)), mesh("cpu"))
+        == MEMORY_SCHEDULE
+    )
     # Wider layers and convolutional updates gain from XLA:CPU's concurrency; accelerators
     # keep their defaults.
     assert learner_compiler_options(NetworkConfig(hidden_sizes=(64, 256)), mesh("cpu")) is None
@@ -185,14 +213,19 @@ def test_only_mlp_learners_on_cpu_change_the_schedule(monkeypatch):
     assert learner_compiler_options(NetworkConfig(torso="impala_resnet"), mesh("cpu")) is None
     assert learner_compiler_options(NetworkConfig(torso="mlp"), mesh("gpu")) is None
     # A scheduler the user chose in XLA_FLAGS is left to apply.
-    for flag in ("--xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_DEFAULT", "--xla_cpu_enable_concurrency_optimized_scheduler=false"):
+    for flag in (
+        "--xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_DEFAULT",
+        "--xla_cpu_enable_concurrency_optimized_scheduler=false",
+    ):
         monkeypatch.setenv("XLA_FLAGS", f"--xla_force_host_platform_device_count=2 {flag}")
         assert learner_compiler_options(NetworkConfig(torso="mlp"), mesh("cpu")) is None
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("num_envs,episodes,made", [(8, 16, 8), (16, 2, 2), (2**31 - 1, 16, 16)])
-def test_the_evaluator_makes_no_more_envs_than_it_counts_episodes(monkeypatch, num_envs, episodes, made):
+def test_the_evaluator_makes_no_more_envs_than_it_counts_episodes(
+    monkeypatch, num_envs, episodes, made
+):
     """Found by the CLI attack: --eval.num-envs 2147483647 hung building envs, and
     --eval.episodes 2 with the preset's 16 envs would play 14 envs' uncounted episodes."""
     from podrace.config import replace
@@ -208,5 +241,7 @@ def test_the_evaluator_makes_no_more_envs_than_it_counts_episodes(monkeypatch, n
     monkeypatch.setattr(build, "EnvSource", lambda env_cfg, factory=None: CountingSource())
     cfg = replace(TrainConfig(), **{"eval.num_envs": num_envs, "eval.episodes": episodes})
     control = Control(Lifetime(), Heartbeat("evaluator"), lambda metrics: None)
-    build.build_evaluator(cfg, greedy=None, device=None, params=None, metrics=Metrics(), control=control)
+    build.build_evaluator(
+        cfg, greedy=None, device=None, params=None, metrics=Metrics(), control=control
+    )
     assert asked == [made]

@@ -59,7 +59,9 @@ def test_a_killed_process_0_does_not_abort_the_others():
 
 @pytest.mark.timeout(60)
 def test_a_stopped_service_exits_at_once():
-    service = HostedService(f"127.0.0.1:{free_port()}", 2, heartbeat_timeout=100, shutdown_timeout=10)
+    service = HostedService(
+        f"127.0.0.1:{free_port()}", 2, heartbeat_timeout=100, shutdown_timeout=10
+    )
     start = time.monotonic()
     service.shutdown()
     assert service.child.returncode == 0 and time.monotonic() - start < 5
@@ -86,7 +88,6 @@ def test_the_child_ignores_a_terminals_ctrl_c():
         assert service.child.poll() is None
     finally:
         service.shutdown()
-
 
 
 @pytest.mark.timeout(60)
@@ -168,7 +169,9 @@ def test_process_0_leaving_while_its_services_child_is_spawned_never_lets_it_ser
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        with pytest.raises(RuntimeError, match="process 0 left while its coordination service started"):
+        with pytest.raises(
+            RuntimeError, match="process 0 left while its coordination service started"
+        ):
             HostedService(f"127.0.0.1:{port}", 2)
         service = HostedService.current
         assert service.child.returncode is not None
@@ -178,4 +181,3 @@ def test_process_0_leaving_while_its_services_child_is_spawned_never_lets_it_ser
         watcher.join()
         HostedService.current = None
     assert not taken
-

@@ -33,8 +33,14 @@ def test_learner_count_does_not_change_the_learning_curve(tmp_path):
     ~60 updates a flipped sampled action makes the runs' data diverge.)"""
     curves, params = {}, {}
     for ids in [(0,), (0, 1), (0, 1, 2, 3)]:
-        run = prepare(small(tmp_path, deterministic=True, total_steps=2 * 8 * 16 * 20,
-                            **{"log.run_name": f"l{len(ids)}", "layout.learner_device_ids": ids}))
+        run = prepare(
+            small(
+                tmp_path,
+                deterministic=True,
+                total_steps=2 * 8 * 16 * 20,
+                **{"log.run_name": f"l{len(ids)}", "layout.learner_device_ids": ids},
+            )
+        )
         losses = []
         update_fn = run.learner.update_fn
 
@@ -45,7 +51,10 @@ def test_learner_count_does_not_change_the_learning_curve(tmp_path):
 
         run.learner.update_fn = recording
         run.run()
-        curves[len(ids)], params[len(ids)] = np.asarray(losses), jax.device_get(run.learner.state.params)
+        curves[len(ids)], params[len(ids)] = (
+            np.asarray(losses),
+            jax.device_get(run.learner.state.params),
+        )
     assert len(curves[1]) == 20
     for n in (2, 4):
         np.testing.assert_allclose(curves[n], curves[1], rtol=1e-3, atol=1e-5)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from podrace.cli import main
-from podrace.train_command import distributed_requested
 from podrace.config import ConfigError, TrainConfig, replace
 from podrace.runtime.distributed import _mismatch, config_hash, shared_fields
+from podrace.train_command import distributed_requested
 from podrace.validation import validate
 
 pytestmark = pytest.mark.timeout(60)
@@ -21,7 +21,10 @@ def dist(**fields) -> TrainConfig:
     "fields,message",
     [
         ({"coordinator": "no-port"}, "distributed.coordinator must be HOST:PORT"),
-        ({"coordinator": "host:\u00b2"}, "distributed.coordinator must be HOST:PORT"),  # isdigit, not int
+        (
+            {"coordinator": "host:\u00b2"},
+            "distributed.coordinator must be HOST:PORT",
+        ),  # isdigit, not int
         ({"num_processes": 2}, "must be given together"),
         ({"num_processes": 2, "process_id": 2}, "distributed.process_id must be in 0..1"),
         ({"num_processes": 0, "process_id": 0}, "distributed.num_processes must be positive"),
@@ -35,7 +38,9 @@ def test_bad_distributed_settings_are_config_errors(fields, message):
 
 def test_total_steps_count_every_process():
     cfg = replace(TrainConfig(), total_steps=1_500, rollout_length=32, **{"env.num_envs": 8})
-    assert dist(num_processes=3, process_id=1).steps_per_update == 3 * TrainConfig().steps_per_update
+    assert (
+        dist(num_processes=3, process_id=1).steps_per_update == 3 * TrainConfig().steps_per_update
+    )
     validate(cfg)  # one process: 2 actors x 8 envs x 32 steps = 512 <= 1500
     with pytest.raises(ConfigError, match=r"less than one update \(4 processes x 2 actors"):
         validate(replace(cfg, **{"distributed.num_processes": 4, "distributed.process_id": 0}))
@@ -55,15 +60,34 @@ def test_config_hash_ignores_only_per_process_fields():
     assert config_hash(a) == config_hash(b)
     c = replace(a, **{"ppo.clip_coef": 0.3})
     assert config_hash(c) != config_hash(a)
-    line = _mismatch(1, {"fields": shared_fields(c), "hash": "h1"}, 0, {"fields": shared_fields(a), "hash": "h0"})
-    assert line == "config differs between processes: ppo.clip_coef is 0.3 on process 1 but 0.2 on process 0 (config hash h1 vs h0)"
+    line = _mismatch(
+        1, {"fields": shared_fields(c), "hash": "h1"}, 0, {"fields": shared_fields(a), "hash": "h0"}
+    )
+    assert (
+        line
+        == "config differs between processes: ppo.clip_coef is 0.3 on process 1 but 0.2 on process 0 (config hash h1 vs h0)"
+    )
 
 
 def test_cli_rejects_bad_distributed_flags_in_one_line(capsys, tmp_path):
-    code = main(["train", "cartpole-ppo", "--log.run-dir", str(tmp_path), "--distributed.num-processes", "2",
-                 "--distributed.process-id", "5", "--distributed.coordinator", "127.0.0.1:1"])
+    code = main(
+        [
+            "train",
+            "cartpole-ppo",
+            "--log.run-dir",
+            str(tmp_path),
+            "--distributed.num-processes",
+            "2",
+            "--distributed.process-id",
+            "5",
+            "--distributed.coordinator",
+            "127.0.0.1:1",
+        ]
+    )
     err = capsys.readouterr().err
-    assert code == 2 and err.strip() == "podrace: error: distributed.process_id must be in 0..1, got 5"
+    assert (
+        code == 2 and err.strip() == "podrace: error: distributed.process_id must be in 0..1, got 5"
+    )
     assert not list(tmp_path.iterdir())
 
 
@@ -97,4 +121,7 @@ def test_a_process_stopped_before_its_hello_tells_the_meeting_so_no_one_waits_fo
         rendezvous(coordinator, 2, 0, 20.0)
     leaving.join(5)
     assert time.monotonic() - start < 3
-    assert "process 1 cannot run: it was stopped before every process had joined (SIGINT received)" in str(refused.value)
+    assert (
+        "process 1 cannot run: it was stopped before every process had joined (SIGINT received)"
+        in str(refused.value)
+    )

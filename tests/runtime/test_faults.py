@@ -6,11 +6,10 @@ import time
 
 import pytest
 
+from podrace.control import ComponentError, HangDetected
 from podrace.learner import NonFiniteUpdate
 from podrace.runtime.faults import FaultPlan, InjectedFault, inject
-from podrace.control import ComponentError
 from podrace.runtime.single_host import prepare
-from podrace.control import HangDetected
 from tests.runtime.test_single_host import podrace_threads, small
 
 BOUND_S = 30
@@ -50,7 +49,9 @@ def test_env_hangs_and_watchdog_fires(tmp_path):
 def test_nan_loss_stops_without_publishing(tmp_path):
     run = prepare(small(tmp_path, total_steps=10**7))
     inject(run, FaultPlan(nan_at_update=3))
-    with pytest.raises(ComponentError, match="learner failed: NonFiniteUpdate: non-finite .* update 3") as exc:
+    with pytest.raises(
+        ComponentError, match="learner failed: NonFiniteUpdate: non-finite .* update 3"
+    ) as exc:
         run.run()
     assert isinstance(exc.value.error, NonFiniteUpdate)
     assert run.learner.version == 2  # the NaN update was never published
@@ -88,7 +89,7 @@ def test_slow_learner_shows_in_timers_and_run_completes(tmp_path):
     run = prepare(small(tmp_path))
     inject(run, FaultPlan(slow={"learner_step": 0.05}))
     run.run()
-    lines = [json.loads(l) for l in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
     # Actors are visibly held back by the slow learner: by the lag bound or the full queue.
-    waits = [l.get("actor/params_wait", 0) + l.get("actor/queue_put_wait", 0) for l in lines]
+    waits = [ln.get("actor/params_wait", 0) + ln.get("actor/queue_put_wait", 0) for ln in lines]
     assert max(waits) > 0.02

@@ -21,8 +21,13 @@ def test_cartpole_impala_learns(tmp_path):
     """150k steps (~6 s of training on 2 cores); random play scores ~20. The full 300k-step
     preset evaluated 500, 356 and 306 after ~100k steps (seeds 1-3) and 500 at the end; with
     the actor's unsafe_rbg sampling stream, seed 1 stopped at 183 after a 100k-step run."""
-    cfg = preset("cartpole-impala", tmp_path, seed=1, total_steps=150_000,
-                 **{"eval.every_updates": 0, "eval.episodes": 8, "eval.num_envs": 8})
+    cfg = preset(
+        "cartpole-impala",
+        tmp_path,
+        seed=1,
+        total_steps=150_000,
+        **{"eval.every_updates": 0, "eval.episodes": 8, "eval.num_envs": 8},
+    )
     result = train(cfg)
     assert result.updates == cfg.num_updates
     assert result.final_eval.mean_return >= 200, result.final_eval

@@ -44,8 +44,14 @@ def processes(commands: list[list[str]], **kwargs):
         for command in commands:
             procs.append(
                 subprocess.Popen(
-                    command, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                    start_new_session=True, **kwargs,
+                    command,
+                    cwd=ROOT,
+                    env=env(),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    start_new_session=True,
+                    **kwargs,
                 )
             )
         yield procs
@@ -72,12 +78,21 @@ def finish(procs, timeout: float) -> list[tuple[int, str, str]]:
 
 def podrace_train(process: int, port: int, *flags: str, processes: int = 2) -> list[str]:
     return [
-        sys.executable, "-m", "podrace.cli", "train", "cartpole-ppo",
-        "--distributed.coordinator", f"127.0.0.1:{port}",
-        "--distributed.num-processes", str(processes),
-        "--distributed.process-id", str(process),
-        "--distributed.init-timeout-s", "60",
-        "--log.console", "none",
+        sys.executable,
+        "-m",
+        "podrace.cli",
+        "train",
+        "cartpole-ppo",
+        "--distributed.coordinator",
+        f"127.0.0.1:{port}",
+        "--distributed.num-processes",
+        str(processes),
+        "--distributed.process-id",
+        str(process),
+        "--distributed.init-timeout-s",
+        "60",
+        "--log.console",
+        "none",
         *flags,
     ]
 
@@ -92,8 +107,16 @@ def test_two_processes_compute_the_updates_of_one_with_two_learner_devices(tmp_p
     port = free_port()
     out = str(tmp_path / "params")
     commands = [
-        [sys.executable, "-m", "tests.runtime.multihost_worker", out, str(p), "2", f"127.0.0.1:{port}",
-         *(["normalize"] if normalize else [])]
+        [
+            sys.executable,
+            "-m",
+            "tests.runtime.multihost_worker",
+            out,
+            str(p),
+            "2",
+            f"127.0.0.1:{port}",
+            *(["normalize"] if normalize else []),
+        ]
         for p in range(2)
     ]
     with processes(commands) as procs:
@@ -121,13 +144,18 @@ def one_line_error(err: str) -> str:
 def test_config_mismatch_is_one_line_and_exit_2_on_every_process(tmp_path):
     port = free_port()
     base = ("--log.run-dir", str(tmp_path), "--total-steps", "4096")
-    commands = [podrace_train(0, port, *base), podrace_train(1, port, *base, "--env.num-envs", "16")]
+    commands = [
+        podrace_train(0, port, *base),
+        podrace_train(1, port, *base, "--env.num-envs", "16"),
+    ]
     with processes(commands) as procs:
         results = finish(procs, 150)
     for process, (code, _, err) in enumerate(results):
         assert code == 2, err[-3000:]
         line = one_line_error(err)
-        assert line.startswith("podrace: error: config differs between processes: env.num_envs is"), line
+        assert line.startswith(
+            "podrace: error: config differs between processes: env.num_envs is"
+        ), line
         assert f"on process {process}" in line
     assert not list(tmp_path.iterdir())  # nothing written
 
@@ -141,7 +169,9 @@ def test_a_process_that_never_starts_or_a_wrong_count_is_one_line_and_exit_2(tmp
     with processes([podrace_train(0, port, *timeout)]) as procs:
         [(code, _, err)] = finish(procs, 90)
     assert code == 2, err[-3000:]
-    assert one_line_error(err).startswith("podrace: error: distributed: process(es) [1] did not join within 3s")
+    assert one_line_error(err).startswith(
+        "podrace: error: distributed: process(es) [1] did not join within 3s"
+    )
 
     commands = [podrace_train(0, port, *timeout), podrace_train(1, port, *timeout, processes=3)]
     with processes(commands) as procs:
@@ -157,24 +187,45 @@ def test_an_invalid_config_on_process_1_refuses_the_run_on_every_process_at_once
     """Process 1 exited 2 at once; process 0 waited out --distributed.init-timeout-s for it
     and then blamed the coordinator address."""
     port = free_port()
-    base = ("--log.run-dir", str(tmp_path), "--total-steps", "4096", "--distributed.init-timeout-s", "100")
+    base = (
+        "--log.run-dir",
+        str(tmp_path),
+        "--total-steps",
+        "4096",
+        "--distributed.init-timeout-s",
+        "100",
+    )
     commands = [podrace_train(0, port, *base), podrace_train(1, port, *base, "--env.num-envs", "0")]
     start = time.monotonic()
     with processes(commands) as procs:
         (code0, _, err0), (code1, _, err1) = finish(procs, 90)
     assert time.monotonic() - start < 60
-    assert code1 == 2 and one_line_error(err1) == "podrace: error: env.num_envs must be positive, got 0", err1[-3000:]
+    assert (
+        code1 == 2
+        and one_line_error(err1) == "podrace: error: env.num_envs must be positive, got 0"
+    ), err1[-3000:]
     assert code0 == 2 and one_line_error(err0) == (
-        "podrace: error: distributed: process 1 cannot run: env.num_envs must be positive, got 0"), err0[-3000:]
+        "podrace: error: distributed: process 1 cannot run: env.num_envs must be positive, got 0"
+    ), err0[-3000:]
     assert not list(tmp_path.iterdir())  # nothing written
 
 
 @pytest.mark.timeout(180)
 def test_a_layout_error_on_one_process_stops_every_process_with_exit_2(tmp_path):
     port = free_port()
-    base = ("--log.run-dir", str(tmp_path), "--total-steps", "4096", "--layout.learner-device-ids", "1")
+    base = (
+        "--log.run-dir",
+        str(tmp_path),
+        "--total-steps",
+        "4096",
+        "--layout.learner-device-ids",
+        "1",
+    )
     # Process 1 has the second CPU device the layout names; process 0 does not.
-    commands = [podrace_train(0, port, *base), podrace_train(1, port, *base, "--layout.cpu-devices", "2")]
+    commands = [
+        podrace_train(0, port, *base),
+        podrace_train(1, port, *base, "--layout.cpu-devices", "2"),
+    ]
     with processes(commands) as procs:
         results = finish(procs, 150)
     codes = [code for code, _, _ in results]
@@ -195,8 +246,18 @@ def wait_for_metrics(path: Path, procs, lines: int = 2, timeout: float = 150) ->
 @pytest.mark.timeout(300)
 def test_sigkill_of_process_1_fails_process_0_naming_it_within_60s(tmp_path):
     port = free_port()
-    flags = ("--log.run-dir", str(tmp_path), "--log.run-name", "r", "--total-steps", "100000000",
-             "--log.interval-s", "0.2", "--layout.actors-per-device", "1")
+    flags = (
+        "--log.run-dir",
+        str(tmp_path),
+        "--log.run-name",
+        "r",
+        "--total-steps",
+        "100000000",
+        "--log.interval-s",
+        "0.2",
+        "--layout.actors-per-device",
+        "1",
+    )
     with processes([podrace_train(0, port, *flags), podrace_train(1, port, *flags)]) as procs:
         wait_for_metrics(tmp_path / "r" / "metrics.jsonl", procs)
         os.killpg(procs[1].pid, signal.SIGKILL)
@@ -213,27 +274,54 @@ def test_sigkill_of_process_1_fails_process_0_naming_it_within_60s(tmp_path):
 def test_an_error_in_process_1_fails_process_0_naming_it(tmp_path):
     port = free_port()
     commands = [
-        [sys.executable, "-m", "tests.runtime.multihost_worker", "fault", str(tmp_path), str(p), "2", f"127.0.0.1:{port}"]
+        [
+            sys.executable,
+            "-m",
+            "tests.runtime.multihost_worker",
+            "fault",
+            str(tmp_path),
+            str(p),
+            "2",
+            f"127.0.0.1:{port}",
+        ]
         for p in range(2)
     ]
     with processes(commands) as procs:
         (code0, _, err0), (code1, _, err1) = finish(procs, 240)
-    assert code1 == 1 and "podrace: error: actor-0 failed: EnvError: env.step raised at step 200" in err1, err1[-3000:]
+    assert (
+        code1 == 1
+        and "podrace: error: actor-0 failed: EnvError: env.step raised at step 200" in err1
+    ), err1[-3000:]
     assert code0 == 1, err0[-3000:]
     last = [line for line in err0.splitlines() if line.startswith("podrace: error:")][-1]
-    assert last.startswith("podrace: error: process-1 failed: PeerLost: process 1 failed: actor-0 failed: EnvError"), last
+    assert last.startswith(
+        "podrace: error: process-1 failed: PeerLost: process 1 failed: actor-0 failed: EnvError"
+    ), last
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("signum,both", [(signal.SIGTERM, False), (signal.SIGINT, True)],
-                         ids=["SIGTERM", "SIGINT-to-both"])
+@pytest.mark.parametrize(
+    "signum,both",
+    [(signal.SIGTERM, False), (signal.SIGINT, True)],
+    ids=["SIGTERM", "SIGINT-to-both"],
+)
 def test_a_signal_to_one_process_stops_every_process(tmp_path, signum, both):
     """SIGTERM: JAX's preemption notifier used to take its handler (the run went on). A
     signal to every process at once: each says its own (process 0 said process 1's). SIGINT
     to one process: test_while_process_1_waits_for_process_0s_final_evaluation."""
     port = free_port()
-    flags = ("--log.run-dir", str(tmp_path), "--log.run-name", "r", "--total-steps", "100000000",
-             "--log.interval-s", "0.2", "--layout.actors-per-device", "1")
+    flags = (
+        "--log.run-dir",
+        str(tmp_path),
+        "--log.run-name",
+        "r",
+        "--total-steps",
+        "100000000",
+        "--log.interval-s",
+        "0.2",
+        "--layout.actors-per-device",
+        "1",
+    )
     with processes([podrace_train(0, port, *flags), podrace_train(1, port, *flags)]) as procs:
         wait_for_metrics(tmp_path / "r" / "metrics.jsonl", procs)
         procs[1].send_signal(signum)
@@ -244,7 +332,9 @@ def test_a_signal_to_one_process_stops_every_process(tmp_path, signum, both):
     name = signal.Signals(signum).name
     assert code1 == 128 + signum and f"{name} received" in err1, err1[-3000:]
     line0 = f"podrace: {name} received" if both else f"process 1 received {name}"
-    assert code0 == 128 + signum and line0 in err0 and (not both or "process 1" not in err0), err0[-3000:]
+    assert code0 == 128 + signum and line0 in err0 and (not both or "process 1" not in err0), err0[
+        -3000:
+    ]
     # Process 0's coordination service was stopped with it: a new run can start on the port.
     assert port_freed(port, 5.0)
 
@@ -271,7 +361,14 @@ def test_ctrl_c_before_the_first_update_leaves_no_run_directory(tmp_path, stoppe
     1 interrupted while compiling aborted (exit 134): process 0, which holds JAX's
     coordination service, exited before it."""
     port = free_port()
-    flags = ("--log.run-dir", str(tmp_path), "--log.run-name", "r", "--layout.actors-per-device", "1")
+    flags = (
+        "--log.run-dir",
+        str(tmp_path),
+        "--log.run-name",
+        "r",
+        "--layout.actors-per-device",
+        "1",
+    )
     with processes([podrace_train(0, port, *flags), podrace_train(1, port, *flags)]) as procs:
         deadline = time.monotonic() + 120
         while not (tmp_path / "r" / "process-1" / "config.json").exists():
@@ -280,8 +377,12 @@ def test_ctrl_c_before_the_first_update_leaves_no_run_directory(tmp_path, stoppe
         procs[stopped].send_signal(signal.SIGINT)
         results = finish(procs, 60)
     (code, _, err), (other_code, _, other_err) = results[stopped], results[1 - stopped]
-    assert code == 130 and "SIGINT received" in err and "Terminating process" not in err, err[-3000:]
-    assert other_code == 130 and f"podrace: process {stopped} received SIGINT, stopped" in other_err, other_err[-3000:]
+    assert code == 130 and "SIGINT received" in err and "Terminating process" not in err, err[
+        -3000:
+    ]
+    assert (
+        other_code == 130 and f"podrace: process {stopped} received SIGINT, stopped" in other_err
+    ), other_err[-3000:]
     assert not (tmp_path / "r").exists()
     assert port_freed(port, 3.0)  # process 0 stopped its coordination service as it left
 
@@ -304,13 +405,22 @@ def service_child(pid: int) -> int | None:
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("killed", [0, 1])
-def test_a_process_killed_while_joining_jax_distributed_ends_the_other_with_one_line(tmp_path, killed):
+def test_a_process_killed_while_joining_jax_distributed_ends_the_other_with_one_line(
+    tmp_path, killed
+):
     """Between process 0's service start and the end of preparation (JAX's registration, the
     config agreement). The peer link opened only after both, so a killed process 0 ended
     process 1 with JAX's abort once its service was gone (exit -6), and a killed process 1
     left process 0 waiting for JAX's heartbeat (100 s)."""
     port = free_port()
-    flags = ("--log.run-dir", str(tmp_path), "--log.run-name", "r", "--layout.actors-per-device", "1")
+    flags = (
+        "--log.run-dir",
+        str(tmp_path),
+        "--log.run-name",
+        "r",
+        "--layout.actors-per-device",
+        "1",
+    )
     with processes([podrace_train(0, port, *flags), podrace_train(1, port, *flags)]) as procs:
         deadline = time.monotonic() + 120
         while service_child(procs[0].pid) is None:
@@ -324,19 +434,32 @@ def test_a_process_killed_while_joining_jax_distributed_ends_the_other_with_one_
         _, err = survivor.communicate()
     assert survivor.returncode == 1 and waited < 10, (survivor.returncode, waited, err[-3000:])
     last = [line for line in err.splitlines() if line.startswith("podrace:")][-1]
-    assert last.startswith(f"podrace: error: process-{killed} failed: PeerLost: process {killed} closed"), last
+    assert last.startswith(
+        f"podrace: error: process-{killed} failed: PeerLost: process {killed} closed"
+    ), last
     assert "Terminating process" not in err
     if killed == 1:
         assert port_freed(port, 3.0)  # process 0 stopped its coordination service as it left
 
 
 @pytest.mark.timeout(300)
-def test_ctrl_c_on_process_1_once_process_0_trains_but_before_any_update_leaves_no_run_directory(tmp_path):
+def test_ctrl_c_on_process_1_once_process_0_trains_but_before_any_update_leaves_no_run_directory(
+    tmp_path,
+):
     """Found by an attack: the stop reached process 0 after its preparation (threads
     running, no update yet: its env steps take 2 s here), and its run directory stayed."""
     port = free_port()
     commands = [
-        [sys.executable, "-m", "tests.runtime.multihost_worker", "slow", str(tmp_path), str(p), "2", f"127.0.0.1:{port}"]
+        [
+            sys.executable,
+            "-m",
+            "tests.runtime.multihost_worker",
+            "slow",
+            str(tmp_path),
+            str(p),
+            "2",
+            f"127.0.0.1:{port}",
+        ]
         for p in range(2)
     ]
     with processes(commands) as procs:
@@ -362,15 +485,30 @@ def wait_for_final_line(path: Path, procs, timeout: float = 150) -> None:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("event", ["SIGINT to process 1", "SIGKILL of process 0", "SIGKILL of process 1"])
+@pytest.mark.parametrize(
+    "event", ["SIGINT to process 1", "SIGKILL of process 0", "SIGKILL of process 1"]
+)
 def test_while_process_1_waits_for_process_0s_final_evaluation(tmp_path, event):
     """Process 1 finished and waits for process 0 (a long final evaluation). Ctrl-C there
     used to be ignored until process 0 was done (the wait was JAX's shutdown barrier at
     exit), and process 0 killed meanwhile aborted process 1 (exit 134, a C++ stack trace)."""
     port = free_port()
-    flags = ("--log.run-dir", str(tmp_path), "--log.run-name", "r", "--total-steps", "4096",
-             "--eval.episodes", "200000", "--eval.num-envs", "16", "--eval.every-updates", "0",
-             "--layout.actors-per-device", "1")
+    flags = (
+        "--log.run-dir",
+        str(tmp_path),
+        "--log.run-name",
+        "r",
+        "--total-steps",
+        "4096",
+        "--eval.episodes",
+        "200000",
+        "--eval.num-envs",
+        "16",
+        "--eval.every-updates",
+        "0",
+        "--layout.actors-per-device",
+        "1",
+    )
     with processes([podrace_train(0, port, *flags), podrace_train(1, port, *flags)]) as procs:
         wait_for_final_line(tmp_path / "r" / "process-1" / "metrics.jsonl", procs)
         time.sleep(0.5)
@@ -389,14 +527,18 @@ def test_while_process_1_waits_for_process_0s_final_evaluation(tmp_path, event):
     if event == "SIGKILL of process 1":  # after it said done: process 0 still evaluated
         assert code0 == 1, err0[-3000:]
         last = [line for line in err0.splitlines() if line.startswith("podrace:")][-1]
-        assert last.startswith("podrace: error: process-1 failed: PeerLost: process 1 closed its connection"), last
+        assert last.startswith(
+            "podrace: error: process-1 failed: PeerLost: process 1 closed its connection"
+        ), last
     elif event.startswith("SIGINT"):
         assert code1 == 130 and "SIGINT received" in err1, err1[-3000:]
         assert code0 == 130 and "process 1 received SIGINT" in err0, err0[-3000:]
     else:
         assert code1 == 1, err1[-3000:]
         last = [line for line in err1.splitlines() if line.startswith("podrace:")][-1]
-        assert last.startswith("podrace: error: process-0 failed: PeerLost: process 0 closed its connection"), last
+        assert last.startswith(
+            "podrace: error: process-0 failed: PeerLost: process 0 closed its connection"
+        ), last
 
 
 @pytest.mark.slow
@@ -404,9 +546,28 @@ def test_while_process_1_waits_for_process_0s_final_evaluation(tmp_path, event):
 def test_cartpole_ppo_learns_over_two_processes(tmp_path):
     """The single-host learning test's run (2 actors x 8 envs), one actor per process."""
     port = free_port()
-    flags = ("--log.run-dir", str(tmp_path), "--log.run-name", "r", "--total-steps", "120000",
-             "--rollout-length", "32", "--seed", "1", "--env.num-envs", "8", "--layout.actors-per-device", "1",
-             "--ppo.num-minibatches", "4", "--eval.episodes", "8", "--eval.num-envs", "8")
+    flags = (
+        "--log.run-dir",
+        str(tmp_path),
+        "--log.run-name",
+        "r",
+        "--total-steps",
+        "120000",
+        "--rollout-length",
+        "32",
+        "--seed",
+        "1",
+        "--env.num-envs",
+        "8",
+        "--layout.actors-per-device",
+        "1",
+        "--ppo.num-minibatches",
+        "4",
+        "--eval.episodes",
+        "8",
+        "--eval.num-envs",
+        "8",
+    )
     with processes([podrace_train(0, port, *flags), podrace_train(1, port, *flags)]) as procs:
         results = finish(procs, 850)
     for code, _, err in results:

@@ -93,7 +93,11 @@ def test_rollouts_use_the_statistics_of_their_stamped_version_and_learn(tmp_path
     clip = cfg.normalize.obs_clip
 
     def values(version: int, stats_version: int | None, obs: np.ndarray) -> np.ndarray:
-        x = obs if stats_version is None else normalize(published[stats_version]["obs_stats"], obs, clip)
+        x = (
+            obs
+            if stats_version is None
+            else normalize(published[stats_version]["obs_stats"], obs, clip)
+        )
         return np.asarray(apply(published[version]["params"], x)[1])
 
     versions_seen = set()
@@ -102,7 +106,9 @@ def test_rollouts_use_the_statistics_of_their_stamped_version_and_learn(tmp_path
             versions_seen.add(version)
             # The actor's behaviour values are those of version v's params on obs normalized
             # with version v's statistics ...
-            np.testing.assert_allclose(traj.values, values(version, version, traj.obs), rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose(
+                traj.values, values(version, version, traj.obs), rtol=1e-4, atol=1e-4
+            )
             # ... visibly not those without normalization or with another version's statistics.
             assert np.abs(traj.values - values(version, None, traj.obs)).max() > 1e-2
             other = 0 if version > 0 else max(published)

@@ -112,7 +112,9 @@ def test_a_failure_report_is_relayed():
     try:
         links[0].report_failure("learner failed: ValueError: boom")
         wait_until(lambda: seen[2])
-        assert seen[2][0].process == 0 and "process 0 failed: learner failed: ValueError: boom" in str(seen[2][0])
+        assert seen[2][
+            0
+        ].process == 0 and "process 0 failed: learner failed: ValueError: boom" in str(seen[2][0])
     finally:
         for link in links.values():
             link.close()
@@ -124,7 +126,9 @@ def test_every_process_waits_until_all_are_done_and_only_then_may_leave():
     try:
         links[1].report_done()
         links[2].report_done()
-        assert not links[1].wait_all_done(0.3) and not links[2].wait_all_done(0)  # process 0 still evaluates
+        assert not links[1].wait_all_done(0.3) and not links[2].wait_all_done(
+            0
+        )  # process 0 still evaluates
         links[0].report_done()
         assert all(link.wait_all_done(5) for link in links.values())
         links[0].close()  # all done: leaving is no loss to anyone
@@ -246,7 +250,9 @@ def test_process_0_waits_for_the_others_past_a_stray_client_and_a_stop_closes_it
     port = hub.getsockname()[1]
     with socket.create_connection(("127.0.0.1", port)) as stray:
         stray.sendall(b'{"process": [1]}\n')  # not a process of this run
-        spoke = threading.Thread(target=lambda: PeerLink.open(1, 2, 5.0, f"127.0.0.1:{port}", 5.0).close())
+        spoke = threading.Thread(
+            target=lambda: PeerLink.open(1, 2, 5.0, f"127.0.0.1:{port}", 5.0).close()
+        )
         spoke.start()
         link = PeerLink.open(0, 2, 5.0, hub, 5.0)
         spoke.join(5)

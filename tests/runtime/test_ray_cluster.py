@@ -17,7 +17,9 @@ def cluster(*nodes: dict, dead: dict | None = None):
     return SimpleNamespace(nodes=lambda: listed)
 
 
-TWO_NODES = cluster({"CPU": 2.0}, {"CPU": 2.0, "actor_node": 4.0}, dead={"CPU": 64.0, "actor_node": 64.0})
+TWO_NODES = cluster(
+    {"CPU": 2.0}, {"CPU": 2.0, "actor_node": 4.0}, dead={"CPU": 64.0, "actor_node": 64.0}
+)
 
 
 @pytest.mark.parametrize(

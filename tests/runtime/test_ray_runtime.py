@@ -74,8 +74,13 @@ def test_two_ray_workers_learn_cartpole(tmp_path, monkeypatch):
     wandb.init = lambda **kwargs: wandb.runs.append(FakeRun(**kwargs)) or wandb.runs[-1]
     monkeypatch.setitem(sys.modules, "wandb", wandb)
     # Same run and threshold as the thread runtime's learning test.
-    cfg = small(tmp_path, total_steps=120_000, rollout_length=32, seed=1,
-                **{"eval.episodes": 8, "eval.num_envs": 8, "log.wandb": True})
+    cfg = small(
+        tmp_path,
+        total_steps=120_000,
+        rollout_length=32,
+        seed=1,
+        **{"eval.episodes": 8, "eval.num_envs": 8, "log.wandb": True},
+    )
     run = prepare(cfg)
     temp_dir, pids = run.cluster.temp_dir, run.worker_pids()
     result = run.run()
@@ -85,7 +90,9 @@ def test_two_ray_workers_learn_cartpole(tmp_path, monkeypatch):
     assert line["ray/worker-0/rollouts"] == line["ray/worker-1/rollouts"] == updates
     assert line["env_steps"] == updates * 2 * 8 * 32
     assert line["ray/restarts"] == 0 and line["lag/max_seen"] <= 1
-    assert 0 <= result.object_store_bytes < 64 << 20, result.object_store_bytes  # bounded, no backlog
+    assert 0 <= result.object_store_bytes < 64 << 20, (
+        result.object_store_bytes
+    )  # bounded, no backlog
     assert_consumed_once(result.stamps, 2, updates)
     (wandb_run,) = wandb.runs
     assert wandb_run.logged[-1]["final"] == 1 and wandb_run.finished
@@ -118,7 +125,9 @@ def test_sigkilled_worker_is_restarted_and_nothing_is_consumed_twice(tmp_path):
     assert result.restarts == 1 and last_line(result.run_dir)["ray/worker-0/restarts"] == 1
     assert_consumed_once(result.stamps, 2, 24)
     restarts_of_0 = [r for w, r, _ in result.stamps if w == 0]
-    assert restarts_of_0 == sorted(restarts_of_0) and restarts_of_0[-1] == 1  # the new worker filled the rest
+    assert (
+        restarts_of_0 == sorted(restarts_of_0) and restarts_of_0[-1] == 1
+    )  # the new worker filled the rest
     assert all(r == 0 for w, r, _ in result.stamps if w == 1)
     assert run.worker_pids()[0] != victim
     assert not process_tree(run.cluster.temp_dir)
@@ -160,11 +169,35 @@ def test_crash_loop_fails_naming_the_worker_and_leaves_nothing(tmp_path):
 def test_workers_pinned_to_a_second_node(tmp_path):
     with ray_helpers.two_node_cluster() as cluster:
         args = [
-            sys.executable, "-m", "podrace.cli", "train", "cartpole-ppo", "--runtime", "ray",
-            "--ray.address", cluster.address, "--ray.worker-resources", "actor_node=1",
-            "--ray.num-workers", "2", "--total-steps", str(2 * 8 * 16 * 6), "--rollout-length", "16",
-            "--env.num-envs", "8", "--eval.episodes", "2", "--eval.num-envs", "2",
-            "--log.console", "none", "--log.run-dir", str(tmp_path), "--log.run-name", "two-nodes",
+            sys.executable,
+            "-m",
+            "podrace.cli",
+            "train",
+            "cartpole-ppo",
+            "--runtime",
+            "ray",
+            "--ray.address",
+            cluster.address,
+            "--ray.worker-resources",
+            "actor_node=1",
+            "--ray.num-workers",
+            "2",
+            "--total-steps",
+            str(2 * 8 * 16 * 6),
+            "--rollout-length",
+            "16",
+            "--env.num-envs",
+            "8",
+            "--eval.episodes",
+            "2",
+            "--eval.num-envs",
+            "2",
+            "--log.console",
+            "none",
+            "--log.run-dir",
+            str(tmp_path),
+            "--log.run-name",
+            "two-nodes",
         ]
         done = subprocess.run(args, env=cluster.env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
@@ -174,7 +207,9 @@ def test_workers_pinned_to_a_second_node(tmp_path):
         # The joined cluster keeps running, without any worker of the finished run.
         tree = process_tree(cluster.temp_dir)
         assert tree, "podrace stopped a cluster it only joined"
-        titles = [open(f"/proc/{p}/cmdline", "rb").read() for p in tree if os.path.exists(f"/proc/{p}")]
+        titles = [
+            open(f"/proc/{p}/cmdline", "rb").read() for p in tree if os.path.exists(f"/proc/{p}")
+        ]
         assert not [t for t in titles if t.startswith(b"ray::RolloutWorker")], titles
 
 
@@ -182,16 +217,40 @@ def test_workers_pinned_to_a_second_node(tmp_path):
 def test_sigterm_stops_cleanly_and_leaves_no_process(tmp_path):
     marker = ray_helpers.short_tmpdir()
     args = [
-        sys.executable, "-m", "podrace.cli", "train", "cartpole-ppo", "--runtime", "ray",
-        "--ray.num-workers", "2", "--total-steps", "10000000", "--rollout-length", "16", "--env.num-envs", "8",
-        "--log.console", "none", "--log.run-dir", str(tmp_path), "--log.run-name", "stopped", "--log.interval-s", "0.2",
+        sys.executable,
+        "-m",
+        "podrace.cli",
+        "train",
+        "cartpole-ppo",
+        "--runtime",
+        "ray",
+        "--ray.num-workers",
+        "2",
+        "--total-steps",
+        "10000000",
+        "--rollout-length",
+        "16",
+        "--env.num-envs",
+        "8",
+        "--log.console",
+        "none",
+        "--log.run-dir",
+        str(tmp_path),
+        "--log.run-name",
+        "stopped",
+        "--log.interval-s",
+        "0.2",
     ]
-    proc = subprocess.Popen(args, env=ray_helpers.base_env(marker), stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        args, env=ray_helpers.base_env(marker), stderr=subprocess.PIPE, text=True
+    )
     try:
         metrics = tmp_path / "stopped" / "metrics.jsonl"
         deadline = time.monotonic() + 240
         while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "slow"
+            assert proc.poll() is None and time.monotonic() < deadline, (
+                proc.stderr.read() if proc.poll() else "slow"
+            )
             time.sleep(0.2)
         proc.send_signal(signal.SIGTERM)
         stderr = proc.communicate(timeout=60)[1]
@@ -213,9 +272,29 @@ def test_a_sigkilled_drivers_local_ray_is_swept_by_the_next_start(tmp_path):
     marker = ray_helpers.short_tmpdir()
     env = ray_helpers.base_env(marker)
     args = [
-        sys.executable, "-m", "podrace.cli", "train", "cartpole-ppo", "--runtime", "ray",
-        "--ray.num-workers", "1", "--total-steps", "10000000", "--rollout-length", "16", "--env.num-envs", "8",
-        "--log.console", "none", "--log.run-dir", str(tmp_path), "--log.run-name", "killed", "--log.interval-s", "0.2",
+        sys.executable,
+        "-m",
+        "podrace.cli",
+        "train",
+        "cartpole-ppo",
+        "--runtime",
+        "ray",
+        "--ray.num-workers",
+        "1",
+        "--total-steps",
+        "10000000",
+        "--rollout-length",
+        "16",
+        "--env.num-envs",
+        "8",
+        "--log.console",
+        "none",
+        "--log.run-dir",
+        str(tmp_path),
+        "--log.run-name",
+        "killed",
+        "--log.interval-s",
+        "0.2",
     ]
     proc = subprocess.Popen(args, env=env, stderr=subprocess.DEVNULL)
     try:
@@ -229,7 +308,9 @@ def test_a_sigkilled_drivers_local_ray_is_swept_by_the_next_start(tmp_path):
         time.sleep(1.0)
         assert ray_helpers.leftovers(marker), "nothing was left behind: the test proves nothing"
         sweep = "from podrace.runtime.ray_cluster import sweep_orphans; print(len(sweep_orphans()))"
-        out = subprocess.run([sys.executable, "-c", sweep], env=env, capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-c", sweep], env=env, capture_output=True, text=True, timeout=60
+        )
         assert out.stdout.strip() == "1", out.stderr[-2000:]
         deadline = time.monotonic() + 20
         while (left := ray_helpers.leftovers(marker)) and time.monotonic() < deadline:
@@ -257,8 +338,12 @@ def test_the_runtime_never_lets_ray_auto_start():
         "print('initialized:', ray.is_initialized())\n"
     )
     env = {k: v for k, v in ray_helpers.base_env("/tmp").items() if k != "RAY_ENABLE_AUTO_CONNECT"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=50)
-    assert "refused:" in out.stdout and "initialized: False" in out.stdout, out.stdout + out.stderr[-2000:]
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=50
+    )
+    assert "refused:" in out.stdout and "initialized: False" in out.stdout, (
+        out.stdout + out.stderr[-2000:]
+    )
 
 
 def test_a_live_or_unknown_owners_ray_is_never_swept(tmp_path, monkeypatch):
@@ -290,7 +375,9 @@ def test_thread_runtime_never_imports_ray(tmp_path):
         "assert train(cfg).updates == 8\n"
         "assert 'ray' not in sys.modules, 'the thread runtime imported ray'\n"
     )
-    subprocess.run([sys.executable, "-c", code], env=ray_helpers.base_env("/tmp"), check=True, timeout=110)
+    subprocess.run(
+        [sys.executable, "-c", code], env=ray_helpers.base_env("/tmp"), check=True, timeout=110
+    )
 
 
 @pytest.mark.timeout(60)
@@ -315,13 +402,23 @@ def test_cli_without_ray_or_with_auth_disabled_is_a_one_line_error(tmp_path):
     cli = ["train", "cartpole-ppo", "--runtime", "ray", "--log.run-dir", str(tmp_path)]
     no_ray = f"import sys; sys.modules['ray'] = None; from podrace.cli import main; sys.exit(main({cli!r}))"
     env = ray_helpers.base_env("/tmp")
-    done = subprocess.run([sys.executable, "-c", no_ray], env=env, capture_output=True, text=True, timeout=100)
+    done = subprocess.run(
+        [sys.executable, "-c", no_ray], env=env, capture_output=True, text=True, timeout=100
+    )
     assert done.returncode == 2 and done.stderr.strip() == (
         "podrace: error: --runtime ray needs Ray: pip install 'podrace[ray]'"
     ), done.stderr
     env["RAY_AUTH_MODE"] = "disabled"
-    done = subprocess.run([sys.executable, "-m", "podrace.cli", *cli], env=env, capture_output=True, text=True, timeout=100)
-    assert done.returncode == 2 and done.stderr.startswith("podrace: error: RAY_AUTH_MODE=disabled"), done.stderr
+    done = subprocess.run(
+        [sys.executable, "-m", "podrace.cli", *cli],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert done.returncode == 2 and done.stderr.startswith(
+        "podrace: error: RAY_AUTH_MODE=disabled"
+    ), done.stderr
     assert done.stderr.count("\n") == 1 and not list(tmp_path.iterdir())
 
 
@@ -340,9 +437,13 @@ def test_learner_error_stops_every_worker(tmp_path):
 
     run.learner.update_fn = failing_update
     pids = run.worker_pids()
-    with pytest.raises(ComponentError, match="learner failed: FloatingPointError: injected learner failure"):
+    with pytest.raises(
+        ComponentError, match="learner failed: FloatingPointError: injected learner failure"
+    ):
         run.run()
-    assert not process_tree(run.cluster.temp_dir) and not any(os.path.exists(f"/proc/{p}") for p in pids)
+    assert not process_tree(run.cluster.temp_dir) and not any(
+        os.path.exists(f"/proc/{p}") for p in pids
+    )
 
 
 @pytest.mark.timeout(60)
@@ -357,7 +458,10 @@ def test_restart_seeds_are_fresh_and_derived():
     seeds = {(w, r): worker_seeds(7, w, r) for w in range(3) for r in range(3)}
     assert len({env for _, env in seeds.values()}) == 9
     assert len({tuple(np.asarray(key).tolist()) for key, _ in seeds.values()}) == 9
-    assert worker_seeds(7, 2, 2)[1] == seeds[(2, 2)][1] and worker_seeds(8, 2, 2)[1] != seeds[(2, 2)][1]
+    assert (
+        worker_seeds(7, 2, 2)[1] == seeds[(2, 2)][1]
+        and worker_seeds(8, 2, 2)[1] != seeds[(2, 2)][1]
+    )
 
 
 @pytest.mark.timeout(60)
@@ -365,10 +469,18 @@ def test_envs_per_worker_sets_each_workers_envs():
     from podrace.config import resolved
     from podrace.validation import validate
 
-    cfg = replace(PRESETS["cartpole-ppo"][1], runtime="ray", **{"ray.num_workers": 3, "ray.envs_per_worker": 4})
+    cfg = replace(
+        PRESETS["cartpole-ppo"][1],
+        runtime="ray",
+        **{"ray.num_workers": 3, "ray.envs_per_worker": 4},
+    )
     validate(cfg)
     cfg = resolved(cfg)
-    assert (cfg.env.num_envs, cfg.num_actors, cfg.steps_per_update) == (4, 3, 3 * 4 * cfg.rollout_length)
+    assert (cfg.env.num_envs, cfg.num_actors, cfg.steps_per_update) == (
+        4,
+        3,
+        3 * 4 * cfg.rollout_length,
+    )
     assert replace(cfg, runtime="threads").num_actors == 1  # the thread layout is untouched
 
 
@@ -385,7 +497,9 @@ def test_joining_an_address_where_nothing_listens_is_a_one_line_error():
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("answer", [None, b"HTTP/1.1 400 Bad Request\r\n\r\n"], ids=["silent", "http1"])
+@pytest.mark.parametrize(
+    "answer", [None, b"HTTP/1.1 400 Bad Request\r\n\r\n"], ids=["silent", "http1"]
+)
 def test_joining_a_port_where_something_else_listens_is_a_one_line_error(answer):
     """Found by the multi-host/Ray attack: a port that accepts TCP but is not Ray hung ray.init
     (still retrying after 150 s)."""
@@ -406,7 +520,9 @@ def test_joining_a_port_where_something_else_listens_is_a_one_line_error(answer)
     threading.Thread(target=serve, daemon=True).start()
     start = time.monotonic()
     try:
-        with pytest.raises(ConfigError, match=f"cannot join the Ray cluster at {address}: something listens") as caught:
+        with pytest.raises(
+            ConfigError, match=f"cannot join the Ray cluster at {address}: something listens"
+        ) as caught:
             with connect(RayConfig(address=address, start_timeout_s=3), num_cpus=1):
                 pass
     finally:
@@ -433,7 +549,9 @@ def test_sweep_orphans_kills_the_orphans_ray_but_not_a_users_log_viewer(tmp_path
     viewer = subprocess.Popen(["tail", "-f", str(log)], stdout=subprocess.DEVNULL)
     script = subprocess.Popen(["bash", "-c", f"sleep 60; : {orphan}"])
     # a Ray agent as it looks after renaming itself, with its log open in the dir
-    agent = subprocess.Popen(["bash", "-c", f'exec -a "ray::DashboardAgent" sleep 60 > {orphan}/logs/agent.out'])
+    agent = subprocess.Popen(
+        ["bash", "-c", f'exec -a "ray::DashboardAgent" sleep 60 > {orphan}/logs/agent.out']
+    )
     try:
         time.sleep(0.5)
         assert ray_cluster.sweep_orphans() == [str(orphan)]

@@ -134,7 +134,14 @@ def test_a_process_that_left_after_its_hello_fails_the_meeting_for_everyone():
     for _ in range(200):  # process 1 says hello, then is gone (killed, or gave up)
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1) as quitter:
-                quitter.sendall((json.dumps({"hello": "podrace-rendezvous/1", "process": 1, "num_processes": 3}) + "\n").encode())
+                quitter.sendall(
+                    (
+                        json.dumps(
+                            {"hello": "podrace-rendezvous/1", "process": 1, "num_processes": 3}
+                        )
+                        + "\n"
+                    ).encode()
+                )
             break
         except OSError:
             time.sleep(0.02)
@@ -171,7 +178,9 @@ def test_a_process_stopped_after_its_hello_is_a_refusal_not_a_twin():
 
     port = free_port()
     outcome = []
-    gathering = threading.Thread(target=lambda: outcome.append(meet(port, [(0, 3)], timeout_s=5.0)[0]))
+    gathering = threading.Thread(
+        target=lambda: outcome.append(meet(port, [(0, 3)], timeout_s=5.0)[0])
+    )
     gathering.start()
     time.sleep(0.3)
     with socket.create_connection(("127.0.0.1", port)) as hello:
@@ -180,4 +189,6 @@ def test_a_process_stopped_after_its_hello_is_a_refusal_not_a_twin():
     refuse(f"127.0.0.1:{port}", 3, 1, "it was stopped (SIGINT received)", 2.0)
     [error] = meet(port, [(2, 3)])
     gathering.join(10)
-    assert error == outcome[0] == "distributed: process 1 cannot run: it was stopped (SIGINT received)"
+    assert (
+        error == outcome[0] == "distributed: process 1 cannot run: it was stopped (SIGINT received)"
+    )

@@ -15,12 +15,18 @@ import numpy as np
 import pytest
 
 from podrace.checkpoint import checkpoint_dir, checkpoint_steps
-from podrace.restore import restore
 from podrace.config import ConfigError, replace
 from podrace.envs import env_spec
 from podrace.eval_command import abstract_run_state
+from podrace.restore import restore
 from podrace.runtime.resume import (
-    SUPERSEDED, Resume, ResumePoint, check_changes, commit, run_config_json, split_metrics,
+    SUPERSEDED,
+    Resume,
+    ResumePoint,
+    check_changes,
+    commit,
+    run_config_json,
+    split_metrics,
 )
 from podrace.runtime.single_host import FINAL_SAVE_WAIT_S, prepare
 from tests.runtime.test_single_host import small
@@ -32,7 +38,9 @@ N = 3
 
 def leaves_equal(a, b) -> bool:
     la, lb = jax.tree.leaves(jax.device_get(a)), jax.tree.leaves(jax.device_get(b))
-    return len(la) == len(lb) and all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb))
+    return len(la) == len(lb) and all(
+        np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb)
+    )
 
 
 def record_learning_rates(run) -> list[float]:
@@ -82,8 +90,15 @@ def test_stop_and_resume_continues_the_straight_run(tmp_path):
     bit (the restart is deterministic).
     """
     spu = 2 * 8 * 16
-    base = {"deterministic": True, "total_steps": 2 * N * spu, "normalize.obs": True, "normalize.reward": True}
-    straight = prepare(small(tmp_path, **base, **{"log.run_name": "b", "checkpoint.every_updates": N}))
+    base = {
+        "deterministic": True,
+        "total_steps": 2 * N * spu,
+        "normalize.obs": True,
+        "normalize.reward": True,
+    }
+    straight = prepare(
+        small(tmp_path, **base, **{"log.run_name": "b", "checkpoint.every_updates": N})
+    )
     straight_rates = record_learning_rates(straight)
     straight.run()
     assert checkpoint_steps(checkpoint_dir(straight.run_dir)) == [N, 2 * N]
@@ -97,9 +112,11 @@ def test_stop_and_resume_continues_the_straight_run(tmp_path):
     saved = restore(checkpoint_dir(stopped.run_dir), like, spec, N)
     reference = restore(checkpoint_dir(straight.run_dir), like, spec, N)
     assert leaves_equal(saved.arrays(), reference.arrays())
-    assert (saved.version, saved.env_steps, saved.episodes, saved.actor_next_seq) == (
-        reference.version, reference.env_steps, reference.episodes, reference.actor_next_seq
-    ) == (N, N * spu, reference.episodes, (N, N))
+    assert (
+        (saved.version, saved.env_steps, saved.episodes, saved.actor_next_seq)
+        == (reference.version, reference.env_steps, reference.episodes, reference.actor_next_seq)
+        == (N, N * spu, reference.episodes, (N, N))
+    )
     shutil.copytree(tmp_path / "a", tmp_path / "a-copy")
 
     resumed = prepare(None, resume=Resume(tmp_path / "a"))
@@ -108,11 +125,15 @@ def test_stop_and_resume_continues_the_straight_run(tmp_path):
     # Statistics continue; each env's discounted return starts again with its restarted env.
     normalizer = resumed.learner.normalizer
     assert leaves_equal(normalizer._replace(tracker=None), saved.normalizer._replace(tracker=None))
-    assert np.any(np.asarray(saved.normalizer.tracker.returns)) and not np.any(np.asarray(normalizer.tracker.returns))
+    assert np.any(np.asarray(saved.normalizer.tracker.returns)) and not np.any(
+        np.asarray(normalizer.tracker.returns)
+    )
     assert resumed.learner.version == N and resumed.publisher.metrics()["latest_version"] == N
     for actor, key in zip(resumed.actors, saved.actor_keys):
         assert actor.settings.first_seq == N
-        np.testing.assert_array_equal(np.asarray(actor.settings.key), np.asarray(jax.random.fold_in(key, N)))
+        np.testing.assert_array_equal(
+            np.asarray(actor.settings.key), np.asarray(jax.random.fold_in(key, N))
+        )
     resumed_rates = record_learning_rates(resumed)
     result = resumed.run()
 
@@ -120,9 +141,15 @@ def test_stop_and_resume_continues_the_straight_run(tmp_path):
     assert resumed_rates == straight_rates[N:]  # exact: same optimizer step counts, same schedule
     final, reference_final = resumed.learner.state, straight.learner.state
     assert int(final.step) == int(reference_final.step) == 2 * N
-    counts = [x for x in jax.tree.leaves(jax.device_get(final.opt_state)) if np.issubdtype(x.dtype, np.integer)]
+    counts = [
+        x
+        for x in jax.tree.leaves(jax.device_get(final.opt_state))
+        if np.issubdtype(x.dtype, np.integer)
+    ]
     reference_counts = [
-        x for x in jax.tree.leaves(jax.device_get(reference_final.opt_state)) if np.issubdtype(x.dtype, np.integer)
+        x
+        for x in jax.tree.leaves(jax.device_get(reference_final.opt_state))
+        if np.issubdtype(x.dtype, np.integer)
     ]
     assert counts and leaves_equal(counts, reference_counts)
     assert checkpoint_steps(checkpoint_dir(tmp_path / "a")) == [N, 2 * N]
@@ -138,7 +165,9 @@ def test_stop_and_resume_continues_the_straight_run(tmp_path):
     again = prepare(None, resume=Resume(tmp_path / "a-copy"))
     again.run()
     assert leaves_equal(again.learner.state, resumed.learner.state)
-    assert not leaves_equal(resumed.learner.state.params, straight.learner.state.params)  # envs did restart
+    assert not leaves_equal(
+        resumed.learner.state.params, straight.learner.state.params
+    )  # envs did restart
 
 
 @pytest.mark.timeout(300)
@@ -148,13 +177,20 @@ def test_resume_can_extend_a_finished_run_and_refuses_other_changes(tmp_path):
     first.run()
     stored = first.cfg
     before = snapshot(tmp_path / "r")
-    with pytest.raises(ConfigError, match="nothing to resume: checkpoint 2 is already at update 2 of 2"):
+    with pytest.raises(
+        ConfigError, match="nothing to resume: checkpoint 2 is already at update 2 of 2"
+    ):
         prepare(None, resume=Resume(tmp_path / "r"))
     with pytest.raises(ConfigError, match=r"--resume cannot change network.hidden_sizes"):
-        prepare(replace(stored, total_steps=2 * 8 * 16 * 4, **{"network.hidden_sizes": (8,)}), resume=Resume(tmp_path / "r"))
+        prepare(
+            replace(stored, total_steps=2 * 8 * 16 * 4, **{"network.hidden_sizes": (8,)}),
+            resume=Resume(tmp_path / "r"),
+        )
     assert snapshot(tmp_path / "r") == before
 
-    result = prepare(replace(stored, total_steps=2 * 8 * 16 * 3), resume=Resume(tmp_path / "r")).run()
+    result = prepare(
+        replace(stored, total_steps=2 * 8 * 16 * 3), resume=Resume(tmp_path / "r")
+    ).run()
     assert (result.updates, result.checkpoint) == (3, 3)
     assert checkpoint_steps(checkpoint_dir(tmp_path / "r")) == [2, 3]
 
@@ -163,16 +199,27 @@ def test_resume_can_extend_a_finished_run_and_refuses_other_changes(tmp_path):
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("change,allowed", [
-    ({"total_steps": 10**6}, True),
-    ({"checkpoint.every_updates": 7, "eval.episodes": 3, "log.console": "lines", "safety.watchdog_s": 5.0}, True),
-    ({"network.hidden_sizes": (8,)}, False),
-    ({"env.num_envs": 4}, False),
-    ({"ppo.learning_rate": 1e-3}, False),
-    ({"seed": 2}, False),
-    ({"layout.actors_per_device": 1}, False),
-    ({"log.run_name": "other"}, False),
-])
+@pytest.mark.parametrize(
+    "change,allowed",
+    [
+        ({"total_steps": 10**6}, True),
+        (
+            {
+                "checkpoint.every_updates": 7,
+                "eval.episodes": 3,
+                "log.console": "lines",
+                "safety.watchdog_s": 5.0,
+            },
+            True,
+        ),
+        ({"network.hidden_sizes": (8,)}, False),
+        ({"env.num_envs": 4}, False),
+        ({"ppo.learning_rate": 1e-3}, False),
+        ({"seed": 2}, False),
+        ({"layout.actors_per_device": 1}, False),
+        ({"log.run_name": "other"}, False),
+    ],
+)
 def test_which_changes_a_resume_allows(change, allowed):
     stored = small("runs", total_steps=2 * 8 * 16 * 4)
     if allowed:
@@ -216,7 +263,10 @@ def line(version, env_steps, time_s, **more) -> str:
 def test_metric_lines_after_the_checkpoint_are_superseded_not_lost(tmp_path):
     lines = [
         json.dumps({"time_s": 0.1}),  # before the first update: no version yet
-        line(1, 10, 0.5), line(2, 10, 1.0), line(2, 20, 1.5), line(3, 30, 2.0, final=1),
+        line(1, 10, 0.5),
+        line(2, 10, 1.0),
+        line(2, 20, 1.5),
+        line(3, 30, 2.0, final=1),
         '{"version": 3, "env_st',  # cut by a kill
     ]
     kept, superseded = split_metrics(lines, version=2, env_steps=20)
@@ -275,11 +325,17 @@ def fake_run(tmp_path, cfg, versions=(2,)):
 def test_a_checkpoint_whose_env_spaces_differ_is_refused_and_nothing_changes(tmp_path):
     gym.register("PodraceResumeObs-v0", entry_point=Obs)
     try:
-        cfg = small(tmp_path, **{"env.id": "PodraceResumeObs-v0", "log.run_name": "r", "network.hidden_sizes": (8,)})
+        cfg = small(
+            tmp_path,
+            **{"env.id": "PodraceResumeObs-v0", "log.run_name": "r", "network.hidden_sizes": (8,)},
+        )
         run_dir = fake_run(tmp_path, cfg)
         before = snapshot(run_dir)
         Obs.size = 5
-        with pytest.raises(ConfigError, match=r"saved for env 'PodraceResumeObs-v0' with obs_shape \[4\], the config's env has \[5\]"):
+        with pytest.raises(
+            ConfigError,
+            match=r"saved for env 'PodraceResumeObs-v0' with obs_shape \[4\], the config's env has \[5\]",
+        ):
             prepare(None, resume=Resume(run_dir))
         assert snapshot(run_dir) == before
     finally:
@@ -297,9 +353,15 @@ def test_resume_errors_name_the_problem_and_change_nothing(tmp_path):
         (Resume(tmp_path), r"not a podrace run directory \(no config.json\)"),
         (Resume(run_dir, 5), "saved steps are 1, 2"),
         (Resume(run_dir, 1), r"checkpoint\(s\) 2 come after it and would be replaced"),
-        (Resume(run_dir, 1, step_was_latest=True), r"its checkpoints changed while this command started \(checkpoint 1 "
-         r"was the latest, now 2 is: another podrace process wrote it\); run the command again"),
-        (Resume(run_dir, 0, step_was_latest=True), r"checkpoint 0 was the latest, now 2 is"),  # 0 rotated away
+        (
+            Resume(run_dir, 1, step_was_latest=True),
+            r"its checkpoints changed while this command started \(checkpoint 1 "
+            r"was the latest, now 2 is: another podrace process wrote it\); run the command again",
+        ),
+        (
+            Resume(run_dir, 0, step_was_latest=True),
+            r"checkpoint 0 was the latest, now 2 is",
+        ),  # 0 rotated away
     ]
     for resume, message in cases:
         with pytest.raises(ConfigError, match=message):
@@ -308,14 +370,22 @@ def test_resume_errors_name_the_problem_and_change_nothing(tmp_path):
     with pytest.raises(ConfigError, match="has no checkpoint"):
         prepare(None, resume=Resume(empty))
     (empty / "checkpoints").write_text("")  # no checkpoint yet, and a file in the way
-    with pytest.raises(ConfigError, match=f"cannot resume {empty}: {empty / 'checkpoints'} is not a directory"):
+    with pytest.raises(
+        ConfigError, match=f"cannot resume {empty}: {empty / 'checkpoints'} is not a directory"
+    ):
         prepare(None, resume=Resume(empty))
-    array_file = max((p for p in (run_dir / "checkpoints" / "2").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    array_file = max(
+        (p for p in (run_dir / "checkpoints" / "2").rglob("*") if p.is_file()),
+        key=lambda p: p.stat().st_size,
+    )
     data = bytearray(array_file.read_bytes())
     data[len(data) // 2] ^= 0xFF
     array_file.write_bytes(bytes(data))
     before[array_file] = bytes(data)
-    with pytest.raises(ConfigError, match=re.escape(f"corrupt checkpoint: {array_file} differs from what was written")):
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(f"corrupt checkpoint: {array_file} differs from what was written"),
+    ):
         prepare(None, resume=Resume(run_dir))
     assert snapshot(run_dir) == before
 
@@ -332,7 +402,10 @@ def test_a_full_disk_while_updating_the_run_directory_leaves_no_temp_file(tmp_pa
     tmp = run_dir / ".config.json.resume-tmp"
     tmp.symlink_to("/dev/full")
     stored = small(tmp_path, **{"log.run_name": "run"})
-    with pytest.raises(ConfigError, match=rf"^cannot update {re.escape(str(run_dir))} for the resumed run: No space left on device$"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^cannot update {re.escape(str(run_dir))} for the resumed run: No space left on device$",
+    ):
         commit(ResumePoint(run_dir, 2, stored, stored), 2, 20, stored)
     assert not tmp.is_symlink() and not tmp.exists()
     assert sorted(p.name for p in run_dir.iterdir()) == ["config.json", "metrics.jsonl"]
@@ -353,11 +426,16 @@ def test_a_stop_while_a_resumed_run_is_built_is_a_stop_and_changes_nothing(tmp_p
     from podrace.control import Lifetime, Stopped
     from podrace.runtime import single_host
 
-    cfg = small(tmp_path, **{"log.run_name": "r", "network.hidden_sizes": (8,), "layout.actors_per_device": 1})
+    cfg = small(
+        tmp_path,
+        **{"log.run_name": "r", "network.hidden_sizes": (8,), "layout.actors_per_device": 1},
+    )
     run_dir = fake_run(tmp_path, cfg)
     before = snapshot(run_dir)
     lifetime = Lifetime()
-    monkeypatch.setattr(single_host.SingleHostRun, "_build_acting", _stop_before_the_evaluator(lifetime))
+    monkeypatch.setattr(
+        single_host.SingleHostRun, "_build_acting", _stop_before_the_evaluator(lifetime)
+    )
     with pytest.raises(Stopped):
         prepare(None, lifetime, resume=Resume(run_dir))
     assert snapshot(run_dir) == before

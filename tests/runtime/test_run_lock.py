@@ -30,7 +30,9 @@ def files(path):
 @pytest.mark.timeout(30)
 def test_a_held_run_directory_is_refused_until_released(tmp_path):
     lock = RunLock(tmp_path)
-    with pytest.raises(ConfigError, match=f"run directory {tmp_path} is in use by another podrace process"):
+    with pytest.raises(
+        ConfigError, match=f"run directory {tmp_path} is in use by another podrace process"
+    ):
         RunLock(tmp_path)
     lock.release()
     lock.release()  # idempotent
@@ -40,7 +42,9 @@ def test_a_held_run_directory_is_refused_until_released(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_the_lock_of_a_killed_process_is_dropped(tmp_path):
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(ConfigError, match="in use by another podrace process"):
@@ -58,7 +62,9 @@ def test_a_resumed_run_holds_its_directory_against_another_resume(tmp_path):
     first = prepare(small(tmp_path, total_steps=2 * 8 * 16 * 2, **{"log.run_name": "r"}))
     first.run()
     longer = replace(first.cfg, total_steps=2 * 8 * 16 * 3)
-    second = prepare(longer, resume=Resume(tmp_path / "r"))  # holds the directory until run() returns
+    second = prepare(
+        longer, resume=Resume(tmp_path / "r")
+    )  # holds the directory until run() returns
     before = files(tmp_path / "r")
     with pytest.raises(ConfigError, match="in use by another podrace process"):
         prepare(longer, resume=Resume(tmp_path / "r"))
@@ -84,8 +90,12 @@ def test_a_fork_child_that_outlives_a_killed_holder_does_not_keep_the_lock(tmp_p
         print("held", flush=True)
         time.sleep(120)
     """)
-    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True,
-                              start_new_session=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         # Both lines, in either order: on a loaded machine the child may not have run at all
         # when the parent is killed (its copy of the lock is dropped when it first runs).

@@ -14,7 +14,9 @@ from podrace.runtime.rundir import check_run_dir, create_run_dir
 
 
 def config(tmp_path, **changes):
-    return replace(TrainConfig(name="t", seed=3), **{"log.run_dir": str(tmp_path / "runs"), **changes})
+    return replace(
+        TrainConfig(name="t", seed=3), **{"log.run_dir": str(tmp_path / "runs"), **changes}
+    )
 
 
 @pytest.mark.timeout(30)
@@ -33,7 +35,9 @@ def test_runs_started_in_the_same_second_get_different_directories(tmp_path, mon
     for t in threads:
         t.join()
     assert len(set(made)) == 4
-    assert sorted(p.name for p in made) == ["t-s3-20260101-000000"] + [f"t-s3-20260101-000000-{i}" for i in (2, 3, 4)]
+    assert sorted(p.name for p in made) == ["t-s3-20260101-000000"] + [
+        f"t-s3-20260101-000000-{i}" for i in (2, 3, 4)
+    ]
 
 
 @pytest.mark.timeout(30)
@@ -94,8 +98,12 @@ def test_a_network_too_large_for_memory_writes_nothing(tmp_path, monkeypatch):
     from podrace.runtime import memory
 
     monkeypatch.setattr(memory, "host_available_bytes", lambda: 100_000)  # ~25k float32 params
-    with pytest.raises(ConfigError, match=r"the network has [\d,]+ parameters .* host memory has 0\.0 GiB"):
-        single_host.prepare(config(tmp_path, total_steps=4096, **{"network.hidden_sizes": (128, 128)}))
+    with pytest.raises(
+        ConfigError, match=r"the network has [\d,]+ parameters .* host memory has 0\.0 GiB"
+    ):
+        single_host.prepare(
+            config(tmp_path, total_steps=4096, **{"network.hidden_sizes": (128, 128)})
+        )
     assert not (tmp_path / "runs").exists()
 
 
@@ -103,7 +111,9 @@ def test_a_network_too_large_for_memory_writes_nothing(tmp_path, monkeypatch):
 def test_config_json_that_cannot_be_written_is_one_line(tmp_path):
     from podrace.runtime.rundir import write_config
 
-    with pytest.raises(ConfigError, match=r"cannot write .*config.json: No such file or directory$"):
+    with pytest.raises(
+        ConfigError, match=r"cannot write .*config.json: No such file or directory$"
+    ):
         write_config(tmp_path / "gone", TrainConfig())
 
 
@@ -134,7 +144,11 @@ def test_a_signal_during_the_writability_probe_leaves_no_probe_file(tmp_path):
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", PROBE_SIGNALLED, str(tmp_path)],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE_SIGNALLED, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 128 + signal.SIGINT, done.stderr
     assert list(tmp_path.iterdir()) == []

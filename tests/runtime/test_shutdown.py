@@ -17,7 +17,9 @@ def last_line(run):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("component,call", [("actor-1", "env.reset"), ("evaluator", "evaluation env.reset")])
+@pytest.mark.parametrize(
+    "component,call", [("actor-1", "env.reset"), ("evaluator", "evaluation env.reset")]
+)
 def test_hang_in_reset_is_caught_by_the_watchdog(tmp_path, component, call):
     run = prepare(small(tmp_path, **{"safety.watchdog_s": 2.0}))
     inject(run, FaultPlan(reset_hang=component))
@@ -40,9 +42,14 @@ def test_non_cooperative_hang_in_step_reaches_the_caller_within_watchdog_plus_2s
         raised = time.monotonic()
         stuck_env = run.actors[0].env
         elapsed = raised - stuck_env.stuck_since
-        print(f"error reached the caller {elapsed:.2f}s after the hang began (watchdog {watchdog_s}s)")
+        print(
+            f"error reached the caller {elapsed:.2f}s after the hang began (watchdog {watchdog_s}s)"
+        )
         assert elapsed <= watchdog_s + 2 + 2  # target watchdog + 2 s; slack for a loaded machine
-        assert exc.value.component == "actor-0" and "env.step did not return within 2s (step 25)" in str(exc.value)
+        assert (
+            exc.value.component == "actor-0"
+            and "env.step did not return within 2s (step 25)" in str(exc.value)
+        )
         assert run.stuck == ["actor-0"]
         assert not stuck_env.closed  # closing an env under a running call could crash
         assert last_line(run)["final"] == 1
@@ -81,7 +88,9 @@ def test_stop_mid_rollout_returns_within_seconds(tmp_path):
 def test_metrics_sink_failure_fails_the_run_as_logger(tmp_path):
     run = prepare(small(tmp_path, total_steps=10**7))
     inject(run, FaultPlan(sink_raise_at=2))
-    with pytest.raises(ComponentError, match=r"^logger failed: OSError: .*No space left on device") as exc:
+    with pytest.raises(
+        ComponentError, match=r"^logger failed: OSError: .*No space left on device"
+    ) as exc:
         run.run()
     assert exc.value.component == "logger"
     assert last_line(run)["final"] == 1  # the other sinks still got the last line
@@ -109,7 +118,9 @@ class RaisingClose:
 
 
 @pytest.mark.timeout(120)
-def test_an_env_close_that_raises_keeps_the_result_and_the_final_checkpoint(tmp_path, caplog, monkeypatch):
+def test_an_env_close_that_raises_keeps_the_result_and_the_final_checkpoint(
+    tmp_path, caplog, monkeypatch
+):
     # Not waiting for the final save before the final line: the order of close and save is
     # then what the test sees (with the wait, a quick save was done before either).
     monkeypatch.setattr("podrace.runtime.single_host.FINAL_SAVE_WAIT_S", 0.0)
@@ -161,7 +172,9 @@ def test_envs_built_before_a_failed_preparation_are_closed(tmp_path, monkeypatch
     monkeypatch.setattr(single_host, "build_actor", recording)
     monkeypatch.setattr(single_host, "build_evaluator", no_evaluator)
     closed = []
-    monkeypatch.setattr(single_host, "close_envs", lambda envs: closed.extend(env for _, env in envs) or [])
+    monkeypatch.setattr(
+        single_host, "close_envs", lambda envs: closed.extend(env for _, env in envs) or []
+    )
     with pytest.raises(RuntimeError, match="evaluator env cannot be built"):
         prepare(small(tmp_path))
     assert len(built) == 2 and closed == built

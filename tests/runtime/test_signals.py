@@ -18,9 +18,26 @@ EXIT_SLACK_S = 5.0  # target: 2 s after the signal; slack for a loaded machine
 def start(tmp_path, *flags):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     return subprocess.Popen(
-        [sys.executable, "-m", "podrace.cli", "train", "cartpole-ppo", "--log.run-dir", str(tmp_path),
-         "--log.run-name", "r", "--log.console", "none", "--log.interval-s", "0.2", *flags],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        [
+            sys.executable,
+            "-m",
+            "podrace.cli",
+            "train",
+            "cartpole-ppo",
+            "--log.run-dir",
+            str(tmp_path),
+            "--log.run-name",
+            "r",
+            "--log.console",
+            "none",
+            "--log.interval-s",
+            "0.2",
+            *flags,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     )
 
 
@@ -30,7 +47,7 @@ def handlers_installed(pid: int) -> bool:
         status = Path(f"/proc/{pid}/status").read_text()
     except FileNotFoundError:
         return False
-    caught = int(next(l for l in status.splitlines() if l.startswith("SigCgt:")).split()[1], 16)
+    caught = int(next(ln for ln in status.splitlines() if ln.startswith("SigCgt:")).split()[1], 16)
     return bool(caught >> (signal.SIGTERM - 1) & 1)
 
 
@@ -85,7 +102,9 @@ def wait_for_line(proc, metrics: Path, ok, timeout=120):
 
 @pytest.mark.timeout(180)
 def test_stop_during_a_long_evaluation(tmp_path):
-    proc = start(tmp_path, "--total-steps", "4096", "--eval.episodes", "100000000", "--eval.num-envs", "1")
+    proc = start(
+        tmp_path, "--total-steps", "4096", "--eval.episodes", "100000000", "--eval.num-envs", "1"
+    )
     try:
         metrics = tmp_path / "r" / "metrics.jsonl"
         wait_for_line(proc, metrics, lambda line: line.get("env_steps", 0) >= 4096)
@@ -125,8 +144,13 @@ def test_signal_during_a_compile_longer_than_the_grace_leaves_no_run_dir(tmp_pat
         f"sys.exit(main(['train', 'cartpole-ppo', '--log.run-dir', {str(tmp_path)!r}, '--log.run-name', 'r',"
         " '--log.console', 'none']))\n"
     )
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONPATH=str(REPO)))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
     try:
         deadline = time.monotonic() + 90
         while not (tmp_path / "r" / "config.json").exists():
@@ -139,7 +163,8 @@ def test_signal_during_a_compile_longer_than_the_grace_leaves_no_run_dir(tmp_pat
         lines = proc.err.strip().splitlines()
         assert len(lines) == 1 and lines[0] in (
             "podrace: SIGINT received, stopped cleanly",  # the stop came before the long compile
-            "podrace: SIGINT received, stopped; threads still busy in native code are left behind"), lines
+            "podrace: SIGINT received, stopped; threads still busy in native code are left behind",
+        ), lines
     finally:
         proc.kill()
         proc.wait()
@@ -185,10 +210,27 @@ def test_a_native_call_holding_the_gil_cannot_keep_the_process_forever(tmp_path)
     )
     mark = tmp_path / "held"
     proc = subprocess.Popen(
-        [sys.executable, "-c", code, "train", "cartpole-ppo", "--env.id", "gilenv:GilHolding-v0",
-         "--env.num-envs", "2", "--log.run-dir", str(tmp_path / "runs"), "--log.console", "none",
-         "--safety.watchdog-s", "1"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            code,
+            "train",
+            "cartpole-ppo",
+            "--env.id",
+            "gilenv:GilHolding-v0",
+            "--env.num-envs",
+            "2",
+            "--log.run-dir",
+            str(tmp_path / "runs"),
+            "--log.console",
+            "none",
+            "--safety.watchdog-s",
+            "1",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env=dict(os.environ, PYTHONPATH=str(REPO), HELD_MARK=str(mark)),
     )
     try:

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from podrace.config import ConfigError, replace
-from podrace.presets import PRESETS
 from podrace.control import ComponentError
+from podrace.presets import PRESETS
 from podrace.runtime.single_host import prepare, train
 
 
@@ -34,7 +34,9 @@ def small(tmp_path, **changes):
 
 
 def podrace_threads():
-    return [t for t in threading.enumerate() if t.name.startswith(("actor-", "learner", "evaluator"))]
+    return [
+        t for t in threading.enumerate() if t.name.startswith(("actor-", "learner", "evaluator"))
+    ]
 
 
 def record_batches(run):
@@ -66,8 +68,10 @@ def test_short_run_writes_config_and_metrics(tmp_path):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("lag,synchronous", [(1, False), (2, False), (0, True)])
 def test_lag_bound_holds_for_every_consumed_rollout(tmp_path, lag, synchronous):
-    cfg = small(tmp_path, **{"layout.max_policy_lag": lag, "layout.synchronous": synchronous,
-                             "layout.queue_size": 3})
+    cfg = small(
+        tmp_path,
+        **{"layout.max_policy_lag": lag, "layout.synchronous": synchronous, "layout.queue_size": 3},
+    )
     run = prepare(cfg)
     seen = record_batches(run)
     run.run()
@@ -115,7 +119,10 @@ def test_env_error_fails_the_run_quickly_naming_the_thread(tmp_path):
     run = prepare(small(tmp_path, total_steps=10**6))
     run.actors[0].env = RaisingEnv(run.actors[0].env, at_step=40)
     start = time.perf_counter()
-    with pytest.raises(ComponentError, match=r"actor-0 failed: EnvError: env.step raised at step 40 \(rollout \d+\): RuntimeError: env exploded"):
+    with pytest.raises(
+        ComponentError,
+        match=r"actor-0 failed: EnvError: env.step raised at step 40 \(rollout \d+\): RuntimeError: env exploded",
+    ):
         run.run()
     assert time.perf_counter() - start < 30
     assert not podrace_threads()
@@ -135,17 +142,32 @@ def test_impossible_layouts_are_config_errors(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_cartpole_ppo_learns(tmp_path):
-    cfg = small(tmp_path, total_steps=120_000, rollout_length=32, seed=1, **{"eval.episodes": 8, "eval.num_envs": 8})
+    cfg = small(
+        tmp_path,
+        total_steps=120_000,
+        rollout_length=32,
+        seed=1,
+        **{"eval.episodes": 8, "eval.num_envs": 8},
+    )
     result = train(cfg)
     assert result.final_eval.mean_return >= 150, result.final_eval
 
 
 @pytest.mark.timeout(120)
 def test_continuous_actions_run_end_to_end(tmp_path):
-    cfg = replace(PRESETS["pendulum-ppo"][1], total_steps=2 * 8 * 16 * 3, rollout_length=16, **{
-        "env.num_envs": 8, "ppo.num_minibatches": 2, "eval.episodes": 2, "eval.num_envs": 2,
-        "log.console": "none", "log.run_dir": str(tmp_path),
-    })
+    cfg = replace(
+        PRESETS["pendulum-ppo"][1],
+        total_steps=2 * 8 * 16 * 3,
+        rollout_length=16,
+        **{
+            "env.num_envs": 8,
+            "ppo.num_minibatches": 2,
+            "eval.episodes": 2,
+            "eval.num_envs": 2,
+            "log.console": "none",
+            "log.run_dir": str(tmp_path),
+        },
+    )
     run = prepare(cfg)
     batches = record_batches(run)
     result = run.run()
@@ -183,7 +205,9 @@ class CompileLog:
         self.messages: list[str] = []
         self.handler = logging.Handler()
         self.handler.emit = lambda record: self.messages.append(record.getMessage())
-        self.loggers = [logging.getLogger(name) for name in ("jax._src.interpreters.pxla", "jax._src.dispatch")]
+        self.loggers = [
+            logging.getLogger(name) for name in ("jax._src.interpreters.pxla", "jax._src.dispatch")
+        ]
 
     def __enter__(self):
         jax.config.update("jax_log_compiles", True)
@@ -202,12 +226,18 @@ class CompileLog:
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("layout", [
-    {},  # actors on the learner's device: rollouts and params are passed as they are
-    {"layout.actor_device_ids": (1,)},  # rollouts moved to the learner, params to the actor
-    {"layout.actor_device_ids": (0, 1), "layout.actors_per_device": 1},  # one actor of each kind
-    {"layout.learner_device_ids": (0, 1), "layout.actor_device_ids": (2,)},  # split over a mesh
-])
+@pytest.mark.parametrize(
+    "layout",
+    [
+        {},  # actors on the learner's device: rollouts and params are passed as they are
+        {"layout.actor_device_ids": (1,)},  # rollouts moved to the learner, params to the actor
+        {
+            "layout.actor_device_ids": (0, 1),
+            "layout.actors_per_device": 1,
+        },  # one actor of each kind
+        {"layout.learner_device_ids": (0, 1), "layout.actor_device_ids": (2,)},  # split over a mesh
+    ],
+)
 def test_nothing_compiles_once_the_threads_run(tmp_path, layout):
     """Everything an actor, the learner and the evaluator run is compiled in prepare(): a
     placement that hands a program arrays of another sharding than it was compiled for

@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from podrace.learner import TooManySkippedUpdates
 from podrace.control import ComponentError
+from podrace.learner import TooManySkippedUpdates
 from podrace.runtime.single_host import prepare
 from tests.runtime.test_single_host import small
 
@@ -34,7 +34,9 @@ def last_line(run) -> dict:
 @pytest.mark.timeout(120)
 def test_skips_up_to_the_limit_are_reported(tmp_path):
     # 12 updates, limit 0.25: 3 skipped updates are allowed.
-    run = prepare(small(tmp_path, **{"safety.on_nonfinite": "skip", "safety.max_skipped_fraction": 0.25}))
+    run = prepare(
+        small(tmp_path, **{"safety.on_nonfinite": "skip", "safety.max_skipped_fraction": 0.25})
+    )
     assert run.cfg.num_updates == 12
     poison_updates(run, 3)
     result = run.run()
@@ -44,9 +46,13 @@ def test_skips_up_to_the_limit_are_reported(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_more_skips_than_the_limit_fail_the_run(tmp_path):
-    run = prepare(small(tmp_path, **{"safety.on_nonfinite": "skip", "safety.max_skipped_fraction": 0.25}))
+    run = prepare(
+        small(tmp_path, **{"safety.on_nonfinite": "skip", "safety.max_skipped_fraction": 0.25})
+    )
     poison_updates(run, 12)
-    with pytest.raises(ComponentError, match="4 of 12 updates skipped as non-finite, more than the 3") as exc:
+    with pytest.raises(
+        ComponentError, match="4 of 12 updates skipped as non-finite, more than the 3"
+    ) as exc:
         run.run()
     assert exc.value.component == "learner"
     assert isinstance(exc.value.error, TooManySkippedUpdates)

@@ -24,10 +24,13 @@ def broken_pipe() -> io.TextIOWrapper:
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("stdout, reason", [
-    (lambda: open("/dev/full", "w"), "No space left on device"),
-    (broken_pipe, "Broken pipe"),
-])
+@pytest.mark.parametrize(
+    "stdout, reason",
+    [
+        (lambda: open("/dev/full", "w"), "No space left on device"),
+        (broken_pipe, "Broken pipe"),
+    ],
+)
 def test_stdout_that_refuses_the_result_is_one_line_and_exit_1(monkeypatch, capsys, stdout, reason):
     """Found by an attack: `podrace train ... >/dev/full` (or into a closed pipe) printed a
     traceback after the run had succeeded and saved."""
@@ -42,7 +45,8 @@ def test_stdout_that_refuses_the_result_is_one_line_and_exit_1(monkeypatch, caps
         except OSError:  # its buffer still cannot be written
             pass
     assert capsys.readouterr().err.splitlines() == [
-        f"podrace: error: could not write to stdout ({reason}); the command itself succeeded"]
+        f"podrace: error: could not write to stdout ({reason}); the command itself succeeded"
+    ]
 
 
 @pytest.mark.timeout(30)

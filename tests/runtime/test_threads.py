@@ -49,7 +49,6 @@ def test_join_reports_threads_still_running_after_the_timeout():
     assert group.join(10) == []
 
 
-
 @pytest.mark.timeout(30)
 def test_threads_run_under_the_disallow_transfer_guard_unless_told_otherwise():
     import jax.numpy as jnp
@@ -98,6 +97,8 @@ def test_close_envs_leaves_a_blocking_close_behind_and_names_it():
     release = threading.Event()
     blocking, good = Env(release.wait), Env()
     start = time.monotonic()
-    assert close_envs([("actor-1", blocking), ("actor-2", good)], timeout=0.3) == ["actor-1 env.close"]
+    assert close_envs([("actor-1", blocking), ("actor-2", good)], timeout=0.3) == [
+        "actor-1 env.close"
+    ]
     assert time.monotonic() - start < 5 and good.closed
     release.set()

@@ -4,15 +4,31 @@ import sys
 
 import pytest
 
-TRAIN = [sys.executable, "-m", "podrace.cli", "train", "cartpole-ppo", "--total-steps", "4096",
-         "--eval.episodes", "2", "--log.console", "none"]
+TRAIN = [
+    sys.executable,
+    "-m",
+    "podrace.cli",
+    "train",
+    "cartpole-ppo",
+    "--total-steps",
+    "4096",
+    "--eval.episodes",
+    "2",
+    "--log.console",
+    "none",
+]
 
 
 def _train(tmp_path, name: str, cache: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
     env.update(XDG_CACHE_HOME=str(tmp_path / "xdg"), JAX_ENABLE_COMPILATION_CACHE=cache)
-    done = subprocess.run(TRAIN + ["--log.run-dir", str(tmp_path / "runs"), "--log.run-name", name],
-                          env=env, capture_output=True, text=True, timeout=150)
+    done = subprocess.run(
+        TRAIN + ["--log.run-dir", str(tmp_path / "runs"), "--log.run-name", name],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
     assert done.returncode == 0, done.stderr
 
 
@@ -40,10 +56,14 @@ def test_the_cache_turned_off_writes_nothing(tmp_path):
 def test_a_deterministic_run_from_python_gets_deterministic_gpu_kernels_before_jax_starts():
     """Found by an attack on the Python API: only the CLI set the flag, so a library
     caller's deterministic run on a GPU used XLA's non-deterministic scatter-adds."""
-    script = ("import os; from podrace.runtime.xla_setup import deterministic_gpu_ops; deterministic_gpu_ops(); "
-              "print(os.environ['XLA_FLAGS'])")
+    script = (
+        "import os; from podrace.runtime.xla_setup import deterministic_gpu_ops; deterministic_gpu_ops(); "
+        "print(os.environ['XLA_FLAGS'])"
+    )
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=50)
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=50
+    )
     assert done.stdout.split() == ["--xla_gpu_deterministic_ops=true"], done.stderr
 
 
@@ -57,8 +77,11 @@ def test_a_deterministic_run_on_a_gpu_started_without_the_flag_is_a_config_error
     jax.devices()  # the backend has started
     monkeypatch.setattr(xla_setup, "_gpu_started", lambda: True)
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
-    with pytest.raises(ConfigError, match=r"^deterministic needs XLA_FLAGS=--xla_gpu_deterministic_ops=true before JAX "
-                                          r"starts its GPU backend, and this process started it without"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^deterministic needs XLA_FLAGS=--xla_gpu_deterministic_ops=true before JAX "
+        r"starts its GPU backend, and this process started it without",
+    ):
         xla_setup.deterministic_gpu_ops()
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_deterministic_ops=true")
     xla_setup.deterministic_gpu_ops()
@@ -68,7 +91,9 @@ def test_a_deterministic_run_on_a_gpu_started_without_the_flag_is_a_config_error
 
 
 @pytest.mark.timeout(60)
-def test_a_deterministic_run_from_python_asks_for_the_kernels_before_its_devices(tmp_path, monkeypatch):
+def test_a_deterministic_run_from_python_asks_for_the_kernels_before_its_devices(
+    tmp_path, monkeypatch
+):
     from podrace.control import Lifetime
     from podrace.runtime import single_host
     from tests.runtime.test_single_host import small

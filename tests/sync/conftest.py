@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,7 +17,11 @@ TRANSPORTS = ["local", "shm", "ray"]
 def make_params(version: int, n: int = 16) -> dict[str, np.ndarray]:
     """Params whose every element encodes `version`, plus a checksum: torn reads show."""
     x = np.full((n,), version, dtype=np.int64)
-    return {"x": x, "w": np.arange(4, dtype=np.float32) + version, "sum": np.array(x.sum() + 4 * version)}
+    return {
+        "x": x,
+        "w": np.arange(4, dtype=np.float32) + version,
+        "sum": np.array(x.sum() + 4 * version),
+    }
 
 
 def check_params(params: Any) -> int:
@@ -34,8 +39,13 @@ class Harness:
 
     name: str
 
-    def publisher(self, transform: Callable | None = None, keep: int = 2, first_version: int = 0,
-                  like: Any = None) -> Publisher:
+    def publisher(
+        self,
+        transform: Callable | None = None,
+        keep: int = 2,
+        first_version: int = 0,
+        like: Any = None,
+    ) -> Publisher:
         raise NotImplementedError
 
     def subscribe(self, pub: Publisher, **kwargs: Any) -> Subscriber:
@@ -77,9 +87,13 @@ def ray_session():
         # A Ray an earlier module left connected (the source once was a collected ray
         # subscriber auto-starting Ray after shutdown; test_ray covers that): these tests
         # need their own local Ray with known resources.
-        warnings.warn("a Ray connection was left open by an earlier test; shutting it down")
+        warnings.warn(
+            "a Ray connection was left open by an earlier test; shutting it down", stacklevel=2
+        )
         ray.shutdown()
-    with warnings.catch_warnings():  # Ray starts its daemons with fork_exec; JAX warns about any fork
+    with (
+        warnings.catch_warnings()
+    ):  # Ray starts its daemons with fork_exec; JAX warns about any fork
         warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray

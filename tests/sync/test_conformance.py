@@ -157,7 +157,7 @@ def test_push_target_called_once_per_version_in_order(harness, new_pub):
     pub.add_push_target(lambda snap: seen.append((snap.version, check_params(snap.params))), "rec")
     for v in range(5):
         pub.publish(make_params(v))
-        wait_until(lambda: len(seen) == v + 1)
+        wait_until(lambda v=v: len(seen) == v + 1)
     assert seen == [(v, v) for v in range(5)]
     assert pub.metrics()["push/rec/delivered_version"] == 4
 
@@ -202,7 +202,7 @@ def test_failing_push_target_is_reported(harness, new_pub):
     pub.add_push_target(lambda snap: good.append(snap.version), "good")
     for v in range(3):
         pub.publish(make_params(v))
-        wait_until(lambda: good and good[-1] == v)
+        wait_until(lambda v=v: good and good[-1] == v)
     wait_until(lambda: pub.metrics()["push/bad/failures"] >= 1 and errors)
     assert errors[0][0] == "bad" and "boom" in errors[0][1]
     assert pub.metrics()["push/good/failures"] == 0
@@ -310,6 +310,7 @@ def test_metrics_report_bytes_and_acks(harness, new_pub):
     def acked():
         m = pub.metrics()
         return m.get("subscriber/actor0/acked_version") == 1 and m
+
     wait_until(acked)
     m = pub.metrics()
     assert m["latest_version"] == 1
@@ -352,7 +353,9 @@ def test_kept_device_snapshots_never_change_while_the_publisher_races(harness, n
     def read(i: int) -> None:
         try:
             while not done.is_set():
-                snap = subs[i].poll() or subs[i].get(kept[i][-1].version + 1 if kept[i] else 0, timeout=30)
+                snap = subs[i].poll() or subs[i].get(
+                    kept[i][-1].version + 1 if kept[i] else 0, timeout=30
+                )
                 kept[i].append(snap)
                 if snap.version >= final:
                     return
@@ -396,6 +399,7 @@ def test_negative_versions_are_rejected(harness, new_pub):
 def test_a_failing_transform_fails_only_its_version(harness, new_pub, keep):
     """keep=1: version 0 is gone from the publisher once 1 is published; a subscriber that
     has 0 is still satisfied by it (local waited for a version >= 2 instead)."""
+
     def transform(params):
         if int(np.asarray(params["x"])[0]) == 1:
             raise ValueError("cannot transform version 1")
@@ -570,8 +574,11 @@ def test_a_version_with_another_layout_is_rejected_and_the_channel_goes_on(harne
     pub.publish(make_params(0))
     grown = make_params(1, n=17)
     retyped = dict(make_params(1), w=np.arange(4, dtype=np.float64))
-    for wrong, match in ((grown, r"\['x'\].*int64\[16\].*int64\[17\]"), (retyped, r"\['w'\].*float32.*float64"),
-                         ({"x": make_params(1)["x"]}, "tree structure")):
+    for wrong, match in (
+        (grown, r"\['x'\].*int64\[16\].*int64\[17\]"),
+        (retyped, r"\['w'\].*float32.*float64"),
+        ({"x": make_params(1)["x"]}, "tree structure"),
+    ):
         with pytest.raises(SnapshotMismatch, match=match):
             pub.publish(wrong)
     assert pub.publish(make_params(1)) == 1  # nothing was numbered for the refused ones

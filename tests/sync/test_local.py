@@ -20,8 +20,13 @@ pytestmark = pytest.mark.timeout(60)
 
 def jax_params(version: int, device: jax.Device) -> dict[str, jax.Array]:
     return jax.device_put(
-        {"x": np.full((64,), version, np.int64), "w": np.arange(4, dtype=np.float32) + version,
-         "sum": np.array(64 * version + 4 * version)}, device)
+        {
+            "x": np.full((64,), version, np.int64),
+            "w": np.arange(4, dtype=np.float32) + version,
+            "sum": np.array(64 * version + 4 * version),
+        },
+        device,
+    )
 
 
 def test_one_placement_per_version_and_device_shared_by_subscribers():
@@ -143,7 +148,9 @@ def test_stress_threads_never_see_torn_or_older_snapshots():
         t.start()
     for v in range(n_versions):
         x = np.full((256,), v, np.int64)
-        pub.publish({"x": x, "w": np.arange(4, dtype=np.float32) + v, "sum": np.array(x.sum() + 4 * v)})
+        pub.publish(
+            {"x": x, "w": np.arange(4, dtype=np.float32) + v, "sum": np.array(x.sum() + 4 * v)}
+        )
     done.set()
     for t in readers:
         t.join(30)

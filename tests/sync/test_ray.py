@@ -82,7 +82,9 @@ def test_publisher_death_wakes_readers(ray_session):
 def test_old_versions_are_freed(ray_session):
     from podrace.sync.ray_transport import RayPublisher
 
-    counts = getattr(ray._private.worker.global_worker.core_worker, "get_all_reference_counts", None)
+    counts = getattr(
+        ray._private.worker.global_worker.core_worker, "get_all_reference_counts", None
+    )
     if counts is None:
         pytest.skip("this Ray exposes no reference counts")
     before = len(counts())
@@ -181,11 +183,17 @@ def test_dead_subscribers_are_dropped_from_metrics(ray_session):
             assert time.monotonic() < deadline, pub.metrics()
             time.sleep(0.1)
 
-    wait_for(lambda m: m.get("subscriber/doomed/acked_version") == 0 and "subscriber/live/acked_version" in m)
+    wait_for(
+        lambda m: (
+            m.get("subscriber/doomed/acked_version") == 0 and "subscriber/live/acked_version" in m
+        )
+    )
     ray.kill(reader, no_restart=True)
     wait_for(lambda m: "subscriber/doomed/acked_version" not in m)
     m = pub.metrics()
-    assert "subscriber/doomed/lag" not in m and m["subscriber/live/acked_version"] == 0  # alive: kept
+    assert (
+        "subscriber/doomed/lag" not in m and m["subscriber/live/acked_version"] == 0
+    )  # alive: kept
     live.close()
     pub.close()
 
@@ -239,7 +247,9 @@ def test_a_type_the_reader_cannot_import_gives_a_clear_error(ray_session):
         pub.publish(mod.Params(np.ones(3)))
         kind, message = ray.get(pending, timeout=60)
         assert kind == "SyncError", (kind, message)
-        assert "podrace_driver_only_types" in message and "not in the publisher's __main__" in message
+        assert (
+            "podrace_driver_only_types" in message and "not in the publisher's __main__" in message
+        )
         pub.close()
     finally:
         del sys.modules[mod.__name__]
@@ -267,7 +277,9 @@ def test_a_subscriber_dropped_without_close_stops_fetching(ray_session):
     host = _TaskHost.remote()
     pub.publish(workers.stamped_params(0, 8))
     for i in range(3):
-        assert ray.get(host.use.remote(pub.subscribe(name=f"task{i}", long_poll=0.5)), timeout=60) == 0
+        assert (
+            ray.get(host.use.remote(pub.subscribe(name=f"task{i}", long_poll=0.5)), timeout=60) == 0
+        )
     pub.publish(workers.stamped_params(1, 8))
     deadline = time.monotonic() + 30
     while ray.get(host.fetch_threads.remote(), timeout=30) or any(
@@ -309,4 +321,6 @@ def test_nothing_starts_a_new_ray_after_shutdown(ray_session):
         assert not ray_session.is_initialized()
     finally:
         if not ray_session.is_initialized():  # the module's other tests need their Ray back
-            ray_session.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+            ray_session.init(
+                num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False
+            )

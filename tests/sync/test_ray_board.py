@@ -102,7 +102,9 @@ def test_each_wait_is_a_heartbeat_for_as_long_as_it_waits_plus_the_grace():
         board = Board()
         await board.open("c")
         await board.ack("c", "id-r", "reader", 1, grace=0.01)
-        waiter = asyncio.create_task(board.wait("c", 5, timeout=0.3, subscriber="id-r", name="reader", grace=0.01))
+        waiter = asyncio.create_task(
+            board.wait("c", 5, timeout=0.3, subscriber="id-r", name="reader", grace=0.01)
+        )
         await asyncio.sleep(0.1)  # past the ack's grace, but the reader is still waiting
         during = await board.acks("c")
         await waiter

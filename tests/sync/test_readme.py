@@ -30,8 +30,16 @@ def test_the_section_has_three_examples():
 def test_example_runs(index, tmp_path):
     script = tmp_path / f"example_{index}.py"
     script.write_text(_examples()[index])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
-    out = subprocess.run([sys.executable, str(script)], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=150)
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
+    )
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "version" in out.stdout

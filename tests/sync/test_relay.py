@@ -20,7 +20,11 @@ pytestmark = pytest.mark.timeout(60)
 
 @pytest.mark.parametrize("upstream_kind", ["local", "shm"])
 def test_many_workers_cost_one_upstream_read(upstream_kind):
-    upstream = LocalPublisher(first_version=7) if upstream_kind == "local" else ShmPublisher(first_version=7)
+    upstream = (
+        LocalPublisher(first_version=7)
+        if upstream_kind == "local"
+        else ShmPublisher(first_version=7)
+    )
     downstream = LocalPublisher()
     relay = Relay(upstream.subscribe(name="node0"), downstream)
     devs = jax.devices()

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import pytest
 
-from podrace.sync.base import ChannelClosed, SnapshotMismatch
+from podrace.sync.base import ChannelClosed, SnapshotMismatch, SyncError
 from podrace.sync.shm import ShmPublisher, ShmSubscriber
 from tests.sync import workers
 from tests.waiting import wait_until
@@ -108,7 +108,9 @@ def test_pickled_subscriber_attaches_in_another_process():
     pub.publish(workers.stamped_params(5, 64))
     sub = ShmSubscriber(pub.name, expect=workers.stamped_params(0, 64))
     results = ctx.Queue()
-    proc = ctx.Process(target=workers.pickled_reader, args=(pickle.loads(pickle.dumps(sub)), 0, results))
+    proc = ctx.Process(
+        target=workers.pickled_reader, args=(pickle.loads(pickle.dumps(sub)), 0, results)
+    )
     proc.start()
     assert results.get(timeout=60) == (0, 5)
     proc.join(30)
@@ -156,7 +158,9 @@ def test_stress_reader_processes_never_see_torn_or_older_snapshots():
     results, readies, procs = ctx.Queue(), [], []
     for _ in range(2):
         ready = ctx.Event()
-        proc = ctx.Process(target=workers.shm_reader, args=(pub.name, n_versions - 1, ready, results))
+        proc = ctx.Process(
+            target=workers.shm_reader, args=(pub.name, n_versions - 1, ready, results)
+        )
         proc.start()
         procs.append(proc)
         readies.append(ready)
@@ -164,7 +168,11 @@ def test_stress_reader_processes_never_see_torn_or_older_snapshots():
         assert ready.wait(60)
     base = workers.stamped_params(0, n_elems)
     for v in range(n_versions):
-        params = {"x": np.full_like(base["x"], v), "w": base["w"] + v, "sum": np.array(n_elems * v + 4 * v)}
+        params = {
+            "x": np.full_like(base["x"], v),
+            "w": base["w"] + v,
+            "sum": np.array(n_elems * v + 4 * v),
+        }
         pub.publish(params)
         if v % 2 == 0:
             pub.flush(timeout=10)  # let at least every other version reach the readers
@@ -367,8 +375,13 @@ def _start_publisher_group():
         "import time; from podrace.sync.shm import ShmPublisher; from tests.sync.workers import stamped_params\n"
         "p = ShmPublisher(); p.publish(stamped_params(0, 8)); p.flush(30); print(p.name, flush=True); time.sleep(600)"
     )
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True, cwd=REPO)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        cwd=REPO,
+    )
     return proc, proc.stdout.readline().strip()
 
 
@@ -398,8 +411,14 @@ def test_sweep_removes_what_a_sigkilled_publisher_group_leaked():
         _kill_group(proc)
     time.sleep(0.5)  # nothing (no resource tracker) is left to clean up
     assert segment_exists(name) and segment_exists(name + "_d")
-    listed = subprocess.run([sys.executable, "-m", "podrace.sync.shm_sweep", "--dry-run"],
-                            capture_output=True, text=True, timeout=60, check=True, cwd=REPO).stdout
+    listed = subprocess.run(
+        [sys.executable, "-m", "podrace.sync.shm_sweep", "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        cwd=REPO,
+    ).stdout
     assert f"would remove /dev/shm/{name}\n" in listed and segment_exists(name)
     assert live.name not in listed
     assert set(sweep_shm()) >= {name, name + "_d"}
@@ -426,7 +445,9 @@ def test_dead_subscribers_are_dropped_from_metrics():
     live = pub.subscribe(name="live")
     pub.publish(workers.stamped_params(0, 8))
     ready = ctx.Event()
-    proc = ctx.Process(target=workers.shm_ack_then_hang, args=(pub.name, "doomed", ready), daemon=True)
+    proc = ctx.Process(
+        target=workers.shm_ack_then_hang, args=(pub.name, "doomed", ready), daemon=True
+    )
     proc.start()
     try:
         assert ready.wait(60) and live.get(0, timeout=10).version == 0
@@ -460,12 +481,19 @@ def test_a_type_from_the_publishers_main_gives_a_clear_error():
         "p = ShmPublisher(); p.publish(Params(np.ones(3))); p.flush(30); print(p.name, flush=True)\n"
         "sys.stdin.read(); p.close()\n"
     )
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True, cwd=REPO)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
     try:
         name = proc.stdout.readline().strip()
         sub = ShmSubscriber(name)
-        with pytest.raises(SyncError, match=r"Can't get attribute 'Params'.*not in the publisher's __main__"):
+        with pytest.raises(
+            SyncError, match=r"Can't get attribute 'Params'.*not in the publisher's __main__"
+        ):
             sub.get(0, timeout=10)
         sub.close()
     finally:
@@ -527,8 +555,19 @@ def test_too_small_dev_shm_is_an_error_not_a_sigbus_of_the_learner():
         pytest.skip("needs `unshare -m` and mount rights to give the test its own small /dev/shm")
     env = {**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run(
-        ["unshare", "-m", "sh", "-c", f'{mount} && exec "$0" -c "$1"', sys.executable, _SMALL_SHM_SCRIPT],
-        capture_output=True, text=True, env=env, timeout=50,
+        [
+            "unshare",
+            "-m",
+            "sh",
+            "-c",
+            f'{mount} && exec "$0" -c "$1"',
+            sys.executable,
+            _SMALL_SHM_SCRIPT,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=50,
     )
     assert proc.returncode == 0, f"rc {proc.returncode} (-7/135: SIGBUS): {proc.stderr[-2000:]}"
     assert "reported" in proc.stdout
@@ -545,7 +584,7 @@ def test_no_room_in_dev_shm_fails_the_channel_with_the_reason(monkeypatch):
     sub = pub.subscribe()
     monkeypatch.setattr(os, "posix_fallocate", no_room)  # only the data segment is left to create
     pub.publish(workers.stamped_params(0, 8))
-    with pytest.raises(Exception):
+    with pytest.raises(SyncError, match="delivery failed"):
         pub.flush(timeout=10)
     with pytest.raises(ChannelClosed, match=r"/dev/shm cannot supply it"):
         sub.get(0, timeout=10)
@@ -623,8 +662,13 @@ def _start_forking_publisher():
         "if child == 0: time.sleep(600); os._exit(0)\n"
         "print(child, flush=True); time.sleep(600)"
     )
-    proc = subprocess.Popen([sys.executable, "-W", "ignore", "-c", code], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True, cwd=REPO)
+    proc = subprocess.Popen(
+        [sys.executable, "-W", "ignore", "-c", code],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        cwd=REPO,
+    )
     return proc, proc.stdout.readline().strip()
 
 
@@ -659,7 +703,9 @@ def test_a_killed_publisher_is_gone_even_while_a_child_it_forked_lives():
 
 def _start_forked(target, *args):
     proc = mp.get_context("fork").Process(target=target, args=args)
-    with warnings.catch_warnings():  # JAX warns about any fork; these children run no JAX computation
+    with (
+        warnings.catch_warnings()
+    ):  # JAX warns about any fork; these children run no JAX computation
         warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
         proc.start()
     return proc
@@ -683,7 +729,9 @@ def test_a_subscriber_inherited_through_fork_reattaches_in_the_child():
     results = mp.get_context("fork").Queue()
     proc = _start_forked(workers.forked_reader, sub, results)
     try:
-        wait_until(lambda: "subscriber/reader#2/acked_version" in pub.metrics(), 20, pub.metrics)  # the child's copy attached
+        wait_until(
+            lambda: "subscriber/reader#2/acked_version" in pub.metrics(), 20, pub.metrics
+        )  # the child's copy attached
         pub.publish(workers.stamped_params(1, 8))
         assert results.get(timeout=30) == (1, 1)
         assert sub.get(1, timeout=10).version == 1  # the parent's own is unaffected
@@ -729,7 +777,9 @@ def test_copies_of_a_subscriber_are_reported_apart():
     wait_until(lambda: sorted(acked().values()) == [0, 1], 10, acked)
     assert set(acked()) == {"subscriber/actor/acked_version", "subscriber/actor#2/acked_version"}
     a.close()
-    wait_until(lambda: list(acked().values()) == [0], 10, acked)  # b is still reported, with its own version
+    wait_until(
+        lambda: list(acked().values()) == [0], 10, acked
+    )  # b is still reported, with its own version
     b.close()
     pub.close()
 
@@ -749,7 +799,9 @@ def test_a_fork_child_can_neither_publish_on_nor_close_the_parents_channel():
         publish, flush, close = results.get(timeout=30)
     finally:
         _stop(proc)
-    assert publish.startswith("SyncError: publish() on shm channel") and "in a fork child" in publish
+    assert (
+        publish.startswith("SyncError: publish() on shm channel") and "in a fork child" in publish
+    )
     assert flush.startswith("SyncError: flush() on shm channel")
     assert close == "ok"
     assert pub.publish(workers.stamped_params(1, 8)) == 1
@@ -792,10 +844,19 @@ def test_a_channel_name_in_use_is_a_sync_error_naming_it():
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("name,problem", [("x" * 100, "is 100 bytes, at most"), ("a/b", "without '/' or NUL"),
-                                          ("..", "not . or .."), (5, "must be a str, got int")],
-                         ids=["too-long", "slash", "dot-dot", "int"])
-def test_a_channel_name_no_socket_or_segment_can_carry_is_a_sync_error_and_creates_nothing(name, problem):
+@pytest.mark.parametrize(
+    "name,problem",
+    [
+        ("x" * 100, "is 100 bytes, at most"),
+        ("a/b", "without '/' or NUL"),
+        ("..", "not . or .."),
+        (5, "must be a str, got int"),
+    ],
+    ids=["too-long", "slash", "dot-dot", "int"],
+)
+def test_a_channel_name_no_socket_or_segment_can_carry_is_a_sync_error_and_creates_nothing(
+    name, problem
+):
     """Found by the sync attack: a raw OSError (AF_UNIX path too long) after the channel's
     control segment was created, left in /dev/shm while the process lived."""
     from podrace.sync.base import SyncError
@@ -804,5 +865,7 @@ def test_a_channel_name_no_socket_or_segment_can_carry_is_a_sync_error_and_creat
     with pytest.raises(SyncError, match=problem):
         ShmPublisher(name=name)
     assert set(os.listdir("/dev/shm")) <= before
-    with pytest.raises(SyncError, match=problem):  # a subscriber's "../etc/passwd", "..", 5 were OSError, TypeError
+    with pytest.raises(
+        SyncError, match=problem
+    ):  # a subscriber's "../etc/passwd", "..", 5 were OSError, TypeError
         ShmSubscriber(name)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import jax
-import pytest
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from podrace.sync.local import LocalPublisher
 from podrace.sync.transforms import cast, compose, select
@@ -14,7 +14,12 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def test_select_and_cast_bf16_on_the_learner_device():
-    params = {"params": {"policy": {"w": jnp.ones((2, 3)), "step": jnp.array(3)}, "value": {"w": jnp.ones(4)}}}
+    params = {
+        "params": {
+            "policy": {"w": jnp.ones((2, 3)), "step": jnp.array(3)},
+            "value": {"w": jnp.ones(4)},
+        }
+    }
     pub = LocalPublisher(transform=compose(select("params", "policy"), cast(jnp.bfloat16)))
     sub = pub.subscribe(jax.devices()[1])
     pub.publish(params)
@@ -37,4 +42,6 @@ def test_cast_handles_python_scalar_leaves():
     out = cast(np.float16)({"lr": 0.5, "step": 3, "w": np.ones(2)})
     assert np.asarray(out["lr"]).dtype == np.float16 and float(out["lr"]) == 0.5
     assert out["step"] == 3 and out["w"].dtype == np.float16
-    assert np.asarray(cast(np.float16, floating_only=False)({"step": 3})["step"]).dtype == np.float16
+    assert (
+        np.asarray(cast(np.float16, floating_only=False)({"step": 3})["step"]).dtype == np.float16
+    )

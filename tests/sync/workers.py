@@ -11,7 +11,11 @@ import numpy as np
 def stamped_params(version: int, n: int) -> dict[str, np.ndarray]:
     """Every element of `x` is the version; `sum` is a checksum over the whole tree."""
     x = np.full((n,), version, dtype=np.int64)
-    return {"x": x, "w": np.arange(4, dtype=np.float32) + version, "sum": np.array(x.sum() + 4 * version)}
+    return {
+        "x": x,
+        "w": np.arange(4, dtype=np.float32) + version,
+        "sum": np.array(x.sum() + 4 * version),
+    }
 
 
 def stamp_of(params: Any) -> int | None:
