@@ -364,7 +364,8 @@ def main() -> None:
     parser.add_argument(
         "--xla-flags",
         default="",
-        help="appended to XLA_FLAGS of every child, e.g. --xla-flags=--xla_cpu_multi_thread_eigen=false",
+        help="appended to XLA_FLAGS of every child, "
+        "e.g. --xla-flags=--xla_cpu_multi_thread_eigen=false",
     )
     parser.add_argument("--mode", choices=list(MODES), help=argparse.SUPPRESS)
     args, overrides = parser.parse_known_args()

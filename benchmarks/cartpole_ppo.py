@@ -29,10 +29,10 @@ step); `e2e_over_bound` says how much of that the overlap delivers, and the targ
 actor-only children also report the cores their threads kept busy while training
 (`cores_busy`) and CPU seconds per thread group (`cpu_by_thread_s`: each podrace thread by
 name, `xla_pool` for XLA:CPU's intra-op pool, where compiled programs mostly run whichever
-thread called them, and `other`: envpool's workers and the rest). Every
-child also reports its process CPU seconds (user + system, all threads): on a shared,
-loaded machine the CPU seconds per env step move much less than wall-clock rates, and
-`load_avg` says how loaded the machine was. `--baseline DIR` also runs every child against another checkout (e.g.
+thread called them, and `other`: envpool's workers and the rest). Every child also reports
+its process CPU seconds (user + system, all threads): on a shared, loaded machine the CPU
+seconds per env step move much less than wall-clock rates, and `load_avg` says how loaded
+the machine was. `--baseline DIR` also runs every child against another checkout (e.g.
 `git archive <commit> podrace | tar -x -C DIR`), interleaved, for a before/after comparison.
 
     python benchmarks/cartpole_ppo.py [--out benchmarks/results/cartpole_ppo.json] [overrides...]

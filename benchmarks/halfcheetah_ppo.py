@@ -8,7 +8,8 @@ variant, the mean and std over seeds. CleanRL's published result for the same
 hyperparameters and budget is stored alongside; CleanRL's ppo_continuous_action normalizes
 observations and scales rewards (both clipped at 10), so `normalized` is the comparable run.
 
-    python benchmarks/halfcheetah_ppo.py [--seeds 1 2 3] [--variants plain normalized] [--out ...] [overrides...]
+    python benchmarks/halfcheetah_ppo.py [--seeds 1 2 3] [--variants plain normalized]
+        [--out ...] [overrides...]
 
 Extra arguments are passed to the preset as `podrace train` flags (e.g. --total-steps 40960
 for a short speed measurement). The full comparison (3 seeds x 2 variants x 1M steps) is

@@ -19,7 +19,8 @@ Both layouts have the same global batch: 2 actor threads x N envs (one per proce
                          - 1) x scalar_allreduce_s): all-reduce time per update, estimated.
 and the ratio of the 2-process sps to the 1-process sps.
 
-    python benchmarks/multihost.py [--out benchmarks/results/multihost.json] [--total-steps N] [--num-envs N]
+    python benchmarks/multihost.py [--out benchmarks/results/multihost.json]
+        [--total-steps N] [--num-envs N]
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ T = 32 (a Ray worker pays a fixed cost per rollout and per weight update); the
 object-store bytes are those in use when training ended (workers still alive) and the
 largest value sampled at each metrics line during the run.
 
-    python benchmarks/ray_runtime.py [--out benchmarks/results/ray_runtime.json] [--steps N] [flags...]
+    python benchmarks/ray_runtime.py [--out benchmarks/results/ray_runtime.json] [--steps N]
+        [flags...]
 
 Extra arguments are passed to every run as `podrace train` flags.
 """

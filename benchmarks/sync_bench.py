@@ -366,8 +366,9 @@ def main() -> None:
             )
             print(
                 f"{size_mb:>5} MB {name:>5}: publish {res['publish_s'] * 1e6:8.1f} us  visible "
-                f"{res['visible_s'] * 1e3:8.2f} ms {res['gbps']:5.2f} GB/s = {res['ratio_to_memcpy']:6.1%} of "
-                f"np.copy / {res['ratio_to_prealloc_copy']:6.1%} of copyto{stream}",
+                f"{res['visible_s'] * 1e3:8.2f} ms {res['gbps']:5.2f} GB/s = "
+                f"{res['ratio_to_memcpy']:6.1%} of np.copy / "
+                f"{res['ratio_to_prealloc_copy']:6.1%} of copyto{stream}",
                 flush=True,
             )
         results.append(row)

@@ -42,7 +42,8 @@ from podrace.types import Rollout, Trajectory
 class PolicyFns:
     """Jitted functions an actor runs, and the device it runs them on."""
 
-    step: Callable  # (params, obs, key data) -> (action, logprob, value, key data); see `sampling_key`
+    # (params, obs, key data) -> (action, logprob, value, key data); see `sampling_key`
+    step: Callable
     value: Callable  # (params, obs) -> value
     stack: Callable  # (tuple of per-step arrays...) -> stacked [T, ...] arrays
     device: jax.Device | None = None

@@ -136,8 +136,9 @@ class Checkpointer:
 
     One write at a time: `save` first waits for the previous write (and re-raises its
     error). Call save/wait/close from one thread at a time (the learner's, then the
-    main thread's after the others are joined). Metrics: `checkpoint/blocked_s` (caller's time: waiting + device_get),
-    `checkpoint/write_s` (background write), `checkpoint/version` (last one complete).
+    main thread's after the others are joined). Metrics: `checkpoint/blocked_s` (caller's
+    time: waiting + device_get), `checkpoint/write_s` (background write),
+    `checkpoint/version` (last one complete).
     """
 
     def __init__(
@@ -225,14 +226,15 @@ class Checkpointer:
             if missing or not any(path.exists() for path in [final, *unfinished]):
                 # orbax's own error is a 100-line dump of a TensorStore spec
                 raise CheckpointFilesRemoved(
-                    f"files of checkpoint {step} in {self.directory} were deleted while it was written "
-                    "(by another process?)"
+                    f"files of checkpoint {step} in {self.directory} were deleted while it was "
+                    "written (by another process?)"
                 ) from error
             for path in unfinished:  # give the space back (a full disk)
                 shutil.rmtree(path, ignore_errors=True)
             if _is_storage_error(error):
                 raise CheckpointWriteFailed(
-                    f"checkpoint {step} could not be written in {self.directory}: {storage_error_text(error, self.directory)}"
+                    f"checkpoint {step} could not be written in {self.directory}: "
+                    f"{storage_error_text(error, self.directory)}"
                 ) from error
             raise
         self.metrics.add("checkpoint/write_s", time.perf_counter() - start)
@@ -310,8 +312,8 @@ def leftovers(directory: Path) -> list[Path]:
             continue
         if path.is_symlink() or not path.is_dir():
             raise ConfigError(
-                f"{path} is in the way of podrace's checkpoints (a step is written as <step>{PARTIAL} "
-                f"and deleted as <step>{DELETING}); move it out of {directory}"
+                f"{path} is in the way of podrace's checkpoints (a step is written as "
+                f"<step>{PARTIAL} and deleted as <step>{DELETING}); move it out of {directory}"
             )
         found.append(path)
     return found

@@ -341,7 +341,8 @@ class TrainConfig:
 
     @property
     def steps_per_update(self) -> int:
-        """Env steps consumed by one learner update (one rollout from every actor of every process)."""
+        """Env steps consumed by one learner update (one rollout from every actor of every
+        process)."""
         return self.num_processes * self.num_actors * self.env.num_envs * self.rollout_length
 
     @property

@@ -35,7 +35,8 @@ def config_from_dict(data: dict, cls: type = TrainConfig, where: str = "config")
                 value = tuple(value)  # JSON has no tuples; every sequence field is a tuple
             if not fits(value, hint):
                 raise ConfigError(
-                    f"{where}.{name} must be {type_name(hint)}, got {json.dumps(value, default=repr)[:80]}"
+                    f"{where}.{name} must be {type_name(hint)}, "
+                    f"got {json.dumps(value, default=repr)[:80]}"
                 )
         values[name] = value
     return cls(**values)

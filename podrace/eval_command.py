@@ -226,8 +226,8 @@ def evaluate_run(opts: EvalOptions) -> dict:
     returns, lengths = tally.result()
     if not len(returns):
         raise ConfigError(
-            f"no eval env ended an episode in {STUCK_EPISODE_STEPS:,} steps: {cfg.env.id!r} needs a "
-            f"time limit the run declares (--env.max-episode-steps), or episodes that end"
+            f"no eval env ended an episode in {STUCK_EPISODE_STEPS:,} steps: {cfg.env.id!r} "
+            "needs a time limit the run declares (--env.max-episode-steps), or episodes that end"
         )
     result = {
         "run_dir": str(opts.run_dir),
@@ -296,7 +296,8 @@ def summary(result: dict) -> str:
     for name in ("return", "length"):
         s = result[name]
         lines.append(
-            f"  {name:<7} mean {s['mean']:10,.2f}  std {s['std']:9,.2f}  min {s['min']:10,.2f}  max {s['max']:10,.2f}"
+            f"  {name:<7} mean {s['mean']:10,.2f}  std {s['std']:9,.2f}"
+            f"  min {s['min']:10,.2f}  max {s['max']:10,.2f}"
         )
     if "video" in result:
         lines.append(f"video: {result['video']} ({result['video_frames']} frames)")

@@ -55,10 +55,10 @@ class Learner:
     step (or a fake); `pipeline.next_batch(version)` supplies rollouts already on the mesh.
 
     With normalization, `normalizer` is its state (one pytree, checkpointable) and
-    `normalize_fn` (see `podrace.learner_mesh.make_normalize_fn`) prepares each batch before the update: every
-    rollout is normalized with the observation statistics of the version stamped on it,
-    which the learner remembers for the last `max_policy_lag` versions. The normalizer
-    changes only with an accepted (finite) update, and what is published is
+    `normalize_fn` (see `podrace.learner_mesh.make_normalize_fn`) prepares each batch before
+    the update: every rollout is normalized with the observation statistics of the version
+    stamped on it, which the learner remembers for the last `max_policy_lag` versions. The
+    normalizer changes only with an accepted (finite) update, and what is published is
     `acting_params(params, normalizer)`.
     """
 
@@ -151,13 +151,15 @@ class Learner:
             self.metrics.count("learner/skipped_nonfinite")
             if self.skipped > self.settings.max_skipped:
                 raise TooManySkippedUpdates(
-                    f"{self.skipped} of {self.settings.num_updates} updates skipped as non-finite, more than "
-                    f"the {self.settings.max_skipped} that safety.max_skipped_fraction allows"
+                    f"{self.skipped} of {self.settings.num_updates} updates skipped as non-finite, "
+                    f"more than the {self.settings.max_skipped} that safety.max_skipped_fraction "
+                    "allows"
                 )
             metrics = {}
         else:
             what = (
-                f"non-finite loss or gradients in update {self.version + 1} (loss={metrics.get('loss')})"
+                f"non-finite loss or gradients in update {self.version + 1} "
+                f"(loss={metrics.get('loss')})"
                 if not finite
                 else f"non-finite observation or return statistics after update {self.version + 1} "
                 f"(an observation or reward was inf or NaN)"

@@ -63,7 +63,8 @@ def env_keys(key: jax.Array, num_actors: int, envs_per_actor: int, mesh: Mesh) -
     and always gets key number g, however the mesh is split over processes and devices.
     Rows are laid out in the order the learner shards see their columns (each shard: its
     slice of every local actor's envs, interleaved as concat_actors does: env j of actor a
-    at column j * num_actors + a), so each shard holds the keys of exactly its own envs. Each process places only the rows of its own devices.
+    at column j * num_actors + a), so each shard holds the keys of exactly its own envs.
+    Each process places only the rows of its own devices.
     """
     devices = list(mesh.devices.flat)
     per_process = Counter(d.process_index for d in devices)

@@ -106,7 +106,8 @@ class Pipeline:
             waited += seconds
             if rollout.seq != self._expected_seq[actor_id]:
                 raise RuntimeError(
-                    f"actor {actor_id} sent rollout {rollout.seq}, expected {self._expected_seq[actor_id]}"
+                    f"actor {actor_id} sent rollout {rollout.seq}, "
+                    f"expected {self._expected_seq[actor_id]}"
                 )
             self._expected_seq[actor_id] += 1
             lag = learner_version - rollout.policy_version

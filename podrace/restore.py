@@ -76,12 +76,14 @@ def verify_manifest(step_dir: Path) -> None:
             and path.relative_to(step_dir).as_posix() not in files
         ):
             raise ConfigError(
-                f"corrupt checkpoint: {path} is not in the manifest (added after the checkpoint was written)"
+                f"corrupt checkpoint: {path} is not in the manifest "
+                "(added after the checkpoint was written)"
             )
 
 
 def _manifest_files(manifest: object) -> dict[str, dict]:
-    """The manifest's {relative path: {"bytes": int, "sha256": hex}}; ValueError for any other shape."""
+    """The manifest's {relative path: {"bytes": int, "sha256": hex}}; ValueError for any
+    other shape."""
     files = manifest["files"] if isinstance(manifest, dict) else None
     if not isinstance(files, dict):
         raise ValueError(
@@ -249,7 +251,8 @@ def _check_fits(
     for name, value in stored.items():
         if current.get(name) != value:
             why = (
-                " (Discrete observations are one-hot since podrace 2026-12-06; this run predates it)"
+                " (Discrete observations are one-hot since podrace 2026-12-06; "
+                "this run predates it)"
                 if (name == "obs_shape" and value == [] and current.get("obs_dtype") == "float32")
                 else ""
             )
@@ -273,7 +276,8 @@ def _check_fits(
         elif saved[name] != (shape, dtype):
             s_shape, s_dtype = saved[name]
             problems.append(
-                f"{name} is {s_dtype.name}{list(s_shape)} in the checkpoint, {dtype.name}{list(shape)} under this config"
+                f"{name} is {s_dtype.name}{list(s_shape)} in the checkpoint, "
+                f"{dtype.name}{list(shape)} under this config"
             )
     problems += [
         f"{name} is in the checkpoint but not in this config"

@@ -177,7 +177,8 @@ class Training:
             self.distributed = distributed_requested(cfg)
             if resume is not None and (self.distributed or cfg.runtime == "ray"):
                 raise ConfigError(
-                    "--resume works with the thread runtime on one host (not --runtime ray or --distributed.*)"
+                    "--resume works with the thread runtime on one host "
+                    "(not --runtime ray or --distributed.*)"
                 )
             if not self.distributed:  # multi-host: checked by every process, together
                 resolve_backend(cfg.env)
@@ -188,7 +189,8 @@ class Training:
             if cfg.runtime == "ray":
                 if self.distributed:
                     raise ConfigError(
-                        "--runtime ray cannot be combined with --distributed.*: run one learner process"
+                        "--runtime ray cannot be combined with --distributed.*: "
+                        "run one learner process"
                     )
                 from podrace.runtime.ray_cluster import check_auth_not_disabled, import_ray
 
@@ -255,8 +257,9 @@ class Training:
         checkpoint = getattr(result, "checkpoint", None)
         saved = f"\ncheckpoint: update {checkpoint}" if checkpoint is not None else ""
         return print_result(
-            f"done: {result.env_steps:,} env steps, {result.updates} updates{skipped} in {result.train_s:.1f}s "
-            f"(+{result.compile_s:.1f}s compile), {evaluation}\nrun directory: {result.run_dir}{saved}"
+            f"done: {result.env_steps:,} env steps, {result.updates} updates{skipped} "
+            f"in {result.train_s:.1f}s (+{result.compile_s:.1f}s compile), {evaluation}"
+            f"\nrun directory: {result.run_dir}{saved}"
         )
 
     def discard_untrained_run_dir(self) -> None:
@@ -283,7 +286,10 @@ class Training:
                 if latest is not None
                 else "earlier checkpoints are kept"
             )
-            line = f"stopped; checkpoint {writing} did not finish writing in time and is discarded; {kept}"
+            line = (
+                f"stopped; checkpoint {writing} did not finish writing in time and is "
+                f"discarded; {kept}"
+            )
         elif left_behind:
             line = f"stopped; threads still busy in native code are left behind{saved}"
         else:

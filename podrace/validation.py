@@ -109,7 +109,8 @@ def check_types(cfg: object, where: str = "") -> None:
     fail later with a TypeError in the middle of the run's set-up, or not at all."""
     if not where and not isinstance(cfg, TrainConfig):
         raise ConfigError(
-            f"the config must be a TrainConfig (e.g. podrace.presets.get(name)), got {type(cfg).__name__}"
+            "the config must be a TrainConfig (e.g. podrace.presets.get(name)), "
+            f"got {type(cfg).__name__}"
         )
     hints = typing.get_type_hints(type(cfg))
     for field in dataclasses.fields(cfg):
@@ -181,14 +182,15 @@ def validate(cfg: TrainConfig) -> None:
     positive("normalize.reward_clip", cfg.normalize.reward_clip)
     if not cfg.log.run_dir.strip():  # Path("") is the working directory: say "." for that
         raise ConfigError(
-            f'log.run_dir must name a folder ("." for the working directory), got {cfg.log.run_dir!r}'
+            'log.run_dir must name a folder ("." for the working directory), '
+            f"got {cfg.log.run_dir!r}"
         )
     positive("checkpoint.keep", cfg.checkpoint.keep)
     non_negative("checkpoint.every_updates", cfg.checkpoint.every_updates)
     if cfg.checkpoint.every_updates and (cfg.runtime == "ray" or cfg.distributed.requested):
         raise ConfigError(
-            "checkpoint.every_updates: checkpoints are written by the thread runtime on one host only, "
-            "not with --runtime ray or --distributed.* (yet); drop the flag"
+            "checkpoint.every_updates: checkpoints are written by the thread runtime on one host "
+            "only, not with --runtime ray or --distributed.* (yet); drop the flag"
         )
     non_negative("eval.every_updates", cfg.eval.every_updates)
     non_negative("layout.max_policy_lag", cfg.layout.max_policy_lag)
@@ -269,22 +271,23 @@ def _validate_sizes(cfg: TrainConfig) -> None:
         )
     if cfg.steps_per_update > INT32_MAX:
         raise ConfigError(
-            f"one update of {cfg.num_actors} actors x {cfg.env.num_envs} envs x {cfg.rollout_length} steps "
-            f"= {cfg.steps_per_update:,} samples does not fit an int32 array"
+            f"one update of {cfg.num_actors} actors x {cfg.env.num_envs} envs x "
+            f"{cfg.rollout_length} steps = {cfg.steps_per_update:,} samples does not fit an "
+            "int32 array"
         )
     validate_distributed(cfg.distributed)
     if cfg.total_steps < cfg.steps_per_update:
         processes = f"{cfg.num_processes} processes x " if cfg.num_processes > 1 else ""
         raise ConfigError(
             f"total_steps ({cfg.total_steps}) is less than one update "
-            f"({processes}{cfg.num_actors} actors x {cfg.env.num_envs} envs x {cfg.rollout_length} steps "
-            f"= {cfg.steps_per_update})"
+            f"({processes}{cfg.num_actors} actors x {cfg.env.num_envs} envs x "
+            f"{cfg.rollout_length} steps = {cfg.steps_per_update})"
         )
     optimizer_steps = cfg.num_updates * _optimizer_steps_per_update(cfg)
     if optimizer_steps > INT32_MAX:
         raise ConfigError(
-            f"total_steps ({cfg.total_steps:,}) means {optimizer_steps:,} optimizer steps, more than "
-            f"the int32 step counter holds ({INT32_MAX:,}); use fewer steps or larger updates"
+            f"total_steps ({cfg.total_steps:,}) means {optimizer_steps:,} optimizer steps, more "
+            f"than the int32 step counter holds ({INT32_MAX:,}); use fewer steps or larger updates"
         )
     envs_per_shard = cfg.num_actors * cfg.env.num_envs // num_learners
     if cfg.algo == "ppo":
@@ -296,7 +299,8 @@ def _validate_sizes(cfg: TrainConfig) -> None:
     elif envs_per_shard % cfg.impala.num_minibatches:
         raise ConfigError(
             f"impala.num_minibatches ({cfg.impala.num_minibatches}) must divide the envs per "
-            f"learner shard ({envs_per_shard}): every minibatch takes whole env sequences from every shard"
+            f"learner shard ({envs_per_shard}): every minibatch takes whole env sequences from "
+            "every shard"
         )
 
 
@@ -333,8 +337,8 @@ def worker_resources(ray: RayConfig) -> dict[str, float]:
             value = -1.0
         if not sep or not name or not 0 < value < math.inf or name in ("CPU", "GPU", "memory"):
             raise ConfigError(
-                f"ray.worker_resources entries must be NAME=AMOUNT with a custom resource name and a "
-                f"positive amount, got {entry!r}"
+                "ray.worker_resources entries must be NAME=AMOUNT with a custom resource name "
+                f"and a positive amount, got {entry!r}"
             )
         out[name] = value
     return out

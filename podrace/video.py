@@ -25,7 +25,8 @@ from podrace.envs.spaces import OneHotObs
 MAX_VIDEO_FRAMES = 3000
 VIDEO_FPS = 30
 RENDER_CHECK_TIMEOUT_S = 120.0
-"""The child that renders one frame: an env's import and first frame, with room for a busy machine."""
+"""The child that renders one frame: an env's import and first frame, with room for a busy
+machine."""
 
 
 class _RenderEnv:

@@ -24,7 +24,8 @@ def test_import_and_configs_do_not_import_jax():
     code = (
         "import sys, dataclasses, podrace, podrace.validation\n"
         "cfg = podrace.presets.get('cartpole-ppo')\n"
-        "cfg = dataclasses.replace(cfg, env=podrace.EnvConfig(id='CartPole-v1'), layout=podrace.LayoutConfig())\n"
+        "cfg = dataclasses.replace(cfg, env=podrace.EnvConfig(id='CartPole-v1'), "
+        "layout=podrace.LayoutConfig())\n"
         "podrace.validation.validate(cfg); podrace.TrainConfig; podrace.ConfigError\n"
         "heavy = sorted({'jax', 'numpy', 'gymnasium', 'envpool', 'flax'} & set(sys.modules))\n"
         "assert not heavy, heavy\n"
@@ -176,8 +177,8 @@ CTRL_C_FROM_PYTHON = textwrap.dedent(
     root, handlers = Path(sys.argv[1]), []
     # A library caller's process as Python starts it: what this one inherited from the suite
     # is told (a SIGINT ignored or blocked would be), then set as Python's own.
-    print("inherited", signal.getsignal(signal.SIGINT), sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])),
-          file=sys.stderr, flush=True)
+    print("inherited", signal.getsignal(signal.SIGINT),
+          sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])), file=sys.stderr, flush=True)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     faulthandler.dump_traceback_later(150, exit=True)  # a hang: every thread's stack, then exit 1
@@ -201,7 +202,8 @@ CTRL_C_FROM_PYTHON = textwrap.dedent(
                               env=dataclasses.replace(base.env, num_envs=2),
                               ppo=dataclasses.replace(base.ppo, num_minibatches=1),
                               eval=dataclasses.replace(base.eval, every_updates=0, episodes=1),
-                              log=dataclasses.replace(base.log, console="none", run_dir=str(root), interval_s=0.1))
+                              log=dataclasses.replace(base.log, console="none", run_dir=str(root),
+                                                      interval_s=0.1))
 
     def ctrl_c_when(ready, *delays):
         def send():
@@ -221,21 +223,24 @@ CTRL_C_FROM_PYTHON = textwrap.dedent(
 
     # 1. While preparing (tracing, compiling): no run directory is left.
     ctrl_c_when(lambda: handlers, 0.0)
-    print("preparing", interrupted(), sorted(p.name for p in root.iterdir()), handlers[-1] is signal.default_int_handler,
-          flush=True)
+    print("preparing", interrupted(), sorted(p.name for p in root.iterdir()),
+          handlers[-1] is signal.default_int_handler, flush=True)
 
     # 2. Twice, the second while the run stops (an actor inside its step): the run
     # directory is released, and resumed from this process from its checkpoint.
     def updated():
         metrics = [p / "metrics.jsonl" for p in root.iterdir() if (p / "metrics.jsonl").exists()]
-        return metrics and any(json.loads(l).get("version", 0) >= 1 for l in metrics[0].read_text().splitlines()[:-1])
+        return metrics and any(json.loads(l).get("version", 0) >= 1
+                               for l in metrics[0].read_text().splitlines()[:-1])
     ctrl_c_when(updated, 0.0, 0.15)
     twice = interrupted()
     (run,) = root.iterdir()
     steps = sorted(p.name for p in (run / "checkpoints").iterdir())
-    cfg = dataclasses.replace(cfg, total_steps=(int(steps[-1]) + 2) * cfg.steps_per_update)  # two more updates
+    # two more updates
+    cfg = dataclasses.replace(cfg, total_steps=(int(steps[-1]) + 2) * cfg.steps_per_update)
     result = train_threads(cfg, resume=Resume(run))
-    print("twice", twice, steps, result.updates, signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+    print("twice", twice, steps, result.updates,
+          signal.getsignal(signal.SIGINT) is signal.default_int_handler,
           sorted(t.name for t in threading.enumerate()), flush=True)
     """
 )

@@ -8,19 +8,23 @@ from podrace.cli import main
 CASES = [
     (
         ["train", "cartpole-ppo", "--ppo.clip-coef", "abc"],
-        "Error parsing --ppo.clip-coef: could not convert string to float: 'abc' (see podrace train --help)",
+        "Error parsing --ppo.clip-coef: could not convert string to float: 'abc' "
+        "(see podrace train --help)",
     ),
     (
         ["train", "cartpole-ppo", "--ppo.clip-cof", "0.3"],
-        "Unrecognized options: --ppo.clip-cof, 0.3; Perhaps you meant: --ppo.clip-coef FLOAT (see podrace train --help)",
+        "Unrecognized options: --ppo.clip-cof, 0.3; Perhaps you meant: --ppo.clip-coef FLOAT "
+        "(see podrace train --help)",
     ),
     (
         ["train", "cartpole-ppo", "--env.num-envs"],
-        "Missing value for argument '--env.num-envs'. Expected 1 values. (see podrace train cartpole-ppo --help)",
+        "Missing value for argument '--env.num-envs'. Expected 1 values. "
+        "(see podrace train cartpole-ppo --help)",
     ),
     (
         ["train"],
-        "Expected one of {cartpole-ppo, pendulum-ppo, cartpole-impala, atari-ppo, atari-impala, halfcheetah-ppo}.",
+        "Expected one of {cartpole-ppo, pendulum-ppo, cartpole-impala, atari-ppo, atari-impala, "
+        "halfcheetah-ppo}.",
     ),
     (["eval"], "Missing from podrace eval: RUN_DIR (see podrace eval --help)"),
     (["plot", "--nonsense"], "Unrecognized options: --nonsense"),

@@ -433,7 +433,8 @@ STORAGE_REFUSES = textwrap.dedent(
     checkpointer.save(first)
     checkpointer.wait()
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # every file over 4 KiB: "File too large"
+    # every file over 4 KiB: "File too large"
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
     checkpointer.save(second)
     try:
         checkpointer.wait()
@@ -521,13 +522,15 @@ def test_a_checkpoint_of_another_network_or_env_does_not_load(tmp_path):
     wider = tiny_config(**{"network.hidden_sizes": (16,)})
     with pytest.raises(
         ConfigError,
-        match=r"does not fit this config: train_state.params.params.policy_head.kernel is float32\[8, 2\] in the checkpoint, float32\[16, 2\] under this config \(and 7 more",
+        match=r"does not fit this config: train_state.params.params.policy_head.kernel is "
+        r"float32\[8, 2\] in the checkpoint, float32\[16, 2\] under this config \(and 7 more",
     ):
         restore(tmp_path, fresh_state(wider), env_spec(wider.env))
     more_actors = tiny_config(**{"layout.actors_per_device": 3})
     with pytest.raises(
         ConfigError,
-        match=r"actor_keys is uint32\[2, 2\] in the checkpoint, uint32\[3, 2\] under this config \(and 1 more",
+        match=r"actor_keys is uint32\[2, 2\] in the checkpoint, uint32\[3, 2\] under this config "
+        r"\(and 1 more",
     ):
         restore(tmp_path, fresh_state(more_actors), env_spec(more_actors.env))
     other_env = env_spec(dataclasses.replace(cfg.env, id="Pendulum-v1"))

@@ -200,7 +200,10 @@ def test_a_bad_flag_with_stderr_closed_or_full_is_still_exit_2_and_nothing_on_st
     """Found by an attack: exit 1 (a traceback into the full stderr), or the error line on
     stdout (print(file=None) with stderr closed); and with fd 2 closed, a file the run
     opened could take its number and get crash dumps and C libraries' log lines."""
-    probe = "import os, sys, podrace.cli as c; c.guard_std_streams(); print(os.readlink('/proc/self/fd/2'))"
+    probe = (
+        "import os, sys, podrace.cli as c; c.guard_std_streams(); "
+        "print(os.readlink('/proc/self/fd/2'))"
+    )
     done = subprocess.run(
         f'"{sys.executable}" -c "{probe}" {stderr}',
         shell=True,
@@ -250,7 +253,8 @@ def test_help_into_a_full_stdout_is_one_line_and_exit_1(tmp_path, args):
             timeout=50,
         )
     assert done.returncode == 1 and done.stderr.splitlines() == [
-        "podrace: error: could not write to stdout (No space left on device); the command itself succeeded"
+        "podrace: error: could not write to stdout (No space left on device); "
+        "the command itself succeeded"
     ]
 
 
@@ -689,11 +693,12 @@ def test_a_save_cut_by_the_exit_grace_is_named_in_the_one_stop_line(capsys):
     )
     assert training.stopped(left_behind=True) == 143
     assert capsys.readouterr().err.splitlines() == [
-        "podrace: SIGTERM received, stopped; checkpoint 5 did not finish writing in time and is discarded; "
-        "checkpoint 3 is the latest"
+        "podrace: SIGTERM received, stopped; checkpoint 5 did not finish writing in time and is "
+        "discarded; checkpoint 3 is the latest"
     ]
     training.run.checkpoints.writing = None
     training.stopped()
     assert capsys.readouterr().err.splitlines() == [
-        "podrace: SIGTERM received, stopped cleanly; checkpoint 3 saved (podrace train --resume runs/r)"
+        "podrace: SIGTERM received, stopped cleanly; checkpoint 3 saved "
+        "(podrace train --resume runs/r)"
     ]

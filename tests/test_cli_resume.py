@@ -90,7 +90,8 @@ def test_resume_errors_are_one_line_exit_2_and_change_nothing(capsys, tmp_path):
         code == 2
         and err.strip()
         == f"podrace: error: {in_the_way} is in the way of podrace's checkpoints "
-        f"(a step is written as <step>.partial and deleted as <step>.deleting); move it out of {in_the_way.parent}"
+        "(a step is written as <step>.partial and deleted as <step>.deleting); "
+        f"move it out of {in_the_way.parent}"
     ), err
     in_the_way.unlink()
     array_file = max(

@@ -227,7 +227,8 @@ BAD_PRESET = [
     "preset,flags,message", BAD_PRESET, ids=[" ".join([p, *f]) for p, f, _ in BAD_PRESET]
 )
 def test_bad_preset_config(capsys, tmp_path, preset, flags, message):
-    """The same contract for the other presets' own settings (IMPALA's optimizer, Atari's images)."""
+    """The same contract for the other presets' own settings (IMPALA's optimizer, Atari's
+    images)."""
     runs = tmp_path / "runs"
     code = main(["train", preset, "--log.run-dir", str(runs), *flags])
     err = capsys.readouterr().err
@@ -251,7 +252,8 @@ def test_bad_preset_config(capsys, tmp_path, preset, flags, message):
 def test_a_stored_config_with_a_value_of_the_wrong_type_is_a_config_error(
     section, field, value, message
 ):
-    """A damaged config.json or checkpoint meta: one line naming the field, not a TypeError later."""
+    """A damaged config.json or checkpoint meta: one line naming the field, not a TypeError
+    later."""
     import dataclasses
     import json
 

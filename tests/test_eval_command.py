@@ -226,7 +226,8 @@ def test_an_output_that_cannot_be_written_is_refused_before_loading(tmp_path, mo
             with pytest.raises(
                 ConfigError,
                 match=re.escape(
-                    f"cannot write {run / 'eval-<step>.json'}: Permission denied (choose another place with --output)"
+                    f"cannot write {run / 'eval-<step>.json'}: Permission denied "
+                    "(choose another place with --output)"
                 ),
             ):
                 evaluate_run(EvalOptions(run))

@@ -159,7 +159,8 @@ MUTANTS: list[Mutant] = [
         "atari_lost_life_ends_the_game",
         "podrace/envs/envpool_backend.py",
         'return terminated | game_over, truncated, info["reward"], game_over | truncated',
-        'return terminated | game_over, truncated, info["reward"], terminated | game_over | truncated',
+        'return terminated | game_over, truncated, info["reward"], terminated | game_over | '
+        "truncated",
         ("tests/envs/test_atari.py",),
     ),
     Mutant(
@@ -311,8 +312,10 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "env_keys_laid_out_actor_major",
         "podrace/learner_mesh.py",
-        "            for j in range(d * per_shard, (d + 1) * per_shard)\n            for a in range(num_actors)\n",
-        "            for a in range(num_actors)\n            for j in range(d * per_shard, (d + 1) * per_shard)\n",
+        "            for j in range(d * per_shard, (d + 1) * per_shard)\n"
+        "            for a in range(num_actors)\n",
+        "            for a in range(num_actors)\n"
+        "            for j in range(d * per_shard, (d + 1) * per_shard)\n",
         ("tests/test_learner_mesh.py::test_an_envs_key_does_not_depend_on_the_learner_count",),
     ),
     # --- algos/common.py (the finite check the learner relies on) ---------------------------
@@ -391,7 +394,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "threads_stop_reported_as_failure",
         "podrace/runtime/threads.py",
-        "            except Stopped:\n                return  # the run is stopping; whoever stopped it recorded why\n",
+        "            except Stopped:\n"
+        "                return  # the run is stopping; whoever stopped it recorded why\n",
         "",
         THREADS_TESTS,
     ),
@@ -456,7 +460,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "local_close_wakes_nobody",
         "podrace/sync/local.py",
-        "                subscriber._last = None  # nothing more to return: every reference goes\n            self._cond.notify_all()",
+        "                subscriber._last = None  # nothing more to return: every reference goes\n"
+        "            self._cond.notify_all()",
         "                subscriber._last = None  # nothing more to return: every reference goes\n",
         LOCAL_CONFORMANCE,
     ),
@@ -535,7 +540,10 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "background_publish_after_failure",
         "podrace/sync/background.py",
-        '            if self._failure is not None:\n                raise SyncError(f"{self._label} delivery failed; channel closed") from self._failure\n            self._check(params)',
+        "            if self._failure is not None:\n"
+        '                raise SyncError(f"{self._label} delivery failed; channel closed") from '
+        "self._failure\n"
+        "            self._check(params)",
         "            self._check(params)",
         ("tests/sync/test_shm.py::test_publish_after_a_failed_delivery_raises",),
     ),
@@ -586,8 +594,10 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "relay_upstream_death_swallowed",
         "podrace/sync/relay.py",
-        "        except PublisherGone as exc:  # the upstream died or failed: not a normal end\n            self.error = exc",
-        "        except PublisherGone as exc:  # the upstream died or failed: not a normal end\n            pass",
+        "        except PublisherGone as exc:  # the upstream died or failed: not a normal end\n"
+        "            self.error = exc",
+        "        except PublisherGone as exc:  # the upstream died or failed: not a normal end\n"
+        "            pass",
         LOCAL_CONFORMANCE + ("tests/sync/test_relay.py",),
     ),
     Mutant(
@@ -651,7 +661,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "config_types_from_python_unchecked",
         "podrace/validation.py",
-        '    """Raise ConfigError for anything that cannot run; needs no devices and no JAX."""\n    check_types(cfg)\n',
+        '    """Raise ConfigError for anything that cannot run; needs no devices and no JAX."""\n'
+        "    check_types(cfg)\n",
         '    """Raise ConfigError for anything that cannot run; needs no devices and no JAX."""\n',
         ("tests/test_validation.py", "-k", "from_python"),
     ),
@@ -659,7 +670,8 @@ MUTANTS: list[Mutant] = [
         "numpy_int_seed_accepted",
         "podrace/config_dict.py",
         "        return isinstance(value, int) and not isinstance(value, bool)",
-        "        return isinstance(value, int) and not isinstance(value, bool) or hasattr(value, '__index__')",
+        "        return isinstance(value, int) and not isinstance(value, bool) or hasattr(value, "
+        "'__index__')",
         ("tests/test_validation.py", "-k", "from_python"),
     ),
     Mutant(
@@ -738,7 +750,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "envs_closed_before_the_last_checkpoint",
         "podrace/runtime/single_host.py",
-        "                self.checkpoints.close(lifetime)  # before user code (env.close) runs again\n"
+        "                self.checkpoints.close(lifetime)  # before user code (env.close) runs "
+        "again\n"
         "                closing = self.close_envs(exclude=stuck)\n",
         "                closing = self.close_envs(exclude=stuck)\n"
         "                self.checkpoints.close(lifetime)\n",
@@ -783,7 +796,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "rotation_deletes_a_step_in_place",
         "podrace/checkpoint.py",
-        "                    os.rename(step_dir, doomed)\n                    shutil.rmtree(doomed)",
+        "                    os.rename(step_dir, doomed)\n"
+        "                    shutil.rmtree(doomed)",
         "                    shutil.rmtree(step_dir)",
         ("tests/test_checkpoint.py", "-k", "rotated_step"),
     ),
@@ -961,7 +975,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "step_counted_as_saved_after_the_rotation",
         "podrace/checkpoint.py",
-        '        self.metrics.set("checkpoint/version", step)  # complete: whatever happens to the rotation\n'
+        '        self.metrics.set("checkpoint/version", step)  # complete: whatever happens to the '
+        "rotation\n"
         "        self.rotate()\n",
         '        self.rotate()\n        self.metrics.set("checkpoint/version", step)\n',
         ("tests/test_checkpoint.py", "-k", "synced"),
@@ -1111,7 +1126,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "done_then_killed_is_no_loss",
         "podrace/runtime/peers.py",
-        "                if not self._all_done.is_set() and not self._closed.is_set() and not conn.refused:",
+        "                if not self._all_done.is_set() and not self._closed.is_set() and not "
+        "conn.refused:",
         "                if not conn.done and not self._closed.is_set() and not conn.refused:",
         ("tests/runtime/test_peers.py", "-k", "done_then_gone"),
     ),
@@ -1204,7 +1220,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "run_dir_kept_after_a_stop_elsewhere_before_any_update",
         "podrace/runtime/multi_host.py",
-        "                discard_if_untrained(lifetime.run_dir, self.local.learner.version)  # as after a stop here\n",
+        "                discard_if_untrained(lifetime.run_dir, self.local.learner.version)  # as "
+        "after a stop here\n",
         "                pass\n",
         ("tests/runtime/test_multihost.py", "-k", "process_0_trains_but_before"),
     ),
@@ -1225,7 +1242,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "stopped_process_leaves_the_meeting_silently",
         "podrace/runtime/distributed.py",
-        '            refuse(*known, f"it was stopped before every process had joined ({stop})", STOP_REFUSAL_WAIT_S)\n',
+        '            refuse(*known, f"it was stopped before every process had joined ({stop})", '
+        "STOP_REFUSAL_WAIT_S)\n",
         "",
         ("tests/runtime/test_distributed.py", "-k", "stopped_before"),
     ),
@@ -1246,8 +1264,10 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "ray_worker_dying_at_start_fails_the_run",
         "podrace/runtime/ray_run.py",
-        "                try:\n                    self._failed(slot, error)\n                except WorkerCrashLoop",
-        "                try:\n                    raise WorkerCrashLoop(str(error))\n                except WorkerCrashLoop",
+        "                try:\n                    self._failed(slot, error)\n"
+        "                except WorkerCrashLoop",
+        "                try:\n                    raise WorkerCrashLoop(str(error))\n"
+        "                except WorkerCrashLoop",
         ("tests/runtime/test_ray_runtime.py", "-k", "killed_while_it_starts"),
     ),
     Mutant(
@@ -1260,7 +1280,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "invalid_process_leaves_the_others_waiting",
         "podrace/runtime/rendezvous.py",
-        "                    refused = f\"distributed: process {process} cannot run: {hello['refusal']}\"",
+        '                    refused = f"distributed: process {process} cannot run: '
+        "{hello['refusal']}\"",
         "                    pass",
         ("tests/runtime/test_multihost.py", "-k", "invalid_config"),
     ),

@@ -125,7 +125,8 @@ def rmsprop(
 def make_optimizer(
     cfg: ImpalaConfig, num_updates: int
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """(global-norm clip then RMSProp, its learning-rate schedule): one rate per update, as Cleanba."""
+    """(global-norm clip then RMSProp, its learning-rate schedule): one rate per update,
+    as in Cleanba."""
     num_mb = cfg.num_minibatches
     schedule = learning_rate_schedule(
         cfg.learning_rate, cfg.anneal_lr, num_updates * num_mb, hold=num_mb
@@ -154,7 +155,8 @@ def minibatch_envs(keys: jax.Array, num_mb: int) -> jax.Array:
 
 
 def split_minibatches(traj: Trajectory, envs: jax.Array) -> Trajectory:
-    """[T, B, ...] -> [num_mb, T, B / num_mb, ...] (last_obs/last_value: [num_mb, B / num_mb, ...])."""
+    """[T, B, ...] -> [num_mb, T, B / num_mb, ...]; last_obs and last_value go to
+    [num_mb, B / num_mb, ...]."""
 
     def take(name, x):
         if name in _ENV_MAJOR:

@@ -49,8 +49,8 @@ def make_kwargs(cfg: EnvConfig) -> dict[str, Any]:
             )
         if cfg.image_size > MAX_ATARI_IMAGE_SIZE:
             raise ConfigError(
-                f"env.image_size must be at most {MAX_ATARI_IMAGE_SIZE} for Atari (the 210x160 screen is "
-                f"resized to image_size x image_size), got {cfg.image_size}"
+                f"env.image_size must be at most {MAX_ATARI_IMAGE_SIZE} for Atari (the 210x160 "
+                f"screen is resized to image_size x image_size), got {cfg.image_size}"
             )
         kwargs.update(
             frame_skip=cfg.frame_skip,

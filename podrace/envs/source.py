@@ -50,8 +50,8 @@ def from_factory(factory: EnvFactory, num_envs: int, seed: int) -> BatchedEnv:
                 else ""
             )
             raise ConfigError(
-                f"env factory {name!r} returned {type(made).__name__}; expected a podrace BatchedEnv "
-                f"or a gymnasium.vector.VectorEnv{hint}"
+                f"env factory {name!r} returned {type(made).__name__}; expected a podrace "
+                f"BatchedEnv or a gymnasium.vector.VectorEnv{hint}"
             )
         if env.num_envs != num_envs:
             raise ConfigError(

@@ -40,7 +40,8 @@ def spec_from_spaces(
     if isinstance(action_space, gymnasium.spaces.Discrete):
         if int(action_space.start) != 0:
             raise ConfigError(
-                f"env {env_id!r}: discrete actions must start at 0, got {action_space} ({SUPPORTED})"
+                f"env {env_id!r}: discrete actions must start at 0, got {action_space} "
+                f"({SUPPORTED})"
             )
         return EnvSpec(obs_shape, obs_dtype, int(action_space.n), ())
     if isinstance(action_space, gymnasium.spaces.Box) and len(action_space.shape) == 1:
@@ -122,7 +123,8 @@ class ActionPreparer:
                 raise ValueError(f"discrete actions must be integers, got dtype {actions.dtype}")
             if actions.size and (actions.min() < 0 or actions.max() >= self._spec.num_actions):
                 raise ValueError(
-                    f"discrete actions must be in [0, {self._spec.num_actions}), got {actions.tolist()}"
+                    f"discrete actions must be in [0, {self._spec.num_actions}), "
+                    f"got {actions.tolist()}"
                 )
             return actions.astype(self._dtype, copy=False)
         clipped = np.clip(actions, self._spec.action_low, self._spec.action_high)

@@ -48,7 +48,8 @@ def seed_key(seed: int, *path: int) -> jax.Array:
 
 
 def env_seed(seed: int, stream: int, actor_id: int, *more: int) -> int:
-    """Distinct, reproducible env seeds per (run seed, stream, actor[, more, e.g. a resume point])."""
+    """Distinct, reproducible env seeds per (run seed, stream, actor[, more, e.g. a resume
+    point])."""
     return int(
         np.random.SeedSequence([seed, stream, actor_id, *more]).generate_state(1)[0] & 0x7FFFFFFF
     )

@@ -19,8 +19,8 @@ def cpu_count_hint(environ: dict[str, str] = os.environ) -> str:
     match = re.search(rf"{CPU_COUNT_FLAG}=(\S*)", environ.get("XLA_FLAGS", ""))
     if match:
         return (
-            f" (XLA_FLAGS already sets {CPU_COUNT_FLAG}={match.group(1)}, which --layout.cpu-devices "
-            "does not override: change or remove it there)"
+            f" (XLA_FLAGS already sets {CPU_COUNT_FLAG}={match.group(1)}, which "
+            "--layout.cpu-devices does not override: change or remove it there)"
         )
     return (
         f" (more CPU devices: --layout.cpu-devices N, or from Python set "

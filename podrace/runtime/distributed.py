@@ -95,7 +95,8 @@ def meet(
         port = offer.get("peers")
         if not isinstance(port, int) or isinstance(port, bool):
             raise ConfigError(
-                f"distributed: process 0 at {coordinator} offered no peer link (another podrace version?)"
+                f"distributed: process 0 at {coordinator} offered no peer link "
+                "(another podrace version?)"
             )
         host = host_of(coordinator)
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # IPv6 in brackets
@@ -156,7 +157,8 @@ def join(d: DistributedConfig) -> Cluster:
 
 
 def refuse_to_join(d: DistributedConfig, reason: str) -> None:
-    """This process's config is invalid: tell the meeting of the others (see `rendezvous.refuse`)."""
+    """This process's config is invalid: tell the meeting of the others (see
+    `rendezvous.refuse`)."""
     known = _explicit(d)
     if known is not None:
         refuse(*known, reason, min(float(d.init_timeout_s), REFUSAL_WAIT_S))
@@ -257,7 +259,8 @@ def _mismatch(me: int, mine: dict, other: int, theirs: dict) -> str:
     more = f" (and {len(differing) - 1} more)" if len(differing) > 1 else ""
     return (
         f"config differs between processes: {field} is {a.get(field)!r} on process {me} but "
-        f"{b.get(field)!r} on process {other}{more} (config hash {mine['hash']} vs {theirs['hash']})"
+        f"{b.get(field)!r} on process {other}{more} "
+        f"(config hash {mine['hash']} vs {theirs['hash']})"
     )
 
 
@@ -272,7 +275,8 @@ def global_learner_devices(local_ids: tuple[int, ...], platform: str | None) -> 
         ]
         if max(local_ids) >= len(local):
             raise ConfigError(
-                f"layout.learner_device_ids {list(local_ids)}: process {process} has only {len(local)} device(s)"
+                f"layout.learner_device_ids {list(local_ids)}: process {process} has only "
+                f"{len(local)} device(s)"
             )
         devices.extend(local[i] for i in local_ids)
     return devices

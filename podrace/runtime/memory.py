@@ -81,7 +81,8 @@ def check_fits(cfg: TrainConfig, network, spec: EnvSpec, devices: Devices) -> No
     except Exception as error:  # a torso that cannot take these observations
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ConfigError(
-            f"network.torso {cfg.network.torso} cannot take observations of shape {tuple(spec.obs_shape)}: {first}"
+            f"network.torso {cfg.network.torso} cannot take observations of shape "
+            f"{tuple(spec.obs_shape)}: {first}"
         ) from None
     rollouts = rollout_bytes(cfg, spec)
     what = f"the network has {count:,} parameters ({_gib(size)})"

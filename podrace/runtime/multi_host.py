@@ -4,9 +4,9 @@ its own actors, all learners one `jit(shard_map)` over the global learner mesh.
 Every process runs the same command. Before any thread starts, the processes meet, open
 the peer link (`peers`), join jax.distributed, check themselves and compare configs
 (`distributed.agree`), and build a `SingleHostRun` whose learner mesh is every process's
-learner devices. Each process's actors feed only that process's shards; the learner step is the same SPMD
-program everywhere, so params stay identical on every process, and each process publishes
-them to its own actors through its local sync transport.
+learner devices. Each process's actors feed only that process's shards; the learner step is
+the same SPMD program everywhere, so params stay identical on every process, and each
+process publishes them to its own actors through its local sync transport.
 
 Seeds: actor keys and env seeds derive from (run seed, global actor id), the global id being
 process id x actors per process + local id, so a 2-process run with one actor each samples

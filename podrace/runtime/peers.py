@@ -320,7 +320,8 @@ class PeerLink:
                     self._declare(
                         PeerLost(
                             who,
-                            f"process {who} sent nothing for {self.timeout_s:g}s (hung or unreachable)",
+                            f"process {who} sent nothing for {self.timeout_s:g}s "
+                            "(hung or unreachable)",
                         ),
                         conn,
                     )
@@ -332,7 +333,8 @@ class PeerLink:
                     self._declare(
                         PeerLost(
                             who,
-                            f"process {who} closed its connection before finishing (it exited or was killed)",
+                            f"process {who} closed its connection before finishing "
+                            "(it exited or was killed)",
                         ),
                         conn,
                     )

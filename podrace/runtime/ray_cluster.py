@@ -126,7 +126,8 @@ def connect(cfg: RayConfig, num_cpus: int) -> Iterator[Cluster]:
                 hint = (
                     "; is RAY_AUTH_TOKEN the cluster's token?"
                     if os.environ.get("RAY_AUTH_TOKEN")
-                    else "; a cluster with token authentication needs RAY_AUTH_MODE=token and its RAY_AUTH_TOKEN here"
+                    else "; a cluster with token authentication needs RAY_AUTH_MODE=token and "
+                    "its RAY_AUTH_TOKEN here"
                 )
                 raise ConfigError(
                     f"cannot join the Ray cluster at {cfg.address}: {first}{hint}"
@@ -229,7 +230,8 @@ def _check_reachable(address: str, timeout_s: float) -> None:
     if len(header) < 9 or header[3] != 4:  # frame type 4: SETTINGS
         raise ConfigError(
             f"cannot join the Ray cluster at {address}: something listens there but it is not "
-            f"a Ray head (no gRPC answer within {timeout_s:g}s); is the port the head's GCS port (6379)?"
+            f"a Ray head (no gRPC answer within {timeout_s:g}s); is the port the head's GCS port "
+            "(6379)?"
         )
 
 
@@ -248,7 +250,8 @@ def _check_resources(ray: Any, cfg: RayConfig) -> None:
     ):
         offered = sorted({k for n in nodes for k in n["Resources"] if not k.startswith("node:")})
         raise ConfigError(
-            f"no Ray node offers the worker resources {needed} (resources in the cluster: {offered}); "
+            f"no Ray node offers the worker resources {needed} "
+            f"(resources in the cluster: {offered}); "
             "start actor nodes with `ray start --address ... --resources '{\"NAME\": N}'`"
         )
     each = {"CPU": 1.0, **needed}
@@ -257,8 +260,8 @@ def _check_resources(ray: Any, cfg: RayConfig) -> None:
     )
     if fits < cfg.num_workers:
         raise ConfigError(
-            f"the Ray cluster can hold {fits} of the {cfg.num_workers} workers: each takes {each} and its "
-            "nodes offer "
+            f"the Ray cluster can hold {fits} of the {cfg.num_workers} workers: each takes {each} "
+            "and its nodes offer "
             + "; ".join(", ".join(f"{k} {n['Resources'].get(k, 0):g}" for k in each) for n in nodes)
             + "; lower --ray.num-workers or add nodes"
         )

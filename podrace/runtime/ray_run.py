@@ -249,7 +249,8 @@ class RayRun:
                 raise ComponentError(
                     f"ray-worker-{slot.worker_id}",
                     TimeoutError(
-                        f"not started within {self.cfg.ray.start_timeout_s:g}s (no node with a free CPU"
+                        f"not started within {self.cfg.ray.start_timeout_s:g}s "
+                        "(no node with a free CPU"
                         f"{' and ' + str(self._resources) if self._resources else ''}?)"
                     ),
                 ) from None

@@ -65,7 +65,8 @@ def _listen(port: int) -> socket.socket:
 
         raise ConfigError(
             f"distributed: process 0 cannot listen on port {port} of the coordinator: "
-            f"{error.strerror or error} (another run on it? a process 0 killed or ended abruptly keeps it for {LINGER_S:g}s)"
+            f"{error.strerror or error} (another run on it? a process 0 killed or ended "
+            f"abruptly keeps it for {LINGER_S:g}s)"
         ) from None
 
 
@@ -105,7 +106,8 @@ def _gather(
                 joined.setdefault(process, conn)
                 error = (
                     f"distributed: processes disagree on --distributed.num-processes: "
-                    f"process 0 says {num_processes}, process {process} says {hello.get('num_processes')}"
+                    f"process 0 says {num_processes}, "
+                    f"process {process} says {hello.get('num_processes')}"
                 )
             elif not 0 < process < num_processes:
                 others.append(conn)

@@ -113,24 +113,27 @@ def stored_config(resume: Resume) -> tuple[int, TrainConfig]:
     steps = checkpoint_steps(_checkpoints(run_dir))
     if resume.step_was_latest and steps[-1:] != [resume.step]:
         raise ConfigError(
-            f"cannot resume {run_dir}: its checkpoints changed while this command started (checkpoint {resume.step} "
-            f"was the latest, now {steps[-1] if steps else 'none'} is: another podrace process wrote it); "
-            "run the command again"
+            f"cannot resume {run_dir}: its checkpoints changed while this command started "
+            f"(checkpoint {resume.step} was the latest, now {steps[-1] if steps else 'none'} "
+            "is: another podrace process wrote it); run the command again"
         )
     if not steps and _checkpoints(run_dir).exists() and not _checkpoints(run_dir).is_dir():
         raise ConfigError(f"cannot resume {run_dir}: {_checkpoints(run_dir)} is not a directory")
     if not steps:
         raise ConfigError(
-            f"cannot resume {run_dir}: it has no checkpoint (none was saved in {_checkpoints(run_dir)})"
+            f"cannot resume {run_dir}: it has no checkpoint "
+            f"(none was saved in {_checkpoints(run_dir)})"
         )
     if resume.step is not None and resume.step not in steps:
         raise ConfigError(
-            f"cannot resume {run_dir} from step {resume.step}: saved steps are {', '.join(map(str, steps))}"
+            f"cannot resume {run_dir} from step {resume.step}: "
+            f"saved steps are {', '.join(map(str, steps))}"
         )
     later = [s for s in steps if resume.step is not None and s > resume.step]
     if later:
         raise ConfigError(
-            f"cannot resume {run_dir} from step {resume.step}: checkpoint(s) {', '.join(map(str, later))} come after it "
+            f"cannot resume {run_dir} from step {resume.step}: "
+            f"checkpoint(s) {', '.join(map(str, later))} come after it "
             f"and would be replaced; move them out of {_checkpoints(run_dir)} first"
         )
     chosen = steps[-1] if resume.step is None else resume.step
@@ -151,13 +154,15 @@ def check_changes(stored: TrainConfig, cfg: TrainConfig, step: int) -> None:
         ):
             allowed = ", ".join(a + "*" if a.endswith(".") else a for a in RESUMABLE)
             raise ConfigError(
-                f"--resume cannot change {name} (the checkpoint's run has {old[name]!r}, got {value!r}); "
+                f"--resume cannot change {name} "
+                f"(the checkpoint's run has {old[name]!r}, got {value!r}); "
                 f"a resumed run may change only {allowed}"
             )
     if cfg.num_updates <= step:
         raise ConfigError(
-            f"nothing to resume: checkpoint {step} is already at update {step} of {cfg.num_updates} "
-            f"(total_steps {cfg.total_steps:,}); pass a larger --total-steps to extend the run"
+            f"nothing to resume: checkpoint {step} is already at update {step} of "
+            f"{cfg.num_updates} (total_steps {cfg.total_steps:,}); pass a larger --total-steps "
+            "to extend the run"
         )
 
 

@@ -34,8 +34,8 @@ class RunLock:
         except BlockingIOError:
             os.close(fd)
             raise ConfigError(
-                f"run directory {run_dir} is in use by another podrace process (a run still writing it); "
-                "stop that run first"
+                f"run directory {run_dir} is in use by another podrace process "
+                "(a run still writing it); stop that run first"
             ) from None
         self._fd: int | None = fd
         _held.add(self)

@@ -60,7 +60,8 @@ def check_run_dir(cfg: TrainConfig) -> Path:
         )
     if not writable:
         raise ConfigError(
-            f"cannot create run directory {_shown(path)}: {_shown(parent)} is not a writable directory"
+            f"cannot create run directory {_shown(path)}: {_shown(parent)} is not a writable "
+            "directory"
         )
     if free < MIN_FREE_BYTES:
         raise ConfigError(

@@ -160,7 +160,8 @@ def _act_on_signals(training, signals: Signals, worker: threading.Thread, deadli
         deadline = time.monotonic() + training.grace_s
         training.lifetime.stop(f"{signals.name} received")
     if deadline is not None and worker.is_alive() and time.monotonic() > deadline:
-        training.discard_untrained_run_dir()  # e.g. still compiling: leave no config-only run behind
+        # e.g. still compiling: leave no config-only run behind
+        training.discard_untrained_run_dir()
         if training.distributed:  # the others were told to stop a grace period ago
             from podrace.runtime.multi_host import shutdown
 

@@ -80,8 +80,9 @@ def deterministic_gpu_ops() -> None:
     if f"{DETERMINISTIC_OPS}=true" in os.environ.get("XLA_FLAGS", "") or not _gpu_started():
         return
     raise ConfigError(
-        f"deterministic needs XLA_FLAGS={DETERMINISTIC_OPS}=true before JAX starts its GPU backend, and this "
-        "process started it without: set it before the first JAX call (the podrace command sets it itself)"
+        f"deterministic needs XLA_FLAGS={DETERMINISTIC_OPS}=true before JAX starts its GPU "
+        "backend, and this process started it without: set it before the first JAX call "
+        "(the podrace command sets it itself)"
     )
 
 

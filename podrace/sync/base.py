@@ -119,9 +119,9 @@ class Publisher(ABC):
         explicitly to keep its upstream's numbering (it must exceed the latest). Versions
         are never negative (ValueError). Every version has the first one's tree structure,
         shapes and dtypes (else SnapshotMismatch, and nothing is published). The caller must
-        not mutate or donate `params` afterwards. If the publisher's transform raises on a version, that version is
-        skipped by every subscriber and push target, counted in `metrics()` as
-        `transform/failures`, and the channel goes on with the next one.
+        not mutate or donate `params` afterwards. If the publisher's transform raises on a
+        version, that version is skipped by every subscriber and push target, counted in
+        `metrics()` as `transform/failures`, and the channel goes on with the next one.
         """
 
     @abstractmethod

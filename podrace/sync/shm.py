@@ -113,8 +113,8 @@ class ShmPublisher(BackgroundPublisher):
     def _check_owner(self, what: str) -> None:
         if os.getpid() != self._owner:
             raise SyncError(
-                f"{what}() on shm channel {self.name!r} in a fork child: the publisher belongs to process "
-                f"{self._owner} (create a publisher in this process)"
+                f"{what}() on shm channel {self.name!r} in a fork child: the publisher belongs to "
+                f"process {self._owner} (create a publisher in this process)"
             )
 
     def publish(self, params: PyTree, *, version: int | None = None) -> int:

@@ -214,8 +214,9 @@ def _create_segment(name: str, size: int) -> shared_memory.SharedMemory:
         shm = shared_memory.SharedMemory(name=name, create=True, size=size)
     except FileExistsError:
         raise SyncError(
-            f"shared-memory segment {name!r} exists already: another publisher uses that channel name, or "
-            f"one died without removing it (choose another name, or delete /dev/shm/{name.lstrip('/')})"
+            f"shared-memory segment {name!r} exists already: another publisher uses that channel "
+            "name, or one died without removing it (choose another name, or delete "
+            f"/dev/shm/{name.lstrip('/')})"
         ) from None
     fd = getattr(shm, "_fd", -1)
     if fd < 0 or not hasattr(os, "posix_fallocate"):
@@ -231,9 +232,9 @@ def _create_segment(name: str, size: int) -> shared_memory.SharedMemory:
         except OSError:
             free = "free space unknown"
         raise SyncError(
-            f"shared memory segment {name!r} needs {size / 2**20:.1f} MiB and /dev/shm cannot supply it "
-            f"({free}; {exc.strerror}): enlarge /dev/shm (e.g. docker run --shm-size), publish fewer "
-            "bytes (transform=select/cast) or keep fewer versions"
+            f"shared memory segment {name!r} needs {size / 2**20:.1f} MiB and /dev/shm cannot "
+            f"supply it ({free}; {exc.strerror}): enlarge /dev/shm (e.g. docker run "
+            "--shm-size), publish fewer bytes (transform=select/cast) or keep fewer versions"
         ) from exc
     return shm
 

@@ -63,8 +63,8 @@ class TreeSpec:
         for path, dtype in zip(_leaf_paths(self.treedef), self.dtypes):
             if dtype.hasobject:
                 raise SnapshotMismatch(
-                    f"{what} leaf {path}: dtype {dtype} holds Python objects, which cannot be put in "
-                    "shared memory (publish arrays of numbers, bools or fixed-size strings)"
+                    f"{what} leaf {path}: dtype {dtype} holds Python objects, which cannot be put "
+                    "in shared memory (publish arrays of numbers, bools or fixed-size strings)"
                 )
 
 
@@ -114,7 +114,8 @@ def unreadable_tree(what: str, exc: BaseException) -> SyncError:
         f"{what}: cannot rebuild the params tree in this process ({type(exc).__name__}: "
         f"{str(exc).splitlines()[0] if str(exc) else ''}). Its node types travel by reference, so "
         "the reader must be able to import them: define them in a module (not in the "
-        "publisher's __main__ script), or publish plain dicts/lists (e.g. transform=select('params'))."
+        "publisher's __main__ script), or publish plain dicts/lists "
+        "(e.g. transform=select('params'))."
     )
 
 

@@ -68,7 +68,8 @@ def vtrace(
     rho_bar,
     c_bar,
 ):
-    """Espeholt et al. (2018), eq. (1): v_s = V(x_s) + sum_t gamma^{t-s} (prod_{i<t} c_i) delta_t V."""
+    """Espeholt et al. (2018), eq. (1):
+    v_s = V(x_s) + sum_t gamma^{t-s} (prod_{i<t} c_i) delta_t V."""
     T, B = rewards.shape
     ratio = np.exp(target_logprobs - behaviour_logprobs)
     rho = np.minimum(rho_bar, ratio)

@@ -1,4 +1,5 @@
-"""envpool's XLA step as podrace declares it: effect-free, so compiled rollouts keep JAX's C++ dispatch."""
+"""envpool's XLA step as podrace declares it: effect-free, so compiled rollouts keep JAX's C++
+dispatch."""
 
 import types
 

@@ -120,12 +120,14 @@ class _Closing(gymnasium.vector.SyncVectorEnv):
             lambda n, s: counter_vector_env(
                 n, s, autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP
             ),
-            "autoreset_mode is AutoresetMode.SAME_STEP; podrace needs gymnasium.vector.AutoresetMode.NEXT_STEP",
+            "autoreset_mode is AutoresetMode.SAME_STEP; "
+            "podrace needs gymnasium.vector.AutoresetMode.NEXT_STEP",
         ),
         (lambda n, s: counter_vector_env(n + 1, s), "was asked for 2 envs and made 3"),
         (
             lambda n, s: CounterEnv(),
-            "returned CounterEnv; expected a podrace BatchedEnv or a gymnasium.vector.VectorEnv (wrap it",
+            "returned CounterEnv; expected a podrace BatchedEnv or a gymnasium.vector.VectorEnv "
+            "(wrap it",
         ),
         (lambda n, s: None, "returned NoneType"),
         (

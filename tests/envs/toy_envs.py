@@ -1,4 +1,5 @@
-"""Tiny Gymnasium envs for the env tests (fast, fully predictable episodes), registered on import."""
+"""Tiny Gymnasium envs for the env tests (fast, fully predictable episodes), registered on
+import."""
 
 from __future__ import annotations
 

@@ -219,7 +219,8 @@ def test_cli_plot_writes_the_image_and_exits_2_on_errors(tmp_path):
             timeout=100,
         )
     assert refused.returncode == 1 and refused.stderr.splitlines() == [
-        "podrace: error: could not write to stdout (No space left on device); the command itself succeeded"
+        "podrace: error: could not write to stdout (No space left on device); "
+        "the command itself succeeded"
     ]
     assert Image.open(tmp_path / "again.png").format == "PNG"
 

@@ -183,7 +183,8 @@ def two_node_cluster() -> Iterator[TwoNodes]:
         )
         query = (
             f"import json, ray; ray.init(address={address!r}, log_to_driver=False); "
-            "print(json.dumps([(n['NodeID'], n['Resources']) for n in ray.nodes() if n['Alive']])); ray.shutdown()"
+            "print(json.dumps([(n['NodeID'], n['Resources']) "
+            "for n in ray.nodes() if n['Alive']])); ray.shutdown()"
         )
         out = subprocess.run(
             [sys.executable, "-c", query],

@@ -1,4 +1,5 @@
-"""Deterministic mode: bit-identical params for a seed; the learner count does not change learning."""
+"""Deterministic mode: bit-identical params for a seed; the learner count does not change
+learning."""
 
 import jax
 import numpy as np

@@ -63,9 +63,9 @@ def test_config_hash_ignores_only_per_process_fields():
     line = _mismatch(
         1, {"fields": shared_fields(c), "hash": "h1"}, 0, {"fields": shared_fields(a), "hash": "h0"}
     )
-    assert (
-        line
-        == "config differs between processes: ppo.clip_coef is 0.3 on process 1 but 0.2 on process 0 (config hash h1 vs h0)"
+    assert line == (
+        "config differs between processes: ppo.clip_coef is 0.3 on process 1 but 0.2 on "
+        "process 0 (config hash h1 vs h0)"
     )
 
 

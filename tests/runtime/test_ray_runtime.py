@@ -135,7 +135,8 @@ def test_sigkilled_worker_is_restarted_and_nothing_is_consumed_twice(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_a_worker_killed_while_it_starts_is_restarted(tmp_path, monkeypatch):
-    """It failed the whole run (exit 1, Ray's multi-line ActorDiedError) though restarts were left."""
+    """It failed the whole run (exit 1, Ray's multi-line ActorDiedError) though restarts were
+    left."""
     from podrace.runtime.ray_run import prepare
 
     monkeypatch.setenv(ray_helpers.DIES_ONCE, str(tmp_path / "died"))
@@ -370,8 +371,9 @@ def test_thread_runtime_never_imports_ray(tmp_path):
     code = (
         "import sys; from podrace.config import replace; from podrace.presets import PRESETS\n"
         "from podrace.runtime.single_host import train\n"
-        f"cfg = replace(PRESETS['cartpole-ppo'][1], total_steps=1024, rollout_length=16, **{{'env.num_envs': 8,"
-        f" 'eval.episodes': 1, 'eval.num_envs': 1, 'log.console': 'none', 'log.run_dir': {str(tmp_path)!r}}})\n"
+        "cfg = replace(PRESETS['cartpole-ppo'][1], total_steps=1024, rollout_length=16, "
+        "**{'env.num_envs': 8, 'eval.episodes': 1, 'eval.num_envs': 1, 'log.console': 'none', "
+        f"'log.run_dir': {str(tmp_path)!r}}})\n"
         "assert train(cfg).updates == 8\n"
         "assert 'ray' not in sys.modules, 'the thread runtime imported ray'\n"
     )
@@ -400,7 +402,10 @@ def test_ray_config_errors_are_one_line():
 @pytest.mark.timeout(120)
 def test_cli_without_ray_or_with_auth_disabled_is_a_one_line_error(tmp_path):
     cli = ["train", "cartpole-ppo", "--runtime", "ray", "--log.run-dir", str(tmp_path)]
-    no_ray = f"import sys; sys.modules['ray'] = None; from podrace.cli import main; sys.exit(main({cli!r}))"
+    no_ray = (
+        "import sys; sys.modules['ray'] = None; from podrace.cli import main; "
+        f"sys.exit(main({cli!r}))"
+    )
     env = ray_helpers.base_env("/tmp")
     done = subprocess.run(
         [sys.executable, "-c", no_ray], env=env, capture_output=True, text=True, timeout=100

@@ -57,7 +57,10 @@ def test_a_process_whose_process_0_never_listens_says_where_it_looked():
 
 def test_disagreeing_process_counts_fail_every_process_that_is_there():
     outcomes = meet(free_port(), [(0, 2), (1, 3)])
-    expected = "distributed: processes disagree on --distributed.num-processes: process 0 says 2, process 1 says 3"
+    expected = (
+        "distributed: processes disagree on --distributed.num-processes: "
+        "process 0 says 2, process 1 says 3"
+    )
     assert outcomes == [expected, expected]
 
 

@@ -311,7 +311,8 @@ def snapshot(directory) -> dict:
 
 
 def fake_run(tmp_path, cfg, versions=(2,)):
-    """A run directory as `podrace train` leaves it, without training (config, lines, checkpoints)."""
+    """A run directory as `podrace train` leaves it, without training (config, lines,
+    checkpoints)."""
     run_dir = tmp_path / cfg.log.run_name
     run_dir.mkdir()
     (run_dir / "config.json").write_text(json.dumps({}))
@@ -334,7 +335,8 @@ def test_a_checkpoint_whose_env_spaces_differ_is_refused_and_nothing_changes(tmp
         Obs.size = 5
         with pytest.raises(
             ConfigError,
-            match=r"saved for env 'PodraceResumeObs-v0' with obs_shape \[4\], the config's env has \[5\]",
+            match=r"saved for env 'PodraceResumeObs-v0' with obs_shape \[4\], "
+            r"the config's env has \[5\]",
         ):
             prepare(None, resume=Resume(run_dir))
         assert snapshot(run_dir) == before
@@ -404,7 +406,8 @@ def test_a_full_disk_while_updating_the_run_directory_leaves_no_temp_file(tmp_pa
     stored = small(tmp_path, **{"log.run_name": "run"})
     with pytest.raises(
         ConfigError,
-        match=rf"^cannot update {re.escape(str(run_dir))} for the resumed run: No space left on device$",
+        match=rf"^cannot update {re.escape(str(run_dir))} for the resumed run: "
+        r"No space left on device$",
     ):
         commit(ResumePoint(run_dir, 2, stored, stored), 2, 20, stored)
     assert not tmp.is_symlink() and not tmp.exists()

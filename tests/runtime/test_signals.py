@@ -141,8 +141,8 @@ def test_signal_during_a_compile_longer_than_the_grace_leaves_no_run_dir(tmp_pat
         "import podrace.runtime.single_host as sh\n"
         "sh.warm_up_learner = lambda *a, **k: time.sleep(60)  # a compile that outlasts the grace\n"
         "from podrace.cli import main\n"
-        f"sys.exit(main(['train', 'cartpole-ppo', '--log.run-dir', {str(tmp_path)!r}, '--log.run-name', 'r',"
-        " '--log.console', 'none']))\n"
+        f"sys.exit(main(['train', 'cartpole-ppo', '--log.run-dir', {str(tmp_path)!r}, "
+        "'--log.run-name', 'r', '--log.console', 'none']))\n"
     )
     proc = subprocess.Popen(
         [sys.executable, "-c", code],

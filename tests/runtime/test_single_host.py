@@ -121,7 +121,8 @@ def test_env_error_fails_the_run_quickly_naming_the_thread(tmp_path):
     start = time.perf_counter()
     with pytest.raises(
         ComponentError,
-        match=r"actor-0 failed: EnvError: env.step raised at step 40 \(rollout \d+\): RuntimeError: env exploded",
+        match=r"actor-0 failed: EnvError: env.step raised at step 40 \(rollout \d+\): "
+        r"RuntimeError: env exploded",
     ):
         run.run()
     assert time.perf_counter() - start < 30

@@ -57,8 +57,8 @@ def test_a_deterministic_run_from_python_gets_deterministic_gpu_kernels_before_j
     """Found by an attack on the Python API: only the CLI set the flag, so a library
     caller's deterministic run on a GPU used XLA's non-deterministic scatter-adds."""
     script = (
-        "import os; from podrace.runtime.xla_setup import deterministic_gpu_ops; deterministic_gpu_ops(); "
-        "print(os.environ['XLA_FLAGS'])"
+        "import os; from podrace.runtime.xla_setup import deterministic_gpu_ops; "
+        "deterministic_gpu_ops(); print(os.environ['XLA_FLAGS'])"
     )
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     done = subprocess.run(

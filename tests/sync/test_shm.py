@@ -372,8 +372,10 @@ def _start_publisher_group():
     import sys
 
     code = (
-        "import time; from podrace.sync.shm import ShmPublisher; from tests.sync.workers import stamped_params\n"
-        "p = ShmPublisher(); p.publish(stamped_params(0, 8)); p.flush(30); print(p.name, flush=True); time.sleep(600)"
+        "import time; from podrace.sync.shm import ShmPublisher; "
+        "from tests.sync.workers import stamped_params\n"
+        "p = ShmPublisher(); p.publish(stamped_params(0, 8)); p.flush(30); "
+        "print(p.name, flush=True); time.sleep(600)"
     )
     proc = subprocess.Popen(
         [sys.executable, "-c", code],
@@ -478,7 +480,8 @@ def test_a_type_from_the_publishers_main_gives_a_clear_error():
         "import sys, numpy as np\nfrom typing import NamedTuple\n"
         "class Params(NamedTuple):\n    w: np.ndarray\n"
         "from podrace.sync.shm import ShmPublisher\n"
-        "p = ShmPublisher(); p.publish(Params(np.ones(3))); p.flush(30); print(p.name, flush=True)\n"
+        "p = ShmPublisher(); p.publish(Params(np.ones(3))); p.flush(30); "
+        "print(p.name, flush=True)\n"
         "sys.stdin.read(); p.close()\n"
     )
     proc = subprocess.Popen(
@@ -655,8 +658,10 @@ def _start_forking_publisher():
     import sys
 
     code = (
-        "import os, time; from podrace.sync.shm import ShmPublisher; from tests.sync.workers import stamped_params\n"
-        "p = ShmPublisher(); p.publish(stamped_params(0, 8)); p.flush(30); print(p.name, flush=True)\n"
+        "import os, time; from podrace.sync.shm import ShmPublisher; "
+        "from tests.sync.workers import stamped_params\n"
+        "p = ShmPublisher(); p.publish(stamped_params(0, 8)); p.flush(30); "
+        "print(p.name, flush=True)\n"
         "while not any(k.endswith('/acked_version') for k in p.metrics()): time.sleep(0.01)\n"
         "child = os.fork()\n"
         "if child == 0: time.sleep(600); os._exit(0)\n"
