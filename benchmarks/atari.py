@@ -373,7 +373,7 @@ def main() -> None:
         print(json.dumps(child(args.mode, args, overrides)), flush=True)
         sys.stderr.flush()
         # Measured and reported: skip the interpreter's teardown, where a learner_only child
-        # once aborted ("terminate called ... exception not rethrown") after its result.
+        # can abort ("terminate called ... exception not rethrown") after its result.
         os._exit(0)
 
     cfg = make_config(args, overrides)  # validates the overrides before any child starts

@@ -7,8 +7,8 @@ jitted, sharded step the learner runs, on a rollout of the preset's shape) again
 alternatives, interleaved round by round so machine noise hits every variant alike:
   as_built            the learner's update as the learner compiles it (on CPU with XLA's
                       memory-optimized scheduler, see `learner_compiler_options`);
-  default_scheduler   the same program under XLA:CPU's default scheduler (how the update
-                      was compiled before: more of its ops run concurrently on the pool);
+  default_scheduler   the same program under XLA:CPU's default scheduler (more of its ops
+                      run concurrently on the pool);
   fused_twin_mlp      the same maths with the actor and critic MLPs as one program: a
                       [4, 128] first layer and one batched [2, 64, 64] second layer
                       (fewer, larger matmuls);

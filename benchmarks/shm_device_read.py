@@ -1,13 +1,13 @@
-"""What an shm device subscriber's read costs since it places a private copy (issue 8).
+"""What an shm device subscriber's read costs, given that it places a private copy.
 
-Placing straight from the shared slot (`device_put` of views into shared memory) let the
-returned arrays alias the slot on CPU, so a kept snapshot changed when the writer reused
-the slot. A device read now copies the slot into a host buffer under the seqlock, then
-places that copy. Per params size (four float32 leaves), medians over reps of:
+Placing straight from the shared slot (`device_put` of views into shared memory) would let
+the returned arrays alias the slot on CPU, so a kept snapshot would change when the writer
+reuses the slot. A device read therefore copies the slot into a host buffer under the
+seqlock, then places that copy. Per params size (four float32 leaves), medians over reps of:
 
 * device_read_s: `ShmSubscriber(channel, device).get()` of a new version (copy + place);
 * host_read_s: `ShmSubscriber(channel).get()` (copy only);
-* slot_place_s: the former path, `device_put` straight from the slot (unsafe on CPU);
+* slot_place_s: `device_put` straight from the slot (no copy; unsafe on CPU);
 * memcpy_s: `np.copy` of the same bytes, measured in the same rep;
 
 and device_read_s / slot_place_s, device_read_s / (memcpy_s + slot_place_s).

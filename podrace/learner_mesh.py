@@ -200,14 +200,14 @@ def learner_compiler_options(network: NetworkConfig, mesh: Mesh) -> dict[str, st
     XLA:CPU runs a program's independent ops (the actor and critic MLPs, each layer's weight
     and input gradients) concurrently on one intra-op thread pool that every program of the
     process shares, so the actors' compiled rollouts wait behind the learner's tasks there.
-    The memory-optimized schedule reuses buffers across those branches and the update runs
-    mostly as one chain: for `cartpole-ppo` (64 x 64) on 2 cores the update alone took a
-    quarter less CPU and less wall-clock, and end to end the actors' rollouts wait less
-    (`benchmarks/learner_update.py`, `benchmarks/cartpole_ppo.py`; the results are bit for
-    bit the same). Bigger ops gain from the concurrency: 128-wide layers ran as fast either
-    way, 256-wide ones 10-20% slower scheduled for memory, and `atari-ppo`'s convolutional
-    update about a tenth slower; those keep XLA's default. A scheduler chosen in XLA_FLAGS
-    is the user's and stays."""
+    The memory-optimized schedule reuses buffers across those branches and runs the update
+    mostly as one chain, with bit-identical results: a small MLP's update takes less CPU
+    and wall-clock (`cartpole-ppo`'s 64 x 64: a quarter less CPU on 2 cores), so the actors'
+    rollouts wait less (`benchmarks/learner_update.py`, `benchmarks/cartpole_ppo.py`).
+    Bigger ops gain from the concurrency (128-wide layers run as fast either way, 256-wide
+    ones 10-20% slower scheduled for memory, `atari-ppo`'s convolutional update about a
+    tenth slower), so they keep XLA's default. A scheduler chosen in XLA_FLAGS is the
+    user's and stays."""
     if network.torso != "mlp" or max(network.hidden_sizes, default=0) > SMALL_MLP_WIDTH:
         return None
     if mesh.devices.flat[0].platform != "cpu":

@@ -57,10 +57,9 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
     "cartpole-ppo": (
         "PPO on CartPole-v1 (envpool), 500k steps, one actor thread (64 envs) and a learner on "
         "device 0.",
-        # 512 samples per update as 64 envs x 8 steps: chosen when the per-step cost of
-        # inference dispatch dominated on 2 CPU cores (10 s for 500k steps vs 14 s with 2
-        # threads x 32 envs). Rollouts now compile into XLA calls and the learner's update
-        # is the limit; every layout tried solved CartPole (eval 500).
+        # 512 samples per update as 64 envs x 8 steps in one actor thread. Rollouts compile
+        # into XLA calls, so on 2 CPU cores the learner's update is the limit, not the actors'
+        # layout; every layout tried solved CartPole (eval 500).
         TrainConfig(
             name="cartpole-ppo",
             algo="ppo",

@@ -21,7 +21,7 @@ for _flag in (f"{DEVICE_COUNT}=4", "--xla_backend_optimization_level=0"):
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # A Ray started in this process (tests/sync) would install its C++ crash handler over
 # pytest's faulthandler, as the podrace command prevents too: an abort of the suite's
-# process then printed nothing at all (once in CI: exit 134 at 74%, no stack).
+# process would then print nothing at all (exit 134, no stack).
 os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
 # `podrace train` turns JAX's persistent compilation cache on; the suite must neither write
 # into the user's cache nor depend on what an earlier run left there. So it shares one
@@ -52,8 +52,8 @@ def pytest_unconfigure(config):
     """Leave without interpreter finalization, as the `podrace` command does (supervisor.leave):
     threads that tests leave in native code on purpose (stuck envs, learners in a collective)
     are killed there, and a C++ `catch (...)` that swallows that forced unwind aborts the
-    process ("FATAL: exception not rethrown", exit 134) after every test passed. This
-    happened once in a full run here. atexit handlers still run (the cache above, Ray)."""
+    process ("FATAL: exception not rethrown", exit 134) after every test passed. atexit
+    handlers still run (the cache above, Ray)."""
     status = getattr(config, "_podrace_exitstatus", None)
     if status is None:  # e.g. --collect-only errors: leave as pytest would
         return

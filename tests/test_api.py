@@ -248,10 +248,10 @@ CTRL_C_FROM_PYTHON = textwrap.dedent(
 
 @pytest.mark.timeout(240)
 def test_ctrl_c_of_a_library_caller_stops_the_run_cleanly_then_raises_keyboard_interrupt(tmp_path):
-    """Python's own SIGINT handling raised KeyboardInterrupt wherever the main thread was:
-    inside JAX's tracing (a segfault some calls later), or in the run's cleanup on a second
-    Ctrl-C (the run directory stayed locked: its resume said "in use" in this process; a
-    run stopped before its first update stayed behind, unresumable)."""
+    """Python's own SIGINT handling would raise KeyboardInterrupt wherever the main thread
+    is: inside JAX's tracing (a segfault some calls later), or in the run's cleanup on a
+    second Ctrl-C (the run directory would stay locked, so its resume says "in use" in this
+    process, and a run stopped before its first update would stay behind, unresumable)."""
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.run(
         [sys.executable, "-W", "ignore", "-c", CTRL_C_FROM_PYTHON, str(tmp_path)],

@@ -447,9 +447,9 @@ STORAGE_REFUSES = textwrap.dedent(
 
 @pytest.mark.timeout(120)
 def test_a_write_the_storage_refuses_is_one_line_without_orbaxs_tracebacks(tmp_path):
-    """A real refusal inside TensorStore (a file size limit; a full disk is the same path):
-    orbax's threads logged tracebacks with TensorStore's spec dump, and late callbacks into
-    closed event loops printed "Event loop is closed" tracebacks, around podrace's error."""
+    """A real refusal inside TensorStore (a file size limit; a full disk is the same path)
+    is podrace's one-line error alone: no tracebacks with TensorStore's spec dump from
+    orbax's threads, no "Event loop is closed" tracebacks from late callbacks."""
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.run(
         [sys.executable, "-W", "ignore", "-c", STORAGE_REFUSES, str(tmp_path)],
@@ -543,7 +543,8 @@ def test_a_checkpoint_of_another_network_or_env_does_not_load(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_a_run_that_fed_discrete_observations_as_numbers_is_refused_with_the_reason(tmp_path):
-    """Discrete observations became one-hot vectors: a run trained before saw them as numbers."""
+    """Discrete observations are one-hot vectors: a checkpoint of a run that fed them as
+    numbers is refused, with the reason."""
     cfg = tiny_config(**{"env.id": "FrozenLake-v1"})
     current = env_spec(cfg.env)
     before = current._replace(obs_shape=(), obs_dtype=np.dtype(np.int64))
@@ -720,9 +721,9 @@ def test_a_damaged_chunk_that_passes_the_manifest_leaves_no_read_running_behind(
 def test_a_checkpoints_folder_deleted_under_the_run_is_named_not_a_100_line_orbax_error(
     tmp_path, monkeypatch
 ):
-    """Found by sabotage: `rm -rf checkpoints` of a live run during a write failed it with
-    orbax's TensorStore spec dump and a traceback; the CLI prints this error in one line.
-    Deleted between two saves, the folder is simply made again."""
+    """`rm -rf checkpoints` of a live run during a write fails it with an error naming what
+    happened (the CLI prints it in one line), not orbax's TensorStore spec dump and a
+    traceback. Deleted between two saves, the folder is simply made again."""
     cfg = tiny_config()
     directory = tmp_path / "checkpoints"
     checkpointer = Checkpointer(directory, cfg, env_spec(cfg.env))

@@ -23,16 +23,15 @@ def run_cli(capsys, *args):
         (["--env.num-envs", "0"], "env.num_envs must be positive"),
         (["--env.num-threads", "0"], "env.num_threads must be positive"),
         (["--env.num-threads", "-2"], "env.num_threads must be positive"),
-        (
-            ["--env.num-threads", "2147483647"],
-            "env.num_threads must be at most 1024",
-        ),  # aborted the process
+        # unchecked, this many threads would abort the process
+        (["--env.num-threads", "2147483647"], "env.num_threads must be at most 1024"),
         (["--layout.learner-device-ids", "0", "1", "2", "--env.num-envs", "8"], "divisible"),
         (["--env.id", "NoSuchEnv-v0"], "unknown env id"),
         (["--rollout-length", "-3"], "rollout_length must be positive"),
         (["--total-steps", "10"], "less than one update"),
-        (["--log.run-dir", ""], "log.run_dir must name a folder"),  # silently the working directory
-        # Found by the sync/Ray attack: accepted, recorded in config.json, never written.
+        # unchecked, "" would silently be the working directory
+        (["--log.run-dir", ""], "log.run_dir must name a folder"),
+        # refused, not accepted and recorded in config.json with no checkpoint ever written
         (
             ["--runtime", "ray", "--checkpoint.every-updates", "5"],
             "thread runtime on one host only",
@@ -100,9 +99,8 @@ def test_train_runs_and_reports(capsys, tmp_path):
 
 @pytest.mark.timeout(120)
 def test_a_training_run_outlives_the_reader_of_its_stderr(tmp_path):
-    """Found by an attack: `podrace train ... 2>&1 | head -1` ended the run at a tenth of its
-    steps (rich's console raises SystemExit on a broken pipe). Lines nobody reads are lost,
-    not the run."""
+    """`podrace train ... 2>&1 | head -1` trains to the end: lines nobody reads are lost, not
+    the run (rich's console raises SystemExit on a broken pipe)."""
     run = subprocess.Popen(
         [
             sys.executable,
@@ -149,8 +147,8 @@ def full_pipe() -> tuple[int, int]:
 
 @pytest.mark.timeout(120)
 def test_a_signal_ends_a_run_whose_stderr_reader_stopped_reading(tmp_path):
-    """Found by an attack: with stderr a full pipe the main thread sat in a write, and no
-    Ctrl-C (nor a second one) ended the process until the reader read again."""
+    """With stderr a full pipe nobody reads, a Ctrl-C still ends the process: the main thread
+    never blocks for long in a write to it."""
     read, write = full_pipe()
     try:
         run = subprocess.Popen(
@@ -197,9 +195,9 @@ def test_a_signal_ends_a_run_whose_stderr_reader_stopped_reading(tmp_path):
 def test_a_bad_flag_with_stderr_closed_or_full_is_still_exit_2_and_nothing_on_stdout(
     tmp_path, stderr
 ):
-    """Found by an attack: exit 1 (a traceback into the full stderr), or the error line on
-    stdout (print(file=None) with stderr closed); and with fd 2 closed, a file the run
-    opened could take its number and get crash dumps and C libraries' log lines."""
+    """A bad flag is exit 2 with nothing on stdout (no traceback, no error line moved to
+    stdout) whether stderr is full or closed; a closed fd 2 is taken by /dev/null, so no
+    file the run opens gets its number and with it crash dumps and C libraries' log lines."""
     probe = (
         "import os, sys, podrace.cli as c; c.guard_std_streams(); "
         "print(os.readlink('/proc/self/fd/2'))"
@@ -226,7 +224,8 @@ def test_a_bad_flag_with_stderr_closed_or_full_is_still_exit_2_and_nothing_on_st
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("args,code", [("--bogus", 2), ("--help", 0)])
 def test_a_flag_error_or_help_with_stdout_closed_is_its_usual_exit(tmp_path, args, code):
-    """Found by an attack: tyro writes to sys.stdout, which is None then (exit 1, a traceback)."""
+    """With stdout closed, sys.stdout is None where tyro writes: still the usual exit code and
+    no traceback."""
     done = subprocess.run(
         f'"{sys.executable}" -m podrace.cli train cartpole-ppo {args} >&-',
         shell=True,
@@ -382,7 +381,7 @@ def test_final_line_reports_skipped_updates(capsys, tmp_path, monkeypatch):
             "hang",
             "actor-0 failed: HangDetected: env.step did not return within 3s (step 305)",
         ),
-        # Found by an attack: a traceback of podrace's own frames came first (none of the env's).
+        # one line: no traceback of podrace's own frames before it
         (
             "actor-0",
             "outside",
@@ -402,9 +401,7 @@ def test_named_failures_are_one_line_and_exit_1(
     cause = {
         "skipped": TooManySkippedUpdates("63 of 625 updates skipped as non-finite"),
         "sink": SinkError("cannot write metrics to m.jsonl: No space left on device"),
-        "hang": HangDetected(
-            "env.step did not return within 3s (step 305)"
-        ),  # printed twice before
+        "hang": HangDetected("env.step did not return within 3s (step 305)"),
         "outside": EnvError("env.step raised at step 5: ObservationOutsideSpace: got [5]"),
     }[error]
     cause.__cause__ = ObservationOutsideSpace("got [5]") if error == "outside" else None
@@ -430,14 +427,14 @@ def test_wandb_missing_is_exit_2_and_writes_nothing(capsys, tmp_path, monkeypatc
 
 @pytest.mark.timeout(30)
 def test_a_full_disk_explains_itself_in_one_line():
-    """Found by the CLI attack: a checkpoint write on a full disk printed a 51-line traceback
-    before its one-line error."""
+    """A checkpoint write on a full disk, or into a folder it may not write, is reported in
+    its one-line error alone, with no traceback before it."""
     import errno
 
     from podrace.train_command import explains_itself
 
     assert explains_itself(OSError(errno.ENOSPC, "No space left on device"))
-    # Found by the second attack: a checkpoints folder made read-only mid-run, the same 50 lines.
+    # a checkpoints folder made read-only during the run
     assert explains_itself(
         PermissionError(errno.EPERM, "Operation not permitted", "ck/1171.orbax-checkpoint-tmp")
     )
@@ -449,7 +446,7 @@ def test_a_full_disk_explains_itself_in_one_line():
 
 @pytest.mark.timeout(60)
 def test_ray_restart_limits_explain_themselves():
-    """Found by the multi-host/Ray attack: 35 lines of podrace's own traceback came first."""
+    """Ray's restart limits are reported in one line, with no traceback of podrace's own."""
     from podrace.runtime.ray_run import WorkerCrashLoop, WorkerNotReady
     from podrace.train_command import explains_itself
 
@@ -502,10 +499,10 @@ sys.exit(main([sys.argv[1], str(out.parent)] + (["-o", str(out)] if sys.argv[1] 
 def test_a_signal_ends_eval_and_plot_at_once_in_one_line_after_any_output_write(
     tmp_path, command, when, signame
 ):
-    """Found by the attacks: Ctrl-C in `podrace eval` became a traceback (third attack),
-    then was swallowed by one of JAX's callbacks so eval ran on (3 of 4 early Ctrl-C), or a
-    traceback from inside `import jax`; `podrace plot` printed a 39-line traceback; SIGTERM
-    killed both without a word. A write in progress finishes first: no temp file is left."""
+    """Ctrl-C or SIGTERM ends `podrace eval` and `podrace plot` at once with one line and
+    exit 128 + the signal, wherever it lands (in one of JAX's callbacks, inside
+    `import jax`): no traceback, no silent kill, no command that runs on. A write in
+    progress finishes first, so no temp file is left; a second signal exits without it."""
     out = tmp_path / "out.png"
     done = subprocess.run(
         [sys.executable, "-c", SIGNALLED_COMMAND, command, str(out), when, signame],
@@ -515,9 +512,7 @@ def test_a_signal_ends_eval_and_plot_at_once_in_one_line_after_any_output_write(
     )
     signum = getattr(signal, signame)
     assert done.returncode == 128 + signum, done.stderr
-    if (
-        when == "while-writing-twice"
-    ):  # found by the third attack: the second one waited for the write
+    if when == "while-writing-twice":  # the second one does not wait for the write
         assert done.stderr.strip().splitlines() == [f"podrace: second {signame}, exiting now"]
         return
     assert done.stderr.strip().splitlines() == [f"podrace: {signame} received, stopped"]
@@ -567,10 +562,9 @@ sys.exit(podrace.cli.main())
     ],
 )
 def test_a_signal_around_a_command_ends_the_process_at_once(tmp_path, when, signame, code, lines):
-    """Found by the third attack: a signal once eval/plot/train had finished, while the
-    interpreter shut down, killed the process silently or printed a KeyboardInterrupt in an
-    atexit callback (and exit 0); one before the command's own handling was a traceback.
-    Now: one line before; after, the command's own exit code."""
+    """A signal before the command's own handling ends the process with one line; one after
+    the command finished, while the interpreter shuts down, leaves the command's own exit
+    code (no silent kill, no KeyboardInterrupt in an atexit callback, no exit 0)."""
     done = subprocess.run(
         [sys.executable, "-c", ENTRY, when, signame],
         cwd=tmp_path,
@@ -606,8 +600,8 @@ def test_the_command_ends_its_process_after_the_atexit_handlers_without_finaliza
     )
     assert done.returncode == 2, done.stderr
     assert done.stdout.splitlines() == ["atexit ran"], done.stdout
-    # Started with stdout closed (`>&-`; sys.stdout is None): the same code and line (found
-    # by an attack: an AttributeError in the flush, exit 1, after the command succeeded).
+    # Started with stdout closed (`>&-`; sys.stdout is None): the same code and line, with no
+    # AttributeError in the exit's flush.
     done = subprocess.run(
         f'"{sys.executable}" -c "$LEAVING" >&-',
         shell=True,
@@ -623,8 +617,8 @@ def test_the_command_ends_its_process_after_the_atexit_handlers_without_finaliza
 
 
 def test_a_second_signal_removes_a_run_directory_that_never_trained(tmp_path):
-    """Found by the third attack: a double Ctrl-C before the first update left a run
-    directory holding only config.json, which --resume refused."""
+    """A second Ctrl-C before the first update leaves no run directory holding only
+    config.json (one --resume would refuse); a run that has trained keeps its directory."""
     from types import SimpleNamespace
 
     from podrace.runtime.supervisor import Signals
@@ -655,7 +649,8 @@ def test_a_second_signal_removes_a_run_directory_that_never_trained(tmp_path):
 def test_podrace_warnings_are_podrace_lines_and_the_callers_logging_is_restored(
     capsys, monkeypatch, tmp_path
 ):
-    """A dependency's basicConfig printed them as `WARNING:podrace.evaluate:...`."""
+    """podrace's warnings are `podrace: warning:` lines even under a dependency's
+    basicConfig (not `WARNING:podrace.evaluate:...`)."""
     import logging
 
     import podrace.metrics.plot

@@ -129,8 +129,8 @@ class StateChain(gymnasium.Env):
 
 @pytest.mark.timeout(120)
 def test_video_of_an_env_with_discrete_observations_shows_the_policy_its_one_hot_states(tmp_path):
-    """Found by an attack: the render env gave the policy the state's index as it is
-    (training gives it one-hot), and the video was refused as 'cannot be recorded'."""
+    """The render env gives the policy one-hot states, as training does, not the state's
+    index, so the video is recorded (not refused as 'cannot be recorded')."""
     gymnasium.register("PodraceStateChain-v0", entry_point=StateChain)
     try:
         run = make_run(tmp_path / "run", cfg=tiny_config(**{"env.id": "PodraceStateChain-v0"}))
@@ -148,7 +148,7 @@ def test_errors_come_before_anything_is_written(tmp_path):
     with pytest.raises(ConfigError, match="no checkpoint in"):
         evaluate_run(EvalOptions(empty))
     (tmp_path / "afile").write_text("")
-    with pytest.raises(ConfigError, match="afile is not a directory"):  # said "does not exist"
+    with pytest.raises(ConfigError, match="afile is not a directory"):  # not "does not exist"
         evaluate_run(EvalOptions(tmp_path / "afile"))
     run = make_run(tmp_path / "run")
     existing = tmp_path / "results.json"
@@ -157,9 +157,7 @@ def test_errors_come_before_anything_is_written(tmp_path):
         evaluate_run(EvalOptions(run, output=existing))
     with pytest.raises(ConfigError, match=r"--episodes must be in \[1, 2,147,483,647\], got 0"):
         evaluate_run(EvalOptions(run, episodes=0))
-    with pytest.raises(
-        ConfigError, match="got 3,000,000,000"
-    ):  # ran until killed (sync/Ray attack)
+    with pytest.raises(ConfigError, match="got 3,000,000,000"):  # would run until killed
         evaluate_run(EvalOptions(run, episodes=3_000_000_000))
     assert existing.read_text() == "keep me"
     assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.json"]

@@ -66,8 +66,8 @@ def test_each_env_counts_its_own_share_so_short_episodes_are_not_over_counted():
 
 
 def test_an_env_that_never_ends_its_episode_is_given_up_not_waited_for_forever(caplog):
-    """Found by the attack: with per-env shares, one eval env whose episode never ends (no
-    time limit) hung the final evaluation for good."""
+    """With per-env shares, one eval env whose episode never ends (no time limit) is given
+    up, so the final evaluation ends."""
     env = FixedLengthEnv([2, 10**9])
     returns, lengths = run_episodes(env, jax.jit(policy), None, jax.devices()[0], 4, control())
     assert lengths.tolist() == [2, 2, 2, 2]  # env 0's two, then two past its share for env 1's
@@ -80,8 +80,8 @@ def test_an_env_that_never_ends_its_episode_is_given_up_not_waited_for_forever(c
 
 
 def test_no_env_is_given_up_before_its_declared_time_limit():
-    """Found by the third attack: an env trained with --env.max-episode-steps 20000 was
-    given up at 10,000 steps (and `podrace eval` then asked for a time limit)."""
+    """An env trained with --env.max-episode-steps 20000 is not given up at 10,000 steps (nor
+    does `podrace eval` then ask for a time limit)."""
     tally = EpisodeTally(2, 2, time_limit=20_000)
     for _ in range(15_000):
         tally.add(np.array([True, False]), np.array([1.0, 0.0]), np.array([1, 0]))

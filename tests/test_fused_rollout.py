@@ -242,7 +242,7 @@ def test_a_long_rollout_runs_in_watched_chunks_and_a_stop_is_seen_between_them()
     with pytest.raises(Stopped):
         actor.run()
     # The runtime closes the envs after a stop: no chunk may still be running or queued
-    # (envpool stepping a closed env failed with bad_alloc, or hung later XLA calls).
+    # (envpool stepping a closed env fails with bad_alloc, or hangs later XLA calls).
     assert all(leaf.is_ready() for leaf in jax.tree.leaves(actor.fused.carry))
     env.close()
     jax.effects_barrier()

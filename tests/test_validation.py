@@ -24,8 +24,8 @@ PYTHON_ONLY = [
     ({"log.run_name": "\x1b[31m"}, "log.run_name must not contain control characters"),
     ({"log.run_name": "\u00e9" * 101}, "log.run_name is 202 bytes long"),
     ({"ppo.learning_rate": float("inf")}, "ppo.learning_rate must be a finite number"),
-    # Wrong types (found by an attack on the Python API: a TypeError deep in the set-up, or
-    # a run that went on with them).
+    # Wrong types from the Python API: a ConfigError here, not a TypeError deep in the
+    # set-up or a run that goes on with them.
     ({"seed": "1"}, "seed must be int, got '1'"),
     ({"seed": np.int64(1)}, "seed must be int, got np.int64(1)"),  # config.json could not hold it
     ({"env.id": None}, "env.id must be str, got None"),
@@ -43,14 +43,16 @@ PYTHON_ONLY = [
     ({"env.num_threads": 2.0}, "env.num_threads must be int | None, got 2.0"),
     ({"env": {"id": "CartPole-v1"}}, "env must be EnvConfig, got dict"),
     ({"eval": PPOConfig()}, "eval must be EvalConfig, got PPOConfig"),
+    # a ConfigError, not a raw ValueError from comparing an array
     (
         {"algo": np.array(["ppo", "ppo"])},
         "algo must be one of ppo, impala, got array(['ppo', 'ppo']",
-    ),  # was a raw ValueError
+    ),
+    # refused, though the array compares equal to a valid choice
     (
         {"log.console": np.array("none")},
         "log.console must be one of progress, lines, none, got array('none'",
-    ),  # was accepted
+    ),
 ]
 
 
@@ -126,8 +128,8 @@ def test_every_preset_is_valid():
 
 @pytest.mark.timeout(30)
 def test_ray_values_that_would_reach_ray_are_config_errors():
-    """Found by the CLI attack: a non-finite resource amount and an address whose host is
-    empty or whose port is not a port passed validation, then started (or hung joining) Ray."""
+    """A non-finite resource amount and an address whose host is empty or whose port is not
+    a port fail validation, before anything starts (or hangs joining) Ray."""
     from podrace.presets import PRESETS
 
     base = replace(PRESETS["cartpole-ppo"][1], runtime="ray")

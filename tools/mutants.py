@@ -815,7 +815,7 @@ MUTANTS: list[Mutant] = [
         "    RunLock",
         ("tests/test_cli_resume.py", "-k", "in_use"),
     ),
-    # --- found by this stop's attacks -------------------------------------------------------
+    # --- mixed: sync layouts, stops and signals, resume, determinism, one-line errors ------
     Mutant(
         "local_carries_a_changed_layout",
         "podrace/sync/local.py",
@@ -950,7 +950,7 @@ MUTANTS: list[Mutant] = [
         "",
         ("tests/test_cli.py", "-k", "second_signal"),
     ),
-    # --- checkpoints: found by the attack on the atomic manifest (session of 2026-12-05) ---------
+    # --- checkpoints: the atomic manifest, leftovers, failed writes ------------------------
     Mutant(
         "leftovers_matched_by_prefix",
         "podrace/checkpoint.py",
@@ -1030,7 +1030,7 @@ MUTANTS: list[Mutant] = [
         "    if not manifest_path.is_file():\n        return\n        raise",
         ("tests/test_eval_command.py", "-k", "without_its_manifest"),
     ),
-    # --- from the attack on the other presets (session of 2026-12-03, sixth) ------------------
+    # --- the other presets: normalizer, float settings, torsos, Atari images, results ------
     Mutant(
         "normalizer_statistics_finite_per_shard_only",
         "podrace/algos/normalizer.py",
@@ -1101,7 +1101,7 @@ MUTANTS: list[Mutant] = [
         "        single = None",
         ("tests/metrics/test_plot.py", "-k", "one_metrics_line"),
     ),
-    # --- from the attack on multi-host, Ray and sync (same session) --------------------------
+    # --- multi-host, Ray and sync ----------------------------------------------------------
     Mutant(
         "preemption_notifier_takes_sigterm",
         "podrace/runtime/distributed.py",
@@ -1145,7 +1145,7 @@ MUTANTS: list[Mutant] = [
         "            link.close()\n",
         ("tests/runtime/test_multihost.py", "-k", "no_run_directory"),
     ),
-    # --- runtime/coordination_service.py (the CI failure of the try before stop 32) -----------
+    # --- runtime/coordination_service.py ---------------------------------------------------
     Mutant(
         "coordination_service_inside_process_0",
         "podrace/runtime/coordination_service.py",
@@ -1181,7 +1181,7 @@ MUTANTS: list[Mutant] = [
         "",
         ("tests/runtime/test_multihost.py", "-k", "first_update"),
     ),
-    # --- the peer link before jax.distributed (stop 33) ---------------------------------------
+    # --- the peer link before jax.distributed ----------------------------------------------
     Mutant(
         "peer_link_opens_only_after_jax_distributed",
         "podrace/runtime/multi_host.py",

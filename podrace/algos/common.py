@@ -133,7 +133,7 @@ def make_minibatch_step(optimizer, loss_fn, schedule, axis_name: str | None) -> 
 
     Why one vector: on XLA:CPU every array an update takes in or gives back costs time, and
     on a 2-core machine the learner thread's GIL hand-offs too (each array freed releases
-    and retakes it). Per-leaf optimizer state was 2 arrays per params leaf (Adam's moments);
+    and retakes it). Per-leaf optimizer state would be 2 arrays per params leaf (Adam's moments);
     raveled it is 2 in all, and the optimizer's elementwise work is one fused op per step
     instead of several per leaf."""
 

@@ -69,8 +69,8 @@ class ObservationOutsideSpace(ExplainedError, ValueError):
 
 class OneHotObs:
     """A Discrete observation (a state's index: FrozenLake, Taxi) as a one-hot float32
-    vector, as the spec describes it. Fed to a network as a number, state 7 was "more" than
-    state 6 and a policy could hardly tell states apart (PPO on FrozenLake-v1, 300k steps:
+    vector, as the spec describes it. Fed to a network as a number, state 7 is "more" than
+    state 6 and a policy can hardly tell states apart (PPO on FrozenLake-v1, 300k steps:
     eval return 0.0-0.1, one-hot 0.5-0.8), and statistics of indices mean nothing."""
 
     def __init__(self, space: gymnasium.spaces.Discrete) -> None:

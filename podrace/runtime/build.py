@@ -182,7 +182,7 @@ def build_evaluator(
 ) -> Evaluator:
     envs = envs or EnvSource(cfg.env)
     # Each env counts its own share of `episodes` (`EpisodeTally`): more envs than episodes
-    # would only play uncounted episodes (and 2**31 of them hung building envs).
+    # would only play uncounted episodes (and building 2**31 of them would not finish).
     num_envs = min(cfg.eval.num_envs, cfg.eval.episodes)
     env = envs.make(num_envs, env_seed(cfg.seed, 1, 0), env_threads(cfg))
     evaluator = Evaluator(env, device, greedy, params, cfg.eval.episodes, metrics, control)

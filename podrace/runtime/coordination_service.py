@@ -2,8 +2,8 @@
 
 JAX runs the service inside process 0, and every other process's JAX client aborts its
 process (exit -6, a C++ stack trace) the moment the service is gone. A process 0 killed
-(SIGKILL, OOM) therefore raced the peer link, which ends the others with one clear line
-(`podrace: error: process-0 failed: PeerLost ...`); the abort won now and then. Hosted here
+(SIGKILL, OOM) would therefore race the peer link, which ends the others with one clear
+line (`podrace: error: process-0 failed: PeerLost ...`), and the abort could win. Hosted here
 in a child of its own session, the service outlives its parent by `LINGER_S`, long enough
 for the peer link to end every other process first, and then exits. A process 0 that
 leaves stops it at once: through jax.distributed.shutdown after a run, or with

@@ -140,7 +140,7 @@ _RUN_DIR_KEY = "podrace/run-dir"
 def _started(link: PeerLink, lifetime: Lifetime) -> PeerLink:
     """Listening: a loss ends this process (`_exit_while_preparing`), a stop here is told."""
     # On its own thread: it waits for the others' connections to close, which the reader
-    # that reported the loss must stay free to see (it waited out HUB_EXIT_WAIT_S before).
+    # that reported the loss must stay free to see (else it waits out HUB_EXIT_WAIT_S).
     link.start(
         lambda lost: threading.Thread(
             target=_exit_while_preparing,

@@ -209,7 +209,7 @@ def ignore_signals_from_now_on() -> None:
     """Once a command's work is done and its exit code known: SIGINT and SIGTERM while the
     interpreter shuts down are ignored, so the process ends with that code. Python removes
     its own handlers early in shutdown, and JAX's teardown then takes about half a second,
-    in which a signal was a silent kill (or a KeyboardInterrupt in an atexit callback);
+    in which a signal would be a silent kill (or a KeyboardInterrupt in an atexit callback);
     only an ignored signal stays ignored."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)

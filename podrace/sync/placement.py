@@ -20,7 +20,7 @@ def on_device(tree: Any, device: jax.Device) -> bool:
 def place(tree: Any, where: Placement) -> Any:
     """`jax.device_put(tree, where)`, without its cost for a tree already on the one device
     `where`: device_put takes about 25 us per leaf on XLA:CPU even when nothing moves (a CPU
-    actor sharing the learner's device paid it for every version and every rollout). Such a
+    actor sharing the learner's device would pay it for every version and rollout). Such a
     tree comes back as device_put would give it, each leaf a SingleDeviceSharding array
     (a view of the same buffer), so compiled programs see the shardings they were compiled
     for whichever way their inputs were placed."""

@@ -34,8 +34,8 @@ def test_one_hot_of_indices_from_the_spaces_start():
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("backend", ["envpool", "gymnasium"])
 def test_frozen_lake_states_are_one_hot_vectors(make, backend):
-    """Fed as a number, state 7 was "more" than state 6 to the network: PPO on FrozenLake-v1
-    ended with eval return 0.0-0.1 after 300k steps on both backends (0.5-0.8 one-hot)."""
+    """Fed as a number, state 7 is "more" than state 6 to the network: PPO on FrozenLake-v1
+    ends with eval return 0.0-0.1 after 300k steps on both backends (0.5-0.8 one-hot)."""
     cfg = EnvConfig(id="FrozenLake-v1", backend=backend)
     env = make(cfg, 4, seed=1)
     for spec in (env_spec(cfg), env.spec):

@@ -180,5 +180,6 @@ def test_a_sink_that_cannot_start_is_a_sink_error(tmp_path, fake_wandb):
 
 
 def test_a_line_before_the_first_env_step_says_steps_0():
-    """A Ray run's first console line (its workers still starting) was a bare "sps 0"."""
+    """A Ray run's first console line (its workers still starting) says steps 0, not a bare
+    "sps 0"."""
     assert summary({"sps": 0.0, "time_s": 1.0}) == "steps 0  sps 0"

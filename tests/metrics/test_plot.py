@@ -80,7 +80,7 @@ def test_time_breakdown_is_mean_times_updates_per_interval(tmp_path):
 @pytest.mark.timeout(60)
 def test_a_compiled_rollout_is_one_part_not_other_work(tmp_path):
     """A compiled rollout (envpool on CPU) reports no env-step, inference or device-to-host
-    timers: its whole rollout used to be drawn as "other (rollout)"."""
+    timers: its whole rollout is drawn as one part, not as "other (rollout)"."""
     synthetic_run(tmp_path / "run")
     path = tmp_path / "run" / "metrics.jsonl"
     drop = ("actor/env_step", "actor/inference", "actor/device_to_host")

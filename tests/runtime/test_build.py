@@ -226,8 +226,8 @@ def test_only_mlp_learners_on_cpu_change_the_schedule(monkeypatch):
 def test_the_evaluator_makes_no_more_envs_than_it_counts_episodes(
     monkeypatch, num_envs, episodes, made
 ):
-    """Found by the CLI attack: --eval.num-envs 2147483647 hung building envs, and
-    --eval.episodes 2 with the preset's 16 envs would play 14 envs' uncounted episodes."""
+    """--eval.num-envs 2147483647 must not try to build that many envs, and --eval.episodes 2
+    with the preset's 16 envs must not play 14 envs' uncounted episodes."""
     from podrace.config import replace
     from podrace.metrics.registry import Metrics
 

@@ -39,8 +39,9 @@ def alive(pid: int) -> bool:
 
 @pytest.mark.timeout(120)
 def test_a_killed_process_0_does_not_abort_the_others():
-    """With JAX's service inside process 0, process 1's JAX client aborted it (exit -6)
-    the moment process 0 was killed, before the peer link could end it with its line."""
+    """With JAX's service inside process 0, process 1's JAX client would abort it (exit -6)
+    the moment process 0 is killed, before the peer link could end it with its line: the
+    service outlives a killed process 0 for a while, then stops of itself."""
     address = f"127.0.0.1:{free_port()}"
     with processes([[sys.executable, "-c", JOIN, address, str(i)] for i in range(2)]) as procs:
         service_pid = procs[0].stdout.readline().split()[1]
@@ -108,9 +109,9 @@ def listening(port: int) -> bool:
 
 @pytest.mark.timeout(60)
 def test_process_0_leaving_while_its_service_starts_stops_it_before_it_takes_the_port():
-    """Found by an attack: a peer lost while JAX started made process 0 leave before the
-    child said ready; stop_hosted_service did not know the child yet, which then took the
-    coordinator's port after process 0 had gone."""
+    """Process 0 leaving before its service child said ready (a peer lost while JAX started)
+    still stops the child, which would otherwise take the coordinator's port after process 0
+    had gone."""
     import threading
 
     port = free_port()
@@ -140,10 +141,10 @@ def test_process_0_leaving_while_its_service_starts_stops_it_before_it_takes_the
 
 @pytest.mark.timeout(60)
 def test_process_0_leaving_while_its_services_child_is_spawned_never_lets_it_serve(monkeypatch):
-    """The CI failure of stop 33's landing: process 0 left while Popen was still returning
-    (the child already existed), stop_hosted_service did not know the service yet, and the
-    child took the coordinator's port after process 0 had gone. Here the leave lands in that
-    window every time; the port must never be taken, not even for a moment."""
+    """Process 0 leaving while Popen is still returning (the child exists, but
+    stop_hosted_service does not know the service yet) must not let the child take the
+    coordinator's port after process 0 has gone. Here the leave lands in that window every
+    time; the port must never be taken, not even for a moment."""
     import subprocess
     import threading
 

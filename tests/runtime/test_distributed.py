@@ -93,8 +93,8 @@ def test_cli_rejects_bad_distributed_flags_in_one_line(capsys, tmp_path):
 
 @pytest.mark.timeout(60)
 def test_a_process_stopped_before_its_hello_tells_the_meeting_so_no_one_waits_for_it():
-    """Found by an attack: Ctrl-C on process 1 before it reached process 0 left process 0
-    waiting out --distributed.init-timeout-s, then blaming a process that never started."""
+    """Ctrl-C on process 1 before it reached process 0 is told to the meeting: process 0 does
+    not wait out --distributed.init-timeout-s, then blame a process that never started."""
     import threading
     import time
 

@@ -184,8 +184,8 @@ def test_a_process_that_never_starts_or_a_wrong_count_is_one_line_and_exit_2(tmp
 
 @pytest.mark.timeout(120)
 def test_an_invalid_config_on_process_1_refuses_the_run_on_every_process_at_once(tmp_path):
-    """Process 1 exited 2 at once; process 0 waited out --distributed.init-timeout-s for it
-    and then blamed the coordinator address."""
+    """Process 1 exits 2 at once, and so does process 0: it does not wait out
+    --distributed.init-timeout-s for process 1 and then blame the coordinator address."""
     port = free_port()
     base = (
         "--log.run-dir",
@@ -306,9 +306,9 @@ def test_an_error_in_process_1_fails_process_0_naming_it(tmp_path):
     ids=["SIGTERM", "SIGINT-to-both"],
 )
 def test_a_signal_to_one_process_stops_every_process(tmp_path, signum, both):
-    """SIGTERM: JAX's preemption notifier used to take its handler (the run went on). A
-    signal to every process at once: each says its own (process 0 said process 1's). SIGINT
-    to one process: test_while_process_1_waits_for_process_0s_final_evaluation."""
+    """SIGTERM: podrace's handler, not JAX's preemption notifier, gets it (the run must not go
+    on). A signal to every process at once: each reports its own, not another process's.
+    SIGINT to one process: test_while_process_1_waits_for_process_0s_final_evaluation."""
     port = free_port()
     flags = (
         "--log.run-dir",
@@ -357,9 +357,9 @@ def port_freed(port: int, timeout: float) -> bool:
 @pytest.mark.parametrize("stopped", [0, 1])
 def test_ctrl_c_before_the_first_update_leaves_no_run_directory(tmp_path, stopped):
     """As for one process: a run stopped before its first update holds no checkpoint, so no
-    run directory is left (process 0's, with process 1's part inside, used to stay). Process
-    1 interrupted while compiling aborted (exit 134): process 0, which holds JAX's
-    coordination service, exited before it."""
+    run directory is left (neither process 0's nor process 1's part inside it). Process 1
+    interrupted while compiling must not abort (exit 134), which it would if process 0, the
+    holder of JAX's coordination service, exited before it."""
     port = free_port()
     flags = (
         "--log.run-dir",
@@ -409,9 +409,9 @@ def test_a_process_killed_while_joining_jax_distributed_ends_the_other_with_one_
     tmp_path, killed
 ):
     """Between process 0's service start and the end of preparation (JAX's registration, the
-    config agreement). The peer link opened only after both, so a killed process 0 ended
-    process 1 with JAX's abort once its service was gone (exit -6), and a killed process 1
-    left process 0 waiting for JAX's heartbeat (100 s)."""
+    config agreement) the peer link is already open: a killed process 0 ends process 1 with
+    one line, not JAX's abort once its service is gone (exit -6), and a killed process 1
+    does not leave process 0 waiting for JAX's heartbeat (100 s)."""
     port = free_port()
     flags = (
         "--log.run-dir",
@@ -446,8 +446,8 @@ def test_a_process_killed_while_joining_jax_distributed_ends_the_other_with_one_
 def test_ctrl_c_on_process_1_once_process_0_trains_but_before_any_update_leaves_no_run_directory(
     tmp_path,
 ):
-    """Found by an attack: the stop reached process 0 after its preparation (threads
-    running, no update yet: its env steps take 2 s here), and its run directory stayed."""
+    """The stop reaches process 0 after its preparation (threads running, no update yet: its
+    env steps take 2 s here): its run directory goes too."""
     port = free_port()
     commands = [
         [
@@ -490,8 +490,9 @@ def wait_for_final_line(path: Path, procs, timeout: float = 150) -> None:
 )
 def test_while_process_1_waits_for_process_0s_final_evaluation(tmp_path, event):
     """Process 1 finished and waits for process 0 (a long final evaluation). Ctrl-C there
-    used to be ignored until process 0 was done (the wait was JAX's shutdown barrier at
-    exit), and process 0 killed meanwhile aborted process 1 (exit 134, a C++ stack trace)."""
+    ends it without waiting for process 0 to be done (the wait is not JAX's shutdown barrier
+    at exit), and process 0 killed meanwhile does not abort process 1 (exit 134, a C++ stack
+    trace)."""
     port = free_port()
     flags = (
         "--log.run-dir",

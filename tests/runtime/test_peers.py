@@ -62,8 +62,8 @@ def open_links(n: int, timeout_s: float = 5.0, coordinator: str = "127.0.0.1:1")
 @pytest.mark.timeout(30)
 @pytest.mark.skipif(not socket.has_dualstack_ipv6(), reason="no IPv6 on this host")
 def test_an_ipv6_coordinator_connects_every_process():
-    """Found by the attack: process 0 listened on IPv4 only, so with --distributed.coordinator
-    [::1]:PORT the others were refused (a traceback on both processes)."""
+    """Process 0 listens on IPv6 too, not IPv4 only: with --distributed.coordinator [::1]:PORT
+    every process connects (no refusal, no traceback on either process)."""
     links, _ = open_links(2, coordinator="[::1]:1")
     try:
         assert set(links) == {0, 1} and all(link._conns for link in links.values())
@@ -90,8 +90,8 @@ def test_a_vanished_spoke_is_named_on_every_other_process():
 
 @pytest.mark.timeout(30)
 def test_done_then_gone_before_all_are_done_is_a_loss():
-    """Process 1 finished, then was killed while process 0 still evaluated: process 0 went on
-    to wait for it at JAX's shutdown barrier (630 s); it is a loss naming process 1."""
+    """Process 1 finished, then was killed while process 0 still evaluated: a loss naming
+    process 1, not a wait for it at JAX's shutdown barrier (630 s)."""
     links, seen = open_links(3)
     try:
         links[1].report_done()
@@ -142,7 +142,7 @@ def test_every_process_waits_until_all_are_done_and_only_then_may_leave():
 @pytest.mark.timeout(30)
 def test_process_0_lost_while_the_others_wait_for_it_is_a_loss_to_them():
     """Process 0 killed during its final evaluation: the spokes that finished hear it at
-    once (they used to wait in JAX's shutdown barrier, which aborted them)."""
+    once, not in JAX's shutdown barrier, which would abort them."""
     links, seen = open_links(3)
     try:
         links[1].report_done()
@@ -177,8 +177,8 @@ def test_a_stop_on_one_spoke_stops_the_others_with_its_signal():
 @pytest.mark.parametrize("how", ["stop", "fail"])
 def test_a_process_that_said_it_leaves_keeps_its_own_reason(how):
     """Ctrl-C on a spoke: the hub stops with it and closes its connection first; that close
-    is no loss to the spoke, whose exit code must stay its signal's (it was "process 0
-    closed its connection", exit 1, whenever the hub was quicker)."""
+    is no loss to the spoke, whose exit code must stay its signal's (not "process 0 closed
+    its connection", exit 1, whenever the hub is quicker)."""
     links, seen = open_links(3)
     try:
         if how == "stop":
@@ -211,7 +211,8 @@ def test_a_silent_process_is_lost_after_the_timeout():
 @pytest.mark.parametrize("how", ["finished", "failed"])
 def test_close_returns_at_once_whatever_the_peers_do(how):
     """Each link's reader threads sit in a blocking read: closing must wake them, not wait
-    for the socket to time out (it did: every multi-process run ended peer_timeout_s late)."""
+    for the socket to time out (which would end every multi-process run peer_timeout_s
+    late)."""
     links, seen = open_links(3, timeout_s=20.0)
     if how == "finished":
         for link in links.values():

@@ -36,8 +36,8 @@ TWO_NODES = cluster(
     ],
 )
 def test_workers_the_cluster_cannot_hold_are_refused_before_any_starts(workers, resources, message):
-    """Found by the sync/Ray attack: 8 workers on a node with room for 4 waited out the
-    start timeout (143 s) and failed with a traceback."""
+    """8 workers on a node with room for 4 are refused in one line before any starts, not
+    waited for until the start timeout."""
     cfg = RayConfig(num_workers=workers, worker_resources=resources)
     if message is None:
         _check_resources(TWO_NODES, cfg)

@@ -95,9 +95,9 @@ def test_a_stray_connection_is_not_a_process_and_a_busy_port_is_one_line():
 
 
 def test_a_process_waits_for_the_answer_of_a_process_0_that_started_after_it():
-    """Found by the attack: with staggered starts, process 1 gave up at its own deadline
-    while process 0 (started later) still waited for process 2; process 0 then answered
-    "ok" to process 2 alone and JAX aborted both (exit 134)."""
+    """With staggered starts, process 1 waits for the answer of a process 0 started after it,
+    not just until its own deadline: process 0, still waiting for process 2, would then
+    answer "ok" to process 2 alone and JAX abort both (exit 134)."""
     port = free_port()
     outcomes: dict[int, str] = {}
 
@@ -157,8 +157,8 @@ def test_a_process_that_left_after_its_hello_fails_the_meeting_for_everyone():
 
 @pytest.mark.parametrize("process", [0, 1])
 def test_a_stop_ends_the_wait_at_once(process):
-    """Found by the third attack: Ctrl-C while waiting in the meeting outlived the CLI's
-    exit grace ("threads still busy in native code are left behind")."""
+    """Ctrl-C while waiting in the meeting ends the wait within the CLI's exit grace (not
+    "threads still busy in native code are left behind")."""
 
     class Stop(Exception):
         pass

@@ -232,8 +232,8 @@ def test_which_changes_a_resume_allows(change, allowed):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("write_s,named", [(0.5, 12), (FINAL_SAVE_WAIT_S + 2.0, 10)])
 def test_the_final_metrics_line_names_the_final_checkpoint(tmp_path, monkeypatch, write_s, named):
-    """The final line was written while the final checkpoint was still being written, so
-    its `checkpoint/version` named the one before (a slow write makes that certain). A
+    """The final line waits for the final checkpoint's write, so its `checkpoint/version`
+    names that checkpoint, not the one before (a slow write would make that certain). A
     write slower than FINAL_SAVE_WAIT_S is not waited for (a signal then leaves too little
     time): the line names the one before, the write still completes."""
     import time
@@ -423,9 +423,9 @@ def test_a_config_json_nested_too_deeply_is_unreadable_not_a_crash(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_a_stop_while_a_resumed_run_is_built_is_a_stop_and_changes_nothing(tmp_path, monkeypatch):
-    """Found by the CLI attack (5 of 12 Ctrl-C during a resume's start-up): the stop closed
-    the publisher before the evaluator subscribed, and the resume raised ChannelClosed (a
-    traceback, exit 1) where a fresh run raised Stopped."""
+    """A stop during a resume's start-up that closes the publisher before the evaluator
+    subscribed is a stop, as in a fresh run: Stopped, not ChannelClosed (a traceback, exit
+    1)."""
     from podrace.control import Lifetime, Stopped
     from podrace.runtime import single_host
 

@@ -77,8 +77,8 @@ def test_a_resumed_run_holds_its_directory_against_another_resume(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_a_fork_child_that_outlives_a_killed_holder_does_not_keep_the_lock(tmp_path):
-    """Found by the second attack: an env's helper process forked by the run kept the flock
-    (it shares the open file) after the run was SIGKILLed, so the run could not be resumed."""
+    """A process the run forked (an env's helper) shares the open lock file, yet does not keep
+    the flock once the run is SIGKILLed: the run can be resumed."""
     code = textwrap.dedent("""
         import os, sys, time
         from podrace.runtime.run_lock import RunLock
@@ -112,9 +112,9 @@ def test_a_fork_child_that_outlives_a_killed_holder_does_not_keep_the_lock(tmp_p
 
 @pytest.mark.timeout(180)
 def test_the_resume_point_is_read_only_once_the_directory_is_held(tmp_path, monkeypatch):
-    """Found by the second attack: a resume read its checkpoint before taking the lock, waited
-    (slow env construction) while another resume ran to the end, then resumed from the stale
-    point and moved that run's final metrics line away."""
+    """A resume reads its checkpoint only once it holds the lock, so one that waits (slow env
+    construction) while another resume runs to the end never resumes from the stale point,
+    which would move that run's final metrics line away."""
     import podrace.runtime.single_host as single_host
 
     first = prepare(small(tmp_path, total_steps=2 * 8 * 16 * 2, **{"log.run_name": "r"}))

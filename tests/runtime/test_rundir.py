@@ -138,8 +138,8 @@ sys.exit(99)
 
 
 def test_a_signal_during_the_writability_probe_leaves_no_probe_file(tmp_path):
-    """Seen by reading in the third attack: `podrace eval`'s signal exits at once, and the
-    probe `check_writable` creates and removes could be left between the two."""
+    """`podrace eval`'s signal exits at once: one between `check_writable` creating its probe
+    file and removing it still leaves no probe file."""
     import signal
     import subprocess
     import sys

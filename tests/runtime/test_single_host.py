@@ -178,9 +178,9 @@ def test_continuous_actions_run_end_to_end(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_a_stop_that_closes_the_publisher_during_prepare_is_a_stop(tmp_path, monkeypatch):
-    """Found by the CLI attack (a SIGTERM during `--runtime ray` start-up): the stop closed
-    the publisher before the learner's first publish, and prepare raised ChannelClosed (a
-    traceback, exit 1, config.json left behind) instead of Stopped with nothing written."""
+    """A stop that closes the publisher before the learner's first publish (a SIGTERM during
+    `--runtime ray` start-up) is a stop: prepare raises Stopped with nothing written, not
+    ChannelClosed (a traceback, exit 1, config.json left behind)."""
     from podrace.control import Lifetime, Stopped
     from podrace.runtime import single_host
 
@@ -251,9 +251,9 @@ def test_nothing_compiles_once_the_threads_run(tmp_path, layout):
 
 @pytest.mark.timeout(120)
 def test_a_stop_before_the_first_update_leaves_no_run_directory(tmp_path):
-    """Found by the CLI attack (3 of 8 signals 3 s into a run): a stop after the threads
-    started but before the first update left config.json, an empty checkpoints folder and
-    one metrics line: a run directory that `--resume` refused (it has no checkpoint)."""
+    """A stop after the threads started but before the first update leaves no run directory:
+    config.json, an empty checkpoints folder and one metrics line would be a run `--resume`
+    refuses (it has no checkpoint)."""
     from podrace.control import Lifetime
 
     lifetime = Lifetime()

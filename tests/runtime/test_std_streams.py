@@ -32,8 +32,8 @@ def broken_pipe() -> io.TextIOWrapper:
     ],
 )
 def test_stdout_that_refuses_the_result_is_one_line_and_exit_1(monkeypatch, capsys, stdout, reason):
-    """Found by an attack: `podrace train ... >/dev/full` (or into a closed pipe) printed a
-    traceback after the run had succeeded and saved."""
+    """`podrace train ... >/dev/full` (or into a closed pipe): after the run succeeded and
+    saved, the refused result is one line and exit 1, not a traceback."""
     refusing = stdout()
     monkeypatch.setattr(sys, "stdout", refusing)
     try:
@@ -58,8 +58,8 @@ def test_a_process_started_with_stdout_closed_has_nothing_to_print(monkeypatch):
 @pytest.mark.timeout(30)
 def test_the_exits_flush_takes_a_missing_or_refusing_stdout(monkeypatch):
     """A process started with stdout closed has sys.stdout None unless the command guarded it
-    (`podrace.cli.main(argv)` from Python, then a signal's exit): an AttributeError in the
-    exit's flush turned a success into exit 1."""
+    (`podrace.cli.main(argv)` from Python, then a signal's exit): the exit's flush takes
+    that, with no AttributeError to turn a success into exit 1."""
     monkeypatch.setattr(sys, "stdout", None)
     flush_std_streams()
     full = open("/dev/full", "w")

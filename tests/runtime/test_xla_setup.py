@@ -54,8 +54,8 @@ def test_the_cache_turned_off_writes_nothing(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_a_deterministic_run_from_python_gets_deterministic_gpu_kernels_before_jax_starts():
-    """Found by an attack on the Python API: only the CLI set the flag, so a library
-    caller's deterministic run on a GPU used XLA's non-deterministic scatter-adds."""
+    """The deterministic-ops flag is set for a library caller too, not only by the CLI, so a
+    deterministic run on a GPU never uses XLA's non-deterministic scatter-adds."""
     script = (
         "import os; from podrace.runtime.xla_setup import deterministic_gpu_ops; "
         "deterministic_gpu_ops(); print(os.environ['XLA_FLAGS'])"

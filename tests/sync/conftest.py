@@ -84,9 +84,9 @@ def ray_session():
     """A local Ray for one test module, shut down afterwards."""
     ray = pytest.importorskip("ray")
     if ray.is_initialized():
-        # A Ray an earlier module left connected (the source once was a collected ray
-        # subscriber auto-starting Ray after shutdown; test_ray covers that): these tests
-        # need their own local Ray with known resources.
+        # A Ray an earlier module left connected (test_ray checks, for one, that a collected
+        # ray subscriber cannot auto-start Ray after shutdown): these tests need their own
+        # local Ray with known resources.
         warnings.warn(
             "a Ray connection was left open by an earlier test; shutting it down", stacklevel=2
         )

@@ -398,7 +398,7 @@ def test_negative_versions_are_rejected(harness, new_pub):
 @pytest.mark.parametrize("keep", [1, 2])
 def test_a_failing_transform_fails_only_its_version(harness, new_pub, keep):
     """keep=1: version 0 is gone from the publisher once 1 is published; a subscriber that
-    has 0 is still satisfied by it (local waited for a version >= 2 instead)."""
+    has 0 is still satisfied by it (it does not wait for a version >= 2 instead)."""
 
     def transform(params):
         if int(np.asarray(params["x"])[0]) == 1:
@@ -568,7 +568,8 @@ def test_after_flush_get_of_the_flushed_version_returns_it(harness, new_pub):
 
 
 def test_a_version_with_another_layout_is_rejected_and_the_channel_goes_on(harness, new_pub):
-    """Found by the sync attack: shm refused a changed shape, local and ray carried it."""
+    """Every transport refuses a version whose shapes, dtypes or tree differ from the first,
+    numbers nothing for it, and goes on."""
     pub = new_pub()
     sub = harness.subscribe(pub)
     pub.publish(make_params(0))

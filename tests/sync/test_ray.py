@@ -199,8 +199,8 @@ def test_dead_subscribers_are_dropped_from_metrics(ray_session):
 
 
 def test_copies_of_a_subscriber_are_reported_apart(ray_session):
-    """A subscriber passed to a Ray actor is a copy with the same name: its acks used to
-    merge with the original's on the board, and closing one removed the entry for both."""
+    """A subscriber passed to a Ray actor is a copy with the same name: its acks are kept
+    apart from the original's on the board, and closing one removes only its own entry."""
     from podrace.sync.ray_transport import RayPublisher
 
     pub = RayPublisher()
@@ -269,8 +269,8 @@ class _TaskHost:
 
 @pytest.mark.timeout(120)
 def test_a_subscriber_dropped_without_close_stops_fetching(ray_session):
-    """Each call used to leave a fetch thread pulling every later version into the worker,
-    reported in the publisher's metrics forever with a growing lag."""
+    """A subscriber a task uses and drops leaves no fetch thread behind, pulling every later
+    version into the worker and reported in the publisher's metrics with a growing lag."""
     from podrace.sync.ray_transport import RayPublisher
 
     pub = RayPublisher()
@@ -295,8 +295,8 @@ def test_a_subscriber_dropped_without_close_stops_fetching(ray_session):
 
 @pytest.mark.timeout(120)
 def test_nothing_starts_a_new_ray_after_shutdown(ray_session):
-    """A subscriber collected, closed or still fetching, and a publisher publishing or
-    closing after ray.shutdown() used to auto-start a fresh local Ray in the process."""
+    """After ray.shutdown(), neither a subscriber collected, closed or still fetching nor a
+    publisher publishing or closing auto-starts a fresh local Ray in the process."""
     import gc
 
     from podrace.sync.ray_transport import RayPublisher

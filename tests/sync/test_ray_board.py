@@ -77,8 +77,8 @@ def test_acks_keep_the_highest_version_and_forget_silent_or_forgotten_subscriber
 
 
 def test_subscribers_sharing_a_name_are_reported_apart_and_forgotten_alone():
-    """Copies of one pickled subscriber keep its name: their acks used to merge into one
-    entry (the highest), and the first copy to close removed it for all."""
+    """Copies of one pickled subscriber keep its name, yet their acks are not merged into one
+    entry (the highest), and the first copy to close removes only its own."""
 
     async def scenario():
         board = Board()

@@ -519,7 +519,7 @@ def test_a_transform_that_changes_the_layout_fails_only_its_version():
     sub = pub.subscribe()
     for v in range(4):
         pub.publish(workers.stamped_params(v, 8))
-        pub.flush(timeout=10)  # used to raise: the first mismatch closed the channel for good
+        pub.flush(timeout=10)  # no raise: a mismatch does not close the channel
     snap = sub.get(3, timeout=10)
     assert snap.version == 3 and workers.stamp_of(snap.params) == 3
     m = pub.metrics()
@@ -548,7 +548,8 @@ with ShmPublisher(keep=1) as pub:
 
 @pytest.mark.timeout(60)
 def test_too_small_dev_shm_is_an_error_not_a_sigbus_of_the_learner():
-    """Docker's default /dev/shm is 64 MB: the first write past it used to SIGBUS the learner."""
+    """Docker's default /dev/shm is 64 MB: versions that do not fit there are an error naming
+    /dev/shm, which readers get too, not a SIGBUS of the learner."""
     import subprocess
     import sys
 
@@ -597,8 +598,8 @@ def test_no_room_in_dev_shm_fails_the_channel_with_the_reason(monkeypatch):
 
 @pytest.mark.timeout(60)
 def test_a_dropped_subscriber_releases_its_thread_socket_and_buffers():
-    """Subscribers unpickled per task and never closed used to leak a doorbell thread, a
-    socket and their buffer pool (RSS grew by about 2x the params per subscriber)."""
+    """Subscribers unpickled per task and never closed release their doorbell thread, socket
+    and buffer pool (else RSS grows by about 2x the params per subscriber)."""
     import gc
 
     pub = ShmPublisher()
@@ -627,8 +628,9 @@ def test_a_dropped_subscriber_releases_its_thread_socket_and_buffers():
 
 @pytest.mark.timeout(60)
 def test_a_transform_that_raises_systemexit_fails_the_channel_loudly():
-    """Not an Exception, so not a skipped version: it used to end the delivery thread
-    silently (publish went on succeeding, readers waited forever, metrics said failed=0)."""
+    """Not an Exception, so not a skipped version: the channel fails loudly, not with a
+    silently ended delivery thread (publish succeeding, readers waiting forever, metrics
+    saying failed=0)."""
     import sys
 
     from podrace.sync.base import PublisherGone, SyncError
@@ -680,8 +682,8 @@ def _start_forking_publisher():
 @pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_a_killed_publisher_is_gone_even_while_a_child_it_forked_lives():
-    """The child used to inherit the doorbell's sockets: readers waited forever, new ones
-    attached to the dead channel, and the sweep took the channel for alive."""
+    """The child does not keep the doorbell's sockets, which would leave readers waiting
+    forever, let new ones attach to the dead channel, and make the sweep take it for alive."""
     import signal
 
     from podrace.sync import PublisherGone, sweep_shm
@@ -725,8 +727,8 @@ def _stop(proc) -> None:
 
 @pytest.mark.timeout(60)
 def test_a_subscriber_inherited_through_fork_reattaches_in_the_child():
-    """A fork copies the subscriber instead of pickling it: the copy used to have no
-    doorbell thread, so its get() never woke although the version was published."""
+    """A fork copies the subscriber instead of pickling it: the copy gets a doorbell thread
+    of its own, so its get() wakes when the version is published."""
     pub = ShmPublisher()
     sub = pub.subscribe(name="reader")
     pub.publish(workers.stamped_params(0, 8))
@@ -748,8 +750,8 @@ def test_a_subscriber_inherited_through_fork_reattaches_in_the_child():
 
 @pytest.mark.timeout(60)
 def test_closing_a_forked_copy_of_a_subscriber_leaves_the_parents_alone():
-    """close() in the child used to shut down the socket both shared: the parent's
-    subscriber then raised PublisherGone and vanished from the publisher's metrics."""
+    """close() in the child does not shut down the socket both share: the parent's
+    subscriber neither raises PublisherGone nor vanishes from the publisher's metrics."""
     pub = ShmPublisher()
     sub = pub.subscribe(name="reader")
     pub.publish(workers.stamped_params(0, 8))
@@ -766,8 +768,8 @@ def test_closing_a_forked_copy_of_a_subscriber_leaves_the_parents_alone():
 
 @pytest.mark.timeout(60)
 def test_copies_of_a_subscriber_are_reported_apart():
-    """Pickled copies keep their original's name: they used to share one metrics entry,
-    and closing one removed it for all."""
+    """Pickled copies keep their original's name, yet each has a metrics entry of its own,
+    and closing one removes only its own."""
     pub = ShmPublisher()
     a = pub.subscribe(name="actor")
     b = pickle.loads(pickle.dumps(a))
@@ -791,9 +793,9 @@ def test_copies_of_a_subscriber_are_reported_apart():
 
 @pytest.mark.timeout(60)
 def test_a_fork_child_can_neither_publish_on_nor_close_the_parents_channel():
-    """Found by the second attack: a child's publish() took the parent's next version number
-    and its flush() waited forever (no delivery thread there); its close() marked the shared
-    segment closed and unlinked it under the parent's subscribers."""
+    """A child's publish() and flush() are SyncErrors: publish would take the parent's next
+    version number and flush wait forever (no delivery thread there). Its close() leaves the
+    shared segment open and linked for the parent's subscribers."""
     pub = ShmPublisher()
     sub = pub.subscribe(name="reader")
     pub.publish(workers.stamped_params(0, 8))
@@ -818,8 +820,9 @@ def test_a_fork_child_can_neither_publish_on_nor_close_the_parents_channel():
 
 @pytest.mark.timeout(60)
 def test_python_object_leaves_are_refused_and_the_channel_goes_on():
-    """Found by the sync attack: an object array was accepted, then killed the delivery
-    thread (`Cannot change data-type for array of references`) and the channel for good."""
+    """An object array is refused when published, and one a transform returns skips only its
+    version: neither reaches the delivery thread, which it would end (`Cannot change
+    data-type for array of references`) and the channel with it."""
     good = {"w": np.arange(3, dtype=np.float32)}
     pub = ShmPublisher(transform=lambda p: {"w": np.array([object()] * 3)} if p["w"][0] == 1 else p)
     try:
@@ -862,15 +865,14 @@ def test_a_channel_name_in_use_is_a_sync_error_naming_it():
 def test_a_channel_name_no_socket_or_segment_can_carry_is_a_sync_error_and_creates_nothing(
     name, problem
 ):
-    """Found by the sync attack: a raw OSError (AF_UNIX path too long) after the channel's
-    control segment was created, left in /dev/shm while the process lived."""
+    """A name no socket or segment can carry (too long for an AF_UNIX path, a '/', '..', not
+    a str) is a SyncError for publisher and subscriber alike, raised before anything is
+    created in /dev/shm (not a raw OSError or TypeError)."""
     from podrace.sync.base import SyncError
 
     before = set(os.listdir("/dev/shm"))
     with pytest.raises(SyncError, match=problem):
         ShmPublisher(name=name)
     assert set(os.listdir("/dev/shm")) <= before
-    with pytest.raises(
-        SyncError, match=problem
-    ):  # a subscriber's "../etc/passwd", "..", 5 were OSError, TypeError
+    with pytest.raises(SyncError, match=problem):
         ShmSubscriber(name)
