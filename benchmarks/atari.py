@@ -61,9 +61,9 @@ SKIP = 2
 
 def make_config(args: argparse.Namespace, overrides: list[str], run_dir: str = "runs", **changes):
     """The preset at benchmark sizes; forces the CPU device count before JAX starts."""
+    from podrace.commands.train import parse_train
     from podrace.config import replace
     from podrace.runtime.xla_setup import force_cpu_devices
-    from podrace.train_command import parse_train
 
     cfg = parse_train([args.preset, *overrides])
     sizes = {
@@ -150,7 +150,7 @@ def _means(sums: dict[str, list[float]]) -> dict[str, float]:
 
 def _run_threads(cfg, skip_final_eval: bool = True):
     """prepare() the run; returns (run, update timestamps, component sums) before run.run()."""
-    from podrace.runtime.single_host import prepare
+    from podrace.runtime.run import prepare
 
     run = prepare(cfg)
     if skip_final_eval:  # the final greedy evaluation is not training throughput
@@ -257,7 +257,7 @@ def mode_learner_only(cfg) -> dict:
     import jax
     import numpy as np
 
-    from podrace.runtime.single_host import prepare
+    from podrace.runtime.run import prepare
     from podrace.types import Trajectory
 
     start = time.perf_counter()

@@ -73,7 +73,7 @@ def cpu_s() -> float:
 def envpool_child(overrides: list[str]) -> dict:
     import numpy as np
 
-    from podrace.train_command import parse_train
+    from podrace.commands.train import parse_train
 
     cfg = parse_train([PRESET, *overrides])
     try:
@@ -147,9 +147,9 @@ def cpu_by_thread(before: dict, after: dict) -> dict[str, float]:
 def child(mode: str, overrides: list[str]) -> dict:
     if mode == "envpool":
         return envpool_child(overrides)
+    from podrace.commands.train import parse_train
     from podrace.config import replace
     from podrace.runtime.xla_setup import force_cpu_devices
-    from podrace.train_command import parse_train
 
     cfg = parse_train([PRESET, *overrides])
     cfg = replace(
@@ -158,7 +158,7 @@ def child(mode: str, overrides: list[str]) -> dict:
     force_cpu_devices(cfg.layout.cpu_devices)
     import jax
 
-    from podrace.runtime.single_host import prepare
+    from podrace.runtime.run import prepare
 
     start = time.perf_counter()
     import_s = start - _START
@@ -217,15 +217,15 @@ def learner_only(cfg, start: float, import_s: float) -> dict:
     """The learner's compiled update, back to back, on the trajectories it was compiled for."""
     import jax
 
-    from podrace.runtime import single_host
+    from podrace.runtime import run as runs
 
     compiled_for = []
-    warm_up = single_host.warm_up_learner
-    single_host.warm_up_learner = lambda learner, trajs: (
+    warm_up = runs.warm_up_learner
+    runs.warm_up_learner = lambda learner, trajs: (
         compiled_for.append(tuple(trajs)),
         warm_up(learner, trajs),
     )
-    run = single_host.prepare(cfg)
+    run = runs.prepare(cfg)
     prepare_s = time.perf_counter() - start
     learner, (trajs,) = run.learner, compiled_for
     state, keys, versions = learner.state, learner.keys, [learner.version] * len(trajs)

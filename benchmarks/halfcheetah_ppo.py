@@ -48,9 +48,9 @@ VARIANTS = {  # the comparable run first
 
 
 def child(seed: int, overrides: list[str]) -> dict:
+    from podrace.commands.train import parse_train
     from podrace.config import replace
     from podrace.runtime.xla_setup import force_cpu_devices
-    from podrace.train_command import parse_train
 
     cfg = parse_train([PRESET, "--seed", str(seed), *overrides])
     cfg = replace(

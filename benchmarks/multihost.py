@@ -74,9 +74,9 @@ def layout_flags(processes: int, num_envs: int, total_steps: int) -> list[str]:
 
 
 def child(args: argparse.Namespace, flags: list[str]) -> dict:
+    from podrace.commands.train import parse_train
     from podrace.config import replace
     from podrace.runtime.xla_setup import force_cpu_devices
-    from podrace.train_command import parse_train
 
     cfg = parse_train([PRESET, *flags])
     cfg = replace(cfg, **{"log.run_dir": args.run_dir, "log.run_name": "run"})
@@ -89,10 +89,9 @@ def child(args: argparse.Namespace, flags: list[str]) -> dict:
     from podrace.envs import env_spec
     from podrace.learner_mesh import LearnerPlacement, trajectory_shardings
     from podrace.runtime.build import dummy_trajectory
+    from podrace.runtime.run import prepare
 
     if args.processes > 1:
-        from podrace.runtime import multi_host
-
         cfg = replace(
             cfg,
             **{
@@ -101,13 +100,8 @@ def child(args: argparse.Namespace, flags: list[str]) -> dict:
                 "distributed.process_id": args.process_id,
             },
         )
-        run = multi_host.prepare(cfg)
-        local = run.local
-    else:
-        from podrace.runtime.single_host import prepare
-
-        run = local = prepare(cfg)
-    learner = local.learner
+    run = prepare(cfg)
+    learner = run.learner
     mesh = learner.keys.sharding.mesh
     params = learner.state.params
     param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
@@ -142,7 +136,7 @@ def child(args: argparse.Namespace, flags: list[str]) -> dict:
         1 for line in hlo.splitlines() if " all-reduce(" in line or " all-reduce-start(" in line
     )
     result = run.run()
-    metrics_path = local.run_dir / "metrics.jsonl"
+    metrics_path = run.run_dir / "metrics.jsonl"
     steps = [json.loads(line).get("learner/step") for line in metrics_path.read_text().splitlines()]
     steps = [s for s in steps if s is not None]
     allreduces = cfg.ppo.num_epochs * cfg.ppo.num_minibatches
@@ -169,8 +163,7 @@ def child(args: argparse.Namespace, flags: list[str]) -> dict:
         * (allreduce_s + max(0, hlo_ops - 1) * scalar_s),
     }
     print(json.dumps(out), flush=True)
-    if args.processes > 1:
-        multi_host.shutdown(ok=True)
+    run.topology.shutdown(ok=True)
     sys.stdout.flush()
     os._exit(0)
 

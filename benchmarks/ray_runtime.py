@@ -37,8 +37,8 @@ ENVS = 32
 
 
 def child(mode: str, steps: int, overrides: list[str]) -> dict:
+    from podrace.commands.train import parse_train
     from podrace.runtime.xla_setup import force_cpu_devices
-    from podrace.train_command import parse_train
 
     kind, _, n = mode.rpartition("-")
     common = [
@@ -65,9 +65,9 @@ def child(mode: str, steps: int, overrides: list[str]) -> dict:
     cfg = parse_train(common + flags + overrides)
     force_cpu_devices(cfg.layout.cpu_devices)
     if kind == "threads":
-        from podrace.runtime.single_host import prepare
+        from podrace.runtime.run import prepare
     else:
-        from podrace.runtime.ray_run import prepare
+        from podrace.runtime.ray.topology import prepare
 
     start = time.perf_counter()
     run = prepare(cfg)

@@ -34,9 +34,9 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/soak.json")
     args, overrides = parser.parse_known_args()
 
+    from podrace.commands.train import parse_train
     from podrace.config import replace
     from podrace.runtime.xla_setup import force_cpu_devices
-    from podrace.train_command import parse_train
 
     cfg = parse_train(["cartpole-ppo", *overrides])
     cfg = replace(
@@ -45,7 +45,7 @@ def main() -> None:
         **{"log.console": "none", "log.run_dir": tempfile.mkdtemp(prefix="podrace-soak-")},
     )
     force_cpu_devices(cfg.layout.cpu_devices)
-    from podrace.runtime.single_host import prepare
+    from podrace.runtime.run import prepare
 
     run = prepare(cfg)
     duration = args.minutes * 60

@@ -39,7 +39,7 @@ _LAZY = {
         ),
         "podrace.config",
     ),
-    "TrainResult": "podrace.runtime.single_host",
+    "TrainResult": "podrace.runtime.run",
     "EvalResult": "podrace.evaluate",
     "BatchedEnv": "podrace.envs",
     "EnvFactory": "podrace.envs",
@@ -67,7 +67,7 @@ if TYPE_CHECKING:
     )
     from podrace.envs import BatchedEnv, EnvFactory
     from podrace.evaluate import EvalResult
-    from podrace.runtime.single_host import TrainResult
+    from podrace.runtime.run import TrainResult
     from podrace.types import EnvSpec, EnvStep
 
 
@@ -86,7 +86,9 @@ def __dir__() -> list[str]:
 
 
 def train(cfg: TrainConfig, env_factory: EnvFactory | None = None) -> TrainResult:
-    """Train with `cfg` on this host (actor, learner and evaluator threads) and return when done.
+    """Train with `cfg` and return when done, in the topology the config asks for: threads
+    on this host (the default), Ray workers (`runtime="ray"`), or one process of several
+    (`distributed.*`: call this in every process, as the CLI runs in every process).
 
     Raises `ConfigError` (one line) for anything that cannot run, before any thread starts
     or any file is written. `cfg.env.id` may be any envpool id, any Gymnasium id registered
@@ -97,6 +99,8 @@ def train(cfg: TrainConfig, env_factory: EnvFactory | None = None) -> TrainResul
     `env_factory(num_envs, seed)` returning a `BatchedEnv` or a `gymnasium.vector.VectorEnv`
     replaces `cfg.env.id`: actors and the evaluator build their envs with it (see
     `podrace.envs.EnvSource`); it is called once first, as a probe, to check the spaces.
+    Ray workers build their envs from it too, so it must pickle (cloudpickle takes
+    closures) and import on every node.
 
     Ctrl-C (in the main thread, with Python's own SIGINT handling) stops the run as the CLI
     does: the last update's state is saved and the run directory released (a run stopped
@@ -104,13 +108,13 @@ def train(cfg: TrainConfig, env_factory: EnvFactory | None = None) -> TrainResul
     raises it at once.
     """
     from podrace.control import Lifetime
-    from podrace.runtime.supervisor import interrupts_stop
+    from podrace.runtime.interrupts import interrupts_stop
     from podrace.validation import check_types
 
     check_types(cfg)  # before `cfg.env` is read below
     lifetime = Lifetime()
-    with interrupts_stop(lifetime):  # from here: a Ctrl-C during JAX's import too
+    with interrupts_stop(lifetime) as interrupted:  # a Ctrl-C during JAX's import too
         from podrace.envs import EnvSource
-        from podrace.runtime.single_host import train as train_threads
+        from podrace.runtime.run import run_to_end
 
-        return train_threads(cfg, lifetime, envs=EnvSource(cfg.env, env_factory))
+        return run_to_end(cfg, lifetime, interrupted, envs=EnvSource(cfg.env, env_factory))

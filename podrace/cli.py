@@ -1,6 +1,6 @@
 """`podrace` command line: `podrace train`, `podrace eval` and `podrace plot`.
 
-Each command lives in its own module (`podrace.train_command`, `podrace.eval_command`,
+Each command lives in its own module (`podrace.commands.train`, `podrace.commands.eval`,
 `podrace.metrics.plot`); this one dispatches, turns a ConfigError into one line and exit 2,
 prints podrace's log records as lines of their own, and handles signals around a command.
 """
@@ -12,8 +12,8 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from podrace.runtime.std_streams import guard_std_streams, print_error, print_result
-from podrace.runtime.supervisor import (
+from podrace.commands.std_streams import guard_std_streams, print_error, print_result
+from podrace.commands.supervisor import (
     end_at_once_on_signals,
     exit_at_once_on_signals,
     ignore_signals_from_now_on,
@@ -24,43 +24,6 @@ USAGE = """usage: podrace train <preset> [--flags]   (podrace train <preset> --h
        podrace train --resume RUN_DIR [--resume-from STEP] [--total-steps N ...]
        podrace eval RUN_DIR [--checkpoint STEP] [--episodes N] [--stochastic] [--video PATH]
        podrace plot RUN_DIR [RUN_DIR ...] -o out.png"""
-
-
-def eval_command(args: Sequence[str]) -> int:
-    """`podrace eval RUN_DIR`: a checkpoint's policy on fresh envs (see podrace.eval_command)."""
-    import tyro
-
-    from podrace.arguments import parse
-    from podrace.config import ConfigError
-    from podrace.envs import silence_env_warnings
-    from podrace.eval_command import EvalOptions, evaluate_run, summary
-    from podrace.runtime.xla_setup import enable_compile_cache
-
-    silence_env_warnings()
-    enable_compile_cache()
-    try:
-        opts = parse(lambda: tyro.cli(EvalOptions, prog="podrace eval", args=list(args)))
-        result = evaluate_run(opts)
-    except ConfigError as error:
-        return print_error(str(error))
-    return print_result(summary(result))
-
-
-def plot_command(args: Sequence[str]) -> int:
-    """`podrace plot RUN_DIR [RUN_DIR ...] -o out.png` (see podrace.metrics.plot)."""
-    import tyro
-
-    from podrace.arguments import parse
-    from podrace.config import ConfigError
-    from podrace.metrics.plot import PlotOptions, check_output, plot_runs, save_figure
-
-    try:
-        opts = parse(lambda: tyro.cli(PlotOptions, prog="podrace plot", args=list(args)))
-        check_output(opts.output)
-        save_figure(plot_runs(opts.run_dirs), opts.output)
-    except ConfigError as error:
-        return print_error(str(error))
-    return print_result(f"wrote {opts.output}")
 
 
 class _LineFormatter(logging.Formatter):
@@ -106,12 +69,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return print_error(f"unknown command '{command}'\n{USAGE}")
     with podrace_log_lines():
         if command == "train":
-            from podrace.train_command import train_command
+            from podrace.commands.train import train_command
 
             code = train_command(rest)
         else:
             with exit_at_once_on_signals():  # their outputs are written at their end, atomically
-                code = (eval_command if command == "eval" else plot_command)(rest)
+                if command == "eval":
+                    from podrace.commands.eval import eval_command as run_command
+                else:
+                    from podrace.commands.plot import plot_command as run_command
+                code = run_command(rest)
     if entry:
         ignore_signals_from_now_on()
         leave(code)

@@ -7,6 +7,7 @@ which XLA flags (e.g. forced CPU device count) to set before JAX is imported.
 from __future__ import annotations
 
 import dataclasses
+import os
 import typing
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -361,6 +362,12 @@ class TrainConfig:
     @property
     def synchronous(self) -> bool:
         return self.layout.synchronous or self.deterministic
+
+
+def distributed_requested(cfg: TrainConfig) -> bool:
+    """Several processes: a --distributed.* field is set, or JAX's coordinator variable is
+    (then JAX also detects the process count and id from SLURM, Open MPI, Kubernetes...)."""
+    return cfg.distributed.requested or bool(os.environ.get("JAX_COORDINATOR_ADDRESS"))
 
 
 def leaves(cfg: object, prefix: str = "") -> Iterator[tuple[str, object, object]]:

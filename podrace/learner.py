@@ -93,6 +93,16 @@ class Learner:
         """Observation statistics published with each recent version (behaviour statistics)."""
         self.version = self._publish()
 
+    def saved(self) -> dict:
+        """What a checkpoint keeps of the learner (references, no copies): its train state,
+        keys, normalizer statistics and the count of updates it skipped."""
+        return {
+            "train_state": self.state,
+            "learner_keys": self.keys,
+            "normalizer": self.normalizer,
+            "skipped_updates": self.skipped,
+        }
+
     def acting_params(self):
         """The pytree actors and the evaluator act with (what `publish` sends)."""
         return acting_params(self.state.params, self.normalizer)

@@ -76,6 +76,37 @@ class LagExceeded(RuntimeError):
     """A rollout older than the lag bound reached the learner (an actor broke the contract)."""
 
 
+class ConsumedLog:
+    """The stamp (actor, restart, seq) of every rollout the learner consumed, in order.
+
+    Kept as blocks of batches that repeat: a batch whose actors and restarts are the
+    previous batch's, each seq one further, extends the block. So a long run's log stays
+    a few entries (one per restart), and "nothing consumed twice" stays checkable."""
+
+    def __init__(self) -> None:
+        self._blocks: list[tuple[tuple[tuple[int, int, int], ...], list[int]]] = []
+        """(the block's first batch of stamps, [batches in the block])."""
+
+    def add_batch(self, stamps: list[tuple[int, int, int]]) -> None:
+        if self._blocks:
+            first, count = self._blocks[-1]
+            if len(first) == len(stamps) and all(
+                (a, r, s + count[0]) == stamp for (a, r, s), stamp in zip(first, stamps)
+            ):
+                count[0] += 1
+                return
+        self._blocks.append((tuple(stamps), [1]))
+
+    def stamps(self) -> list[tuple[int, int, int]]:
+        """Every stamp, in consumption order."""
+        return [
+            (a, r, s + k)
+            for first, (count,) in self._blocks
+            for k in range(count)
+            for a, r, s in first
+        ]
+
+
 class Pipeline:
     """One queue per actor; `next_batch` returns one rollout per actor, in actor order."""
 
@@ -88,6 +119,7 @@ class Pipeline:
         first_seq: int = 0,
     ):
         self.queues = [BoundedQueue[Rollout](capacity, lifetime) for _ in range(num_actors)]
+        self.consumed = ConsumedLog()
         self.max_policy_lag = max_policy_lag
         self._expected_seq = [first_seq] * num_actors
 
@@ -118,6 +150,7 @@ class Pipeline:
                     f"(lag {lag}, bound {self.max_policy_lag})"
                 )
             batch.append(rollout)
+        self.consumed.add_batch([(r.actor_id, r.restart, r.seq) for r in batch])
         lags = [learner_version - r.policy_version for r in batch]
         stats = {
             "lag_min": float(min(lags)),
@@ -147,4 +180,4 @@ class PlacingSink:
         return self.pipeline.put(dataclasses.replace(rollout, trajectory=placed))
 
 
-__all__ = ["BoundedQueue", "LagExceeded", "Pipeline", "PlacingSink", "Stopped"]
+__all__ = ["BoundedQueue", "ConsumedLog", "LagExceeded", "Pipeline", "PlacingSink", "Stopped"]

@@ -187,11 +187,6 @@ def validate(cfg: TrainConfig) -> None:
         )
     positive("checkpoint.keep", cfg.checkpoint.keep)
     non_negative("checkpoint.every_updates", cfg.checkpoint.every_updates)
-    if cfg.checkpoint.every_updates and (cfg.runtime == "ray" or cfg.distributed.requested):
-        raise ConfigError(
-            "checkpoint.every_updates: checkpoints are written by the thread runtime on one host "
-            "only, not with --runtime ray or --distributed.* (yet); drop the flag"
-        )
     non_negative("eval.every_updates", cfg.eval.every_updates)
     non_negative("layout.max_policy_lag", cfg.layout.max_policy_lag)
     if not cfg.env.id.strip():

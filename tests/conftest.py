@@ -57,7 +57,7 @@ def pytest_unconfigure(config):
     status = getattr(config, "_podrace_exitstatus", None)
     if status is None:  # e.g. --collect-only errors: leave as pytest would
         return
-    from podrace.runtime.supervisor import leave
+    from podrace.commands.supervisor import leave
 
     leave(status)
 

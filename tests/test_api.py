@@ -171,8 +171,8 @@ CTRL_C_FROM_PYTHON = textwrap.dedent(
     from pathlib import Path
     import gymnasium, numpy as np
     import podrace
-    from podrace.runtime.resume import Resume
-    from podrace.runtime.single_host import train as train_threads
+    from podrace.checkpoints.resume import Resume
+    from podrace.runtime.run import train as train_threads
 
     root, handlers = Path(sys.argv[1]), []
     # A library caller's process as Python starts it: what this one inherited from the suite

@@ -22,24 +22,24 @@ import numpy as np
 import pytest
 from orbax.checkpoint._src.path import atomicity
 
-import podrace.checkpoint
-import podrace.restore
-from podrace.checkpoint import (
+import podrace.checkpoints.files
+import podrace.checkpoints.read
+from podrace.checkpoints.files import (
     MANIFEST,
     Checkpointer,
     CheckpointWriteFailed,
-    RunState,
     checkpoint_steps,
     latest_step,
     step_lock,
     write_manifest,
 )
+from podrace.checkpoints.read import read_config, restore
+from podrace.checkpoints.state import RunState
 from podrace.config import ConfigError, TrainConfig, replace
 from podrace.config_dict import config_from_dict
 from podrace.envs import env_spec
 from podrace.learner_mesh import make_algorithm
 from podrace.networks import make_network
-from podrace.restore import read_config, restore
 from podrace.validation import validate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -187,13 +187,13 @@ def test_a_step_appears_only_with_its_manifest_and_one_without_is_refused(tmp_pa
     """The manifest is written before the step is renamed into place, so a writer killed at
     any moment leaves no step that cannot be verified; a step without one was damaged."""
     cfg = tiny_config()
-    listed_while_manifested, manifest = [], podrace.checkpoint.write_manifest
+    listed_while_manifested, manifest = [], podrace.checkpoints.files.write_manifest
 
     def watched(step_dir):
         listed_while_manifested.append(checkpoint_steps(tmp_path))
         manifest(step_dir)
 
-    monkeypatch.setattr(podrace.checkpoint, "write_manifest", watched)
+    monkeypatch.setattr(podrace.checkpoints.files, "write_manifest", watched)
     save_versions(tmp_path, cfg, [1, 2])
     assert listed_while_manifested == [[], [1]]
     (tmp_path / "2" / MANIFEST).unlink()
@@ -215,7 +215,7 @@ def test_a_rotated_step_leaves_the_listing_before_its_files_are_deleted(tmp_path
         rmtree(path, *args, **kwargs)
 
     save_versions(tmp_path, cfg, [1])
-    monkeypatch.setattr(podrace.checkpoint.shutil, "rmtree", watched)
+    monkeypatch.setattr(podrace.checkpoints.files.shutil, "rmtree", watched)
     save_versions(tmp_path, cfg, [2])
     assert [listed for name, listed in deletions if name.startswith("1")] == [[2]]
     monkeypatch.undo()
@@ -263,7 +263,7 @@ def test_a_step_counts_as_saved_before_the_rotation_and_its_manifest_is_synced_b
     )
     synced, fsync = [], os.fsync
     monkeypatch.setattr(
-        podrace.checkpoint.os,
+        podrace.checkpoints.files.os,
         "fsync",
         lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), fsync(fd)),
     )
@@ -331,7 +331,7 @@ KILLED_WRITER = textwrap.dedent(
     import sys, time
     from pathlib import Path
     from orbax.checkpoint._src.path import atomicity
-    from podrace.checkpoint import Checkpointer
+    from podrace.checkpoints.files import Checkpointer
     from tests.test_checkpoint import fresh_state, tiny_config
 
     directory, marker = Path(sys.argv[1]), Path(sys.argv[2])
@@ -422,7 +422,7 @@ STORAGE_REFUSES = textwrap.dedent(
     """
     import resource, signal, sys
     from pathlib import Path
-    from podrace.checkpoint import Checkpointer
+    from podrace.checkpoints.files import Checkpointer
     from podrace.envs import env_spec
     from tests.test_checkpoint import fresh_state, tiny_config
 
@@ -735,22 +735,22 @@ def test_a_checkpoints_folder_deleted_under_the_run_is_named_not_a_100_line_orba
         checkpointer.wait()
         assert checkpoint_steps(directory) == [2]
 
-        manifest = podrace.checkpoint.write_manifest
+        manifest = podrace.checkpoints.files.write_manifest
 
         def deleted_first(step_dir):
             shutil.rmtree(directory)
             manifest(step_dir)
 
-        monkeypatch.setattr(podrace.checkpoint, "write_manifest", deleted_first)
+        monkeypatch.setattr(podrace.checkpoints.files, "write_manifest", deleted_first)
         checkpointer.save(fresh_state(cfg, version=3))
         with pytest.raises(
-            podrace.checkpoint.CheckpointFilesRemoved, match=f"checkpoint 3 in {directory}"
+            podrace.checkpoints.files.CheckpointFilesRemoved, match=f"checkpoint 3 in {directory}"
         ):
             checkpointer.wait()
     finally:
         with contextlib.suppress(Exception):
             checkpointer.close()
 
-    from podrace.train_command import explains_itself
+    from podrace.commands.train import explains_itself
 
-    assert explains_itself(podrace.checkpoint.CheckpointFilesRemoved("x"))
+    assert explains_itself(podrace.checkpoints.files.CheckpointFilesRemoved("x"))

@@ -31,15 +31,6 @@ def run_cli(capsys, *args):
         (["--total-steps", "10"], "less than one update"),
         # unchecked, "" would silently be the working directory
         (["--log.run-dir", ""], "log.run_dir must name a folder"),
-        # refused, not accepted and recorded in config.json with no checkpoint ever written
-        (
-            ["--runtime", "ray", "--checkpoint.every-updates", "5"],
-            "thread runtime on one host only",
-        ),
-        (
-            ["--distributed.num-processes", "2", "--checkpoint.every-updates", "5"],
-            "thread runtime on one host only",
-        ),
     ],
 )
 def test_bad_config_is_one_line_and_exit_2(capsys, tmp_path, flags, message):
@@ -332,7 +323,7 @@ def test_signal_stops_cleanly_with_conventional_exit_code(tmp_path, signum):
 
 def fake_train(monkeypatch, result=None, error=None):
     """Stand in for the runtime: the CLI's reporting is what is tested here."""
-    from podrace.runtime import single_host
+    from podrace.runtime import run as runs
 
     class FakeRun:
         stuck: list[str] = []
@@ -342,12 +333,12 @@ def fake_train(monkeypatch, result=None, error=None):
                 raise error
             return result
 
-    monkeypatch.setattr(single_host, "prepare", lambda cfg, lifetime=None: FakeRun())
+    monkeypatch.setattr(runs, "prepare", lambda *args, **kwargs: FakeRun())
 
 
 @pytest.mark.timeout(60)
 def test_final_line_reports_skipped_updates(capsys, tmp_path, monkeypatch):
-    from podrace.runtime.single_host import TrainResult
+    from podrace.runtime.run import TrainResult
 
     result = TrainResult(
         tmp_path / "r",
@@ -431,7 +422,7 @@ def test_a_full_disk_explains_itself_in_one_line():
     its one-line error alone, with no traceback before it."""
     import errno
 
-    from podrace.train_command import explains_itself
+    from podrace.commands.train import explains_itself
 
     assert explains_itself(OSError(errno.ENOSPC, "No space left on device"))
     # a checkpoints folder made read-only during the run
@@ -447,8 +438,8 @@ def test_a_full_disk_explains_itself_in_one_line():
 @pytest.mark.timeout(60)
 def test_ray_restart_limits_explain_themselves():
     """Ray's restart limits are reported in one line, with no traceback of podrace's own."""
-    from podrace.runtime.ray_run import WorkerCrashLoop, WorkerNotReady
-    from podrace.train_command import explains_itself
+    from podrace.commands.train import explains_itself
+    from podrace.runtime.ray.topology import WorkerCrashLoop, WorkerNotReady
 
     assert explains_itself(
         WorkerCrashLoop("ray worker 0 failed 1 time(s), restart limit 0 (--ray.max-restarts)")
@@ -459,8 +450,8 @@ def test_ray_restart_limits_explain_themselves():
 SIGNALLED_COMMAND = """
 import os, signal, sys, time
 from pathlib import Path
-import podrace.eval_command, podrace.metrics.plot
-from podrace.runtime.supervisor import signals_deferred
+import podrace.commands.eval, podrace.metrics.plot
+from podrace.commands.supervisor import signals_deferred
 
 out = Path(sys.argv[2])
 
@@ -478,7 +469,7 @@ def signalled(*args):
         os.kill(os.getpid(), getattr(signal, sys.argv[4]))
     time.sleep(60)  # a signal that does not end the command at once times the test out
 
-podrace.eval_command.evaluate_run = signalled
+podrace.commands.eval.evaluate_run = signalled
 podrace.metrics.plot.plot_runs = signalled
 from podrace.cli import main
 sys.exit(main([sys.argv[1], str(out.parent)] + (["-o", str(out)] if sys.argv[1] == "plot" else [])))
@@ -621,8 +612,8 @@ def test_a_second_signal_removes_a_run_directory_that_never_trained(tmp_path):
     config.json (one --resume would refuse); a run that has trained keeps its directory."""
     from types import SimpleNamespace
 
-    from podrace.runtime.supervisor import Signals
-    from podrace.train_command import Training
+    from podrace.commands.supervisor import Signals
+    from podrace.commands.train import Training
 
     signals = Signals()
     training = Training([], signals)
@@ -677,14 +668,14 @@ def test_podrace_warnings_are_podrace_lines_and_the_callers_logging_is_restored(
 def test_a_save_cut_by_the_exit_grace_is_named_in_the_one_stop_line(capsys):
     from types import SimpleNamespace
 
-    from podrace.runtime.supervisor import Signals
-    from podrace.train_command import Training
+    from podrace.commands.supervisor import Signals
+    from podrace.commands.train import Training
 
     signals = Signals()
     signals.received = signal.SIGTERM
     training = Training([], signals)
     training.run = SimpleNamespace(
-        run_dir="runs/r", checkpoints=SimpleNamespace(latest=3, writing=5)
+        run_dir="runs/r", root="runs/r", checkpoints=SimpleNamespace(latest=3, writing=5)
     )
     assert training.stopped(left_behind=True) == 143
     assert capsys.readouterr().err.splitlines() == [

@@ -15,13 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from podrace.checkpoint import checkpoint_dir, checkpoint_steps
+from podrace.checkpoints.files import checkpoint_steps
+from podrace.checkpoints.read import read_meta
+from podrace.checkpoints.resume import SUPERSEDED
+from podrace.checkpoints.state import checkpoint_dir
 from podrace.config import ConfigError
-from podrace.restore import read_meta
-from podrace.runtime.resume import SUPERSEDED
 from tests.runtime.test_resume import fake_run, snapshot
 from tests.runtime.test_signals import EXIT_SLACK_S
 from tests.runtime.test_single_host import small
+from tests.runtime.topologies import TOPOLOGIES, every_topology
 from tests.test_cli import run_cli
 from tests.xla_flags import without_device_count
 
@@ -44,11 +46,16 @@ FLAGS = [
 
 
 @pytest.mark.timeout(120)
-def test_resume_errors_are_one_line_exit_2_and_change_nothing(capsys, tmp_path):
+@every_topology
+def test_resume_errors_are_one_line_exit_2_and_change_nothing(capsys, tmp_path, topology):
+    changes = TOPOLOGIES[topology]
     run_dir = fake_run(
-        tmp_path, small(tmp_path, **{"log.run_name": "r", "network.hidden_sizes": (8,)})
+        tmp_path,
+        small(tmp_path, **{"log.run_name": "r", "network.hidden_sizes": (8,), **changes}),
     )
-    no_checkpoint = fake_run(tmp_path, small(tmp_path, **{"log.run_name": "empty"}), versions=())
+    no_checkpoint = fake_run(
+        tmp_path, small(tmp_path, **{"log.run_name": "empty", **changes}), versions=()
+    )
     before = snapshot(tmp_path)
     cases = [
         (["--resume", str(tmp_path / "nope")], "not a directory"),
@@ -114,8 +121,8 @@ def test_resume_errors_are_one_line_exit_2_and_change_nothing(capsys, tmp_path):
 def test_the_cli_pins_the_latest_step_and_says_so(tmp_path):
     """A resume reads the config before it holds the run: if another resume of the run ends
     in between, the refusal must say so, not name a step the user never chose."""
-    from podrace.runtime.resume import Resume
-    from podrace.train_command import parse_resumed
+    from podrace.checkpoints.resume import Resume
+    from podrace.commands.train import parse_resumed
 
     run_dir = fake_run(tmp_path, small(tmp_path, **{"log.run_name": "r"}), versions=(1, 2))
     assert parse_resumed(str(run_dir), None, ["--total-steps", "100000"])[0] == Resume(
@@ -130,13 +137,13 @@ def test_a_resume_of_a_run_still_writing_is_in_use_before_its_checkpoints_are_re
 ):
     """A live run rotates its checkpoints: read before the lock, the latest could vanish
     mid-read and be reported as corrupt."""
-    import podrace.runtime.resume
+    import podrace.checkpoints.resume
+    from podrace.commands.train import parse_resumed
     from podrace.runtime.run_lock import RunLock
-    from podrace.train_command import parse_resumed
 
     run_dir = fake_run(tmp_path, small(tmp_path, **{"log.run_name": "r"}), versions=(1, 2))
     monkeypatch.setattr(
-        podrace.runtime.resume, "stored_config", lambda resume: pytest.fail("read while in use")
+        podrace.checkpoints.resume, "stored_config", lambda resume: pytest.fail("read while in use")
     )
     lock = RunLock(run_dir)
     try:

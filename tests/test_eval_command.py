@@ -16,12 +16,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import podrace.eval_command
-import podrace.restore
-from podrace.checkpoint import Checkpointer, RunState, checkpoint_dir, checkpoint_steps, latest_step
+import podrace.checkpoints.read
+import podrace.commands.eval
+from podrace.checkpoints.files import Checkpointer, checkpoint_steps, latest_step
+from podrace.checkpoints.state import RunState, checkpoint_dir
+from podrace.commands.eval import EvalOptions, evaluate_run, play_episodes
 from podrace.config import ConfigError
 from podrace.envs import env_spec, make_env
-from podrace.eval_command import EvalOptions, evaluate_run, play_episodes
 from tests.envs.user_envs import MatchEnv
 from tests.test_checkpoint import fresh_state, save_versions, tiny_config
 from tests.test_evaluate import FixedLengthEnv
@@ -202,8 +203,8 @@ def unwritable_dir(path: Path) -> Path:
 @pytest.mark.timeout(60)
 def test_an_output_that_cannot_be_written_is_refused_before_loading(tmp_path, monkeypatch):
     run = make_run(tmp_path / "run")
-    monkeypatch.setattr(podrace.eval_command, "read_config", fail_if_called("read_config"))
-    monkeypatch.setattr(podrace.eval_command, "make_env", fail_if_called("make_env"))
+    monkeypatch.setattr(podrace.commands.eval, "read_config", fail_if_called("read_config"))
+    monkeypatch.setattr(podrace.commands.eval, "make_env", fail_if_called("make_env"))
     locked = unwritable_dir(tmp_path / "locked")
     a_file = tmp_path / "a-file"
     a_file.write_text("")
@@ -241,7 +242,7 @@ def test_an_output_that_cannot_be_written_is_refused_before_loading(tmp_path, mo
 @pytest.mark.parametrize("seed", [-1, 2**31, 2**64])
 def test_a_seed_out_of_range_is_refused_before_loading(tmp_path, monkeypatch, seed):
     run = make_run(tmp_path / "run")
-    monkeypatch.setattr(podrace.eval_command, "read_config", fail_if_called("read_config"))
+    monkeypatch.setattr(podrace.commands.eval, "read_config", fail_if_called("read_config"))
     with pytest.raises(ConfigError, match=rf"^--seed must be in \[0, 2\*\*31 - 1\], got {seed}$"):
         evaluate_run(EvalOptions(run, seed=seed))
     monkeypatch.undo()
@@ -287,7 +288,7 @@ def test_a_live_run_rotating_its_checkpoints_spares_the_one_being_evaluated(
 ):
     """`--checkpoint.keep 1`: the run writes 4 while eval reads 3; 3 stays until eval is done."""
     run = make_run(tmp_path / "run")
-    verify, reads = podrace.restore.verify_manifest, []
+    verify, reads = podrace.checkpoints.read.verify_manifest, []
 
     def run_saves_meanwhile(step_dir: Path) -> None:
         reads.append(step_dir.name)
@@ -296,13 +297,13 @@ def test_a_live_run_rotating_its_checkpoints_spares_the_one_being_evaluated(
             assert checkpoint_steps(checkpoint_dir(run)) == [3, 4]
         verify(step_dir)
 
-    monkeypatch.setattr(podrace.restore, "verify_manifest", run_saves_meanwhile)
+    monkeypatch.setattr(podrace.checkpoints.read, "verify_manifest", run_saves_meanwhile)
     result = evaluate_run(EvalOptions(run, episodes=1))
     assert result["checkpoint"] == 3 and reads == ["3", "3"]
 
     reads.clear()  # the next save deletes both; a step the user asked for is never replaced
     monkeypatch.setattr(
-        podrace.restore, "verify_manifest", lambda d: (reads.append(d.name), verify(d))
+        podrace.checkpoints.read, "verify_manifest", lambda d: (reads.append(d.name), verify(d))
     )
     save_versions(checkpoint_dir(run), tiny_config(**{"checkpoint.keep": 1}), [5])
     assert checkpoint_steps(checkpoint_dir(run)) == [5]
@@ -336,7 +337,7 @@ def test_a_latest_checkpoint_deleted_before_it_is_held_is_replaced_by_the_new_la
             save_versions(directory, tiny_config(**{"checkpoint.keep": 1}), [4])
         return listed[-1]
 
-    monkeypatch.setattr(podrace.eval_command, "latest_step", list_then_rotate)
+    monkeypatch.setattr(podrace.commands.eval, "latest_step", list_then_rotate)
     result = evaluate_run(EvalOptions(run, episodes=1))
     assert listed[0] == 3 and result["checkpoint"] == 4
 
@@ -371,7 +372,7 @@ def test_video_of_an_env_that_cannot_render_is_refused_before_playing(
     gymnasium.register("PodraceNoRender-v0", entry_point=entry_point)
     try:
         run = make_run(tmp_path / "run", cfg=tiny_config(**{"env.id": "PodraceNoRender-v0"}))
-        monkeypatch.setattr(podrace.eval_command, "make_env", fail_if_called("make_env"))
+        monkeypatch.setattr(podrace.commands.eval, "make_env", fail_if_called("make_env"))
         with pytest.raises(ConfigError, match=f"^env 'PodraceNoRender-v0' {message}") as error:
             evaluate_run(EvalOptions(run, episodes=2, video=tmp_path / "episode.gif"))
     finally:
@@ -405,7 +406,7 @@ def test_a_renderer_that_ends_its_process_is_a_one_line_error_before_playing(tmp
     )
     try:
         run = make_run(tmp_path / "run", cfg=tiny_config(**{"env.id": env_id}))
-        monkeypatch.setattr(podrace.eval_command, "make_env", fail_if_called("make_env"))
+        monkeypatch.setattr(podrace.commands.eval, "make_env", fail_if_called("make_env"))
         with pytest.raises(ConfigError) as error:
             evaluate_run(EvalOptions(run, episodes=2, video=tmp_path / "episode.gif"))
     finally:
@@ -425,7 +426,7 @@ def test_a_video_that_fails_after_playing_still_leaves_the_results(tmp_path, mon
     def encoder_fails(frames, path):
         raise ConfigError(f"ffmpeg could not write {path}: Unknown encoder")
 
-    monkeypatch.setattr(podrace.eval_command, "write_video", encoder_fails)
+    monkeypatch.setattr(podrace.commands.eval, "write_video", encoder_fails)
     with pytest.raises(ConfigError) as error:
         evaluate_run(EvalOptions(run, episodes=2, video=tmp_path / "episode.gif"))
     assert str(error.value) == (

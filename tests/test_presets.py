@@ -11,10 +11,10 @@ from jax.sharding import PartitionSpec as P
 
 from podrace.algos.advantages import vtrace
 from podrace.cli import main
+from podrace.commands.train import parse_train
 from podrace.envs import env_spec, resolve_backend
 from podrace.learner_mesh import AXIS, TRAJECTORY_SPEC, make_algorithm, make_mesh
 from podrace.presets import PRESETS
-from podrace.train_command import parse_train
 from podrace.types import Trajectory
 from podrace.validation import validate
 from tests.algos import numpy_reference as ref

@@ -173,7 +173,7 @@ MUTANTS: list[Mutant] = [
     # --- arguments.py ----------------------------------------------------------------------
     Mutant(
         "argument_error_keeps_the_help_text",
-        "podrace/arguments.py",
+        "podrace/commands/arguments.py",
         "elif not text.startswith(_DROPPED):",
         "else:",
         ("tests/test_arguments.py",),
@@ -386,14 +386,14 @@ MUTANTS: list[Mutant] = [
     # --- runtime/threads.py ----------------------------------------------------------------
     Mutant(
         "threads_channel_closed_swallowed",
-        "podrace/runtime/threads.py",
+        "podrace/runtime/threads/group.py",
         "                if not self.lifetime.stopping:\n                    self.lifetime.fail(",
         "                if False:\n                    self.lifetime.fail(",
         THREADS_TESTS,
     ),
     Mutant(
         "threads_stop_reported_as_failure",
-        "podrace/runtime/threads.py",
+        "podrace/runtime/threads/group.py",
         "            except Stopped:\n"
         "                return  # the run is stopping; whoever stopped it recorded why\n",
         "",
@@ -401,7 +401,7 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "threads_no_transfer_guard",
-        "podrace/runtime/threads.py",
+        "podrace/runtime/threads/group.py",
         'with jax.transfer_guard("disallow"):',
         'with jax.transfer_guard("allow"):',
         THREADS_TESTS,
@@ -691,35 +691,35 @@ MUTANTS: list[Mutant] = [
     # --- runtime/rendezvous.py, peers.py ------------------------------------------------------
     Mutant(
         "rendezvous_accepts_a_wrong_process_count",
-        "podrace/runtime/rendezvous.py",
+        "podrace/runtime/multihost/rendezvous.py",
         'elif hello.get("num_processes") != num_processes:',
         "elif False:",
         ("tests/runtime/test_rendezvous.py",),
     ),
     Mutant(
         "rendezvous_answers_ok_for_a_process_that_left",
-        "podrace/runtime/rendezvous.py",
+        "podrace/runtime/multihost/rendezvous.py",
         "            gone = sorted(p for p, conn in joined.items() if _closed(conn))",
         "            gone = []",
         ("tests/runtime/test_rendezvous.py",),
     ),
     Mutant(
         "rendezvous_answers_before_everyone_joined",
-        "podrace/runtime/rendezvous.py",
+        "podrace/runtime/multihost/rendezvous.py",
         "while error is None and len(joined) < num_processes - 1:",
         "while error is None and len(joined) < 1:",
         ("tests/runtime/test_rendezvous.py",),
     ),
     Mutant(
         "peer_close_waits_for_its_blocked_reader",
-        "podrace/runtime/peers.py",
+        "podrace/runtime/multihost/peers.py",
         "(lambda: self.sock.shutdown(socket.SHUT_RDWR), self.reader.close, self.sock.close)",
         "(self.reader.close, lambda: self.sock.shutdown(socket.SHUT_RDWR), self.sock.close)",
         ("tests/runtime/test_peers.py", "-k", "close_returns"),
     ),
     Mutant(
         "peer_loss_overrides_its_own_stop",
-        "podrace/runtime/peers.py",
+        "podrace/runtime/multihost/peers.py",
         "or self._closed.is_set() or self._leaving:",
         "or self._closed.is_set():",
         ("tests/runtime/test_peers.py", "-k", "own_reason"),
@@ -727,7 +727,7 @@ MUTANTS: list[Mutant] = [
     # --- train_command.py (signal flow) --------------------------------------------------------
     Mutant(
         "cli_signal_exit_code_not_conventional",
-        "podrace/train_command.py",
+        "podrace/commands/train.py",
         "return 128 + self.signals.received",
         "return 1",
         ("tests/test_cli.py", "-k", "signal"),
@@ -735,21 +735,21 @@ MUTANTS: list[Mutant] = [
     # --- runtime: closing envs, holding the run directory -----------------------------------
     Mutant(
         "env_close_error_propagates",
-        "podrace/runtime/threads.py",
+        "podrace/runtime/threads/group.py",
         "        except Exception as error:  # noqa: BLE001 - user code at shutdown",
         "        except ZeroDivisionError as error:  # noqa: BLE001 - user code at shutdown",
         ("tests/runtime/test_threads.py", "-k", "close_envs"),
     ),
     Mutant(
         "final_line_before_the_final_save",
-        "podrace/runtime/single_host.py",
+        "podrace/runtime/run.py",
         "                self.checkpoints.settle(FINAL_SAVE_WAIT_S)\n",
         "                pass\n",
         ("tests/runtime/test_resume.py", "-k", "final_metrics_line"),
     ),
     Mutant(
         "envs_closed_before_the_last_checkpoint",
-        "podrace/runtime/single_host.py",
+        "podrace/runtime/run.py",
         "                self.checkpoints.close(lifetime)  # before user code (env.close) runs "
         "again\n"
         "                closing = self.close_envs(exclude=stuck)\n",
@@ -759,7 +759,7 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "run_lock_on_the_parent_directory",
-        "podrace/runtime/single_host.py",
+        "podrace/runtime/run.py",
         "lock = RunLock(resume.run_dir) if",
         "lock = RunLock(Path(resume.run_dir).parent) if",
         ("tests/runtime/test_run_lock.py",),
@@ -767,35 +767,35 @@ MUTANTS: list[Mutant] = [
     # --- checkpoints: a step being read survives the live run's rotation ---------------------
     Mutant(
         "rotation_ignores_a_readers_hold",
-        "podrace/checkpoint.py",
+        "podrace/checkpoints/files.py",
         "                if not free:\n",
         "                if False:\n",
         ("tests/test_checkpoint.py", "-k", "rotation"),
     ),
     Mutant(
         "eval_reads_without_holding_the_step",
-        "podrace/eval_command.py",
+        "podrace/commands/eval.py",
         "            with step_lock(directory / str(step), shared=True):",
         '            with step_lock(directory / "no such step", shared=True):',
         ("tests/test_eval_command.py", "-k", "rotating"),
     ),
     Mutant(
         "no_last_rotation_at_close",
-        "podrace/checkpoint.py",
+        "podrace/checkpoints/files.py",
         "            self.wait()\n            self.rotate()\n",
         "            self.wait()\n",
         ("tests/test_checkpoint.py", "-k", "last_save"),
     ),
     Mutant(
         "step_appears_before_its_manifest",
-        "podrace/checkpoint.py",
+        "podrace/checkpoints/files.py",
         "            write_manifest(partial)\n            os.rename(partial, final)",
         "            os.rename(partial, final)\n            write_manifest(final)",
         ("tests/test_checkpoint.py", "-k", "appears_only_with_its_manifest"),
     ),
     Mutant(
         "rotation_deletes_a_step_in_place",
-        "podrace/checkpoint.py",
+        "podrace/checkpoints/files.py",
         "                    os.rename(step_dir, doomed)\n"
         "                    shutil.rmtree(doomed)",
         "                    shutil.rmtree(step_dir)",
@@ -803,14 +803,14 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "leftovers_of_killed_writes_kept",
-        "podrace/checkpoint.py",
+        "podrace/checkpoints/files.py",
         "            shutil.rmtree(leftover, ignore_errors=True)",
         "            pass",
         ("tests/test_checkpoint.py", "-k", "rotated_step"),
     ),
     Mutant(
         "resume_reads_a_live_runs_checkpoints",
-        "podrace/train_command.py",
+        "podrace/commands/train.py",
         "    RunLock(resume.run_dir).release()",
         "    RunLock",
         ("tests/test_cli_resume.py", "-k", "in_use"),
@@ -832,28 +832,28 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "stop_while_resuming_is_a_failure",
-        "podrace/runtime/single_host.py",
+        "podrace/runtime/run.py",
         "                lock.release()\n            raise_stopped_if_stopping(lifetime, error)\n",
         "                lock.release()\n",
         ("tests/runtime/test_resume.py", "-k", "resumed_run_is_built"),
     ),
     Mutant(
         "unresumable_run_dir_kept_after_an_early_stop",
-        "podrace/runtime/single_host.py",
+        "podrace/runtime/run.py",
         "                    discard_if_untrained(lifetime.run_dir, self.learner.version)\n",
         "                    pass\n",
         ("tests/runtime/test_single_host.py", "-k", "before_the_first_update"),
     ),
     Mutant(
         "library_ctrl_c_raised_inside_jax",
-        "podrace/runtime/supervisor.py",
+        "podrace/commands/supervisor.py",
         "            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:",
         "            signal.getsignal(signal.SIGINT) is signal.default_int_handler or True:",
         ("tests/test_api.py", "-k", "ctrl_c"),
     ),
     Mutant(
         "second_ctrl_c_keeps_the_run_locked",
-        "podrace/runtime/single_host.py",
+        "podrace/runtime/run.py",
         "            finally:  # also when a second KeyboardInterrupt cut the above short\n"
         "                if self.lock is not None:\n                    self.lock.release()\n",
         "            finally:  # also when a second KeyboardInterrupt cut the above short\n",
@@ -861,7 +861,7 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "resume_from_python_needs_the_run_name",
-        "podrace/runtime/resume.py",
+        "podrace/checkpoints/resume.py",
         "    cfg = stored if cfg is None else replace(cfg, **where)",
         "    cfg = stored if cfg is None else cfg",
         ("tests/test_api.py", "-k", "ctrl_c"),
@@ -875,7 +875,7 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "library_deterministic_run_without_gpu_kernels",
-        "podrace/runtime/single_host.py",
+        "podrace/runtime/run.py",
         "        deterministic_gpu_ops()\n",
         "        pass\n",
         ("tests/runtime/test_xla_setup.py", "-k", "deterministic"),
@@ -889,7 +889,7 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "exit_flushes_a_closed_stdout",
-        "podrace/runtime/std_streams.py",
+        "podrace/commands/std_streams.py",
         "            if stream is not None:\n                stream.flush()",
         "            stream.flush()",
         ("tests/runtime/test_std_streams.py", "-k", "exits_flush"),
@@ -917,21 +917,21 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "exit_in_the_middle_of_an_output_write",
-        "podrace/runtime/supervisor.py",
+        "podrace/commands/supervisor.py",
         "    handler.writing += 1\n",
         "    handler.writing += 0\n",
         ("tests/test_cli.py", "-k", "signal_ends_eval and while"),
     ),
     Mutant(
         "ray_workers_beyond_the_cluster_accepted",
-        "podrace/runtime/ray_cluster.py",
+        "podrace/runtime/ray/cluster.py",
         "    if fits < cfg.num_workers:",
         "    if fits < 0:",
         ("tests/runtime/test_ray_cluster.py",),
     ),
     Mutant(
         "deleted_checkpoint_files_not_named",
-        "podrace/checkpoint.py",
+        "podrace/checkpoints/files.py",
         "            if missing or not any(path.exists() for path in [final, *unfinished]):",
         "            if False:",
         ("tests/test_checkpoint.py", "-k", "deleted_under"),
@@ -945,7 +945,7 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "second_signal_keeps_an_untrained_run_dir",
-        "podrace/train_command.py",
+        "podrace/commands/train.py",
         "        signals.before_exit = self.discard_untrained_run_dir\n",
         "",
         ("tests/test_cli.py", "-k", "second_signal"),
@@ -953,28 +953,28 @@ MUTANTS: list[Mutant] = [
     # --- checkpoints: the atomic manifest, leftovers, failed writes ------------------------
     Mutant(
         "leftovers_matched_by_prefix",
-        "podrace/checkpoint.py",
+        "podrace/checkpoints/files.py",
         "        if not _LEFTOVER.fullmatch(path.name):",
         "        if not _LEFTOVER.match(path.name):",
         ("tests/test_checkpoint.py", "-k", "rotated_step"),
     ),
     Mutant(
         "a_file_in_the_way_of_a_step_ignored",
-        "podrace/checkpoint.py",
+        "podrace/checkpoints/files.py",
         "        if path.is_symlink() or not path.is_dir():\n            raise",
         "        if False:\n            raise",
         ("tests/test_checkpoint.py", "-k", "rotated_step"),
     ),
     Mutant(
         "resume_finds_a_name_in_the_way_after_changing_the_run",
-        "podrace/runtime/resume.py",
+        "podrace/checkpoints/resume.py",
         "    leftovers(_checkpoints(run_dir))  # a name in the way",
         "    (_checkpoints(run_dir))  # a name in the way",
         ("tests/test_cli_resume.py", "-k", "errors_are_one_line"),
     ),
     Mutant(
         "step_counted_as_saved_after_the_rotation",
-        "podrace/checkpoint.py",
+        "podrace/checkpoints/files.py",
         '        self.metrics.set("checkpoint/version", step)  # complete: whatever happens to the '
         "rotation\n"
         "        self.rotate()\n",
@@ -983,49 +983,49 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "manifest_not_synced",
-        "podrace/checkpoint.py",
+        "podrace/checkpoints/files.py",
         "        os.fsync(f.fileno())\n",
         "",
         ("tests/test_checkpoint.py", "-k", "synced"),
     ),
     Mutant(
         "orbax_failure_tracebacks_printed",
-        "podrace/checkpoint.py",
+        "podrace/checkpoints/files.py",
         'logging.getLogger("absl").addFilter(self._quiet)',
         "pass",
         ("tests/test_checkpoint.py", "-k", "storage_refuses"),
     ),
     Mutant(
         "failed_write_closes_loops_under_late_callbacks",
-        "podrace/checkpoint.py",
+        "podrace/checkpoints/files.py",
         "            with draining_loops():  # a failed write",
         "            with contextlib.nullcontext():  # a failed write",
         ("tests/test_checkpoint.py", "-k", "storage_refuses"),
     ),
     Mutant(
         "failed_write_keeps_its_space",
-        "podrace/checkpoint.py",
+        "podrace/checkpoints/files.py",
         "                shutil.rmtree(path, ignore_errors=True)\n            if _is_storage_error",
         "                pass\n            if _is_storage_error",
         ("tests/test_checkpoint.py", "-k", "disk_full"),
     ),
     Mutant(
         "files_outside_the_manifest_accepted",
-        "podrace/restore.py",
+        "podrace/checkpoints/read.py",
         "path.relative_to(step_dir).as_posix() not in files:",
         "path.relative_to(step_dir).as_posix() not in files and False:",
         ("tests/test_checkpoint.py", "-k", "unlisted"),
     ),
     Mutant(
         "manifest_format_unchecked",
-        "podrace/restore.py",
+        "podrace/checkpoints/read.py",
         '    if manifest.get("format") != FORMAT:',
         "    if False:",
         ("tests/test_checkpoint.py", "-k", "other-format"),
     ),
     Mutant(
         "step_without_a_manifest_read_unverified",
-        "podrace/restore.py",
+        "podrace/checkpoints/read.py",
         "    if not manifest_path.is_file():\n        raise",
         "    if not manifest_path.is_file():\n        return\n        raise",
         ("tests/test_eval_command.py", "-k", "without_its_manifest"),
@@ -1104,28 +1104,28 @@ MUTANTS: list[Mutant] = [
     # --- multi-host, Ray and sync ----------------------------------------------------------
     Mutant(
         "preemption_notifier_takes_sigterm",
-        "podrace/runtime/distributed.py",
+        "podrace/runtime/multihost/distributed.py",
         '    jax.config.update("jax_enable_preemption_service", False)\n',
         "",
         ("tests/runtime/test_multihost.py", "-k", "signal_to_one and SIGTERM"),
     ),
     Mutant(
         "hub_never_says_all_done",
-        "podrace/runtime/peers.py",
+        "podrace/runtime/multihost/peers.py",
         "        if self.process_id == 0:\n            self._check_all_done()",
         "        if self.process_id == 0:\n            pass",
         ("tests/runtime/test_peers.py",),
     ),
     Mutant(
         "spoke_leaves_without_waiting_for_process_0",
-        "podrace/runtime/multi_host.py",
+        "podrace/runtime/multihost/topology.py",
         "            while not self.link.wait_all_done(0.05):",
         "            while False:",
         ("tests/runtime/test_multihost.py", "-k", "final_evaluation"),
     ),
     Mutant(
         "done_then_killed_is_no_loss",
-        "podrace/runtime/peers.py",
+        "podrace/runtime/multihost/peers.py",
         "                if not self._all_done.is_set() and not self._closed.is_set() and not "
         "conn.refused:",
         "                if not conn.done and not self._closed.is_set() and not conn.refused:",
@@ -1133,14 +1133,14 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "hub_exits_before_the_others",
-        "podrace/runtime/peers.py",
+        "podrace/runtime/multihost/peers.py",
         "        if self.process_id != 0:\n            return\n        deadline",
         "        if True:\n            return\n        deadline",
         ("tests/runtime/test_multihost.py", "-k", "no_run_directory"),
     ),
     Mutant(
         "multi_host_untrained_run_dir_kept",
-        "podrace/runtime/multi_host.py",
+        "podrace/runtime/multihost/topology.py",
         "            link.close()\n        discard_if_untrained(lifetime.run_dir, None)\n",
         "            link.close()\n",
         ("tests/runtime/test_multihost.py", "-k", "no_run_directory"),
@@ -1148,35 +1148,35 @@ MUTANTS: list[Mutant] = [
     # --- runtime/coordination_service.py ---------------------------------------------------
     Mutant(
         "coordination_service_inside_process_0",
-        "podrace/runtime/coordination_service.py",
+        "podrace/runtime/multihost/coordination_service.py",
         "    lib.get_distributed_runtime_service = HostedService\n",
         "    lib.get_distributed_runtime_service = factory\n",
         ("tests/runtime/test_coordination_service.py", "-k", "killed"),
     ),
     Mutant(
         "coordination_service_in_process_0s_group",
-        "podrace/runtime/coordination_service.py",
+        "podrace/runtime/multihost/coordination_service.py",
         "            start_new_session=True,",
         "            start_new_session=False,",
         ("tests/runtime/test_coordination_service.py", "-k", "killed or ctrl_c"),
     ),
     Mutant(
         "orphaned_coordination_service_never_exits",
-        "podrace/runtime/coordination_service.py",
+        "podrace/runtime/multihost/coordination_service.py",
         "        time.sleep(LINGER_S)\n",
         "        time.sleep(3600)\n",
         ("tests/runtime/test_coordination_service.py", "-k", "killed"),
     ),
     Mutant(
         "stopped_process_0_leaves_its_service_lingering",
-        "podrace/runtime/multi_host.py",
+        "podrace/runtime/multihost/topology.py",
         "        stop_hosted_service()  # process 0",
         "        pass  # process 0",
         ("tests/runtime/test_multihost.py", "-k", "signal_to_one and SIGINT and not both"),
     ),
     Mutant(
         "process_0_lost_a_peer_while_preparing_keeps_its_service",
-        "podrace/runtime/multi_host.py",
+        "podrace/runtime/multihost/topology.py",
         "    stop_hosted_service()  # process 0: the coordinator's port is free again at once\n",
         "",
         ("tests/runtime/test_multihost.py", "-k", "first_update"),
@@ -1184,42 +1184,42 @@ MUTANTS: list[Mutant] = [
     # --- the peer link before jax.distributed ----------------------------------------------
     Mutant(
         "peer_link_opens_only_after_jax_distributed",
-        "podrace/runtime/multi_host.py",
+        "podrace/runtime/multihost/topology.py",
         "        if hub is not None:  # every process is there",
         "        if False:  # every process is there",
         ("tests/runtime/test_multihost.py", "-k", "killed_while_joining"),
     ),
     Mutant(
         "refusing_process_is_a_lost_peer",
-        "podrace/runtime/multi_host.py",
+        "podrace/runtime/multihost/topology.py",
         "            link.report_refused()\n",
         "            pass\n",
         ("tests/runtime/test_multihost.py", "-k", "mismatch or layout_error"),
     ),
     Mutant(
         "refused_close_is_a_loss",
-        "podrace/runtime/peers.py",
+        "podrace/runtime/multihost/peers.py",
         " and not self._closed.is_set() and not conn.refused:",
         " and not self._closed.is_set():",
         ("tests/runtime/test_peers.py", "-k", "refuses"),
     ),
     Mutant(
         "spoke_makes_its_part_before_process_0_made_the_run_dir",
-        "podrace/runtime/multi_host.py",
+        "podrace/runtime/multihost/topology.py",
         "            cluster.get(_RUN_DIR_KEY)\n",
         "            pass\n",
         ("tests/runtime/test_multihost.py", "-k", "error_in_process_1"),
     ),
     Mutant(
         "stray_client_taken_for_a_process",
-        "podrace/runtime/peers.py",
+        "podrace/runtime/multihost/peers.py",
         "if not isinstance(process, int) or process not in waiting:",
         "if False:",
         ("tests/runtime/test_peers.py", "-k", "stray"),
     ),
     Mutant(
         "run_dir_kept_after_a_stop_elsewhere_before_any_update",
-        "podrace/runtime/multi_host.py",
+        "podrace/runtime/multihost/topology.py",
         "                discard_if_untrained(lifetime.run_dir, self.local.learner.version)  # as "
         "after a stop here\n",
         "                pass\n",
@@ -1227,21 +1227,21 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "coordination_service_unknown_until_spawned",
-        "podrace/runtime/coordination_service.py",
+        "podrace/runtime/multihost/coordination_service.py",
         "        HostedService.current = self\n        child = subprocess.Popen(",
         "        child = subprocess.Popen(",
         ("tests/runtime/test_coordination_service.py", "-k", "while_its_service"),
     ),
     Mutant(
         "coordination_service_stopped_while_spawned_serves_a_moment",
-        "podrace/runtime/coordination_service.py",
+        "podrace/runtime/multihost/coordination_service.py",
         "            stopped = self._stopped\n",
         "            stopped = False\n",
         ("tests/runtime/test_coordination_service.py", "-k", "child_is_spawned"),
     ),
     Mutant(
         "stopped_process_leaves_the_meeting_silently",
-        "podrace/runtime/distributed.py",
+        "podrace/runtime/multihost/distributed.py",
         '            refuse(*known, f"it was stopped before every process had joined ({stop})", '
         "STOP_REFUSAL_WAIT_S)\n",
         "",
@@ -1249,7 +1249,7 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "refusal_after_hello_taken_for_a_twin",
-        "podrace/runtime/rendezvous.py",
+        "podrace/runtime/multihost/rendezvous.py",
         'elif process in joined and isinstance(hello.get("refusal"), str):',
         "elif False:",
         ("tests/runtime/test_rendezvous.py", "-k", "twin"),
@@ -1263,7 +1263,7 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "ray_worker_dying_at_start_fails_the_run",
-        "podrace/runtime/ray_run.py",
+        "podrace/runtime/ray/topology.py",
         "                try:\n                    self._failed(slot, error)\n"
         "                except WorkerCrashLoop",
         "                try:\n                    raise WorkerCrashLoop(str(error))\n"
@@ -1272,14 +1272,14 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "ray_join_trusts_any_listener",
-        "podrace/runtime/ray_cluster.py",
+        "podrace/runtime/ray/cluster.py",
         "    if len(header) < 9 or header[3] != 4:",
         "    if False:",
         ("tests/runtime/test_ray_runtime.py", "-k", "something_else"),
     ),
     Mutant(
         "invalid_process_leaves_the_others_waiting",
-        "podrace/runtime/rendezvous.py",
+        "podrace/runtime/multihost/rendezvous.py",
         '                    refused = f"distributed: process {process} cannot run: '
         "{hello['refusal']}\"",
         "                    pass",
@@ -1294,14 +1294,14 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "own_signal_loses_to_a_peers_stop",
-        "podrace/train_command.py",
+        "podrace/commands/train.py",
         "                if self.signals.received:  # and on this one",
         "                if False:",
         ("tests/runtime/test_multihost.py", "-k", "signal_to_one and both"),
     ),
     Mutant(
         "result_line_refused_is_a_traceback",
-        "podrace/runtime/std_streams.py",
+        "podrace/commands/std_streams.py",
         "    except (OSError, ValueError) as error:  # ValueError: stdout closed",
         "    except ValueError as error:  # ValueError: stdout closed",
         (
@@ -1320,28 +1320,28 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "stderr_that_refuses_ends_the_run",
-        "podrace/runtime/std_streams.py",
+        "podrace/commands/std_streams.py",
         "        except (OSError, ValueError):\n            return len(text)\n",
         "        except ZeroDivisionError:\n            return len(text)\n",
         ("tests/test_cli.py", "-k", "outlives"),
     ),
     Mutant(
         "stdout_closed_left_none_for_tyro",
-        "podrace/runtime/std_streams.py",
+        "podrace/commands/std_streams.py",
         '    if sys.stdout is None:\n        sys.stdout = open(1, "w", closefd=False)\n',
         "",
         ("tests/test_cli.py", "-k", "stdout_closed"),
     ),
     Mutant(
         "stderr_waits_for_a_reader_that_stopped_reading",
-        "podrace/runtime/std_streams.py",
+        "podrace/commands/std_streams.py",
         "    if fd is None:\n        return True\n    try:\n        return bool(select",
         "    if True:\n        return True\n    try:\n        return bool(select",
         ("tests/test_cli.py", "-k", "stopped_reading"),
     ),
     Mutant(
         "help_into_a_full_stdout_is_a_traceback",
-        "podrace/arguments.py",
+        "podrace/commands/arguments.py",
         "    except OSError as error:  # only printing --help",
         "    except ZeroDivisionError as error:  # only printing --help",
         ("tests/test_cli.py", "-k", "help_into"),
@@ -1355,7 +1355,7 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "env_error_of_an_explained_cause_gets_a_traceback",
-        "podrace/train_command.py",
+        "podrace/commands/train.py",
         "    return error.__cause__ is not None and explains_itself(error.__cause__)",
         "    return False",
         ("tests/test_cli.py", "-k", "named_failures and outside"),

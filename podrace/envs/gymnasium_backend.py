@@ -46,7 +46,7 @@ def gymnasium_spec(cfg: EnvConfig) -> EnvSpec:
     try:
         return spec_from_spaces(cfg.id, env.observation_space, env.action_space)
     finally:
-        from podrace.runtime.threads import close_envs
+        from podrace.envs.closing import close_envs
 
         close_envs([(f"env {cfg.id!r} (spec probe)", env)])  # user code: a warning, bounded
 

@@ -59,7 +59,7 @@ def from_factory(factory: EnvFactory, num_envs: int, seed: int) -> BatchedEnv:
             )
     except BaseException:
         if hasattr(made, "close"):
-            from podrace.runtime.threads import close_envs
+            from podrace.envs.closing import close_envs
 
             close_envs(
                 [(f"env factory {name!r}", made)]
@@ -90,7 +90,7 @@ class EnvSource:
         try:
             return probe.spec
         finally:
-            from podrace.runtime.threads import close_envs
+            from podrace.envs.closing import close_envs
 
             close_envs(
                 [(f"env factory {factory_name(self.factory)!r} (spec probe)", probe)]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +24,6 @@ from matplotlib.ticker import FuncFormatter
 from podrace import json_text
 from podrace.config import ConfigError, TrainConfig
 from podrace.config_dict import config_from_dict
-from podrace.runtime.rundir import check_writable
-from podrace.runtime.supervisor import signals_deferred
 
 FIGSIZE = (12.0, 9.0)
 DPI = 100
@@ -279,30 +276,3 @@ def _time_bars(ax, runs: Sequence[RunData]) -> None:
     ax.grid(axis="y", alpha=0.3)
     _thousands(ax.yaxis)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-
-
-def check_output(path: Path) -> None:
-    """ConfigError unless matplotlib can write `path`'s format and a file can be written
-    there: not a directory, in a directory that takes a new file (checked by creating one)."""
-    formats = Figure().canvas.get_supported_filetypes()
-    if path.suffix.lower().lstrip(".") not in formats:
-        raise ConfigError(
-            f"cannot write {path}: use one of {', '.join('.' + f for f in sorted(formats))}"
-        )
-    check_writable(path)
-
-
-def save_figure(fig: Figure, path: Path) -> None:
-    """Write the figure (format from the suffix) to a temp file, then rename it over `path`."""
-    path = Path(path)
-    check_output(path)
-    suffix = path.suffix.lower().lstrip(".")
-    tmp = path.with_name(f".{path.name}.tmp.{suffix}")
-    with signals_deferred():
-        try:
-            fig.savefig(tmp, dpi=DPI)
-            os.replace(tmp, path)
-        except OSError as error:  # e.g. the disk filled up; `path` is left as it was
-            raise ConfigError(f"cannot write {path}: {error.strerror or error}") from None
-        finally:
-            tmp.unlink(missing_ok=True)

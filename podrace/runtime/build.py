@@ -20,7 +20,7 @@ from podrace.algos.base import TrainState
 from podrace.algos.normalizer import Normalizer, init_normalizer
 from podrace.config import TrainConfig
 from podrace.control import Control, Lifetime
-from podrace.envs import EnvSource
+from podrace.envs import BatchedEnv, EnvSource
 from podrace.evaluate import Evaluator
 from podrace.learner import Learner, LearnerSettings
 from podrace.learner_mesh import (
@@ -82,6 +82,7 @@ def build_learner(
     metrics: Metrics,
     lifetime: Lifetime,
     restore: Callable[..., tuple[TrainState, jax.Array, Normalizer | None]] | None = None,
+    wrap_update: Callable[[Callable], Callable] | None = None,
 ) -> tuple[Learner, LearnerPlacement]:
     """The learner on its mesh (initial params, with the initial observation statistics when
     normalizing, published as the publisher's first version) and the placement that puts a
@@ -125,7 +126,9 @@ def build_learner(
         settings,
         state=state,
         keys=keys,
-        update_fn=make_update_fn(algo, mesh, cfg.num_actors, options),
+        update_fn=(wrap_update or (lambda fn: fn))(
+            make_update_fn(algo, mesh, cfg.num_actors, options)
+        ),
         pipeline=pipeline,
         publisher=publisher,
         metrics=metrics,
@@ -146,6 +149,7 @@ def build_actor(
     first_seq: int = 0,
     envs: EnvSource | None = None,
     key: jax.Array | None = None,
+    wrap_env: Callable[[str, BatchedEnv], BatchedEnv] | None = None,
 ) -> Actor:
     """Actor `actor_id` with its own envs (from `envs`, default `cfg.env`'s id) and key;
     `policy.device` is where it acts.
@@ -154,7 +158,7 @@ def build_actor(
     the processes of a multi-host run never share seeds. An actor that starts later in the
     run (`first_seq` > 0: a resumed run) gets env seeds with `first_seq` folded in, so its
     envs do not replay the episodes the run's start already played; `key` (default
-    `actor_key`) is its key.
+    `actor_key`) is its key. `wrap_env(owner, env)` may wrap the envs (fault injection).
     """
     global_id = (cfg.distributed.process_id or 0) * cfg.num_actors + actor_id
     settings = ActorSettings(
@@ -168,6 +172,8 @@ def build_actor(
     later = (first_seq,) if first_seq else ()
     envs = envs or EnvSource(cfg.env)
     env = envs.make(cfg.env.num_envs, env_seed(cfg.seed, 0, global_id, *later), env_threads(cfg))
+    if wrap_env is not None:
+        env = wrap_env(f"actor-{actor_id}", env)
     return Actor(settings, env, policy, params, out, control)
 
 
@@ -179,12 +185,15 @@ def build_evaluator(
     metrics: Metrics,
     control: Control,
     envs: EnvSource | None = None,
+    wrap_env: Callable[[str, BatchedEnv], BatchedEnv] | None = None,
 ) -> Evaluator:
     envs = envs or EnvSource(cfg.env)
     # Each env counts its own share of `episodes` (`EpisodeTally`): more envs than episodes
     # would only play uncounted episodes (and building 2**31 of them would not finish).
     num_envs = min(cfg.eval.num_envs, cfg.eval.episodes)
     env = envs.make(num_envs, env_seed(cfg.seed, 1, 0), env_threads(cfg))
+    if wrap_env is not None:
+        env = wrap_env("evaluator", env)
     evaluator = Evaluator(env, device, greedy, params, cfg.eval.episodes, metrics, control)
     evaluator.time_limit = cfg.env.max_episode_steps
     return evaluator
@@ -204,4 +213,6 @@ def warm_up_learner(learner: Learner, trajs: Sequence[Trajectory]) -> None:
     """Compile the batch preparation (normalization) and the update on placed dummy
     trajectories (state, normalizer and keys are not changed)."""
     _, trajs, _ = learner.prepare(tuple(trajs), [learner.version] * len(trajs))
-    jax.block_until_ready(learner.update_fn(learner.state, trajs, learner.keys))
+    # The step itself: a wrapper around it (fault injection) sees only the run's updates.
+    update = getattr(learner.update_fn, "__wrapped__", learner.update_fn)
+    jax.block_until_ready(update(learner.state, trajs, learner.keys))

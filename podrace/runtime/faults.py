@@ -1,7 +1,6 @@
-"""Fault injection for tests and drills, applied to a prepared run (no special build).
+"""Fault injection for tests and drills, applied where a run is built (no special build).
 
-    run = prepare(cfg)
-    inject(run, FaultPlan(env_hang=(0, 50)))
+    run = prepare(cfg, faults=FaultPlan(env_hang=(0, 50)))
     run.run()   # fails within the watchdog timeout, naming actor-0 and the step
 
 Each fault goes through the interfaces a real one would: a raising or hanging env is a
@@ -144,57 +143,62 @@ class FullDiskSink:
         pass
 
 
-def inject(run, plan: FaultPlan) -> None:
-    """Apply `plan` to a prepared SingleHostRun (before `run.run()`)."""
-    for actor in run.actors:
+class Faults:
+    """A FaultPlan applied where a run's pieces are built (`podrace.runtime.run`): every
+    fault goes through the interface a real one would."""
 
-        def mine(fault, actor_id=actor.actor_id):
-            return fault[1] if fault and fault[0] == actor_id else None
+    def __init__(self, plan: FaultPlan, lifetime: Lifetime):
+        self.plan, self.lifetime = plan, lifetime
+
+    def env(self, owner: str, env):
+        """`owner`'s env (`actor-N` or `evaluator`), faulty where the plan says so."""
+        plan = self.plan
+
+        def mine(fault: tuple[int, int] | None) -> int | None:
+            return fault[1] if fault and f"actor-{fault[0]}" == owner else None
 
         faulty = FaultyEnv(
-            actor.env,
-            run.lifetime,
-            raise_at=mine(plan.env_raise),
+            env,
+            self.lifetime,
+            raise_at=1 if plan.evaluator_raise and owner == "evaluator" else mine(plan.env_raise),
             hang_at=mine(plan.env_hang),
             stuck_at=mine(plan.env_stuck),
-            hang_reset=plan.reset_hang == f"actor-{actor.actor_id}",
-            delay_s=plan.slow.get("env_step", 0.0),
+            hang_reset=plan.reset_hang == owner,
+            delay_s=plan.slow.get("env_step", 0.0) if owner != "evaluator" else 0.0,
         )
-        if (
-            faulty.raise_at
-            or faulty.hang_at
-            or faulty.stuck_at
-            or faulty.hang_reset
-            or faulty.delay_s
-        ):
-            actor.env = faulty
-        if plan.actor_raise and plan.actor_raise[0] == actor.actor_id:
+        active = (
+            faulty.raise_at or faulty.hang_at or faulty.stuck_at or faulty.hang_reset
+        ) or faulty.delay_s
+        return faulty if active else env
+
+    def params(self, owner: str, subscriber: Subscriber) -> Subscriber:
+        """`owner`'s params source; one that raises before the planned rollout."""
+        fault = self.plan.actor_raise
+        if fault and owner == f"actor-{fault[0]}":
             # The actor asks for params exactly once per rollout, starting at rollout 0.
-            actor.params = FailingSubscriber(actor.params, plan.actor_raise[1] + 1)
-    if plan.evaluator_raise or plan.reset_hang == "evaluator":
-        run.evaluator.env = FaultyEnv(
-            run.evaluator.env,
-            run.lifetime,
-            raise_at=1 if plan.evaluator_raise else None,
-            hang_reset=plan.reset_hang == "evaluator",
-        )
-    if plan.sink_raise_at is not None:
-        run.extra_sinks.append(FullDiskSink(plan.sink_raise_at))
-    if plan.nan_at_update is not None or "learner_step" in plan.slow:
-        _wrap_update(run.learner, plan.nan_at_update, plan.slow.get("learner_step", 0.0))
+            return FailingSubscriber(subscriber, fault[1] + 1)
+        return subscriber
 
+    def sinks(self) -> list:
+        """Metrics sinks to add after the configured ones."""
+        at = self.plan.sink_raise_at
+        return [] if at is None else [FullDiskSink(at)]
 
-def _wrap_update(learner, nan_at: int | None, delay_s: float) -> None:
-    update_fn = learner.update_fn
-    calls = [0]
-    poison = jax.jit(lambda rewards: rewards * jnp.nan)  # jitted: no host-to-device transfer
+    def update(self, update_fn):
+        """The learner's update: NaN rewards at the planned update, or slower."""
+        nan_at, delay_s = self.plan.nan_at_update, self.plan.slow.get("learner_step", 0.0)
+        if nan_at is None and not delay_s:
+            return update_fn
+        calls = [0]
+        poison = jax.jit(lambda rewards: rewards * jnp.nan)  # jitted: no host-to-device copy
 
-    def update(state, trajs, keys):
-        calls[0] += 1
-        if calls[0] == nan_at:
-            trajs = tuple(t._replace(rewards=poison(t.rewards)) for t in trajs)
-        if delay_s:
-            time.sleep(delay_s)
-        return update_fn(state, trajs, keys)
+        def update(state, trajs, keys):
+            calls[0] += 1
+            if calls[0] == nan_at:
+                trajs = tuple(t._replace(rewards=poison(t.rewards)) for t in trajs)
+            if delay_s:
+                time.sleep(delay_s)
+            return update_fn(state, trajs, keys)
 
-    learner.update_fn = update
+        update.__wrapped__ = update_fn  # the jitted step (for lowering)
+        return update

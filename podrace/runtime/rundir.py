@@ -12,12 +12,10 @@ import dataclasses
 import json
 import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
 from podrace.config import ConfigError, TrainConfig
-from podrace.runtime.supervisor import signals_deferred
 
 MIN_FREE_BYTES = 64 * 2**20
 """Free space a run needs at start (config, metrics lines, event files)."""
@@ -38,7 +36,7 @@ def _existing_ancestor(path: Path) -> Path:
     return parent
 
 
-def _shown(path: Path) -> str:
+def shown(path: Path) -> str:
     """The path for a one-line message (a path of thousands of characters is cut)."""
     text = str(path)
     return text if len(text) <= 120 else f"{text[:60]}...{text[-40:]}"
@@ -53,19 +51,19 @@ def check_run_dir(cfg: TrainConfig) -> Path:
         writable = parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)
         free = shutil.disk_usage(parent).free if writable else 0
     except OSError as error:  # e.g. a path or name too long for the file system
-        raise ConfigError(f"cannot create run directory {_shown(path)}: {error.strerror}") from None
+        raise ConfigError(f"cannot create run directory {shown(path)}: {error.strerror}") from None
     if cfg.log.run_name and exists:
         raise ConfigError(
-            f"run directory {_shown(path)} already exists; choose another log.run-name"
+            f"run directory {shown(path)} already exists; choose another log.run-name"
         )
     if not writable:
         raise ConfigError(
-            f"cannot create run directory {_shown(path)}: {_shown(parent)} is not a writable "
+            f"cannot create run directory {shown(path)}: {shown(parent)} is not a writable "
             "directory"
         )
     if free < MIN_FREE_BYTES:
         raise ConfigError(
-            f"cannot start a run in {_shown(parent)}: {free / 2**20:.1f} MiB free, "
+            f"cannot start a run in {shown(parent)}: {free / 2**20:.1f} MiB free, "
             f"at least {MIN_FREE_BYTES // 2**20} MiB needed"
         )
     return path
@@ -95,13 +93,13 @@ def _make_unique(path: Path, unique: bool) -> Path:
         except FileExistsError:
             if not unique:
                 raise ConfigError(
-                    f"run directory {_shown(path)} already exists; choose another log.run-name"
+                    f"run directory {shown(path)} already exists; choose another log.run-name"
                 ) from None
             suffix += 1
             candidate = path.with_name(f"{path.name}-{suffix}")
         except OSError as error:
             raise ConfigError(
-                f"cannot create run directory {_shown(candidate)}: {error.strerror}"
+                f"cannot create run directory {shown(candidate)}: {error.strerror}"
             ) from None
 
 
@@ -118,35 +116,11 @@ def discard_if_untrained(run_dir: Path | None, updates: int | None) -> None:
         remove_run_dir(run_dir)
 
 
-def check_writable(path: Path) -> None:
-    """ConfigError unless a file can be written at `path` the way podrace writes files (a
-    temporary file next to it, then renamed over it): `path` is not a directory and its
-    directory takes a new file. Checked by creating and removing such a file, which also
-    catches what permission bits do not say (a read-only file system, root squash, ACLs, a
-    name too long). Leaves nothing behind; says nothing about free space."""
-    path = Path(path)
-    parent = path.absolute().parent
-    with signals_deferred():  # `podrace eval`/`plot`: a signal leaves no probe file behind
-        try:
-            if path.is_dir():
-                raise ConfigError(f"cannot write {_shown(path)}: it is a directory")
-            if not parent.is_dir():
-                raise ConfigError(
-                    f"cannot write {_shown(path)}: {_shown(parent)} is not a directory"
-                )
-            fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
-        except OSError as error:
-            raise ConfigError(f"cannot write {_shown(path)}: {error.strerror or error}") from None
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(probe)
-
-
 def write_config(run_dir: Path, cfg: TrainConfig) -> None:
     """Write config.json (the resolved config); a failure is one line, not a traceback."""
     try:
         (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
     except OSError as error:
         raise ConfigError(
-            f"cannot write {_shown(run_dir / 'config.json')}: {error.strerror}"
+            f"cannot write {shown(run_dir / 'config.json')}: {error.strerror}"
         ) from None

@@ -10,6 +10,21 @@ Placement = Any  # jax.Device, jax.sharding.Sharding, or None (leave arrays wher
 DeviceKey = tuple[str, int] | None
 
 
+def local_copy(tree: Any) -> Any:
+    """This process's copy of replicated global arrays (actors place it on their devices).
+
+    A replicated array over a multi-process mesh cannot be moved as a whole; any one of
+    its addressable shards is the full value. Single-process arrays pass through.
+    """
+
+    def one(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return x.addressable_shards[0].data
+        return x
+
+    return jax.tree.map(one, tree)
+
+
 def on_device(tree: Any, device: jax.Device) -> bool:
     """Every leaf of `tree` is a jax.Array that lives on `device` alone (whatever sharding
     object says so: a one-device mesh is that device too)."""

@@ -195,17 +195,18 @@ def test_checkpoint_keeps_the_normalizer_and_eval_acts_with_its_statistics(tmp_p
     import dataclasses
     import json
 
-    from podrace.checkpoint import Checkpointer, checkpoint_dir
-    from podrace.envs import env_spec, make_env
-    from podrace.eval_command import (
+    from podrace.checkpoints.files import Checkpointer
+    from podrace.checkpoints.read import restore
+    from podrace.checkpoints.state import checkpoint_dir
+    from podrace.commands.eval import (
         EvalOptions,
         abstract_run_state,
         evaluate_run,
         make_actor,
         play_episodes,
     )
+    from podrace.envs import env_spec, make_env
     from podrace.networks import make_network
-    from podrace.restore import restore
     from tests.test_checkpoint import fresh_state, tiny_config
 
     cfg = tiny_config(**{"normalize.obs": True, "normalize.reward": True})

@@ -13,16 +13,9 @@ import pytest
 from PIL import Image
 
 from podrace.cli import main
+from podrace.commands.plot import check_output, save_figure
 from podrace.config import ConfigError, TrainConfig, replace
-from podrace.metrics.plot import (
-    DPI,
-    FIGSIZE,
-    check_output,
-    load_run,
-    plot_runs,
-    save_figure,
-    time_breakdown,
-)
+from podrace.metrics.plot import DPI, FIGSIZE, load_run, plot_runs, time_breakdown
 
 REPO = Path(__file__).resolve().parents[2]
 

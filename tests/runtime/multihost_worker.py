@@ -63,7 +63,7 @@ def batch(update: int, spec) -> list[Trajectory]:
 def train(learner_devices, num_processes: int, process: int, normalize: bool = False) -> dict:
     """UPDATES updates over a mesh of `learner_devices`; returns this process's copy of the
     params (and, normalizing, of the observation and return statistics)."""
-    from podrace.runtime.distributed import local_copy
+    from podrace.sync.placement import local_copy
 
     cfg = config(num_processes, normalize)
     spec = env_spec(cfg.env)
@@ -104,7 +104,7 @@ def initial_params(normalize: bool = False) -> dict:
 
 def main(out: str, process: int, num_processes: int, coordinator: str, normalize: bool) -> None:
     from podrace.config import DistributedConfig
-    from podrace.runtime.distributed import global_learner_devices, join
+    from podrace.runtime.multihost.distributed import global_learner_devices, join
 
     join(DistributedConfig(coordinator, num_processes, process, init_timeout_s=60))
     params = train(global_learner_devices((0,), "cpu"), num_processes, process, normalize)
@@ -127,25 +127,23 @@ def faulty_run(
 ) -> int:
     """`podrace train` (the CLI, in this process) with one of `FAULTS` injected."""
     from podrace.cli import main as cli
-    from podrace.runtime import faults, multi_host
+    from podrace.runtime import run as runs
+    from podrace.runtime.multihost import topology
 
-    prepare, create_run_dir = multi_host.prepare, multi_host.create_run_dir
+    prepare, create_run_dir = runs.prepare, topology.create_run_dir
 
     def create_run_dir_late(cfg):
         time.sleep(1.0)
         return create_run_dir(cfg)
 
-    multi_host.create_run_dir = create_run_dir_late
+    topology.create_run_dir = create_run_dir_late
 
     faulty_process, plan = FAULTS[fault]
 
-    def prepare_with_fault(cfg, lifetime=None):
-        run = prepare(cfg, lifetime)
-        if process == faulty_process:
-            faults.inject(run.local, plan)
-        return run
+    def prepare_with_fault(*args, **kwargs):
+        return prepare(*args, **kwargs, faults=plan if process == faulty_process else None)
 
-    multi_host.prepare = prepare_with_fault
+    runs.prepare = prepare_with_fault
     return cli(
         [
             "train",

@@ -20,8 +20,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from podrace.config import EnvConfig
 from podrace.envs import make_env
-from podrace.runtime.ray_cluster import alive, process_tree, reap
+from podrace.runtime.ray.cluster import alive, process_tree, reap
 
 ROOT = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -44,18 +45,18 @@ class RaisingEnv:
         raise EnvExploded("boom")
 
 
-def raising_env(env_cfg, num_envs: int, seed: int):
-    """`make_env` replacement for `ray_run.prepare(env_factory=...)` (imported by workers)."""
-    return RaisingEnv(make_env(env_cfg, num_envs, seed))
+def raising_env(num_envs: int, seed: int):
+    """An env factory (imported by workers) whose envs raise at every step."""
+    return RaisingEnv(make_env(EnvConfig(), num_envs, seed))
 
 
 DIES_ONCE = "PODRACE_TEST_DIES_ONCE"
 """A file path in the environment: the first Ray worker to build its env creates it and dies."""
 
 
-def dies_once_while_starting(env_cfg, num_envs: int, seed: int):
-    """`make_env` replacement: the first worker that builds its env is killed doing so (as a
-    node's OOM killer or a crash in native code would), every later one starts."""
+def dies_once_while_starting(num_envs: int, seed: int):
+    """An env factory: the first worker that builds its env is killed doing so (as a node's
+    OOM killer or a crash in native code would), every later one starts."""
     import ray
 
     if ray.get_runtime_context().get_actor_id() is not None:  # in a worker, not the driver
@@ -66,7 +67,7 @@ def dies_once_while_starting(env_cfg, num_envs: int, seed: int):
             pass
         else:
             os._exit(1)
-    return make_env(env_cfg, num_envs, seed)
+    return make_env(EnvConfig(), num_envs, seed)
 
 
 def leftovers(marker: str) -> list[str]:

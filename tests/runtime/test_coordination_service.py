@@ -1,4 +1,4 @@
-"""Process 0's coordination service in a child process (podrace.runtime.coordination_service)."""
+"""Process 0's coordination service in a child process (runtime.multihost.coordination_service)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,18 @@ import time
 
 import pytest
 
-from podrace.runtime.coordination_service import LINGER_S, HostedService, stop_hosted_service
+from podrace.runtime.multihost.coordination_service import (
+    LINGER_S,
+    HostedService,
+    stop_hosted_service,
+)
 from tests.runtime.test_multihost import free_port, processes, service_child
 
 JOIN = """
 import sys, time
 import jax
 from jax._src import distributed
-from podrace.runtime.coordination_service import hosted_service
+from podrace.runtime.multihost.coordination_service import hosted_service
 
 process = int(sys.argv[2])
 with hosted_service():
@@ -148,7 +152,7 @@ def test_process_0_leaving_while_its_services_child_is_spawned_never_lets_it_ser
     import subprocess
     import threading
 
-    from podrace.runtime import coordination_service
+    from podrace.runtime.multihost import coordination_service
 
     spawn = subprocess.Popen
 

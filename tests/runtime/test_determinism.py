@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from podrace.runtime.single_host import prepare
+from podrace.runtime.run import prepare
 from tests.runtime.test_single_host import small
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from podrace.cli import main
+from podrace.commands.train import distributed_requested
 from podrace.config import ConfigError, TrainConfig, replace
-from podrace.runtime.distributed import _mismatch, config_hash, shared_fields
-from podrace.train_command import distributed_requested
+from podrace.runtime.multihost.distributed import _mismatch, config_hash, shared_fields
 from podrace.validation import validate
 
 pytestmark = pytest.mark.timeout(60)
@@ -100,8 +100,8 @@ def test_a_process_stopped_before_its_hello_tells_the_meeting_so_no_one_waits_fo
 
     from podrace.config import DistributedConfig
     from podrace.control import Stopped
-    from podrace.runtime.distributed import meet
-    from podrace.runtime.rendezvous import rendezvous
+    from podrace.runtime.multihost.distributed import meet
+    from podrace.runtime.multihost.rendezvous import rendezvous
     from tests.runtime.test_multihost import free_port
 
     coordinator = f"127.0.0.1:{free_port()}"

@@ -8,16 +8,15 @@ import pytest
 
 from podrace.control import ComponentError, HangDetected
 from podrace.learner import NonFiniteUpdate
-from podrace.runtime.faults import FaultPlan, InjectedFault, inject
-from podrace.runtime.single_host import prepare
+from podrace.runtime.faults import FaultPlan, InjectedFault
+from podrace.runtime.run import prepare
 from tests.runtime.test_single_host import podrace_threads, small
 
 BOUND_S = 30
 
 
 def run_with(tmp_path, plan, **changes):
-    run = prepare(small(tmp_path, total_steps=10**7, **changes))
-    inject(run, plan)
+    run = prepare(small(tmp_path, total_steps=10**7, **changes), faults=plan)
     start = time.perf_counter()
     with pytest.raises(ComponentError) as exc:
         run.run()
@@ -47,8 +46,7 @@ def test_env_hangs_and_watchdog_fires(tmp_path):
 
 @pytest.mark.timeout(90)
 def test_nan_loss_stops_without_publishing(tmp_path):
-    run = prepare(small(tmp_path, total_steps=10**7))
-    inject(run, FaultPlan(nan_at_update=3))
+    run = prepare(small(tmp_path, total_steps=10**7), faults=FaultPlan(nan_at_update=3))
     with pytest.raises(
         ComponentError, match="learner failed: NonFiniteUpdate: non-finite .* update 3"
     ) as exc:
@@ -59,8 +57,9 @@ def test_nan_loss_stops_without_publishing(tmp_path):
 
 @pytest.mark.timeout(90)
 def test_nan_loss_skipped_and_counted_when_configured(tmp_path):
-    run = prepare(small(tmp_path, **{"safety.on_nonfinite": "skip"}))
-    inject(run, FaultPlan(nan_at_update=3))
+    run = prepare(
+        small(tmp_path, **{"safety.on_nonfinite": "skip"}), faults=FaultPlan(nan_at_update=3)
+    )
     result = run.run()
     assert result.updates == run.cfg.num_updates
     last = json.loads((run.run_dir / "metrics.jsonl").read_text().splitlines()[-1])
@@ -86,8 +85,7 @@ def test_evaluator_raises(tmp_path):
 
 @pytest.mark.timeout(90)
 def test_slow_learner_shows_in_timers_and_run_completes(tmp_path):
-    run = prepare(small(tmp_path))
-    inject(run, FaultPlan(slow={"learner_step": 0.05}))
+    run = prepare(small(tmp_path), faults=FaultPlan(slow={"learner_step": 0.05}))
     run.run()
     lines = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
     # Actors are visibly held back by the slow learner: by the lag bound or the full queue.

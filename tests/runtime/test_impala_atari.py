@@ -7,7 +7,7 @@ import pytest
 
 from podrace.config import replace
 from podrace.presets import PRESETS
-from podrace.runtime.single_host import prepare, train
+from podrace.runtime.run import prepare, train
 
 
 def preset(name, tmp_path, **changes):

@@ -340,7 +340,7 @@ def test_a_signal_to_one_process_stops_every_process(tmp_path, signum, both):
 
 
 def port_freed(port: int, timeout: float) -> bool:
-    from podrace.runtime.rendezvous import listen_on_all_addresses
+    from podrace.runtime.multihost.rendezvous import listen_on_all_addresses
 
     deadline = time.monotonic() + timeout
     while True:

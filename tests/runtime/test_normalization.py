@@ -18,7 +18,7 @@ import podrace
 from podrace.algos.normalization import normalize
 from podrace.envs import EnvSource
 from podrace.networks import make_network
-from podrace.runtime.single_host import prepare
+from podrace.runtime.run import prepare
 from tests.envs.user_envs import MATCH_LENGTH, RANDOM_RETURN, MatchEnv
 
 OFFSET = 500.0

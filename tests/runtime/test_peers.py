@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from podrace.runtime.peers import PeerLink, PeerLost, PeerStopped
+from podrace.runtime.multihost.peers import PeerLink, PeerLost, PeerStopped
 from tests.waiting import wait_until
 
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from podrace.config import ConfigError, RayConfig
-from podrace.runtime.ray_cluster import _check_resources
+from podrace.runtime.ray.cluster import _check_resources
 
 
 def cluster(*nodes: dict, dead: dict | None = None):

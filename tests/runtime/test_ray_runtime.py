@@ -24,8 +24,9 @@ import pytest
 
 from podrace.config import ConfigError, replace
 from podrace.control import ComponentError
+from podrace.envs import EnvSource
 from podrace.presets import PRESETS
-from podrace.runtime.ray_cluster import process_tree
+from podrace.runtime.ray.cluster import process_tree
 from tests.runtime import ray_helpers
 
 ray = pytest.importorskip("ray")
@@ -66,7 +67,7 @@ def assert_consumed_once(stamps, workers: int, updates: int) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_two_ray_workers_learn_cartpole(tmp_path, monkeypatch):
-    from podrace.runtime.ray_run import prepare
+    from podrace.runtime.run import prepare
     from tests.metrics.test_loggers import FakeRun
 
     wandb = types.ModuleType("wandb")  # the runtime's lines also reach every other sink
@@ -82,7 +83,7 @@ def test_two_ray_workers_learn_cartpole(tmp_path, monkeypatch):
         **{"eval.episodes": 8, "eval.num_envs": 8, "log.wandb": True},
     )
     run = prepare(cfg)
-    temp_dir, pids = run.cluster.temp_dir, run.worker_pids()
+    temp_dir, pids = run.topology.cluster.temp_dir, run.topology.worker_pids()
     result = run.run()
     assert result.final_eval.mean_return >= 150, result.final_eval
     updates = cfg.num_updates
@@ -90,10 +91,10 @@ def test_two_ray_workers_learn_cartpole(tmp_path, monkeypatch):
     assert line["ray/worker-0/rollouts"] == line["ray/worker-1/rollouts"] == updates
     assert line["env_steps"] == updates * 2 * 8 * 32
     assert line["ray/restarts"] == 0 and line["lag/max_seen"] <= 1
-    assert 0 <= result.object_store_bytes < 64 << 20, (
-        result.object_store_bytes
+    assert 0 <= result.ray.object_store_bytes < 64 << 20, (
+        result.ray.object_store_bytes
     )  # bounded, no backlog
-    assert_consumed_once(result.stamps, 2, updates)
+    assert_consumed_once(result.ray.stamps, 2, updates)
     (wandb_run,) = wandb.runs
     assert wandb_run.logged[-1]["final"] == 1 and wandb_run.finished
     assert wandb_run.logged[-1]["ray/worker-0/rollouts"] == updates
@@ -104,11 +105,11 @@ def test_two_ray_workers_learn_cartpole(tmp_path, monkeypatch):
 
 @pytest.mark.timeout(300)
 def test_sigkilled_worker_is_restarted_and_nothing_is_consumed_twice(tmp_path):
-    from podrace.runtime.ray_run import prepare
+    from podrace.runtime.run import prepare
 
     cfg = small(tmp_path, total_steps=2 * 8 * 16 * 24)
     run = prepare(cfg)
-    victim = run.worker_pids()[0]
+    victim = run.topology.worker_pids()[0]
     killed = threading.Event()
 
     def kill_mid_run() -> None:
@@ -122,38 +123,38 @@ def test_sigkilled_worker_is_restarted_and_nothing_is_consumed_twice(tmp_path):
     result = run.run()
     assert killed.is_set()
     assert result.updates == cfg.num_updates == 24
-    assert result.restarts == 1 and last_line(result.run_dir)["ray/worker-0/restarts"] == 1
-    assert_consumed_once(result.stamps, 2, 24)
-    restarts_of_0 = [r for w, r, _ in result.stamps if w == 0]
+    assert result.ray.restarts == 1 and last_line(result.run_dir)["ray/worker-0/restarts"] == 1
+    assert_consumed_once(result.ray.stamps, 2, 24)
+    restarts_of_0 = [r for w, r, _ in result.ray.stamps if w == 0]
     assert (
         restarts_of_0 == sorted(restarts_of_0) and restarts_of_0[-1] == 1
     )  # the new worker filled the rest
-    assert all(r == 0 for w, r, _ in result.stamps if w == 1)
-    assert run.worker_pids()[0] != victim
-    assert not process_tree(run.cluster.temp_dir)
+    assert all(r == 0 for w, r, _ in result.ray.stamps if w == 1)
+    assert run.topology.worker_pids()[0] != victim
+    assert not process_tree(run.topology.cluster.temp_dir)
 
 
 @pytest.mark.timeout(300)
 def test_a_worker_killed_while_it_starts_is_restarted(tmp_path, monkeypatch):
     """While restarts are left, a worker that dies as it starts is restarted and the run
     goes on (no exit 1, no multi-line ActorDiedError)."""
-    from podrace.runtime.ray_run import prepare
+    from podrace.runtime.run import prepare
 
     monkeypatch.setenv(ray_helpers.DIES_ONCE, str(tmp_path / "died"))
     cfg = small(tmp_path, **{"ray.num_workers": 1})
-    run = prepare(cfg, env_factory=ray_helpers.dies_once_while_starting)
+    run = prepare(cfg, envs=EnvSource(cfg.env, ray_helpers.dies_once_while_starting))
     result = run.run()
     assert (tmp_path / "died").exists()
-    assert result.updates == cfg.num_updates and result.restarts == 1
-    assert not process_tree(run.cluster.temp_dir)
+    assert result.updates == cfg.num_updates and result.ray.restarts == 1
+    assert not process_tree(run.topology.cluster.temp_dir)
 
 
 @pytest.mark.timeout(300)
 def test_crash_loop_fails_naming_the_worker_and_leaves_nothing(tmp_path):
-    from podrace.runtime.ray_run import prepare
+    from podrace.runtime.run import prepare
 
     cfg = small(tmp_path, **{"ray.num_workers": 1, "ray.max_restarts": 1})
-    run = prepare(cfg, env_factory=ray_helpers.raising_env)
+    run = prepare(cfg, envs=EnvSource(cfg.env, ray_helpers.raising_env))
     start = time.monotonic()
     with pytest.raises(ComponentError) as caught:
         run.run()
@@ -163,7 +164,7 @@ def test_crash_loop_fails_naming_the_worker_and_leaves_nothing(tmp_path):
     assert "ray worker 0 failed 2 time(s), restart limit 1" in message
     assert "EnvExploded: boom" in message and "\n" not in message
     assert elapsed < 240  # bounded: two failures and one restart, not a hang
-    assert not process_tree(run.cluster.temp_dir) and not ray.is_initialized()
+    assert not process_tree(run.topology.cluster.temp_dir) and not ray.is_initialized()
 
 
 @pytest.mark.timeout(420)
@@ -308,7 +309,7 @@ def test_a_sigkilled_drivers_local_ray_is_swept_by_the_next_start(tmp_path):
         proc.wait()
         time.sleep(1.0)
         assert ray_helpers.leftovers(marker), "nothing was left behind: the test proves nothing"
-        sweep = "from podrace.runtime.ray_cluster import sweep_orphans; print(len(sweep_orphans()))"
+        sweep = "from podrace.runtime.ray.cluster import sweep_orphans; print(len(sweep_orphans()))"
         out = subprocess.run(
             [sys.executable, "-c", sweep], env=env, capture_output=True, text=True, timeout=60
         )
@@ -330,7 +331,7 @@ def test_a_sigkilled_drivers_local_ray_is_swept_by_the_next_start(tmp_path):
 @pytest.mark.timeout(60)
 def test_the_runtime_never_lets_ray_auto_start():
     code = (
-        "from podrace.runtime.ray_cluster import import_ray\n"
+        "from podrace.runtime.ray.cluster import import_ray\n"
         "ray = import_ray()\n"
         "try:\n"
         "    ray.put(1)\n"
@@ -348,7 +349,7 @@ def test_the_runtime_never_lets_ray_auto_start():
 
 
 def test_a_live_or_unknown_owners_ray_is_never_swept(tmp_path, monkeypatch):
-    from podrace.runtime import ray_cluster
+    from podrace.runtime.ray import cluster as ray_cluster
 
     monkeypatch.setattr(ray_cluster.tempfile, "gettempdir", lambda: str(tmp_path))
     live = tmp_path / "podrace-ray-live"
@@ -370,7 +371,7 @@ def test_a_live_or_unknown_owners_ray_is_never_swept(tmp_path, monkeypatch):
 def test_thread_runtime_never_imports_ray(tmp_path):
     code = (
         "import sys; from podrace.config import replace; from podrace.presets import PRESETS\n"
-        "from podrace.runtime.single_host import train\n"
+        "from podrace.runtime.run import train\n"
         "cfg = replace(PRESETS['cartpole-ppo'][1], total_steps=1024, rollout_length=16, "
         "**{'env.num_envs': 8, 'eval.episodes': 1, 'eval.num_envs': 1, 'log.console': 'none', "
         f"'log.run_dir': {str(tmp_path)!r}}})\n"
@@ -429,7 +430,7 @@ def test_cli_without_ray_or_with_auth_disabled_is_a_one_line_error(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_learner_error_stops_every_worker(tmp_path):
-    from podrace.runtime.ray_run import prepare
+    from podrace.runtime.run import prepare
 
     run = prepare(small(tmp_path))
     update, calls = run.learner.update_fn, []
@@ -441,12 +442,12 @@ def test_learner_error_stops_every_worker(tmp_path):
         return update(state, trajs, keys)
 
     run.learner.update_fn = failing_update
-    pids = run.worker_pids()
+    pids = run.topology.worker_pids()
     with pytest.raises(
         ComponentError, match="learner failed: FloatingPointError: injected learner failure"
     ):
         run.run()
-    assert not process_tree(run.cluster.temp_dir) and not any(
+    assert not process_tree(run.topology.cluster.temp_dir) and not any(
         os.path.exists(f"/proc/{p}") for p in pids
     )
 
@@ -456,7 +457,7 @@ def test_restart_seeds_are_fresh_and_derived():
     import numpy as np
 
     from podrace.runtime.build import env_seed, seed_key
-    from podrace.runtime.ray_worker import worker_seeds
+    from podrace.runtime.ray.worker import worker_seeds
 
     key0, env0 = worker_seeds(7, 1, 0)
     assert env0 == env_seed(7, 0, 1) and np.array_equal(key0, seed_key(7, 2, 1))  # = thread actor 1
@@ -493,7 +494,7 @@ def test_envs_per_worker_sets_each_workers_envs():
 def test_joining_an_address_where_nothing_listens_is_a_one_line_error():
     """`--ray.address 127.0.0.1:1` is a one-line error, not minutes of waiting in ray.init."""
     from podrace.config import RayConfig
-    from podrace.runtime.ray_cluster import connect
+    from podrace.runtime.ray.cluster import connect
 
     with pytest.raises(ConfigError, match="cannot join the Ray cluster at 127.0.0.1:1") as caught:
         with connect(RayConfig(address="127.0.0.1:1"), num_cpus=1):
@@ -509,7 +510,7 @@ def test_joining_a_port_where_something_else_listens_is_a_one_line_error(answer)
     """A port that accepts TCP but is not Ray is a one-line error, not ray.init retrying for
     minutes."""
     from podrace.config import RayConfig
-    from podrace.runtime.ray_cluster import connect
+    from podrace.runtime.ray.cluster import connect
 
     server = socket.create_server(("127.0.0.1", 0))
     address = f"127.0.0.1:{server.getsockname()[1]}"
@@ -541,7 +542,7 @@ def test_sweep_orphans_kills_the_orphans_ray_but_not_a_users_log_viewer(tmp_path
     of its logs or a script that was given its path."""
     import tempfile
 
-    from podrace.runtime import ray_cluster
+    from podrace.runtime.ray import cluster as ray_cluster
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     orphan = tmp_path / "podrace-ray-abcdefgh"
@@ -568,3 +569,48 @@ def test_sweep_orphans_kills_the_orphans_ray_but_not_a_users_log_viewer(tmp_path
             if p.poll() is None:
                 os.kill(p.pid, 9)
                 p.wait()
+
+
+@pytest.mark.timeout(420)
+def test_a_stopped_ray_run_resumes_to_its_end_consuming_every_rollout_once(tmp_path):
+    """A Ray run stopped (as by SIGTERM) saves its last state; the resumed run starts every
+    worker as a new incarnation at the checkpoint's next seqs: across both parts every
+    (worker, seq) is consumed exactly once, no stamp twice, no gap."""
+    from podrace.checkpoints.resume import Resume
+    from podrace.runtime.run import prepare
+
+    cfg = small(tmp_path, **{"log.run_name": "r"})
+    run = prepare(cfg)
+    after = run.learner.on_update
+
+    def stop_after_5(version: int) -> None:
+        after(version)
+        if version == 5:
+            run.lifetime.stop("SIGTERM received")
+
+    run.learner.on_update = stop_after_5
+    first = run.run()
+    assert (first.updates, first.checkpoint, first.topology) == (5, 5, "ray")
+
+    resumed = prepare(None, resume=Resume(tmp_path / "r"))
+    second = resumed.run()
+    assert (second.updates, second.checkpoint) == (cfg.num_updates, cfg.num_updates) == (12, 12)
+    assert second.env_steps == 12 * 2 * 8 * 16
+    stamps = first.ray.stamps + second.ray.stamps
+    assert_consumed_once(stamps, 2, 12)
+    assert len(set(stamps)) == len(stamps)
+    assert {r for _, r, _ in first.ray.stamps} == {0} and {r for _, r, _ in second.ray.stamps} == {
+        1
+    }
+    assert [s for w, _, s in second.ray.stamps if w == 0] == list(range(5, 12))
+    assert not ray.is_initialized()
+
+
+@pytest.mark.timeout(300)
+def test_podrace_train_runs_the_ray_topology(tmp_path):
+    import podrace
+
+    result = podrace.train(small(tmp_path, total_steps=2 * 8 * 16 * 4))
+    assert (result.topology, result.updates) == ("ray", 4)
+    assert_consumed_once(result.ray.stamps, 2, 4)
+    assert result.final_eval is not None and not ray.is_initialized()

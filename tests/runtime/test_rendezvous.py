@@ -1,4 +1,4 @@
-"""Processes meeting before jax.distributed (`podrace.runtime.rendezvous`), as threads."""
+"""Processes meeting before jax.distributed (`podrace.runtime.multihost.rendezvous`), as threads."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import pytest
 
 from podrace.config import ConfigError
-from podrace.runtime.rendezvous import rendezvous
+from podrace.runtime.multihost.rendezvous import rendezvous
 from tests.runtime.test_multihost import free_port
 
 pytestmark = pytest.mark.timeout(60)
@@ -177,7 +177,7 @@ def test_a_stop_ends_the_wait_at_once(process):
 def test_a_process_stopped_after_its_hello_is_a_refusal_not_a_twin():
     """Three processes: process 1 said hello, then was stopped while process 2 was still
     awaited; its refusal (`refuse`, from a new connection) ends the run with its reason."""
-    from podrace.runtime.rendezvous import refuse
+    from podrace.runtime.multihost.rendezvous import refuse
 
     port = free_port()
     outcome = []

@@ -14,12 +14,9 @@ import jax
 import numpy as np
 import pytest
 
-from podrace.checkpoint import checkpoint_dir, checkpoint_steps
-from podrace.config import ConfigError, replace
-from podrace.envs import env_spec
-from podrace.eval_command import abstract_run_state
-from podrace.restore import restore
-from podrace.runtime.resume import (
+from podrace.checkpoints.files import checkpoint_steps
+from podrace.checkpoints.read import restore
+from podrace.checkpoints.resume import (
     SUPERSEDED,
     Resume,
     ResumePoint,
@@ -28,8 +25,13 @@ from podrace.runtime.resume import (
     run_config_json,
     split_metrics,
 )
-from podrace.runtime.single_host import FINAL_SAVE_WAIT_S, prepare
+from podrace.checkpoints.state import checkpoint_dir
+from podrace.commands.eval import abstract_run_state
+from podrace.config import ConfigError, replace
+from podrace.envs import env_spec
+from podrace.runtime.run import FINAL_SAVE_WAIT_S, prepare
 from tests.runtime.test_single_host import small
+from tests.runtime.topologies import TOPOLOGIES, every_topology
 from tests.test_checkpoint import save_versions
 
 N = 3
@@ -238,7 +240,7 @@ def test_the_final_metrics_line_names_the_final_checkpoint(tmp_path, monkeypatch
     time): the line names the one before, the write still completes."""
     import time
 
-    from podrace.checkpoint import Checkpointer
+    from podrace.checkpoints.files import Checkpointer
 
     write = Checkpointer._write
 
@@ -279,10 +281,12 @@ def test_metric_lines_after_the_checkpoint_are_superseded_not_lost(tmp_path):
     (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     stored = small(tmp_path, **{"log.run_name": "run"})
     p = ResumePoint(run_dir, 2, stored, stored)
-    assert commit(p, 2, 20, stored) == 1.5
+    assert commit(p, 2, 20, stored, p.run_dir) == 1.5
     assert (run_dir / "metrics.jsonl").read_text().splitlines() == lines[:4]
     assert (run_dir / SUPERSEDED).read_text().splitlines() == lines[4:]
-    assert commit(p, 2, 20, stored) == 1.5  # idempotent: resuming the same checkpoint again
+    assert (
+        commit(p, 2, 20, stored, p.run_dir) == 1.5
+    )  # idempotent: resuming the same checkpoint again
     assert (run_dir / SUPERSEDED).read_text().splitlines() == lines[4:]
     assert json.loads((run_dir / "config.json").read_text())["log"]["run_name"] == "run"
 
@@ -346,8 +350,10 @@ def test_a_checkpoint_whose_env_spaces_differ_is_refused_and_nothing_changes(tmp
 
 
 @pytest.mark.timeout(120)
-def test_resume_errors_name_the_problem_and_change_nothing(tmp_path):
-    cfg = small(tmp_path, **{"log.run_name": "r", "network.hidden_sizes": (8,)})
+@every_topology
+def test_resume_errors_name_the_problem_and_change_nothing(tmp_path, topology):
+    changes = {"log.run_name": "r", "network.hidden_sizes": (8,), **TOPOLOGIES[topology]}
+    cfg = small(tmp_path, **changes)
     run_dir = fake_run(tmp_path, cfg, versions=(1, 2))
     before = snapshot(run_dir)
     cases = [
@@ -409,7 +415,7 @@ def test_a_full_disk_while_updating_the_run_directory_leaves_no_temp_file(tmp_pa
         match=rf"^cannot update {re.escape(str(run_dir))} for the resumed run: "
         r"No space left on device$",
     ):
-        commit(ResumePoint(run_dir, 2, stored, stored), 2, 20, stored)
+        commit(ResumePoint(run_dir, 2, stored, stored), 2, 20, stored, run_dir)
     assert not tmp.is_symlink() and not tmp.exists()
     assert sorted(p.name for p in run_dir.iterdir()) == ["config.json", "metrics.jsonl"]
     assert (run_dir / "config.json").read_text() == "{}\n"
@@ -427,7 +433,7 @@ def test_a_stop_while_a_resumed_run_is_built_is_a_stop_and_changes_nothing(tmp_p
     subscribed is a stop, as in a fresh run: Stopped, not ChannelClosed (a traceback, exit
     1)."""
     from podrace.control import Lifetime, Stopped
-    from podrace.runtime import single_host
+    from podrace.runtime.run import Run
 
     cfg = small(
         tmp_path,
@@ -436,21 +442,20 @@ def test_a_stop_while_a_resumed_run_is_built_is_a_stop_and_changes_nothing(tmp_p
     run_dir = fake_run(tmp_path, cfg)
     before = snapshot(run_dir)
     lifetime = Lifetime()
-    monkeypatch.setattr(
-        single_host.SingleHostRun, "_build_acting", _stop_before_the_evaluator(lifetime)
-    )
+    monkeypatch.setattr(Run, "_build_evaluator", _stop_before_the_evaluator(lifetime))
     with pytest.raises(Stopped):
         prepare(None, lifetime, resume=Resume(run_dir))
     assert snapshot(run_dir) == before
 
 
 def _stop_before_the_evaluator(lifetime):
-    """_build_acting with the stop landing after its last check, as the evaluator subscribes."""
-    from podrace.runtime import single_host
+    """_build_evaluator with the stop landing after its last check, as the evaluator
+    subscribes."""
+    from podrace.runtime.run import Run
 
-    original = single_host.SingleHostRun._build_acting
+    original = Run._build_evaluator
 
-    def build(self, envs, fns, greedy, sink, published, first):
+    def build(self):
         subscribe = self.publisher.subscribe
 
         def stopped_then_subscribe(*args, **kwargs):
@@ -459,6 +464,6 @@ def _stop_before_the_evaluator(lifetime):
             return subscribe(*args, **kwargs)
 
         self.publisher.subscribe = stopped_then_subscribe
-        return original(self, envs, fns, greedy, sink, published, first)
+        return original(self)
 
     return build

@@ -8,10 +8,10 @@ import textwrap
 
 import pytest
 
+from podrace.checkpoints.resume import Resume
 from podrace.config import ConfigError, replace
-from podrace.runtime.resume import Resume
+from podrace.runtime.run import prepare
 from podrace.runtime.run_lock import RunLock
-from podrace.runtime.single_host import prepare
 from tests.runtime.test_single_host import small
 
 HOLDER = textwrap.dedent("""
@@ -84,10 +84,10 @@ def test_a_fork_child_that_outlives_a_killed_holder_does_not_keep_the_lock(tmp_p
         from podrace.runtime.run_lock import RunLock
         lock = RunLock(sys.argv[1])
         if os.fork() == 0:  # a helper that outlives its parent
-            print("child", flush=True)  # fork's after-in-child hooks have run by now
+            os.write(1, b"child\\n")  # fork's after-in-child hooks have run by now
             time.sleep(60)
             os._exit(0)
-        print("held", flush=True)
+        os.write(1, b"held\\n")  # one write each: the two lines never interleave
         time.sleep(120)
     """)
     holder = subprocess.Popen(
@@ -115,11 +115,11 @@ def test_the_resume_point_is_read_only_once_the_directory_is_held(tmp_path, monk
     """A resume reads its checkpoint only once it holds the lock, so one that waits (slow env
     construction) while another resume runs to the end never resumes from the stale point,
     which would move that run's final metrics line away."""
-    import podrace.runtime.single_host as single_host
+    import podrace.runtime.run as runs
 
     first = prepare(small(tmp_path, total_steps=2 * 8 * 16 * 2, **{"log.run_name": "r"}))
     first.run()
-    read_point = single_host.resume_point
+    read_point = runs.resume_point
     held_while_read = []
 
     def checking(resume, cfg):
@@ -130,7 +130,7 @@ def test_the_resume_point_is_read_only_once_the_directory_is_held(tmp_path, monk
             held_while_read.append(True)
         return read_point(resume, cfg)
 
-    monkeypatch.setattr(single_host, "resume_point", checking)
+    monkeypatch.setattr(runs, "resume_point", checking)
     run = prepare(replace(first.cfg, total_steps=2 * 8 * 16 * 3), resume=Resume(tmp_path / "r"))
     run.close_envs()
     run.lock.release()

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from podrace.config import ConfigError, TrainConfig, replace
-from podrace.runtime import rundir, single_host
+from podrace.runtime import run as runs
+from podrace.runtime import rundir
 from podrace.runtime.rundir import check_run_dir, create_run_dir
 
 
@@ -60,22 +61,22 @@ def test_a_full_disk_is_refused_before_anything_is_written(tmp_path, monkeypatch
 
 
 def stop_at_construction(monkeypatch, error=None):
-    """Replace SingleHostRun (compiling, starting envs) by a stand-in that returns what
-    prepare() passed it, or raises `error`."""
+    """Replace Run (compiling, starting envs) by a stand-in that returns what prepare()
+    passed it, or raises `error`."""
 
-    def fake(cfg, spec, devices, run_dir, lifetime=None, envs=None, point=None):
+    def fake(topology, cfg, spec, devices, run_dir, root, lifetime, envs, point, faults):
         if error is not None:
             raise error
         return SimpleNamespace(cfg=cfg, run_dir=run_dir)
 
-    monkeypatch.setattr(single_host, "SingleHostRun", fake)
+    monkeypatch.setattr(runs, "Run", fake)
 
 
 @pytest.mark.timeout(60)
 def test_prepare_writes_the_resolved_config(tmp_path, monkeypatch):
     stop_at_construction(monkeypatch)
     cfg = config(tmp_path, deterministic=True, total_steps=4096, **{"layout.max_policy_lag": 2})
-    run = single_host.prepare(cfg)
+    run = runs.prepare(cfg)
     run.lock.release()
     effective, run_dir = run.cfg, run.run_dir
     written = json.loads((run_dir / "config.json").read_text())
@@ -89,7 +90,7 @@ def test_prepare_writes_the_resolved_config(tmp_path, monkeypatch):
 def test_a_run_that_fails_while_building_leaves_no_directory(tmp_path, monkeypatch):
     stop_at_construction(monkeypatch, RuntimeError("compile failed"))
     with pytest.raises(RuntimeError, match="compile failed"):
-        single_host.prepare(config(tmp_path, total_steps=4096))
+        runs.prepare(config(tmp_path, total_steps=4096))
     assert not list((tmp_path / "runs").iterdir())
 
 
@@ -101,9 +102,7 @@ def test_a_network_too_large_for_memory_writes_nothing(tmp_path, monkeypatch):
     with pytest.raises(
         ConfigError, match=r"the network has [\d,]+ parameters .* host memory has 0\.0 GiB"
     ):
-        single_host.prepare(
-            config(tmp_path, total_steps=4096, **{"network.hidden_sizes": (128, 128)})
-        )
+        runs.prepare(config(tmp_path, total_steps=4096, **{"network.hidden_sizes": (128, 128)}))
     assert not (tmp_path / "runs").exists()
 
 
@@ -120,8 +119,8 @@ def test_config_json_that_cannot_be_written_is_one_line(tmp_path):
 PROBE_SIGNALLED = """
 import os, signal, sys, tempfile
 from pathlib import Path
-import podrace.runtime.rundir as rundir
-from podrace.runtime.supervisor import exit_at_once_on_signals
+import podrace.commands.outputs as outputs
+from podrace.commands.supervisor import exit_at_once_on_signals
 
 made = tempfile.mkstemp
 
@@ -130,9 +129,9 @@ def signalled_after_making(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGINT)  # between creating the probe and removing it
     return made_now
 
-rundir.tempfile.mkstemp = signalled_after_making
+outputs.tempfile.mkstemp = signalled_after_making
 with exit_at_once_on_signals():
-    rundir.check_writable(Path(sys.argv[1]) / "out.json")
+    outputs.check_writable(Path(sys.argv[1]) / "out.json")
 sys.exit(99)
 """
 

@@ -7,8 +7,8 @@ import time
 import pytest
 
 from podrace.control import ComponentError, HangDetected, Lifetime
-from podrace.runtime.faults import STUCK, FaultPlan, inject
-from podrace.runtime.single_host import prepare
+from podrace.runtime.faults import STUCK, FaultPlan
+from podrace.runtime.run import prepare
 from tests.runtime.test_single_host import podrace_threads, small
 
 
@@ -21,8 +21,9 @@ def last_line(run):
     "component,call", [("actor-1", "env.reset"), ("evaluator", "evaluation env.reset")]
 )
 def test_hang_in_reset_is_caught_by_the_watchdog(tmp_path, component, call):
-    run = prepare(small(tmp_path, **{"safety.watchdog_s": 2.0}))
-    inject(run, FaultPlan(reset_hang=component))
+    run = prepare(
+        small(tmp_path, **{"safety.watchdog_s": 2.0}), faults=FaultPlan(reset_hang=component)
+    )
     with pytest.raises(ComponentError) as exc:
         run.run()
     assert exc.value.component == component and isinstance(exc.value.error, HangDetected)
@@ -34,8 +35,10 @@ def test_hang_in_reset_is_caught_by_the_watchdog(tmp_path, component, call):
 @pytest.mark.timeout(120)
 def test_non_cooperative_hang_in_step_reaches_the_caller_within_watchdog_plus_2s(tmp_path):
     watchdog_s = 2.0
-    run = prepare(small(tmp_path, total_steps=10**7, **{"safety.watchdog_s": watchdog_s}))
-    inject(run, FaultPlan(env_stuck=(0, 25)))
+    run = prepare(
+        small(tmp_path, total_steps=10**7, **{"safety.watchdog_s": watchdog_s}),
+        faults=FaultPlan(env_stuck=(0, 25)),
+    )
     try:
         with pytest.raises(ComponentError) as exc:
             run.run()
@@ -65,8 +68,11 @@ def test_non_cooperative_hang_in_step_reaches_the_caller_within_watchdog_plus_2s
 def test_stop_mid_rollout_returns_within_seconds(tmp_path):
     # One rollout takes 128 steps x 0.05 s = 6.4 s: a stop seen only between rollouts is late.
     lifetime = Lifetime()
-    run = prepare(small(tmp_path, total_steps=10**7, rollout_length=128), lifetime)
-    inject(run, FaultPlan(slow={"env_step": 0.05}))
+    run = prepare(
+        small(tmp_path, total_steps=10**7, rollout_length=128),
+        lifetime,
+        faults=FaultPlan(slow={"env_step": 0.05}),
+    )
     done = threading.Event()
     worker = threading.Thread(target=lambda: (run.run(), done.set()), daemon=True)
     worker.start()
@@ -86,8 +92,7 @@ def test_stop_mid_rollout_returns_within_seconds(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_metrics_sink_failure_fails_the_run_as_logger(tmp_path):
-    run = prepare(small(tmp_path, total_steps=10**7))
-    inject(run, FaultPlan(sink_raise_at=2))
+    run = prepare(small(tmp_path, total_steps=10**7), faults=FaultPlan(sink_raise_at=2))
     with pytest.raises(
         ComponentError, match=r"^logger failed: OSError: .*No space left on device"
     ) as exc:
@@ -123,7 +128,7 @@ def test_an_env_close_that_raises_keeps_the_result_and_the_final_checkpoint(
 ):
     # Not waiting for the final save before the final line: the order of close and save is
     # then what the test sees (with the wait, a quick save was done before either).
-    monkeypatch.setattr("podrace.runtime.single_host.FINAL_SAVE_WAIT_S", 0.0)
+    monkeypatch.setattr("podrace.runtime.run.FINAL_SAVE_WAIT_S", 0.0)
     run = prepare(small(tmp_path))
     for actor in run.actors:
         actor.env = RaisingClose(actor.env, checkpoints=run.checkpoints)
@@ -140,7 +145,7 @@ def test_an_env_close_that_raises_keeps_the_result_and_the_final_checkpoint(
 
 @pytest.mark.timeout(120)
 def test_an_env_close_that_blocks_is_left_behind_after_the_checkpoint(tmp_path, monkeypatch):
-    monkeypatch.setattr("podrace.runtime.threads.ENV_CLOSE_GRACE_S", 0.5)
+    monkeypatch.setattr("podrace.envs.closing.ENV_CLOSE_GRACE_S", 0.5)
     release = threading.Event()
     run = prepare(small(tmp_path))
     run.actors[1].env = RaisingClose(run.actors[1].env, release)
@@ -156,10 +161,11 @@ def test_an_env_close_that_blocks_is_left_behind_after_the_checkpoint(tmp_path, 
 
 @pytest.mark.timeout(120)
 def test_envs_built_before_a_failed_preparation_are_closed(tmp_path, monkeypatch):
-    import podrace.runtime.single_host as single_host
+    import podrace.runtime.run as runs
+    import podrace.runtime.threads.topology as threads
 
     built = []
-    build_actor = single_host.build_actor
+    build_actor = threads.build_actor
 
     def recording(*args, **kwargs):
         actor = build_actor(*args, **kwargs)
@@ -169,11 +175,11 @@ def test_envs_built_before_a_failed_preparation_are_closed(tmp_path, monkeypatch
     def no_evaluator(*args, **kwargs):
         raise RuntimeError("evaluator env cannot be built")
 
-    monkeypatch.setattr(single_host, "build_actor", recording)
-    monkeypatch.setattr(single_host, "build_evaluator", no_evaluator)
+    monkeypatch.setattr(threads, "build_actor", recording)
+    monkeypatch.setattr(runs, "build_evaluator", no_evaluator)
     closed = []
     monkeypatch.setattr(
-        single_host, "close_envs", lambda envs: closed.extend(env for _, env in envs) or []
+        runs, "close_envs", lambda envs: closed.extend(env for _, env in envs) or []
     )
     with pytest.raises(RuntimeError, match="evaluator env cannot be built"):
         prepare(small(tmp_path))

@@ -138,7 +138,7 @@ def test_signal_during_a_compile_longer_than_the_grace_leaves_no_run_dir(tmp_pat
     without leaving a run folder that holds only config.json."""
     code = (
         "import sys, time\n"
-        "import podrace.runtime.single_host as sh\n"
+        "import podrace.runtime.run as sh\n"
         "sh.warm_up_learner = lambda *a, **k: time.sleep(60)  # a compile that outlasts the grace\n"
         "from podrace.cli import main\n"
         f"sys.exit(main(['train', 'cartpole-ppo', '--log.run-dir', {str(tmp_path)!r}, "
@@ -203,7 +203,7 @@ def test_a_native_call_holding_the_gil_cannot_keep_the_process_forever(tmp_path)
     (tmp_path / "gilenv.py").write_text(GIL_HOLDING_ENV)
     code = (
         "import sys\n"
-        "import podrace.runtime.supervisor as supervisor\n"
+        "import podrace.commands.supervisor as supervisor\n"
         "from podrace.cli import main\n"
         "supervisor.STARVED_EXIT_S = 4.0\n"
         "sys.exit(main(sys.argv[1:]))\n"

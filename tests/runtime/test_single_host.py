@@ -11,7 +11,7 @@ import pytest
 from podrace.config import ConfigError, replace
 from podrace.control import ComponentError
 from podrace.presets import PRESETS
-from podrace.runtime.single_host import prepare, train
+from podrace.runtime.run import prepare, train
 
 
 def small(tmp_path, **changes):
@@ -182,16 +182,16 @@ def test_a_stop_that_closes_the_publisher_during_prepare_is_a_stop(tmp_path, mon
     `--runtime ray` start-up) is a stop: prepare raises Stopped with nothing written, not
     ChannelClosed (a traceback, exit 1, config.json left behind)."""
     from podrace.control import Lifetime, Stopped
-    from podrace.runtime import single_host
+    from podrace.runtime import run as runs
 
     lifetime = Lifetime()
-    original = single_host.build_learner
+    original = runs.build_learner
 
     def stop_then_build(*args, **kwargs):
         lifetime.stop("SIGTERM received")  # the signal lands just after the publisher exists
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(single_host, "build_learner", stop_then_build)
+    monkeypatch.setattr(runs, "build_learner", stop_then_build)
     with pytest.raises(Stopped):
         prepare(small(tmp_path), lifetime)
     assert list(tmp_path.iterdir()) == []

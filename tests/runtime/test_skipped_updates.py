@@ -9,7 +9,7 @@ import pytest
 
 from podrace.control import ComponentError
 from podrace.learner import TooManySkippedUpdates
-from podrace.runtime.single_host import prepare
+from podrace.runtime.run import prepare
 from tests.runtime.test_single_host import small
 
 

@@ -1,4 +1,4 @@
-"""A command's result line (podrace.runtime.std_streams.print_result)."""
+"""A command's result line (podrace.commands.std_streams.print_result)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from podrace.runtime.std_streams import flush_std_streams, print_result
+from podrace.commands.std_streams import flush_std_streams, print_result
 
 
 @pytest.mark.timeout(30)

@@ -8,7 +8,8 @@ import time
 import pytest
 
 from podrace.control import Lifetime
-from podrace.runtime.threads import ThreadGroup, close_envs
+from podrace.envs.closing import close_envs
+from podrace.runtime.threads.group import ThreadGroup
 from podrace.sync.base import ChannelClosed
 
 
@@ -86,7 +87,7 @@ def test_close_envs_logs_a_raising_close_and_still_closes_the_others(caplog):
         raise RuntimeError("user close() failed")
 
     bad, good = Env(explode), Env()
-    with caplog.at_level(logging.WARNING, logger="podrace.runtime.threads"):
+    with caplog.at_level(logging.WARNING, logger="podrace.runtime.threads.group"):
         assert close_envs([("actor-0", bad), ("evaluator", good)]) == []
     assert good.closed and not bad.closed
     assert "actor-0: env.close() raised RuntimeError: user close() failed" in caplog.text

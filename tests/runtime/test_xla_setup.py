@@ -94,8 +94,8 @@ def test_a_deterministic_run_on_a_gpu_started_without_the_flag_is_a_config_error
 def test_a_deterministic_run_from_python_asks_for_the_kernels_before_its_devices(
     tmp_path, monkeypatch
 ):
-    from podrace.control import Lifetime
-    from podrace.runtime import single_host
+    from podrace.runtime import devices as device_module
+    from podrace.runtime import run as runs
     from tests.runtime.test_single_host import small
 
     class Enough(Exception):
@@ -106,8 +106,8 @@ def test_a_deterministic_run_from_python_asks_for_the_kernels_before_its_devices
         raise Enough
 
     asked = []
-    monkeypatch.setattr(single_host, "deterministic_gpu_ops", lambda: asked.append("ops"))
-    monkeypatch.setattr(single_host, "resolve_devices", devices)
+    monkeypatch.setattr(runs, "deterministic_gpu_ops", lambda: asked.append("ops"))
+    monkeypatch.setattr(device_module, "resolve_devices", devices)
     with pytest.raises(Enough):
-        single_host._checked(small(tmp_path, deterministic=True), Lifetime(), None)
+        runs.prepare(small(tmp_path, deterministic=True))
     assert asked == ["ops", "devices"]

@@ -24,6 +24,12 @@ CLOSE_WAIT_S = 2.0
 """How long process 0 waits for the others to close their connections after its answer."""
 
 
+def host_of(address: str) -> str:
+    """The host part of HOST:PORT (an IPv6 host without its brackets)."""
+    host = address.rpartition(":")[0]
+    return host.strip("[]")
+
+
 def rendezvous(
     coordinator: str,
     num_processes: int,
@@ -61,7 +67,7 @@ def _listen(port: int) -> socket.socket:
     try:
         return listen_on_all_addresses(port)
     except OSError as error:
-        from podrace.runtime.coordination_service import LINGER_S
+        from podrace.runtime.multihost.coordination_service import LINGER_S
 
         raise ConfigError(
             f"distributed: process 0 cannot listen on port {port} of the coordinator: "
@@ -279,4 +285,4 @@ def _wait_closed(conns: list[socket.socket]) -> None:
             conn.close()
 
 
-__all__ = ["listen_on_all_addresses", "rendezvous", "send_line"]
+__all__ = ["host_of", "listen_on_all_addresses", "rendezvous", "send_line"]

@@ -1,5 +1,5 @@
 """`podrace train`: parse and validate the config, then prepare and run it in a worker
-thread that `podrace.runtime.supervisor` watches from the main thread.
+thread that `podrace.commands.supervisor` watches from the main thread.
 
 The config is parsed and validated before JAX is imported, so that the CLI can force as
 many CPU devices as the layout names (appending to, never replacing, the user's XLA_FLAGS).
@@ -8,18 +8,17 @@ many CPU devices as the layout names (appending to, never replacing, the user's 
 from __future__ import annotations
 
 import errno
-import os
 import re
 import sys
 import traceback
 from collections.abc import Sequence
 
-from podrace.config import ConfigError, TrainConfig
+from podrace.commands import supervisor
+from podrace.commands.std_streams import print_error, print_result
+from podrace.commands.supervisor import Signals, supervise
+from podrace.config import ConfigError, TrainConfig, distributed_requested
 from podrace.control import ComponentError, ExplainedError
 from podrace.metrics.loggers import SinkError
-from podrace.runtime import supervisor
-from podrace.runtime.std_streams import print_error, print_result
-from podrace.runtime.supervisor import RAY_EXIT_GRACE_S, Signals, supervise
 from podrace.runtime.xla_setup import set_xla_flags
 from podrace.validation import validate
 
@@ -43,7 +42,7 @@ def explains_itself(error: BaseException) -> bool:
 def parse_train(args: Sequence[str]) -> TrainConfig:
     import tyro
 
-    from podrace.arguments import parse
+    from podrace.commands.arguments import parse
     from podrace.presets import PRESETS
 
     return parse(
@@ -93,7 +92,7 @@ def parse_resumed(run_dir: str, step: int | None, args: Sequence[str]):
 
     import tyro
 
-    from podrace.runtime.resume import (
+    from podrace.checkpoints.resume import (
         Resume,
         check_changes,
         check_run_dir,
@@ -104,14 +103,14 @@ def parse_resumed(run_dir: str, step: int | None, args: Sequence[str]):
 
     early = run_config_json(Path(run_dir))
     if early is not None:
-        set_xla_flags(early)  # opening the checkpoint starts JAX's backend
+        set_xla_flags(early)  # the layout cannot change: its devices, before JAX starts
     resume = Resume(Path(run_dir), step)
     check_run_dir(resume.run_dir)
-    RunLock(
-        resume.run_dir
-    ).release()  # a run still writing it is "in use" before its checkpoints are read
+    if early is None or not distributed_requested(early):  # each process locks its own part
+        # A run still writing it is "in use" before its checkpoints are read.
+        RunLock(resume.run_dir).release()
     step, stored = stored_config(resume)
-    from podrace.arguments import parse
+    from podrace.commands.arguments import parse
 
     cfg = parse(
         lambda: tyro.cli(
@@ -132,6 +131,7 @@ class Training:
         self.grace_s = supervisor.EXIT_GRACE_S
         self.starved_exit_s = supervisor.STARVED_EXIT_S
         self.run = None
+        self.topology = None
         self.outcome: list = []
         self.distributed = False
         self.leave_together = False
@@ -165,71 +165,44 @@ class Training:
                 validate(cfg)
             except ConfigError as error:
                 if distributed_requested(cfg):  # the others would wait for this one to join
-                    from podrace.runtime.distributed import refuse_to_join
+                    from podrace.runtime.multihost.distributed import refuse_to_join
 
                     refuse_to_join(cfg.distributed, str(error))
                 raise
             self.starved_exit_s = max(supervisor.STARVED_EXIT_S, 2 * cfg.safety.watchdog_s)
+            set_xla_flags(cfg)  # before JAX starts its backend
             from podrace.envs import resolve_backend
+            from podrace.runtime.run import prepare, topology_for
             from podrace.runtime.rundir import check_run_dir
 
-            set_xla_flags(cfg)
             self.distributed = distributed_requested(cfg)
-            if resume is not None and (self.distributed or cfg.runtime == "ray"):
-                raise ConfigError(
-                    "--resume works with the thread runtime on one host "
-                    "(not --runtime ray or --distributed.*)"
-                )
+            self.topology = topology = topology_for(cfg)
+            topology.check(cfg)  # a missing Ray is a one-line error before JAX starts
+            self.grace_s = topology.exit_grace_s
             if not self.distributed:  # multi-host: checked by every process, together
                 resolve_backend(cfg.env)
                 if resume is None:
                     check_run_dir(cfg)
             from podrace.control import Lifetime, Stopped
 
-            if cfg.runtime == "ray":
-                if self.distributed:
-                    raise ConfigError(
-                        "--runtime ray cannot be combined with --distributed.*: "
-                        "run one learner process"
-                    )
-                from podrace.runtime.ray_cluster import check_auth_not_disabled, import_ray
-
-                # Ray's C++ crash handler also catches SIGTERM and re-raises it after ours,
-                # which made one SIGTERM look like two; crash stack traces stay in Ray's logs.
-                os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
-                import_ray()  # a missing Ray is a one-line error before JAX starts
-                check_auth_not_disabled()
-                from podrace.runtime.ray_run import prepare
-
-                self.grace_s = RAY_EXIT_GRACE_S
-            elif self.distributed:
-                from podrace.runtime.multi_host import prepare
-            else:
-                from podrace.runtime.single_host import prepare
-
             self.lifetime = lifetime = Lifetime()
             if self.signals.received:
                 lifetime.stop(f"{self.signals.name} received")
             try:
-                self.run = (
-                    prepare(cfg, lifetime)
-                    if resume is None
-                    else prepare(cfg, lifetime, resume=resume)
-                )
+                self.run = prepare(cfg, lifetime, resume=resume, topology=topology)
                 result = self.run.run()
-                if self.distributed:
-                    self.run.leave(lambda: self.signals.received)
+                topology.leave(lambda: self.signals.received)
                 self.leave_together = not self.signals.received  # finished, as every process
             except Stopped:
                 result = None
         except ConfigError as error:
             if self.distributed:
-                from podrace.runtime.distributed import RunRefused
+                from podrace.runtime.multihost.distributed import RunRefused
 
                 self.leave_together = isinstance(error, RunRefused)
             return print_error(str(error))
         except ComponentError as error:
-            from podrace.runtime.peers import PeerLost, PeerStopped
+            from podrace.runtime.multihost.peers import PeerLost, PeerStopped
 
             if isinstance(error.error, PeerStopped):  # Ctrl-C on another process
                 if self.signals.received:  # and on this one: its own line and code
@@ -262,6 +235,11 @@ class Training:
             f"\nrun directory: {result.run_dir}{saved}"
         )
 
+    def shutdown(self, ok: bool) -> None:
+        """Leave the run's other processes (jax.distributed) before the process exits."""
+        if self.topology is not None:
+            self.topology.shutdown(ok)
+
     def discard_untrained_run_dir(self) -> None:
         """For a process about to exit early: see `discard_if_untrained`."""
         from podrace.runtime.rundir import discard_if_untrained
@@ -272,10 +250,10 @@ class Training:
     def stopped(self, left_behind: bool = False) -> int:
         """Print the line of a run stopped by a signal; its exit code. `left_behind`: the
         process exits while threads still run (the grace period is over)."""
-        checkpoints = getattr(self.run, "checkpoints", None)  # thread runtime only
+        checkpoints = getattr(self.run, "checkpoints", None)
         latest = checkpoints.latest if checkpoints is not None else None
         saved = (
-            f"; checkpoint {latest} saved (podrace train --resume {self.run.run_dir})"
+            f"; checkpoint {latest} saved (podrace train --resume {self.run.root})"
             if latest is not None
             else ""
         )
@@ -296,12 +274,6 @@ class Training:
             line = f"stopped cleanly{saved}"
         print(f"podrace: {self.signals.name} received, {line}", file=sys.stderr)
         return 128 + self.signals.received
-
-
-def distributed_requested(cfg: TrainConfig) -> bool:
-    """Run multi-host: a --distributed.* flag is set, or JAX's coordinator variable is
-    (then JAX also detects the process count and id from SLURM, Open MPI, Kubernetes...)."""
-    return cfg.distributed.requested or bool(os.environ.get("JAX_COORDINATOR_ADDRESS"))
 
 
 def train_command(args: Sequence[str]) -> int:

@@ -1,4 +1,4 @@
-"""Reading checkpoints back (see `podrace.checkpoint` for the format): every file checked
+"""Reading checkpoints back (see `podrace.checkpoints.files` for the format): every file checked
 against the step's manifest before orbax reads it, the meta's fields checked for the types
 they were written with, and the stored network and env spaces checked against the config
 and env of the run that loads them. Every failure is one line (`ConfigError`) naming the
@@ -18,18 +18,19 @@ import orbax.checkpoint as ocp
 
 from podrace import json_text
 from podrace.algos.base import TrainState
-from podrace.checkpoint import (
+from podrace.checkpoints.files import (
     FORMAT,
     MANIFEST,
-    RunState,
+    ONE_PROCESS,
+    Writers,
     file_sha256,
     orbax_checkpointer,
     resolve_step,
-    spec_json,
 )
+from podrace.checkpoints.orbax_loops import draining_loops
+from podrace.checkpoints.state import RunState, spec_json
 from podrace.config import ConfigError, TrainConfig
 from podrace.config_dict import config_from_dict
-from podrace.orbax_loops import draining_loops
 from podrace.types import EnvSpec, PyTree
 
 
@@ -37,7 +38,7 @@ def verify_manifest(step_dir: Path) -> None:
     """ConfigError naming the first file that is missing, truncated or altered.
 
     Every step podrace writes has its manifest from the moment it appears (see
-    `podrace.checkpoint`), so a step without one was damaged, or left by a write of an
+    `podrace.checkpoints.files`), so a step without one was damaged, or left by a write of an
     older podrace killed before its manifest: either way it cannot be verified."""
     manifest_path = step_dir / MANIFEST
     if not manifest_path.is_file():
@@ -126,13 +127,41 @@ def _corrupt(step_dir: Path, item: str, error: Exception) -> ConfigError:
     return ConfigError(f"corrupt checkpoint: {where}: {what[:300]}")
 
 
-def _read_item(step_dir: Path, item: str, read: typing.Callable[[ocp.Checkpointer], Any]) -> Any:
-    """`read(checkpointer)`; any failure is a one-line "corrupt checkpoint" ConfigError."""
+def _read_item(
+    step_dir: Path,
+    item: str,
+    read: typing.Callable[[ocp.Checkpointer], Any],
+    writers: Writers = ONE_PROCESS,
+) -> Any:
+    """`read(checkpointer)`; any failure is a one-line "corrupt checkpoint" ConfigError.
+    Several processes read together (`writers`), each its own shards."""
+    orbax = orbax_checkpointer(writers, f"podrace-read-{item}-{step_dir.name}")
     try:
         with draining_loops():
-            return read(orbax_checkpointer())
+            return read(orbax)
     except Exception as error:  # orbax/tensorstore raise many types; all mean "unreadable"
         raise _corrupt(step_dir, item, error) from None
+    finally:
+        orbax.close()
+
+
+META_FILE = "meta/metadata"
+"""Where orbax's JSON handler keeps the `meta` item: read as plain JSON, so reading a
+checkpoint's config starts no JAX backend (a multi-host process must join the others
+before its backend starts)."""
+
+
+def _read_meta_json(step_dir: Path) -> Any:
+    path = step_dir / META_FILE
+    try:
+        return json_text.loads(path.read_bytes())
+    except OSError as error:
+        raise ConfigError(
+            f"corrupt checkpoint: cannot read {path}: {error.strerror or error}"
+        ) from None
+    except (ValueError, TypeError) as error:  # UnicodeDecodeError is a ValueError
+        text = " ".join(str(error).split())[:200]
+        raise ConfigError(f"corrupt checkpoint: {path} is not valid JSON ({text})") from None
 
 
 _META_FIELDS = {
@@ -144,6 +173,7 @@ _META_FIELDS = {
     "actor_next_seq": list,
 }
 _OPTIONAL_META = {"time_s": (int, float), "skipped_updates": int}
+"""Absent in checkpoints of older podrace (read as 0)."""
 
 
 def _check_meta(step_dir: Path, meta: dict) -> None:
@@ -175,6 +205,17 @@ def _check_meta(step_dir: Path, meta: dict) -> None:
             raise problem(
                 name, f"{name!r} must be a non-negative number, got {json.dumps(value)[:80]}"
             )
+    restarts = meta.get("actor_restarts", [])
+    if not (
+        isinstance(restarts, list)
+        and all(count(r) for r in restarts)
+        and len(restarts) in (0, len(meta["actor_next_seq"]))
+    ):
+        raise problem(
+            "actor_restarts",
+            "'actor_restarts' must be a list of non-negative integers, one per actor, got "
+            f"{json.dumps(restarts)[:80]}",
+        )
 
 
 def _stored_config(step_dir: Path, meta: dict) -> TrainConfig:
@@ -203,11 +244,7 @@ def _read(directory: Path, step: int | None) -> tuple[int, Path, dict, TrainConf
     step = resolve_step(directory, step)
     step_dir = directory / str(step)
     verify_manifest(step_dir)
-    meta = _read_item(
-        step_dir,
-        "meta",
-        lambda c: c.restore(step_dir, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"],
-    )
+    meta = _read_meta_json(step_dir)
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else None
         raise ConfigError(
@@ -245,7 +282,7 @@ def _flat_shapes(tree: PyTree) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
 
 
 def _check_fits(
-    step_dir: Path, meta: dict, cfg: TrainConfig, like: RunState, spec: EnvSpec
+    step_dir: Path, meta: dict, cfg: TrainConfig, like: RunState, spec: EnvSpec, writers: Writers
 ) -> None:
     stored, current = meta["env_spec"], spec_json(spec)
     for name, value in stored.items():
@@ -261,7 +298,7 @@ def _check_fits(
                 f"the config's env has {current.get(name)}{why}"
             )
     metadata = _read_item(
-        step_dir, "arrays", lambda c: c.metadata(step_dir).item_metadata["arrays"]
+        step_dir, "arrays", lambda c: c.metadata(step_dir).item_metadata["arrays"], writers
     )
     saved = {
         m.name: (tuple(m.shape), np.dtype(m.dtype))
@@ -289,16 +326,22 @@ def _check_fits(
         raise ConfigError(f"checkpoint {step_dir} does not fit this config: {problems[0]}{more}")
 
 
-def restore(directory: Path, like: RunState, spec: EnvSpec, step: int | None = None) -> RunState:
+def restore(
+    directory: Path,
+    like: RunState,
+    spec: EnvSpec,
+    step: int | None = None,
+    writers: Writers = ONE_PROCESS,
+) -> RunState:
     """The checkpoint at `step` (default: latest) as a RunState shaped and placed like `like`.
 
     `like`'s array leaves (arrays or jax.ShapeDtypeStruct) give shapes, dtypes and, where
     they have one, the sharding to restore onto; other leaves come back as NumPy arrays.
     ConfigError (one line) when there is no checkpoint, it is corrupt, or it does not fit
-    `like` or `spec`.
+    `like` or `spec`. Several processes (`writers`) restore together, each its own shards.
     """
     step, step_dir, meta, cfg = _read(directory, step)
-    _check_fits(step_dir, meta, cfg, like, spec)
+    _check_fits(step_dir, meta, cfg, like, spec, writers)
     actors = like.actor_keys.shape[0]  # as saved: _check_fits compared the shapes
     if len(meta["actor_next_seq"]) != actors:
         raise ConfigError(
@@ -319,6 +362,7 @@ def restore(directory: Path, like: RunState, spec: EnvSpec, step: int | None = N
         lambda c: c.restore(
             step_dir, args=ocp.args.Composite(arrays=ocp.args.StandardRestore(template))
         ),
+        writers,
     )
     arrays = arrays["arrays"]
     return RunState(
@@ -332,4 +376,5 @@ def restore(directory: Path, like: RunState, spec: EnvSpec, step: int | None = N
         normalizer=arrays.get("normalizer"),
         time_s=float(meta.get("time_s", 0.0)),  # absent in checkpoints of older podrace
         skipped_updates=int(meta.get("skipped_updates", 0)),
+        actor_restarts=tuple(meta.get("actor_restarts") or (0,) * actors),
     )

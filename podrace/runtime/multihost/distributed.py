@@ -26,9 +26,8 @@ from typing import Any
 import jax
 
 from podrace.config import ConfigError, DistributedConfig, TrainConfig, replace
-from podrace.runtime.coordination_service import hosted_service
-from podrace.runtime.rendezvous import refuse, rendezvous
-from podrace.types import PyTree
+from podrace.runtime.multihost.coordination_service import hosted_service
+from podrace.runtime.multihost.rendezvous import host_of, refuse, rendezvous
 
 _CONFIG_KEY = "podrace/config/{}"
 SHUTDOWN_TIMEOUT_S = 600
@@ -100,7 +99,7 @@ def meet(
             )
         host = host_of(coordinator)
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # IPv6 in brackets
-    from podrace.runtime.peers import PeerLink
+    from podrace.runtime.multihost.peers import PeerLink
 
     hub = PeerLink.listen(num_processes)
     try:
@@ -282,35 +281,13 @@ def global_learner_devices(local_ids: tuple[int, ...], platform: str | None) -> 
     return devices
 
 
-def local_copy(tree: PyTree) -> PyTree:
-    """This process's copy of replicated global arrays (actors place it on their devices).
-
-    A replicated array over a multi-process mesh cannot be moved as a whole; any one of
-    its addressable shards is the full value. Single-process arrays pass through.
-    """
-
-    def one(x):
-        if isinstance(x, jax.Array) and not x.is_fully_addressable:
-            return x.addressable_shards[0].data
-        return x
-
-    return jax.tree.map(one, tree)
-
-
-def host_of(address: str) -> str:
-    host = address.rpartition(":")[0]
-    return host.strip("[]")
-
-
 __all__ = [
     "Cluster",
     "RunRefused",
     "agree",
     "config_hash",
     "global_learner_devices",
-    "host_of",
     "join",
-    "local_copy",
     "meet",
     "resolved",
     "shared_fields",

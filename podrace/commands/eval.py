@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -22,16 +22,18 @@ import tyro
 
 from podrace import json_text
 from podrace.algos.normalizer import acting_apply, acting_params, init_normalizer
-from podrace.checkpoint import RunState, checkpoint_dir, latest_step, step_lock
+from podrace.checkpoints.files import latest_step, step_lock
+from podrace.checkpoints.read import read_config, restore
+from podrace.checkpoints.state import RunState, checkpoint_dir
+from podrace.commands.outputs import check_writable
+from podrace.commands.std_streams import print_error, print_result
+from podrace.commands.supervisor import signals_deferred
 from podrace.config import ConfigError, TrainConfig
 from podrace.envs import BatchedEnv, env_spec, make_env, resolve_backend
 from podrace.envs.user_modules import make_working_dir_importable
 from podrace.evaluate import STUCK_EPISODE_STEPS, EpisodeTally
 from podrace.learner_mesh import make_algorithm
 from podrace.networks import make_network
-from podrace.restore import read_config, restore
-from podrace.runtime.rundir import check_writable
-from podrace.runtime.supervisor import signals_deferred
 from podrace.types import EnvSpec
 from podrace.validation import INT32_MAX, check_seed
 from podrace.video import check_renderable, record_episode, write_video
@@ -303,3 +305,19 @@ def summary(result: dict) -> str:
         lines.append(f"video: {result['video']} ({result['video_frames']} frames)")
     lines.append(f"results: {result['output']}")
     return "\n".join(lines)
+
+
+def eval_command(args: Sequence[str]) -> int:
+    """`podrace eval RUN_DIR`: a checkpoint's policy on fresh envs; its exit code."""
+    from podrace.commands.arguments import parse
+    from podrace.envs import silence_env_warnings
+    from podrace.runtime.xla_setup import enable_compile_cache
+
+    silence_env_warnings()
+    enable_compile_cache()
+    try:
+        opts = parse(lambda: tyro.cli(EvalOptions, prog="podrace eval", args=list(args)))
+        result = evaluate_run(opts)
+    except ConfigError as error:
+        return print_error(str(error))
+    return print_result(summary(result))

@@ -14,7 +14,14 @@ otherwise load as silently wrong weights.
 Writing: `Checkpointer.save(state)` copies the state to the host on the caller's thread and
 writes it on a background thread; after each write the oldest steps beyond `keep` are
 deleted, each only under an exclusive `step_lock`, which a reader of the live run (`podrace
-eval`) holds shared while it reads. Reading, verified against the manifest: `podrace.restore`.
+eval`) holds shared while it reads. Reading, verified against the manifest:
+`podrace.checkpoints.read`.
+
+Several processes (a multi-host run, `Writers`) write one checkpoint together with orbax's
+multi-process save: every process calls `save` with the same version, orbax writes each
+process's shards of the global arrays and meets the others at barriers of the coordination
+service (never device collectives, which would run into the learner's); process 0 alone
+clears leftovers, writes the manifest, renames the step and rotates.
 """
 
 from __future__ import annotations
@@ -34,77 +41,26 @@ from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from podrace.algos.base import TrainState
+from podrace.checkpoints.orbax_loops import draining_loops
+from podrace.checkpoints.state import RunState, spec_json
 from podrace.config import ConfigError, TrainConfig
 from podrace.control import ExplainedError
 from podrace.metrics.registry import Metrics
-from podrace.orbax_loops import draining_loops
-from podrace.types import EnvSpec, PyTree
+from podrace.types import EnvSpec
 
 FORMAT = 1
 MANIFEST = "podrace_manifest.json"
-CHECKPOINT_DIR = "checkpoints"
 PARTIAL, DELETING = ".partial", ".deleting"
 """Suffixes of a step being written and of one being deleted: never read as checkpoints."""
 _LEFTOVER = re.compile(
     r"[0-9]+(\.partial(\.orbax-checkpoint-tmp(-[0-9]+)?)?|\.deleting|\.orbax-checkpoint-tmp(-[0-9]+)?)"
 )
 """The names a write or deletion killed halfway leaves (the last: orbax's, of older podrace)."""
-
-
-@dataclass(frozen=True)
-class RunState:
-    """The state of a run that must survive a stop; one checkpoint holds exactly this."""
-
-    train_state: TrainState
-    """Params, optimizer state and update count (the learning-rate schedule reads it)."""
-    learner_keys: Any
-    """Raw uint32 learner keys, one per env: [num_actors * num_envs, 2]."""
-    actor_keys: Any
-    """Raw uint32 key of every actor thread: [num_actors, 2]."""
-    actor_next_seq: tuple[int, ...]
-    """Sequence number of the next rollout of every actor."""
-    version: int
-    """Params version (= learner updates applied); also the checkpoint's step."""
-    env_steps: int
-    episodes: int
-    normalizer: PyTree | None = None
-    """Observation/return normalizer statistics; None while podrace has none."""
-    time_s: float = 0.0
-    """Training seconds (metrics' `time_s`) when the state was taken: a resumed run's clock
-    continues from here."""
-    skipped_updates: int = 0
-    """Updates skipped as non-finite so far (the run's skip budget spans its resumes)."""
-
-    def arrays(self) -> dict:
-        tree = {
-            "train_state": self.train_state,
-            "learner_keys": self.learner_keys,
-            "actor_keys": self.actor_keys,
-        }
-        if self.normalizer is not None:
-            tree["normalizer"] = self.normalizer
-        return tree
-
-
-def checkpoint_dir(run_dir: Path) -> Path:
-    return Path(run_dir) / CHECKPOINT_DIR
-
-
-def spec_json(spec: EnvSpec) -> dict:
-    """The parts of an EnvSpec a network's shapes depend on, as JSON."""
-    return {
-        "obs_shape": list(spec.obs_shape),
-        "obs_dtype": np.dtype(spec.obs_dtype).name,
-        "num_actions": spec.num_actions,
-        "action_shape": list(spec.action_shape),
-    }
 
 
 # Writing ----------------------------------------------------------------------------
@@ -131,6 +87,36 @@ def _is_storage_error(error: BaseException) -> bool:
     return isinstance(error, OSError) or re.match(r"[A-Z][A-Z_]+: ", str(error)) is not None
 
 
+@dataclass(frozen=True)
+class Writers:
+    """The processes that write a run's checkpoints together, and whether they can."""
+
+    process_id: int = 0
+    num_processes: int = 1
+    enabled: bool = True
+    """False where not every process sees the run directory (no checkpoints then)."""
+
+    @property
+    def primary(self) -> bool:
+        """This process owns the files (manifest, rename, rotation)."""
+        return self.process_id == 0
+
+    def orbax_options(self, barrier: str) -> ocp.options.MultiprocessingOptions | None:
+        """orbax's options for one save or restore whose barriers are named `barrier`
+        (a name each process uses once); None for a single process."""
+        if self.num_processes == 1:
+            return None
+        return ocp.options.MultiprocessingOptions(
+            primary_host=0,
+            active_processes=set(range(self.num_processes)),
+            barrier_sync_key_prefix=barrier,
+        )
+
+
+ONE_PROCESS = Writers()
+"""A run whose checkpoints one process writes."""
+
+
 class Checkpointer:
     """Saves RunStates of one run: every `cfg.checkpoint.every_updates`, keeping the last K.
 
@@ -142,9 +128,15 @@ class Checkpointer:
     """
 
     def __init__(
-        self, directory: Path, cfg: TrainConfig, spec: EnvSpec, metrics: Metrics | None = None
+        self,
+        directory: Path,
+        cfg: TrainConfig,
+        spec: EnvSpec,
+        metrics: Metrics | None = None,
+        writers: Writers = ONE_PROCESS,
     ):
         self.directory = Path(directory).absolute()
+        self.writers = writers
         self.every_updates = cfg.checkpoint.every_updates
         self.metrics = metrics if metrics is not None else Metrics()
         self._meta = {
@@ -153,13 +145,13 @@ class Checkpointer:
             "env_spec": spec_json(spec),
         }
         self.keep = cfg.checkpoint.keep
-        self._orbax = orbax_checkpointer()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
         self._pending: Future | None = None
         self._last_version: int | None = None
         self.directory.mkdir(parents=True, exist_ok=True)
-        for leftover in leftovers(self.directory):  # the run lock is ours: no other writer
-            shutil.rmtree(leftover, ignore_errors=True)
+        if writers.primary:
+            for leftover in leftovers(self.directory):  # the run lock is ours: no other writer
+                shutil.rmtree(leftover, ignore_errors=True)
         self._quiet = _QuietAbout(self.directory)
         logging.getLogger("absl").addFilter(self._quiet)
 
@@ -177,9 +169,12 @@ class Checkpointer:
         self.wait()
         if state.version == self._last_version:
             return time.perf_counter() - start
-        # An owned copy: on CPU device_get may return views of the device buffers, which a
-        # learner that donates its state could reuse while the write is still reading them.
-        arrays = jax.tree.map(lambda x: np.array(x, copy=True), jax.device_get(state.arrays()))
+        if self.writers.num_processes == 1:
+            # An owned copy: on CPU device_get may return views of the device buffers, which
+            # a learner that donated its state could reuse while the write still reads them.
+            arrays = jax.tree.map(lambda x: np.array(x, copy=True), jax.device_get(state.arrays()))
+        else:  # global arrays: orbax copies each process's shards (the learner never donates)
+            arrays = state.arrays()
         meta = {
             **self._meta,
             "version": int(state.version),
@@ -188,6 +183,7 @@ class Checkpointer:
             "time_s": float(state.time_s),
             "skipped_updates": int(state.skipped_updates),
             "actor_next_seq": [int(s) for s in state.actor_next_seq],
+            "actor_restarts": [int(r) for r in state.actor_restarts],
             "saved_at": time.time(),
         }
         self._pending = self._executor.submit(self._write, int(state.version), arrays, meta)
@@ -198,26 +194,31 @@ class Checkpointer:
 
     def _write(self, step: int, arrays: dict, meta: dict) -> None:
         start = time.perf_counter()
+        primary = self.writers.primary
         final, partial = self.directory / str(step), self.directory / f"{step}{PARTIAL}"
         args = ocp.args.Composite(
             arrays=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta)
         )
         try:
-            self.directory.mkdir(
-                parents=True, exist_ok=True
-            )  # deleted since the last save: made again
+            # Deleted since the last save: made again.
+            self.directory.mkdir(parents=True, exist_ok=True)
             if final.exists():
                 raise FileExistsError(
                     f"checkpoint {step} already exists in {self.directory}; it is never replaced"
                 )
-            shutil.rmtree(partial, ignore_errors=True)
-            with (
-                draining_loops()
-            ):  # a failed write's other writes finish before orbax closes its loop
-                self._orbax.save(partial, args=args)
-            write_manifest(partial)
-            os.rename(partial, final)  # files and manifest appear together, or not at all
-            _sync_directory(self.directory)
+            if primary:
+                shutil.rmtree(partial, ignore_errors=True)
+            orbax = orbax_checkpointer(self.writers, f"podrace-save-{step}")
+            try:
+                # A failed write's other writes finish before orbax closes its loop.
+                with draining_loops():
+                    orbax.save(partial, args=args)
+            finally:
+                orbax.close()
+            if primary:
+                write_manifest(partial)
+                os.rename(partial, final)  # files and manifest appear together, or not at all
+                _sync_directory(self.directory)
         except FileExistsError:
             raise
         except Exception as error:
@@ -229,8 +230,9 @@ class Checkpointer:
                     f"files of checkpoint {step} in {self.directory} were deleted while it was "
                     "written (by another process?)"
                 ) from error
-            for path in unfinished:  # give the space back (a full disk)
-                shutil.rmtree(path, ignore_errors=True)
+            if primary:
+                for path in unfinished:  # give the space back (a full disk)
+                    shutil.rmtree(path, ignore_errors=True)
             if _is_storage_error(error):
                 raise CheckpointWriteFailed(
                     f"checkpoint {step} could not be written in {self.directory}: "
@@ -239,7 +241,8 @@ class Checkpointer:
             raise
         self.metrics.add("checkpoint/write_s", time.perf_counter() - start)
         self.metrics.set("checkpoint/version", step)  # complete: whatever happens to the rotation
-        self.rotate()
+        if primary:
+            self.rotate()
 
     def rotate(self) -> None:
         """Delete the oldest steps beyond checkpoint.keep, except one that a reader holds
@@ -265,6 +268,11 @@ class Checkpointer:
                         "could not delete old checkpoint %s: %s", step_dir, error
                     )
 
+    @property
+    def writing(self) -> bool:
+        """A write is in progress."""
+        return self._pending is not None and not self._pending.done()
+
     def settle(self, timeout_s: float) -> None:
         """Wait at most `timeout_s` for the write in progress (its error is `wait`'s to raise)."""
         if self._pending is not None:
@@ -282,11 +290,18 @@ class Checkpointer:
         stays until the run's next save (a resume): the end of a run does not wait for it."""
         try:
             self.wait()
-            self.rotate()
+            if self.writers.primary:
+                self.rotate()
         finally:
             self._executor.shutdown(wait=True)
-            self._orbax.close()
             logging.getLogger("absl").removeFilter(self._quiet)
+
+    def abandon(self) -> None:
+        """Leave the write in progress behind (a process of the run was lost: its barriers
+        would wait for it); the next writer of the run clears what it leaves."""
+        self._pending = None
+        self._executor.shutdown(wait=False)
+        logging.getLogger("absl").removeFilter(self._quiet)
 
 
 class _QuietAbout(logging.Filter):
@@ -319,10 +334,27 @@ def leftovers(directory: Path) -> list[Path]:
     return found
 
 
-def orbax_checkpointer() -> ocp.Checkpointer:
-    """orbax's writer and reader of one step directory: the `arrays` and `meta` items."""
-    handlers = {"arrays": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}
-    return ocp.Checkpointer(ocp.CompositeCheckpointHandler(**handlers))
+def orbax_checkpointer(
+    writers: Writers = ONE_PROCESS, barrier: str = "podrace"
+) -> ocp.Checkpointer:
+    """orbax's writer and reader of one step directory: the `arrays` and `meta` items; for
+    several processes, with barriers named `barrier` (see `Writers.orbax_options`)."""
+    options = writers.orbax_options(barrier)
+    if options is None:
+        handlers = {
+            "arrays": ocp.StandardCheckpointHandler(),
+            "meta": ocp.JsonCheckpointHandler(),
+        }
+        return ocp.Checkpointer(ocp.CompositeCheckpointHandler(**handlers))
+    handlers = {
+        "arrays": ocp.StandardCheckpointHandler(multiprocessing_options=options),
+        "meta": ocp.JsonCheckpointHandler(multiprocessing_options=options),
+    }
+    composite = ocp.CompositeCheckpointHandler(
+        composite_options=ocp.CompositeOptions(multiprocessing_options=options),
+        **handlers,
+    )
+    return ocp.Checkpointer(composite, multiprocessing_options=options)
 
 
 def _sync_directory(directory: Path) -> None:

@@ -14,7 +14,7 @@ waits for them), so the coordinator's port is free again for the next run.
 place of JAX's service factory, so JAX's own arguments (address, sizes, timeouts, TLS) reach
 the child unchanged.
 
-    python -m podrace.runtime.coordination_service ARGS_JSON   (the child; reads stdin)
+    python -m podrace.runtime.multihost.coordination_service ARGS_JSON   (the child; reads stdin)
 """
 
 from __future__ import annotations

@@ -10,23 +10,9 @@ line, the line is lost, never the run.
 from __future__ import annotations
 
 import os
-import select
 import sys
 
-STDERR_WAIT_S = 1.0
-"""How long a write to stderr waits for a reader that stopped reading (a full pipe: `2>&1 |
-less` not scrolled) before the line is dropped."""
-
-
-def _fd_takes_writes(fd: int | None) -> bool:
-    """False where `fd` is a pipe its reader has left full for STDERR_WAIT_S (a write would
-    block until the reader reads: a signal's exit with it)."""
-    if fd is None:
-        return True
-    try:
-        return bool(select.select([], [fd], [], STDERR_WAIT_S)[1])
-    except (OSError, ValueError):  # closed: the write itself fails, and is dropped
-        return True
+from podrace.runtime.stderr import fd_takes_writes
 
 
 class _StderrThatDropsWhatItCannotWrite:
@@ -44,7 +30,7 @@ class _StderrThatDropsWhatItCannotWrite:
             self._fd = None
 
     def write(self, text: str) -> int:
-        if not _fd_takes_writes(self._fd):
+        if not fd_takes_writes(self._fd):
             return len(text)
         try:
             return self._stream.write(text)
@@ -52,7 +38,7 @@ class _StderrThatDropsWhatItCannotWrite:
             return len(text)
 
     def flush(self) -> None:
-        if not _fd_takes_writes(self._fd):
+        if not fd_takes_writes(self._fd):
             return
         try:
             self._stream.flush()
@@ -82,16 +68,6 @@ def guard_std_streams() -> None:
         sys.stderr = open(2, "w", closefd=False)
     if not isinstance(sys.stderr, _StderrThatDropsWhatItCannotWrite):
         sys.stderr = _StderrThatDropsWhatItCannotWrite(sys.stderr)
-
-
-def write_stderr_now(text: str) -> None:
-    """`text` straight to fd 2 (from a signal handler, or just before os._exit); nothing
-    where stderr cannot take it, or not within STDERR_WAIT_S."""
-    try:
-        if _fd_takes_writes(2):
-            os.write(2, text.encode())
-    except OSError:
-        pass
 
 
 def print_error(message: str) -> int:

@@ -5,15 +5,16 @@ signals are always seen and a run that will not stop still ends (`supervise`). `
 eval` and `podrace plot` write their outputs only at their end, so a signal simply ends
 them at once (`exit_at_once_on_signals`), unless an output is being written.
 
-The supervised object (`podrace.train_command.Training`) is called in the worker thread and
+The supervised object (`podrace.commands.train.Training`) is called in the worker thread and
 exposes what the watch needs: `outcome` (the exit code or exception, once done),
 `lifetime` (the run's Lifetime once JAX is imported, else None), `run` (the prepared run
 or None), `grace_s`, `starved_exit_s`, `distributed`, `leave_together`,
-`discard_untrained_run_dir()` for a process that exits before its run trained, and
-`stopped(left_behind)`, which writes the line of a run stopped by a signal.
+`discard_untrained_run_dir()` for a process that exits before its run trained,
+`shutdown(ok)`, which leaves the run's other processes, and `stopped(left_behind)`, which
+writes the line of a run stopped by a signal.
 
-A library caller's run (`podrace.train` in the main thread) gets the same clean stop on
-Ctrl-C (`interrupts_stop`), with KeyboardInterrupt raised once the run has stopped.
+A library caller's run gets the same clean stop on Ctrl-C from
+`podrace.runtime.interrupts`.
 """
 
 from __future__ import annotations
@@ -28,12 +29,9 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
-from podrace.runtime.std_streams import flush_std_streams, write_stderr_now
-
-if TYPE_CHECKING:
-    from podrace.control import Lifetime
+from podrace.commands.std_streams import flush_std_streams
+from podrace.runtime.stderr import write_stderr_now
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 """The signals that stop a command (exit code 128 + the signal)."""
@@ -130,16 +128,12 @@ def supervise(training, signals: Signals) -> int:
         # Never into the interpreter's exit: JAX's shutdown barrier there waits for peers
         # that may be gone (up to 10 minutes).
         traceback.print_exception(outcome, file=sys.stderr)
-        from podrace.runtime.multi_host import shutdown
-
-        shutdown(False)
+        training.shutdown(False)
         exit_now(1)
     if isinstance(outcome, BaseException):
         raise outcome
     if training.distributed:
-        from podrace.runtime.multi_host import shutdown
-
-        shutdown(training.leave_together)
+        training.shutdown(training.leave_together)
         # Never wait at exit for a lost peer (atexit) or for threads left in a collective.
         exit_now(outcome)
     if training.run is not None and training.run.stuck:
@@ -163,9 +157,7 @@ def _act_on_signals(training, signals: Signals, worker: threading.Thread, deadli
         # e.g. still compiling: leave no config-only run behind
         training.discard_untrained_run_dir()
         if training.distributed:  # the others were told to stop a grace period ago
-            from podrace.runtime.multi_host import shutdown
-
-            shutdown(False)
+            training.shutdown(False)
         exit_now(training.stopped(left_behind=True))
     return deadline
 
@@ -244,56 +236,3 @@ def signals_deferred() -> Iterator[None]:
         handler.writing -= 1
         if not handler.writing and handler.received:
             handler.exit()
-
-
-@contextmanager
-def interrupts_stop(lifetime: Lifetime) -> Iterator[None]:
-    """For a run a library caller starts in the main thread while Python's own SIGINT
-    handling is in place: Ctrl-C stops `lifetime` as in the CLI (the run saves, writes its
-    last line and releases its directory; a run stopped before its first update leaves no
-    directory) and KeyboardInterrupt is raised once the block has ended; a second Ctrl-C
-    raises it at once. Python's handler would raise it wherever the main thread is, inside
-    JAX's tracing or an import too, which left JAX broken for the rest of the process (a
-    segfault some calls later). Elsewhere (another thread, a handler of the caller's, the
-    CLI) it does nothing.
-
-    The handler only records the signal; a thread of its own stops the run (`stop` takes
-    locks the interrupted main thread may hold)."""
-    if (
-        threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-    ):
-        yield
-        return
-    from podrace.control import Stopped
-
-    received, done = [], threading.Event()
-    signalled = threading.Event()  # set only by the handler; no other code takes its lock
-
-    def handle(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
-        if received:
-            raise KeyboardInterrupt
-        received.append(signum)
-        signalled.set()
-
-    def stop_on_signal() -> None:
-        signalled.wait()
-        if not done.is_set():
-            lifetime.stop("SIGINT received")
-
-    stopper = threading.Thread(target=stop_on_signal, name="podrace-interrupt", daemon=True)
-    stopper.start()
-    signal.signal(signal.SIGINT, handle)
-    try:
-        yield
-    except Stopped:
-        if not received:
-            raise
-        raise KeyboardInterrupt from None
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        done.set()
-        signalled.set()
-        stopper.join()
-    if received:
-        raise KeyboardInterrupt

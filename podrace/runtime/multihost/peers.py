@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from podrace.runtime.rendezvous import listen_on_all_addresses, send_line
+from podrace.runtime.multihost.rendezvous import host_of, listen_on_all_addresses, send_line
 
 _ADDRESS_KEY = "podrace/peers/hub"
 _POLL_S = 0.2
@@ -190,8 +190,6 @@ class PeerLink:
     def open_through(cls, cluster, timeout_s: float) -> PeerLink:
         """`open`, process 0's address passing through jax.distributed's key-value store
         (where no rendezvous ran before it: JAX detected the processes)."""
-        from podrace.runtime.distributed import host_of
-
         if cluster.process_id == 0:
             hub = cls.listen(cluster.num_processes)
             cluster.store.key_value_set(

@@ -1,4 +1,4 @@
-"""Saving a thread-runtime run's state: every N updates, at the end, and when stopped.
+"""Saving a run's state: every N updates, at the end, and when stopped.
 
 The learner thread records a `RunState` after every update (references to the arrays it
 just published, no copy) and saves it when `checkpoint.every_updates` says so; the save
@@ -14,9 +14,8 @@ import logging
 import threading
 from pathlib import Path
 
-import jax
-
-from podrace.checkpoint import Checkpointer, RunState, checkpoint_dir
+from podrace.checkpoints.files import ONE_PROCESS, Checkpointer, Writers
+from podrace.checkpoints.state import RunState, checkpoint_dir
 from podrace.config import TrainConfig
 from podrace.control import Lifetime, Stopped
 from podrace.metrics.registry import Metrics
@@ -24,6 +23,9 @@ from podrace.sync.versions import release_later
 from podrace.types import EnvSpec
 
 log = logging.getLogger(__name__)
+
+FAILED_RUN_WRITE_WAIT_S = 10.0
+"""How long a failed multi-process run waits for a checkpoint write in progress."""
 
 
 class RunCheckpoints:
@@ -35,27 +37,34 @@ class RunCheckpoints:
     """
 
     def __init__(
-        self, cfg: TrainConfig, spec: EnvSpec, run_dir: Path, metrics: Metrics, start: RunState
+        self,
+        cfg: TrainConfig,
+        spec: EnvSpec,
+        run_dir: Path,
+        metrics: Metrics,
+        start: RunState,
+        writers: Writers = ONE_PROCESS,
     ):
         self._cfg, self._spec, self._run_dir, self._metrics = cfg, spec, Path(run_dir), metrics
+        self._writers = writers
         self._checkpointer: Checkpointer | None = None
         self._first_version = start.version
         self.point = start
         """The latest consistent state: what a save now would write."""
+        self.previous: RunState | None = None
+        """The state recorded before `point`, kept where several processes save together
+        (their newest recorded versions may differ by one: they save the older)."""
         self._pending_version: int | None = None
         self._lock = threading.Lock()
+        self._save_lock = threading.Lock()
 
     def open(self) -> None:
-        """Create the writer (and the checkpoints folder; leftovers of a killed write go).
-
-        Not in a multi-process run: every process would write its own copy into the run
-        directory, and orbax's multi-process save needs all of them to save together."""
-        if jax.process_count() > 1:
-            log.warning("checkpoints are not written in multi-process runs yet")
-            return
-        self._checkpointer = Checkpointer(
-            checkpoint_dir(self._run_dir), self._cfg, self._spec, self._metrics
-        )
+        """Create the writer (and the checkpoints folder; leftovers of a killed write go);
+        nothing where the writers cannot write (see `Writers.enabled`)."""
+        if self._writers.enabled:
+            self._checkpointer = Checkpointer(
+                checkpoint_dir(self._run_dir), self._cfg, self._spec, self._metrics, self._writers
+            )
 
     @property
     def latest(self) -> int | None:
@@ -75,8 +84,11 @@ class RunCheckpoints:
 
         A save that fails fails the run as component `checkpoint`. The point it replaces
         holds the last references to the state before: it is freed off the learner thread."""
-        previous, self.point = self.point, point
-        release_later(previous)
+        if self._writers.num_processes > 1:
+            released, self.previous, self.point = self.previous, self.point, point
+        else:
+            released, self.point = self.point, point
+        release_later(released)
         if self._checkpointer is not None and self._checkpointer.due(point.version):
             try:
                 self._save(point)
@@ -84,29 +96,51 @@ class RunCheckpoints:
                 lifetime.fail("checkpoint", error)
                 raise Stopped("checkpoint failed") from error
 
-    def save_final(self, lifetime: Lifetime) -> None:
-        """Start saving the last recorded state (unless already saved); `close` waits for it."""
-        if self._checkpointer is None or self.point.version <= self._first_version:
+    def save_final(self, lifetime: Lifetime, version: int) -> None:
+        """Start saving the recorded state of `version` (unless already saved, or the run's
+        start); `close` waits for it."""
+        if self._checkpointer is None or version <= self._first_version:
             return
-        self._guarded(lifetime, self._save, self.point)
+        kept = [p for p in (self.point, self.previous) if p is not None and p.version == version]
+        if not kept:
+            log.warning("no last checkpoint: version %d is no longer held", version)
+            return
+        self._guarded(lifetime, self._save, kept[0])
 
     def _save(self, point: RunState) -> None:
-        with self._lock:
-            self._pending_version = point.version
-        self._checkpointer.save(point)
+        with self._save_lock:  # the learner thread's last save may meet the main thread's
+            with self._lock:
+                self._pending_version = point.version
+            checkpointer = self._checkpointer
+            if checkpointer is not None:
+                checkpointer.save(point)
 
     def settle(self, timeout_s: float) -> None:
         """Give the write in progress up to `timeout_s` to finish (its outcome is `close`'s)."""
         if self._checkpointer is not None:
             self._checkpointer.settle(timeout_s)
 
+    def abandon(self) -> None:
+        """Leave a write in progress behind (it waits for a process that was lost)."""
+        if self._checkpointer is not None:
+            checkpointer, self._checkpointer = self._checkpointer, None
+            checkpointer.abandon()
+
     def close(self, lifetime: Lifetime) -> None:
         """Finish the write in progress and release the writer.
 
         A failure is the run's failure as component `checkpoint`, unless the run already
-        failed (then it is logged: the first failure is the one to report)."""
+        failed (then it is logged: the first failure is the one to report). After a failure,
+        a write that several processes make together is waited for at most
+        FAILED_RUN_WRITE_WAIT_S: it may wait for a process that is gone."""
         if self._checkpointer is not None:
             checkpointer, self._checkpointer = self._checkpointer, None
+            if lifetime.failure is not None and self._writers.num_processes > 1:
+                checkpointer.settle(FAILED_RUN_WRITE_WAIT_S)
+                if checkpointer.writing:
+                    log.warning("checkpoint %s not written: the run failed", self._pending_version)
+                    checkpointer.abandon()
+                    return
             self._guarded(lifetime, checkpointer.close)
 
     @staticmethod

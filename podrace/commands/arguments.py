@@ -15,8 +15,8 @@ import sys
 from collections.abc import Callable
 from typing import TypeVar
 
+from podrace.commands.std_streams import stdout_refused
 from podrace.config import ConfigError
-from podrace.runtime.std_streams import stdout_refused
 
 T = TypeVar("T")
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from podrace import json_text
+from podrace.checkpoints.state import checkpoint_dir
 from podrace.config import ConfigError, TrainConfig, leaves, replace
 
 RESUMABLE = (
@@ -36,10 +37,20 @@ RESUMABLE = (
     "log.tensorboard",
     "log.wandb",
     "log.wandb_project",
+    # Where the run's workers and processes are found, and how long they may take:
+    "ray.address",
+    "ray.max_restarts",
+    "ray.start_timeout_s",
+    "ray.worker_resources",
+    "distributed.coordinator",
+    "distributed.process_id",
+    "distributed.init_timeout_s",
+    "distributed.peer_timeout_s",
 )
 """Fields a resumed run may change (a name ending in '.' allows its whole section). They
 change neither the arrays in a checkpoint nor the data the learner sees; everything else
-(network, env, algorithm, layout, seed) is the checkpoint's."""
+(network, env, algorithm, layout, seed, the number of Ray workers and of processes) is the
+checkpoint's."""
 
 SUPERSEDED = "metrics-superseded.jsonl"
 """Where metric lines written after the resumed checkpoint go (kept, never deleted)."""
@@ -69,8 +80,6 @@ class ResumePoint:
 
 
 def _checkpoints(run_dir: Path) -> Path:
-    from podrace.checkpoint import checkpoint_dir
-
     return checkpoint_dir(run_dir)
 
 
@@ -100,12 +109,11 @@ def run_config_json(run_dir: Path) -> TrainConfig | None:
 def stored_config(resume: Resume) -> tuple[int, TrainConfig]:
     """(step, the checkpoint's config with log.run_dir/run_name pointing at `resume.run_dir`).
 
-    Verifies the checkpoint's files (a damaged one is a ConfigError naming the file). This
-    starts JAX's backend (orbax asks for the process index): a CLI sets XLA_FLAGS before,
-    from `run_config_json`.
+    Verifies the checkpoint's files (a damaged one is a ConfigError naming the file). Starts
+    no JAX backend: a multi-host process reads it before it joins the others.
     """
-    from podrace.checkpoint import checkpoint_steps, leftovers, step_lock
-    from podrace.restore import read_config
+    from podrace.checkpoints.files import checkpoint_steps, leftovers, step_lock
+    from podrace.checkpoints.read import read_config
 
     run_dir = Path(resume.run_dir)
     check_run_dir(run_dir)
@@ -217,15 +225,18 @@ def read_metric_lines(run_dir: Path) -> list[str]:
         raise ConfigError(f"cannot read {path}: {error.strerror}") from None
 
 
-def commit(point: ResumePoint, version: int, env_steps: float, effective: TrainConfig) -> float:
-    """Make the run directory the resumed run's: trim metrics.jsonl, rewrite config.json;
-    returns the `time_s` of the last kept line.
+def commit(
+    point: ResumePoint, version: int, env_steps: float, effective: TrainConfig, run_dir: Path
+) -> float:
+    """Make `run_dir` (this process's part of the run: the run directory, or a process's
+    folder in it) the resumed run's: trim metrics.jsonl, rewrite config.json; returns the
+    `time_s` of the last kept line.
 
     Idempotent (resuming the same checkpoint twice trims nothing more), and each file is
     replaced atomically; superseded lines are appended to SUPERSEDED first, so a kill in
     between loses nothing (at worst a line is in both files).
     """
-    run_dir = point.run_dir
+    run_dir = Path(run_dir)
     kept, superseded = split_metrics(read_metric_lines(run_dir), version, env_steps)
     try:
         if superseded:

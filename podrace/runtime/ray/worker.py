@@ -27,7 +27,7 @@ from podrace.actor import Actor, ActorSettings, make_policy_fns
 from podrace.algos.normalizer import acting_apply
 from podrace.config import TrainConfig
 from podrace.control import Control, Lifetime, Stopped, Watchdog
-from podrace.envs import make_env
+from podrace.envs import EnvSource
 from podrace.networks import make_network
 from podrace.pipeline import BoundedQueue
 from podrace.runtime.build import env_seed, seed_key
@@ -62,6 +62,8 @@ class WorkerSpec:
     board: Any
     """The RayPublisher's board actor and channel: the worker subscribes to them itself."""
     channel: str
+    envs: EnvSource
+    """Where the worker's envs come from (an env id, or the user's env factory)."""
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,7 @@ class Outbox:
 class RolloutWorker:
     """The body of one Ray worker process (wrapped with `ray.remote` by the runtime)."""
 
-    def __init__(self, spec: WorkerSpec, env_factory: Any = None):
+    def __init__(self, spec: WorkerSpec):
         cfg = spec.cfg
         self.spec = spec
         self.name = f"ray-worker-{spec.worker_id}"
@@ -123,8 +125,7 @@ class RolloutWorker:
             key=key,
             first_seq=spec.first_seq,
         )
-        make = env_factory or make_env
-        env = make(cfg.env, cfg.env.num_envs, seed)
+        env = spec.envs.make(cfg.env.num_envs, seed)
         self.outbox = Outbox(cfg.layout.queue_size, lifetime, spec.restart)
         control = Control(lifetime, self.watchdog.heartbeat(self.name), self._record)
         self.actor = Actor(settings, env, policy, self.params, self.outbox, control)

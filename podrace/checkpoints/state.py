@@ -1,0 +1,76 @@
+"""What a checkpoint holds: the state of a run that must survive a stop.
+
+The parts come from the run's components, each saying what it saves (Acme's `Saveable`
+is the model): the learner its train state, keys, normalizer statistics and skip count
+(`Learner.saved`), the topology its actors' start keys, next sequence numbers and restart
+counts (`Topology.actors_saved`), the run its counters and clock. A restored `RunState`
+goes back the same way: the learner is built from it, the topology decides where its
+actors continue, the run's counters continue.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from podrace.algos.base import TrainState
+from podrace.types import EnvSpec, PyTree
+
+CHECKPOINT_DIR = "checkpoints"
+
+
+@dataclass(frozen=True)
+class RunState:
+    """The state of a run that must survive a stop; one checkpoint holds exactly this."""
+
+    train_state: TrainState
+    """Params, optimizer state and update count (the learning-rate schedule reads it)."""
+    learner_keys: Any
+    """Raw uint32 learner keys, one per env: [num_actors * num_envs, 2]."""
+    actor_keys: Any
+    """Raw uint32 key each actor (of every process) started the run with: [actors, 2]."""
+    actor_next_seq: tuple[int, ...]
+    """Sequence number of the next rollout of every actor."""
+    version: int
+    """Params version (= learner updates applied); also the checkpoint's step."""
+    env_steps: int
+    episodes: int
+    normalizer: PyTree | None = None
+    """Observation/return normalizer statistics; None while podrace has none."""
+    time_s: float = 0.0
+    """Training seconds (metrics' `time_s`) when the state was taken: a resumed run's clock
+    continues from here."""
+    skipped_updates: int = 0
+    """Updates skipped as non-finite so far (the run's skip budget spans its resumes)."""
+    actor_restarts: tuple[int, ...] = ()
+    """How often each actor was restarted (Ray workers; () or zeros for threads)."""
+
+    def arrays(self) -> dict:
+        tree = {
+            "train_state": self.train_state,
+            "learner_keys": self.learner_keys,
+            "actor_keys": self.actor_keys,
+        }
+        if self.normalizer is not None:
+            tree["normalizer"] = self.normalizer
+        return tree
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / CHECKPOINT_DIR
+
+
+def spec_json(spec: EnvSpec) -> dict:
+    """The parts of an EnvSpec a network's shapes depend on, as JSON."""
+    return {
+        "obs_shape": list(spec.obs_shape),
+        "obs_dtype": np.dtype(spec.obs_dtype).name,
+        "num_actions": spec.num_actions,
+        "action_shape": list(spec.action_shape),
+    }
+
+
+__all__ = ["CHECKPOINT_DIR", "RunState", "checkpoint_dir", "spec_json"]
