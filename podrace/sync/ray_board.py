@@ -167,9 +167,13 @@ _boards: dict[str, Any] = {}  # this process's (node, job, worker) in a Ray sess
 
 
 def process_board() -> Any:
-    """This process's board actor (a new one after ray.shutdown() and ray.init())."""
+    """This process's board actor (a new one after ray.shutdown() and ray.init()), on this
+    process's node: its subscribers' waits and acknowledgements then reach the publisher's
+    node and no other (a relay's board serves the workers of its own node)."""
     global _board_actor
     ray = ray_module()
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
     with _board_lock:
         if _board_actor is None:
             _board_actor = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=10_000)(Board)
@@ -177,5 +181,6 @@ def process_board() -> Any:
         key = f"{ctx.get_node_id()}/{ctx.get_job_id()}/{ctx.get_worker_id()}"
         if key not in _boards:
             _boards.clear()  # a handle from an earlier Ray session is useless
-            _boards[key] = _board_actor.remote()
+            here = NodeAffinitySchedulingStrategy(ctx.get_node_id(), soft=False)
+            _boards[key] = _board_actor.options(scheduling_strategy=here).remote()
         return _boards[key]

@@ -172,6 +172,8 @@ class RaySubscriber(Subscriber):
         self._call: Any = None
         self._forget: weakref.finalize | None = None
         self._transfer_time = RunningStat()
+        self._fetched: deque[int] = deque(maxlen=1024)
+        """Versions fetched (pulled from the object store) since `take_fetched`."""
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (
@@ -251,6 +253,7 @@ class RaySubscriber(Subscriber):
             if self._device is not None:
                 params = jax.block_until_ready(jax.device_put(params, self._device))
             self._transfer_time.add(time.perf_counter() - start)
+            self._fetched.append(version)
         except ray.exceptions.TaskCancelledError:
             return None  # close() interrupted the long poll
         except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
@@ -327,6 +330,15 @@ class RaySubscriber(Subscriber):
     @property
     def acked_version(self) -> int | None:
         return self._acked
+
+    def take_fetched(self) -> list[int]:
+        """The versions this subscriber pulled from the object store since the last call (at
+        most the last 1024): Ray moves each object to a node once, so these say which
+        versions reached this subscriber's node."""
+        taken = []
+        while self._fetched:
+            taken.append(self._fetched.popleft())
+        return taken
 
     def metrics(self) -> dict[str, float | int]:
         out: dict[str, float | int] = {"acked_version": -1 if self._acked is None else self._acked}
