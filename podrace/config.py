@@ -191,8 +191,25 @@ class LayoutConfig:
 class RayConfig:
     """The Ray runtime (`--runtime ray`): actors as Ray workers on any node of a cluster."""
 
-    num_workers: int = 2
-    """Ray workers, each one actor (its own envs, policy on its own CPU device)."""
+    num_workers: int | Literal["auto"] = 2
+    """Ray workers, each one actor (its own envs, policy on its own CPU device); `auto`: as
+    many as the cluster's nodes hold (one CPU and the worker resources each), more as nodes
+    join (with --ray.data-order elastic and --ray.rollouts-per-update)."""
+    max_workers: int | None = None
+    """With --ray.num-workers auto: at most this many workers (None: as many as fit)."""
+    data_order: Literal["fixed", "elastic"] = "fixed"
+    """`fixed`: update k takes rollout k of every worker, in worker order (reproducible; a
+    restarting worker holds up learning). `elastic`: each update takes the next
+    --ray.rollouts-per-update rollouts from whichever workers delivered them, so a lost worker
+    or node costs only its in-flight rollouts and workers may come and go."""
+    rollouts_per_update: int | None = None
+    """Elastic order: rollouts (of env.num_envs envs each) every update takes, from any
+    workers; None: --ray.num-workers. The batch of an update never changes with the workers."""
+    node_relay: bool = True
+    """Weights reach each node's workers through one relay on that node: one fetch per node
+    per version from the learner's node, instead of one per worker."""
+    no_workers_timeout_s: float = 60.0
+    """Elastic order: the run fails once no worker has been alive for this long."""
     address: str | None = None
     """Cluster to join (`HOST:PORT` of a `ray start --head`); None starts a local Ray on
     127.0.0.1 for this run and stops it at the end. A joined cluster is left running."""
@@ -331,9 +348,13 @@ class TrainConfig:
     # Derived sizes -------------------------------------------------------------------
     @property
     def num_actors(self) -> int:
-        """Actor threads of this process."""
+        """Actor threads of this process; with Ray, the rollouts one update takes (one per
+        worker in the fixed order)."""
         if self.runtime == "ray":
-            return self.ray.num_workers
+            # The rollouts of one update (validation refuses `auto` without a batch size).
+            if self.ray.rollouts_per_update is not None:
+                return self.ray.rollouts_per_update
+            return self.ray.num_workers  # type: ignore[return-value]
         return len(self.layout.actor_device_ids) * self.layout.actors_per_device
 
     @property

@@ -25,6 +25,8 @@ MAX_ENV_THREADS = 1024
 them aborted the process instead of failing as a config error)."""
 MAX_ACTORS_PER_DEVICE = 256
 """Each actor is an OS thread with its own envs; more than this is a typo, not a layout."""
+MAX_RAY_WORKERS = 65_536
+"""Ray workers (and rollouts per update): each is a process with a CPU; more is a typo."""
 MIN_LOG_INTERVAL_S = 0.05
 MIN_WATCHDOG_S = 0.1
 MAX_WAIT_S = threading.TIMEOUT_MAX
@@ -90,8 +92,61 @@ def _is_host_port(address: str) -> bool:
 
 def _validate_ray(cfg: TrainConfig) -> None:
     ray = cfg.ray
-    if ray.num_workers <= 0:
+    elastic = ray.data_order == "elastic"
+    if ray.num_workers == "auto":
+        if not elastic:
+            raise ConfigError(
+                "--ray.num-workers auto needs --ray.data-order elastic: the fixed order takes "
+                "one rollout of every worker per update, so its workers cannot come and go"
+            )
+        if ray.rollouts_per_update is None:
+            raise ConfigError(
+                "--ray.num-workers auto needs --ray.rollouts-per-update N: the rollouts every "
+                "update takes, whatever the number of workers"
+            )
+    elif ray.num_workers <= 0:
         raise ConfigError(f"ray.num_workers must be positive, got {ray.num_workers}")
+    if ray.num_workers != "auto" and ray.num_workers > MAX_RAY_WORKERS:
+        raise ConfigError(
+            f"ray.num_workers must be at most {MAX_RAY_WORKERS}, got {ray.num_workers:,}"
+        )
+    if ray.max_workers is not None:
+        if ray.num_workers != "auto":
+            raise ConfigError(
+                "--ray.max-workers caps --ray.num-workers auto; with a number of workers, "
+                "leave it out"
+            )
+        if not 0 < ray.max_workers <= MAX_RAY_WORKERS:
+            raise ConfigError(
+                f"ray.max_workers must be in 1..{MAX_RAY_WORKERS}, got {ray.max_workers:,}"
+            )
+    if ray.rollouts_per_update is not None:
+        if not elastic:
+            raise ConfigError(
+                "--ray.rollouts-per-update needs --ray.data-order elastic: the fixed order "
+                "takes one rollout of every worker per update"
+            )
+        if not 0 < ray.rollouts_per_update <= MAX_RAY_WORKERS:
+            raise ConfigError(
+                f"ray.rollouts_per_update must be in 1..{MAX_RAY_WORKERS}, "
+                f"got {ray.rollouts_per_update:,}"
+            )
+    if elastic and cfg.deterministic:
+        raise ConfigError(
+            "--deterministic needs --ray.data-order fixed: the elastic order takes rollouts "
+            "in the order they arrive"
+        )
+    if elastic and cfg.normalize.reward:
+        raise ConfigError(
+            "--normalize.reward needs --ray.data-order fixed: its return tracker follows each "
+            "env column from one update to the next, and in the elastic order a column holds "
+            "whichever worker's rollout arrived"
+        )
+    if not 0 < ray.no_workers_timeout_s <= MAX_WAIT_S:
+        raise ConfigError(
+            f"ray.no_workers_timeout_s must be in (0, {MAX_WAIT_S:g}], "
+            f"got {ray.no_workers_timeout_s}"
+        )
     if ray.envs_per_worker is not None and ray.envs_per_worker <= 0:
         raise ConfigError(f"ray.envs_per_worker must be positive, got {ray.envs_per_worker}")
     if ray.max_restarts < 0:

@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -239,10 +240,19 @@ def threading_main() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+def local_cpus(cfg: RayConfig) -> int:
+    """CPUs a private local Ray advertises: one per worker (`auto`: the machine's cores,
+    or --ray.max-workers)."""
+    if cfg.num_workers != "auto":
+        return cfg.num_workers
+    return cfg.max_workers or os.cpu_count() or 1
+
+
 def _check_resources(ray: Any, cfg: RayConfig) -> None:
     """ConfigError unless the cluster's nodes, empty, could hold every worker at once (one
-    CPU each and its custom resources): otherwise the run would wait out
-    `ray.start_timeout_s` for workers Ray can never place."""
+    CPU each and its custom resources; the elastic order: one worker, the others wait for
+    resources): otherwise the run would wait out `ray.start_timeout_s` for workers Ray can
+    never place."""
     needed = worker_resources(cfg)
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     if needed and not any(
@@ -258,9 +268,11 @@ def _check_resources(ray: Any, cfg: RayConfig) -> None:
     fits = sum(
         min(int(n["Resources"].get(k, 0) / v + 1e-9) for k, v in each.items()) for n in nodes
     )
-    if fits < cfg.num_workers:
+    wanted = 1 if cfg.data_order == "elastic" else cfg.num_workers
+    if fits < wanted:
+        workers = "no worker" if wanted == 1 else f"{fits} of the {wanted} workers"
         raise ConfigError(
-            f"the Ray cluster can hold {fits} of the {cfg.num_workers} workers: each takes {each} "
+            f"the Ray cluster can hold {workers}: each takes {each} "
             "and its nodes offer "
             + "; ".join(", ".join(f"{k} {n['Resources'].get(k, 0):g}" for k in each) for n in nodes)
             + "; lower --ray.num-workers or add nodes"
@@ -268,10 +280,13 @@ def _check_resources(ray: Any, cfg: RayConfig) -> None:
 
 
 def _stat(pid: int) -> tuple[int, int, int] | None:
-    """(ppid, start time, uid) of `pid`, None if it is gone."""
+    """(ppid, start time, uid) of `pid`, None if it is gone (or a zombie: it has exited, and
+    a container's init may never reap it)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
+        if fields[0] == "Z":
+            return None
         return int(fields[1]), int(fields[19]), os.stat(f"/proc/{pid}").st_uid
     except (OSError, IndexError, ValueError):
         return None
@@ -343,8 +358,45 @@ def reap(processes: dict[int, int], grace_s: float = 10.0) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+def stop_ray(temp_dir: str, grace_s: float = 10.0) -> list[int]:
+    """Stop the Ray whose `--temp-dir` is `temp_dir` on this machine: this user's processes
+    that use it and their children, SIGTERM then (after `grace_s`) SIGKILL; returns their
+    pids. Other Rays of the machine are never touched (Ray 2.60's `ray stop` stops all)."""
+    processes = process_tree(os.path.abspath(temp_dir))
+    for pid in alive(processes):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    reap(processes, grace_s=grace_s)
+    deadline = time.monotonic() + 5.0  # those just SIGKILLed take a moment to go
+    while alive(processes) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return sorted(processes)
+
+
+def main(argv: list[str]) -> int:
+    """`python -m podrace.runtime.ray.cluster stop TEMP_DIR`: stop a Ray you started with
+    `ray start --temp-dir TEMP_DIR`, by its processes' ids."""
+    if len(argv) != 2 or argv[0] != "stop":
+        print("usage: python -m podrace.runtime.ray.cluster stop TEMP_DIR", file=sys.stderr)
+        return 2
+    if not os.path.isdir(argv[1]):
+        print(f"error: no folder {argv[1]!r} (the --temp-dir given to ray start)", file=sys.stderr)
+        return 2
+    stopped = stop_ray(argv[1])
+    print(
+        f"stopped {len(stopped)} process(es) of the Ray in {argv[1]}: {stopped}"
+        if stopped
+        else f"no process of this user uses {argv[1]}"
+    )
+    return 0
+
+
 def object_store_bytes(ray: Any) -> int:
     """Bytes in use in the object stores of all nodes, as the nodes last reported them."""
     total = ray.cluster_resources().get("object_store_memory", 0.0)
     free = ray.available_resources().get("object_store_memory", 0.0)
     return int(max(total - free, 0.0))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

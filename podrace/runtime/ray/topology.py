@@ -1,35 +1,46 @@
 """The Ray topology: actors as Ray workers on any node, the learner and evaluator here.
 
 `join` starts (or joins) Ray. The learner publishes through the `ray` weight-sync
-transport; `launch_actors` starts one `RolloutWorker` per worker id (each compiles its
-policy while the learner compiles) and `actors_ready` waits for them. The loops are one
-pump per worker, in threads of this process: a pump pulls its worker's rollouts (host
-arrays) one at a time, places each on the learner mesh exactly as the thread topology's
-sink does, and queues it in the same per-actor pipeline, asking for the next one before
-placing the current one; so at most `queue_size` rollouts wait in a worker plus one on
-its way, and the object store holds no backlog.
+transport, which reaches each node's workers through a relay on that node
+(`podrace.runtime.ray.relays`; `--ray.no-node-relay`: every worker reads the learner's
+board). `launch_actors` starts one `RolloutWorker` per worker id (each compiles its policy
+while the learner compiles) and `actors_ready` waits for them. One thread of this process,
+the collector (`podrace.runtime.ray.collector`), makes every Ray call on the workers: it
+receives each rollout as soon as its worker finishes it, and restarts a worker that dies
+(process killed, node lost, its loop raised) with fresh seeds (run seed, worker id, restart
+count). Every consumed rollout is stamped (worker, restart, seq) (`RayReport.stamps`); a
+worker that fails more than `ray.max_restarts` times stops the run with its last error.
 
-Data order and restarts: update k consumes rollout seq k of every worker, in worker order,
-as in the thread topology. When a worker dies (process killed, node lost, its loop
-raised), its pump counts the rollouts it had finished but not delivered as lost and
-starts a new worker for the same id with fresh seeds (run seed, worker id, restart count)
-and `first_seq` = the next seq the learner expects, so the slot is filled by the new
-incarnation and no seq is consumed twice. Every consumed rollout is stamped (worker,
-restart, seq) (`RayReport.stamps`). A worker that fails more than `ray.max_restarts`
-times stops the run with its last error.
+Two data orders (`--ray.data-order`):
 
-Checkpoints keep every worker's next seq and restart count. A resumed run starts every
-worker as a new incarnation (restart count + 1: fresh seeds, new stamps) at the
-checkpoint's next seqs, so data order and "nothing consumed twice" hold across the resume.
-The worker count is part of what a checkpoint holds (the batch is one rollout per worker):
-a resume cannot change `--ray.num-workers`.
+- fixed: update k consumes rollout seq k of every worker, in worker order, as in the thread
+  topology. One pump thread per worker places its rollouts on the learner mesh, in seq
+  order, and queues them in the same per-actor pipeline. A replacement worker starts at the
+  seq after the last one received, so the slot is filled by the new incarnation and no seq
+  is consumed twice; the learner waits for it.
+- elastic: each update consumes the first `ray.rollouts_per_update` rollouts to arrive from
+  any workers, within the lag bound (`podrace.pipeline.ElasticPipeline`, which also grants
+  the credits that bound what each worker makes). A lost worker costs its in-flight
+  rollouts, which other workers make instead; it restarts in the background, and waits for
+  resources when its node is gone; `--ray.num-workers auto` adds workers as nodes join.
+
+Checkpoints keep every worker's next seq and restart count (fixed), or the highest restart
+count of any worker (elastic). A resumed run starts every worker as a new incarnation
+(fresh seeds, new stamps): fixed at the checkpoint's next seqs, so data order and "nothing
+consumed twice" hold across the resume; elastic from the learner's state alone (rollouts in
+flight at the stop are not in the checkpoint), every worker beyond every restart before.
+In the fixed order the worker count is part of what a checkpoint holds (the batch is one
+rollout per worker); in both, the batch of an update is.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import dataclasses
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -39,21 +50,21 @@ import numpy as np
 
 from podrace.checkpoints.state import RunState
 from podrace.config import ConfigError, TrainConfig
-from podrace.control import ComponentError, ExplainedError, Stopped
-from podrace.pipeline import PlacingSink
+from podrace.pipeline import ElasticPipeline, PlacingSink
 from podrace.runtime.build import dummy_trajectory
 from podrace.runtime.ray import cluster as ray_cluster
+from podrace.runtime.ray.collector import (
+    Collector,
+    NoWorkers,
+    Slot,
+    WorkerCrashLoop,
+    WorkerNotReady,
+    worker_capacity,
+)
+from podrace.runtime.ray.relays import Relays
 from podrace.runtime.ray.worker import RolloutWorker, Shipment, WorkerSpec, worker_seeds
 from podrace.runtime.topology import Topology
-from podrace.validation import worker_resources
-
-
-class WorkerCrashLoop(ExplainedError, RuntimeError):
-    """A worker failed more often than `ray.max_restarts` allows."""
-
-
-class WorkerNotReady(ExplainedError, TimeoutError):
-    """A restarted worker did not start within `ray.start_timeout_s`."""
+from podrace.types import Rollout
 
 
 @dataclass(frozen=True)
@@ -62,48 +73,120 @@ class RayReport:
 
     restarts: int = 0
     lost_rollouts: int = 0
+    """Rollouts a worker finished that never reached the learner's process."""
     stamps: tuple[tuple[int, int, int], ...] = ()
-    """(worker, restart, seq) of every consumed rollout, in the order the learner took them."""
+    """(worker, restart, seq) of every consumed rollout: in the order the learner took them
+    (fixed order), or sorted (elastic order)."""
     worker_nodes: tuple[str, ...] = ()
     """Ray node id each worker ran on last."""
     object_store_bytes: int = 0
     """Object-store bytes in use when training ended (workers still alive)."""
+    data_order: str = "fixed"
+    dropped_rollouts: int = 0
+    """Elastic order: rollouts dropped as over the lag bound."""
+    lost_credits: int = 0
+    """Elastic order: rollouts lost workers were making (or about to make), made by others."""
+    weight_bytes_out: int = 0
+    """Param bytes that left the learner's node: one copy per version per other node."""
 
 
-@dataclass
-class _Slot:
-    """One worker id: its current Ray actor and what the learner side knows about it."""
+class FixedOrder:
+    """Update k takes rollout k of every worker: each worker's rollouts wait in its inbox
+    until its pump thread places them and queues them for the learner, in seq order."""
 
-    worker_id: int
-    handle: Any = None
-    restarts: int = 0
-    next_seq: int = 0
-    """The next seq the learner expects from this worker."""
-    produced_until: int = 0
-    """One past the last seq the current incarnation reported finished."""
-    node: str = ""
-    pid: int = 0
-    start: Any = None
-    """The pending start() of the incarnation being launched."""
+    def __init__(self, topology: RayTopology, run: Any):
+        self.topology, self.run = topology, run
+        self.last = run.cfg.num_updates
+        self.inboxes: dict[int, collections.deque[Rollout]] = {}
+        self._cond = threading.Condition()
+        run.lifetime.notify_on_stop(self._cond)
+
+    def started(self, slot: Slot) -> None:
+        pass
+
+    def wanted(self, slot: Slot) -> bool:
+        return slot.next_seq < self.last
+
+    def received(self, slot: Slot, shipment: Shipment) -> None:
+        with self._cond:
+            self.inboxes.setdefault(slot.worker_id, collections.deque()).append(shipment.rollout)
+            self._cond.notify_all()
+
+    def lost(self, slot: Slot) -> None:
+        pass
+
+    def pump(self, worker_id: int, first: int) -> None:
+        """Place worker `worker_id`'s rollouts `first`.. on the learner mesh and queue them."""
+        run, sink = self.run, self.topology.sink
+        for _ in range(first, self.last):
+            with self._cond:
+                inbox = self.inboxes.setdefault(worker_id, collections.deque())
+                while not inbox:
+                    run.lifetime.check()
+                    self._cond.wait()
+                rollout = inbox.popleft()
+            sink.put(rollout)  # placed on the learner mesh, then queued (may wait)
+            run.metrics.add("actor/to_learner", rollout.timings["to_learner"])
+
+
+class ElasticOrder:
+    """Rollouts go to the elastic pipeline as they arrive, placed by the collector."""
+
+    def __init__(self, topology: RayTopology, run: Any):
+        self.topology, self.run = topology, run
+        self.pipeline: ElasticPipeline = run.pipeline
+
+    def started(self, slot: Slot) -> None:
+        self.pipeline.join(slot.key)
+
+    def wanted(self, slot: Slot) -> bool:
+        return True
+
+    def received(self, slot: Slot, shipment: Shipment) -> None:
+        run = self.run
+        rollout = shipment.rollout
+        start = time.perf_counter()
+        placed = run.placement.place(jax.device_put(rollout.trajectory, run.devices.learners[0]))
+        jax.block_until_ready(placed)
+        rollout.timings["to_learner"] = time.perf_counter() - start
+        run.metrics.add("actor/to_learner", rollout.timings["to_learner"])
+        if not self.pipeline.deliver(slot.key, dataclasses.replace(rollout, trajectory=placed)):
+            run.metrics.count("ray/dropped_rollouts")
+
+    def lost(self, slot: Slot) -> None:
+        self.run.metrics.count("ray/lost_credits", self.pipeline.lose(slot.key))
+
+    def refresh(self) -> float | None:
+        return self.pipeline.refresh()
 
 
 class RayTopology(Topology):
     name = "ray"
-    stop_grace_s = 10.0  # killing workers wakes their pumps
+    stop_grace_s = 10.0  # killing workers wakes the collector and the pumps
     exit_grace_s = 30.0  # killing workers and stopping a local Ray take seconds
 
     def __init__(self) -> None:
-        self.slots: list[_Slot] = []
         self.start_keys: np.ndarray | None = None
+        self.collector: Collector | None = None
+        self.order: FixedOrder | ElasticOrder | None = None
         self._stack = contextlib.ExitStack()
-        self._lock = threading.Lock()
-        self._closing = False
         self._ray: Any = None
         self._run: Any = None
         self._remote: Any = None
         self.cluster: ray_cluster.Cluster | None = None
         self._store: list[int] = []
-        self._first_restarts: list[int] = []
+        self._slots: list[Slot] = []
+        self._params_bytes = 0
+        self._first_version = 0
+        self._base_restart = 0
+
+    @property
+    def slots(self) -> list[Slot]:
+        return self.collector.slots if self.collector is not None else self._slots
+
+    @staticmethod
+    def elastic(cfg: TrainConfig) -> bool:
+        return cfg.ray.data_order == "elastic"
 
     # Preparing ---------------------------------------------------------------------------
     def check(self, cfg: TrainConfig) -> None:
@@ -119,7 +202,7 @@ class RayTopology(Topology):
         self._ray = ray
         lifetime.check()
         self.cluster = self._stack.enter_context(
-            ray_cluster.connect(cfg.ray, num_cpus=cfg.ray.num_workers)
+            ray_cluster.connect(cfg.ray, num_cpus=ray_cluster.local_cpus(cfg.ray))
         )
         self._remote = ray.remote(RolloutWorker)
         lifetime.on_stop(self._kill_workers)  # wakes every wait on a worker, starting too
@@ -128,10 +211,27 @@ class RayTopology(Topology):
     def publisher(self, run, first_version: int):
         from podrace.sync.ray_transport import RayPublisher
 
+        self._first_version = first_version
         return RayPublisher(first_version=first_version)
 
     def published(self, params: Any) -> Any:
         return jax.device_get(params)  # as the ray transport delivers
+
+    def pipeline(self, run, first_seq: int):
+        cfg = run.cfg
+        if not self.elastic(cfg):
+            return super().pipeline(run, first_seq)
+        return ElasticPipeline(
+            cfg.num_actors,
+            cfg.max_policy_lag,
+            run.lifetime,
+            first_version=first_seq,
+            grant=self._grant,
+        )
+
+    def _grant(self, grants) -> None:
+        if self.collector is not None:
+            self.collector.grant(grants)
 
     def learner_dummies(self, run) -> list:
         # Placed from the host, as the workers' rollouts arrive (same shardings).
@@ -143,10 +243,18 @@ class RayTopology(Topology):
         return run.cfg.num_actors
 
     def actors_start(self, run, restored: RunState | None) -> dict:
-        n = run.cfg.num_actors
-        if restored is None:
-            self.slots = [_Slot(i) for i in range(n)]
-            keys = [worker_seeds(run.cfg.seed, i, 0)[0] for i in range(n)]
+        cfg = run.cfg
+        n = self._initial_workers(cfg)
+        if self.elastic(cfg):
+            # Every worker of a resumed run is beyond every incarnation before it: fresh
+            # seeds, new stamps; it continues from the learner's state alone.
+            base = 0 if restored is None else max(restored.actor_restarts or (0,)) + 1
+            self._slots = [Slot(i, restarts=base, first_restart=base) for i in range(n)]
+            keys = [worker_seeds(cfg.seed, i, 0)[0] for i in range(cfg.num_actors)]
+            self._base_restart = base
+        elif restored is None:
+            self._slots = [Slot(i) for i in range(n)]
+            keys = [worker_seeds(cfg.seed, i, 0)[0] for i in range(n)]
         else:
             version = restored.version
             if tuple(restored.actor_next_seq) != (version,) * n:
@@ -157,159 +265,90 @@ class RayTopology(Topology):
                 )
             restarts = restored.actor_restarts or (0,) * n
             # Every worker of a resumed run is a new incarnation: fresh seeds, new stamps.
-            self.slots = [
-                _Slot(i, restarts=restarts[i] + 1, next_seq=version, produced_until=version)
+            self._slots = [
+                Slot(i, restarts=restarts[i] + 1, first_restart=restarts[i] + 1, next_seq=version)
                 for i in range(n)
             ]
             keys = list(restored.actor_keys)
         self.start_keys = np.stack([np.asarray(jax.device_get(k)) for k in keys])
-        self._first_restarts = [slot.restarts for slot in self.slots]
-        for slot in self.slots:
+        for slot in self._slots:
             run.metrics.count(f"ray/worker-{slot.worker_id}/restarts", 0)
         for name in ("ray/restarts", "ray/lost_rollouts"):
             run.metrics.count(name, 0)
-        return self.actors_saved(run, run.learner.version)
+        if self.elastic(cfg):
+            for name in ("ray/dropped_rollouts", "ray/lost_credits"):
+                run.metrics.count(name, 0)
+        return self.actors_saved(run, run.learner.version if restored is None else restored.version)
+
+    def _initial_workers(self, cfg: TrainConfig) -> int:
+        """Workers launched at the start: the number asked for, or (auto) as many as the
+        cluster holds now, at least one."""
+        if cfg.ray.num_workers != "auto":
+            return cfg.ray.num_workers
+        fits = sum(worker_capacity(self._ray, cfg).values())
+        if cfg.ray.max_workers is not None:
+            fits = min(fits, cfg.ray.max_workers)
+        return max(1, fits)
 
     def actors_saved(self, run, version: int) -> dict:
+        slots = self.slots
+        if self.elastic(run.cfg):
+            n = run.cfg.num_actors
+            highest = max((slot.restarts for slot in slots), default=0)
+            return {
+                "actor_keys": self.start_keys,
+                "actor_next_seq": (0,) * n,
+                "actor_restarts": (highest,) * n,
+            }
         return {
             "actor_keys": self.start_keys,
-            "actor_next_seq": (version,) * len(self.slots),
-            "actor_restarts": tuple(slot.restarts for slot in self.slots),
+            "actor_next_seq": (version,) * len(slots),
+            "actor_restarts": tuple(slot.restarts for slot in slots),
         }
 
     def launch_actors(self, run) -> None:
         self._run = run
-        for slot in self.slots:
-            slot.start = self._spawn(slot)
+        cfg = run.cfg
+        self._params_bytes = sum(np.asarray(x).nbytes for x in jax.tree.leaves(run.published))
+        board, channel = run.publisher.board, run.publisher.channel
+        relays = None
+        if cfg.ray.node_relay:
+            node = self._ray.get_runtime_context().get_node_id()
+            relays = Relays(self._ray, board, channel, node)
+        elastic = self.elastic(cfg)
+        self.order = ElasticOrder(self, run) if elastic else FixedOrder(self, run)
+
+        def spec(slot: Slot) -> WorkerSpec:
+            return WorkerSpec(
+                cfg,
+                run.spec,
+                slot.worker_id,
+                slot.restarts,
+                slot.next_seq,
+                board,
+                channel,
+                run.envs,
+                elastic=elastic,
+                relay=relays.prefix if relays is not None else None,
+            )
+
+        collector = Collector(self._ray, run, self._remote, spec, self.order, relays, elastic)
+        collector.base_restart = self._base_restart
+        collector.slots = list(self._slots)
+        collector.look_at_cluster()  # relays first: a starting worker looks for its node's
+        for slot in collector.slots:
+            collector.spawn(slot)
+        self.collector = collector
 
     def actors_ready(self, run) -> None:
-        for slot in self.slots:
-            self._await_start(slot)
+        collector = self.collector
+        # Fixed: every worker (the learner needs each one's rollouts). Elastic: one, the
+        # others join when they are ready.
+        collector.wait_started(len(collector.slots) if not self.elastic(run.cfg) else 1)
         self.sink = PlacingSink(
             run.pipeline,
             lambda traj: run.placement.place(jax.device_put(traj, run.devices.learners[0])),
         )
-
-    # Workers -------------------------------------------------------------------------
-    def _spawn(self, slot: _Slot) -> Any:
-        """Create the Ray actor for `slot`'s current incarnation; returns its start() ref."""
-        run = self._run
-        spec = WorkerSpec(
-            run.cfg,
-            run.spec,
-            slot.worker_id,
-            slot.restarts,
-            slot.next_seq,
-            run.publisher.board,
-            run.publisher.channel,
-            run.envs,
-        )
-        with self._lock:
-            if self._closing:
-                raise Stopped("shutdown")
-            slot.handle = self._remote.options(
-                num_cpus=1,
-                resources=worker_resources(run.cfg.ray),
-                max_restarts=0,
-                max_concurrency=2,  # next() waits while start() and the loop run
-                runtime_env={"env_vars": {"JAX_PLATFORMS": "cpu"}},
-            ).remote(spec)
-            slot.produced_until = slot.next_seq
-            return slot.handle.start.remote()
-
-    def _await_start(self, slot: _Slot) -> None:
-        """Until the worker started; one that dies starting is restarted as one that dies
-        later would be (within `ray.max_restarts`)."""
-        ray, cfg = self._ray, self._run.cfg
-        while True:
-            try:
-                slot.node, slot.pid = ray.get(slot.start, timeout=cfg.ray.start_timeout_s)
-                return
-            except ray.exceptions.GetTimeoutError:
-                resources = worker_resources(cfg.ray)
-                raise ComponentError(
-                    f"ray-worker-{slot.worker_id}",
-                    TimeoutError(
-                        f"not started within {cfg.ray.start_timeout_s:g}s (no node with a free "
-                        f"CPU{' and ' + str(resources) if resources else ''}?)"
-                    ),
-                ) from None
-            except ray.exceptions.RayError as error:
-                self._run.lifetime.check()
-                try:
-                    self._failed(slot, error)
-                except WorkerCrashLoop as crash:
-                    raise ComponentError(f"ray-worker-{slot.worker_id}", crash) from None
-                slot.start = self._spawn(slot)
-
-    def _failed(self, slot: _Slot, error: BaseException) -> None:
-        """Count what the dead incarnation took with it; raise once restarts run out."""
-        run = self._run
-        if run.lifetime.stopping:
-            raise Stopped("shutdown")
-        lost = max(0, slot.produced_until - slot.next_seq)
-        run.metrics.count("ray/lost_rollouts", lost)
-        with self._lock:
-            handle, slot.handle = slot.handle, None
-        with contextlib.suppress(Exception):  # already dead, or dying
-            self._ray.kill(handle, no_restart=True)
-        cause = _cause(error)
-        incarnations = slot.restarts - self._first_restart(slot)
-        if incarnations >= run.cfg.ray.max_restarts:
-            raise WorkerCrashLoop(
-                f"ray worker {slot.worker_id} failed {incarnations + 1} time(s), restart limit "
-                f"{run.cfg.ray.max_restarts} (--ray.max-restarts); last error: {_one_line(cause)}"
-            ) from cause
-        slot.restarts += 1
-        run.metrics.count("ray/restarts")
-        run.metrics.count(f"ray/worker-{slot.worker_id}/restarts")
-
-    def _first_restart(self, slot: _Slot) -> int:
-        """The restart count this run started the worker with (the restart budget is
-        per run: a resumed run's workers start beyond the restarts before it)."""
-        return int(self._first_restarts[slot.worker_id])
-
-    def _pump(self, slot: _Slot) -> None:
-        """Deliver rollouts seq next_seq.. of one worker to the pipeline, restarting it."""
-        ray, run = self._ray, self._run
-        cfg, last = run.cfg, run.cfg.num_updates
-        ahead = None  # the request for the next rollout, sent before this one is placed
-        while slot.next_seq < last:
-            if slot.handle is None:
-                ahead = None
-                try:
-                    slot.node, slot.pid = ray.get(
-                        self._spawn(slot), timeout=cfg.ray.start_timeout_s
-                    )
-                except ray.exceptions.GetTimeoutError as error:
-                    raise WorkerNotReady(
-                        f"restarted worker not ready within {cfg.ray.start_timeout_s:g}s"
-                    ) from error
-                except ray.exceptions.RayError as error:
-                    self._failed(slot, error)
-                    continue
-            request, ahead = ahead or slot.handle.next.remote(), None
-            try:
-                shipment: Shipment = ray.get(request)
-            except ray.exceptions.RayError as error:
-                self._failed(slot, error)
-                continue
-            del request
-            rollout = shipment.rollout
-            if rollout.seq != slot.next_seq:
-                raise RuntimeError(
-                    f"worker {slot.worker_id} sent seq {rollout.seq}, expected {slot.next_seq}"
-                )
-            if slot.next_seq + 1 < last:
-                ahead = slot.handle.next.remote()  # its reply travels while this one is placed
-            slot.produced_until = shipment.produced_until
-            for record in shipment.records:
-                run.metrics.add_many(record)
-            run.metrics.count(f"ray/worker-{slot.worker_id}/rollouts")
-            run.metrics.count(f"ray/node/{slot.node}/rollouts")
-            self.sink.put(rollout)  # placed on the learner mesh, then queued (may wait)
-            run.metrics.add("actor/to_learner", rollout.timings["to_learner"])
-            slot.next_seq += 1
 
     def worker_pids(self) -> list[int]:
         """Pid of each worker's current process (on its node)."""
@@ -317,13 +356,31 @@ class RayTopology(Topology):
 
     # Running -------------------------------------------------------------------------
     def loops(self, run) -> list[tuple[str, Callable[[], None]]]:
-        return [
-            (f"ray-worker-{slot.worker_id}", lambda slot=slot: self._pump(slot))
-            for slot in self.slots
-        ]
+        loops = [("ray-collector", self.collector.run_loop)]
+        if isinstance(self.order, FixedOrder):
+            order, first = self.order, run.learner.version  # every worker's next rollout
+            loops += [
+                (f"ray-worker-{slot.worker_id}", lambda i=slot.worker_id: order.pump(i, first))
+                for slot in self.slots
+            ]
+        return loops
 
     def line_extras(self, run) -> dict[str, float]:
-        return {"ray/object_store_bytes": self._store_bytes()}
+        extras = {
+            "ray/object_store_bytes": self._store_bytes(),
+            "ray/data_wait_max_s": run.pipeline.take_longest_wait(),
+        }
+        collector = self.collector
+        if collector is not None:
+            versions = max(run.learner.version - self._first_version, 1)
+            extras["ray/workers_alive"] = collector.alive()
+            extras["ray/workers_pending"] = collector.pending()
+            extras["ray/weight_bytes_out_per_version"] = (
+                collector.fetches_out() * self._params_bytes / versions
+            )
+            if collector.relays is not None:
+                extras["ray/relays"] = len(collector.relays.handles)
+        return extras
 
     def stopping(self, run) -> None:
         if run.lifetime.stop_reason == "finished":
@@ -332,12 +389,17 @@ class RayTopology(Topology):
 
     def report(self, run) -> RayReport:
         m = run.metrics
+        collector = self.collector
         return RayReport(
             restarts=int(m.total("ray/restarts")),
             lost_rollouts=int(m.total("ray/lost_rollouts")),
             stamps=tuple(run.pipeline.consumed.stamps()),
             worker_nodes=tuple(slot.node for slot in self.slots),
             object_store_bytes=self._store[0] if self._store else -1,
+            data_order=run.cfg.ray.data_order,
+            dropped_rollouts=int(m.total("ray/dropped_rollouts")),
+            lost_credits=int(m.total("ray/lost_credits")),
+            weight_bytes_out=(collector.fetches_out() if collector else 0) * self._params_bytes,
         )
 
     def _store_bytes(self) -> int:
@@ -347,15 +409,11 @@ class RayTopology(Topology):
             return -1
 
     def _kill_workers(self) -> None:
-        with self._lock:
-            self._closing = True
-            handles = [slot.handle for slot in self.slots if slot.handle is not None]
-        for handle in handles:
-            with contextlib.suppress(Exception):
-                self._ray.kill(handle, no_restart=True)
+        if self.collector is not None:
+            self.collector.kill()
 
     def close(self) -> None:
-        """Kill every worker and leave (or stop) Ray; idempotent."""
+        """Kill every worker and relay and leave (or stop) Ray; idempotent."""
         if self._ray is not None:
             self._kill_workers()
         if self._run is not None:
@@ -364,15 +422,10 @@ class RayTopology(Topology):
         self._stack.close()
 
 
-def _cause(error: BaseException) -> BaseException:
-    """The worker's own exception inside a Ray error, when Ray kept it."""
-    cause = getattr(error, "cause", None)
-    return cause if isinstance(cause, BaseException) else error
-
-
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}".strip()
-
-
-__all__ = ["RayReport", "RayTopology", "WorkerCrashLoop", "WorkerNotReady"]
+__all__ = [
+    "NoWorkers",
+    "RayReport",
+    "RayTopology",
+    "WorkerCrashLoop",
+    "WorkerNotReady",
+]

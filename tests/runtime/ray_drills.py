@@ -1,0 +1,159 @@
+"""Drills on a running Ray cluster, run as a child process whose environment holds the
+cluster's token (Ray reads it when imported): `python -m tests.runtime.ray_drills node-loss
+ADDRESS TEMP_DIR ACTOR_NODE RUN_DIR OUT`. The result is JSON in OUT; the test asserts.
+
+node-loss: an elastic run with `--ray.num-workers auto` on a head (1 CPU) and a node with
+the `actor_node` resource (2 CPUs); after 20 updates the node's raylet is SIGKILLed (its
+workers die with it, Ray reports them seconds later), then a third node is started.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from tests.runtime import ray_helpers
+from tests.waiting import wait_until
+
+
+def _raylet(temp_dir: str, marker: bytes) -> int:
+    """Pid of the raylet started with the custom resource named `marker`."""
+    from podrace.runtime.ray.cluster import process_tree
+
+    for pid in process_tree(temp_dir):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if argv[0].endswith(b"raylet") and any(marker in arg for arg in argv):
+            return pid
+    raise AssertionError(f"no raylet with {marker!r} under {temp_dir}")
+
+
+def _start_node(address: str, temp_dir: str, resources: str, cpus: int) -> None:
+    subprocess.run(
+        [
+            ray_helpers.RAY,
+            "start",
+            "--address",
+            address,
+            "--num-cpus",
+            str(cpus),
+            "--resources",
+            resources,
+            "--temp-dir",
+            temp_dir,
+            "--disable-usage-stats",
+        ],
+        env=dict(os.environ),
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+
+
+def node_loss(address: str, temp_dir: str, actor_node: str, run_dir: str, out: str) -> None:
+    from podrace.config import replace
+    from podrace.presets import PRESETS
+    from podrace.runtime.run import prepare
+
+    cfg = replace(
+        PRESETS["cartpole-ppo"][1],
+        runtime="ray",
+        total_steps=400_000,
+        rollout_length=32,
+        seed=1,
+        **{
+            "env.num_envs": 8,
+            "ppo.num_minibatches": 4,
+            "ray.address": address,
+            "ray.data_order": "elastic",
+            "ray.num_workers": "auto",
+            "ray.rollouts_per_update": 3,
+            "eval.every_updates": 0,
+            "eval.episodes": 8,
+            "eval.num_envs": 8,
+            "log.console": "none",
+            "log.run_dir": run_dir,
+            "log.interval_s": 0.25,
+        },
+    )
+    run = prepare(cfg)
+    batches: list[list[tuple[int, int, int]]] = []
+    next_batch = run.pipeline.next_batch
+
+    def recording(version):
+        rollouts, stats = next_batch(version)
+        batches.append([(r.actor_id, r.restart, r.seq) for r in rollouts])
+        return rollouts, stats
+
+    run.pipeline.next_batch = recording
+    collector = run.topology.collector
+    failures: list[tuple[int, int, str]] = []
+    failed = collector._failed
+
+    def failing(slot, error):
+        failures.append((run.learner.version, slot.worker_id, type(error).__name__))
+        return failed(slot, error)
+
+    collector._failed = failing
+    report: dict = {}
+
+    def drill() -> None:
+        # The elastic order learns once one worker is ready; the others join as they are.
+        wait_until(lambda: collector.alive() == len(collector.slots) == 3, timeout=300)
+        report["workers_at_start"] = len(collector.slots)
+        report["workers_on_actor_node"] = sum(s.node == actor_node for s in collector.slots)
+        wait_until(lambda: run.lifetime.stopping or run.learner.version >= 20, timeout=300)
+        report["updates_killed"] = run.learner.version
+        os.kill(_raylet(temp_dir, b"actor_node"), signal.SIGKILL)
+        lost = report["workers_on_actor_node"]
+        wait_until(lambda: run.lifetime.stopping or len(failures) >= lost, timeout=120)
+        report["updates_reported"] = run.learner.version
+        _start_node(address, temp_dir, '{"third_node": 1}', 2)
+        report["updates_third_started"] = run.learner.version
+
+    thread = threading.Thread(target=drill, daemon=True)
+    thread.start()
+    result = run.run()
+    thread.join(30)
+    lines = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    per_node: dict[str, float] = collections.Counter()
+    for line in lines:
+        for key, value in line.items():
+            if key.startswith("ray/node/"):
+                per_node[key.split("/")[2]] = value
+    last = lines[-2]  # the last line before the final one (workers still alive)
+    report.update(
+        updates=result.updates,
+        num_updates=cfg.num_updates,
+        final_eval=result.final_eval.mean_return,
+        failures=failures,
+        rollouts_per_node=per_node,
+        data_wait_max_s_after_loss=[
+            (line.get("version"), line["ray/data_wait_max_s"])
+            for line in lines
+            if line.get("version", 0) > report.get("updates_killed", 10**9)
+        ],
+        dropped=result.ray.dropped_rollouts,
+        lost_credits=result.ray.lost_credits,
+        restarts=result.ray.restarts,
+        relay_subscribers=[k for k in last if k.startswith("sync/subscriber/relay@")],
+        relays_at_end=last.get("ray/relays", 0),
+        weight_bytes_out_per_version=last.get("ray/weight_bytes_out_per_version"),
+        learn_s=result.learn_s,
+        batches=batches,
+    )
+    Path(out).write_text(json.dumps(report))
+
+
+if __name__ == "__main__":
+    drills = {"node-loss": node_loss}
+    drills[sys.argv[1]](*sys.argv[2:])

@@ -1,0 +1,320 @@
+"""Ray workers that come and go: a worker killed with finished rollouts not yet consumed
+(fixed order), the elastic order through a killed worker, a lost node and a node that
+joins, resuming an elastic run, and the new flags' errors.
+
+Every test starts its own Ray (a private local one, or `ray start` processes with token
+auth) and stops exactly what it started; waits are `wait_until`, verdicts count updates and
+stamps, never seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from podrace.config import ConfigError, replace
+from podrace.presets import PRESETS
+from podrace.runtime.ray.cluster import process_tree
+from tests.runtime import ray_helpers
+from tests.runtime.test_ray_runtime import assert_consumed_once, last_line, small
+from tests.waiting import wait_until
+
+ray = pytest.importorskip("ray")
+
+pytestmark = pytest.mark.filterwarnings("ignore:os.fork", "ignore::UserWarning")
+
+
+def elastic(tmp_path, **changes):
+    return small(tmp_path, **{"ray.data_order": "elastic", **changes})
+
+
+def record_batches(run) -> list[list[tuple[int, int, int]]]:
+    """The stamps of every batch the learner takes, in order (appended as it takes them)."""
+    batches: list[list[tuple[int, int, int]]] = []
+    next_batch = run.pipeline.next_batch
+
+    def recording(version):
+        rollouts, stats = next_batch(version)
+        batches.append([(r.actor_id, r.restart, r.seq) for r in rollouts])
+        return rollouts, stats
+
+    run.pipeline.next_batch = recording
+    return batches
+
+
+@pytest.mark.timeout(300)
+def test_fixed_order_worker_killed_with_finished_rollouts_waiting(tmp_path):
+    """The learner is held inside update 3 while worker 0 runs ahead (lag bound 4): its
+    rollouts 4-7 are finished, rollout 4 is queued for the learner and 5-7 are not yet.
+    SIGKILL it then: nothing it finished is lost (`ray/lost_rollouts` 0, every seq it made
+    consumed once), and its replacement starts at the seq after its last finished one."""
+    from podrace.runtime.run import prepare
+
+    cfg = small(tmp_path, total_steps=2 * 8 * 16 * 12, **{"layout.max_policy_lag": 4})
+    run = prepare(cfg)
+    update, calls, hold = run.learner.update_fn, [], threading.Event()
+
+    def held_update(state, trajs, keys):
+        calls.append(1)
+        if len(calls) == 4:  # update 3, from version 3: rollouts up to seq 7 may be made
+            hold.wait(120)
+        return update(state, trajs, keys)
+
+    run.learner.update_fn = held_update
+    slot0 = run.topology.slots[0]
+    victim, seen = slot0.pid, {}
+    assert victim > 0  # the fixed order starts once every worker is ready
+
+    def kill_when_ahead() -> None:
+        progress = lambda: ray.get(slot0.handle.progress.remote())  # noqa: E731
+        wait_until(lambda: run.lifetime.stopping or progress()[0] == 8, timeout=120)
+        seen["produced_until"], seen["in_outbox"] = progress()
+        inbox = run.topology.order.inboxes.get(0, ())
+        seen["waiting"] = [r.seq for r in inbox]  # received, not yet given to the learner
+        os.kill(victim, signal.SIGKILL)
+        wait_until(lambda: run.lifetime.stopping or slot0.pid != victim, timeout=120)
+        hold.set()
+
+    killer = threading.Thread(target=kill_when_ahead, daemon=True)
+    killer.start()
+    result = run.run()
+    killer.join(10)
+    assert seen["produced_until"] == 8 and seen["waiting"], seen
+    assert result.updates == 12 and result.ray.restarts == 1
+    assert_consumed_once(result.ray.stamps, 2, 12)
+    first_life = sorted(s for w, r, s in result.ray.stamps if (w, r) == (0, 0))
+    assert first_life == list(range(8))  # every rollout it finished was consumed
+    replacement = [s for w, r, s in result.ray.stamps if (w, r) == (0, 1)]
+    assert replacement[0] == seen["produced_until"]  # it starts after the last finished
+    lost = seen["produced_until"] - len(first_life)
+    assert result.ray.lost_rollouts == last_line(result.run_dir)["ray/lost_rollouts"] == lost == 0
+    assert not process_tree(run.topology.cluster.temp_dir)
+
+
+@pytest.mark.timeout(300)
+def test_elastic_order_learns_through_a_killed_worker_without_waiting_for_it(tmp_path):
+    """SIGKILL a worker mid-run in the elastic order: the learner goes on with the other
+    worker's rollouts (updates taken while the replacement starts), each update still takes
+    exactly `rollouts_per_update` rollouts, and no stamp is consumed twice."""
+    from podrace.runtime.run import prepare
+
+    cfg = elastic(tmp_path, total_steps=2 * 8 * 16 * 40)
+    run = prepare(cfg)
+    batches = record_batches(run)
+    slot0, killed_at, back_at = run.topology.slots[0], [], []
+
+    def kill_mid_run() -> None:
+        # The elastic order starts learning once one worker is ready: wait for worker 0 too.
+        wait_until(
+            lambda: run.lifetime.stopping or (run.learner.version >= 5 and slot0.ready),
+            timeout=120,
+        )
+        if not run.lifetime.stopping:
+            assert slot0.pid > 0
+            killed_at.append(run.learner.version)
+            os.kill(slot0.pid, signal.SIGKILL)
+            wait_until(
+                lambda: run.lifetime.stopping or (slot0.restarts and slot0.ready), timeout=200
+            )
+            back_at.append(run.learner.version)
+
+    threading.Thread(target=kill_mid_run, daemon=True).start()
+    result = run.run()
+    assert killed_at and result.updates == cfg.num_updates == 40
+    assert all(len(batch) == 2 for batch in batches) and len(batches) == 40
+    stamps = [stamp for batch in batches for stamp in batch]
+    assert len(set(stamps)) == len(stamps) == 80
+    assert sorted(stamps) == list(result.ray.stamps)
+    assert result.ray.restarts >= 1 and result.ray.lost_rollouts == 0
+    # Learning went on while worker 0 restarted: more updates than the rollouts delivered
+    # before the kill could make (the credits out: two updates' worth).
+    back = back_at[0] if back_at else result.updates  # (or it came back after the end)
+    assert back - killed_at[0] > 2, (killed_at, back_at)
+    after = batches[killed_at[0] :]
+    assert sum(all(w == 1 for w, _, _ in b) for b in after) > 2, batches
+    lines = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    print(
+        "longest learner wait per line after the kill:", [x["ray/data_wait_max_s"] for x in lines]
+    )
+    assert max(x["lag/max_seen"] for x in lines if "lag/max_seen" in x) <= 1
+    assert not process_tree(run.topology.cluster.temp_dir)
+
+
+@pytest.mark.timeout(420)
+def test_a_stopped_elastic_run_resumes_with_new_incarnations(tmp_path):
+    """An elastic run stopped at update 5 resumes from the learner's state: its workers
+    start beyond every incarnation before (new stamps), nothing is consumed twice across
+    the two parts, and the resumed part takes exactly the updates left."""
+    from podrace.checkpoints.resume import Resume
+    from podrace.runtime.run import prepare
+
+    cfg = elastic(tmp_path, **{"log.run_name": "r"})
+    run = prepare(cfg)
+    after = run.learner.on_update
+
+    def stop_after_5(version: int) -> None:
+        after(version)
+        if version == 5:
+            run.lifetime.stop("SIGTERM received")
+
+    run.learner.on_update = stop_after_5
+    first = run.run()
+    assert (first.updates, first.checkpoint) == (5, 5)
+    resumed = prepare(None, resume=Resume(tmp_path / "r"))
+    second = resumed.run()
+    assert (second.updates, second.checkpoint) == (12, 12)
+    assert len(first.ray.stamps) == 5 * 2 and len(second.ray.stamps) == 7 * 2
+    assert not set(first.ray.stamps) & set(second.ray.stamps)
+    assert min(r for _, r, _ in second.ray.stamps) > max(r for _, r, _ in first.ray.stamps)
+    assert second.env_steps == 12 * 2 * 8 * 16
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_elastic_run_survives_a_lost_node_and_grows_onto_a_new_one(tmp_path):
+    """Two nodes, elastic order, `--ray.num-workers auto`: one worker on the head, two on
+    the second node. SIGKILL the second node's raylet mid-run: the learner goes on with the
+    head's worker before Ray even reports the loss, and the lost workers wait for
+    resources. Start a third node: workers appear on it. The run finishes and solves
+    CartPole, no stamp is consumed twice, each update takes its 3 rollouts.
+
+    The run is a child process (`tests/runtime/ray_drills.py`): Ray reads the cluster's
+    token when it is imported, so the driver must start with it in its environment."""
+    out = tmp_path / "drill.json"
+    with ray_helpers.two_node_cluster() as cluster:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tests.runtime.ray_drills",
+                "node-loss",
+                cluster.address,
+                cluster.temp_dir,
+                cluster.actor_node,
+                str(tmp_path / "runs"),
+                str(out),
+            ],
+            env=cluster.env,
+            capture_output=True,
+            text=True,
+            timeout=840,
+        )
+        assert done.returncode == 0, done.stderr[-4000:]
+    drill = json.loads(out.read_text())
+    print(json.dumps({k: v for k, v in drill.items() if k != "batches"}, indent=1))
+    batches = drill["batches"]
+    assert drill["updates"] == drill["num_updates"] == len(batches)
+    assert drill["final_eval"] >= 475, drill["final_eval"]
+    stamps = [tuple(s) for b in batches for s in b]
+    assert len(set(stamps)) == len(stamps) and all(len(b) == 3 for b in batches)
+    assert drill["workers_on_actor_node"] == 2 and drill["workers_at_start"] == 3
+    # Learning went on before Ray reported the lost workers (seconds after the kill).
+    assert drill["updates_reported"] - drill["updates_killed"] >= 2, drill
+    third = set(drill["rollouts_per_node"]) - {cluster.actor_node, cluster.head_node}
+    assert len(third) == 1 and drill["rollouts_per_node"][third.pop()] > 0, drill
+    # The third node's workers read its relay (one that started before it may not).
+    assert drill["relay_subscribers"] and drill["relays_at_end"] >= 1, drill
+
+
+@pytest.mark.timeout(60)
+def test_elastic_flags_errors_are_one_line():
+    from podrace.validation import validate
+
+    base = replace(PRESETS["cartpole-ppo"][1], runtime="ray")
+    for changes, expected in [
+        ({"ray.num_workers": "auto"}, "needs --ray.data-order elastic"),
+        (
+            {"ray.num_workers": "auto", "ray.data_order": "elastic"},
+            "needs --ray.rollouts-per-update",
+        ),
+        ({"ray.rollouts_per_update": 2}, "needs --ray.data-order elastic"),
+        ({"ray.max_workers": 4}, "caps --ray.num-workers auto"),
+        (
+            {"ray.data_order": "elastic", "ray.rollouts_per_update": 0},
+            "ray.rollouts_per_update must be in",
+        ),
+        (
+            {
+                "ray.num_workers": "auto",
+                "ray.data_order": "elastic",
+                "ray.max_workers": 0,
+                "ray.rollouts_per_update": 2,
+            },
+            "ray.max_workers must be in",
+        ),
+        ({"ray.num_workers": 10**9}, "ray.num_workers must be at most"),
+        ({"ray.data_order": "elastic", "deterministic": True}, "--deterministic needs"),
+        ({"ray.data_order": "elastic", "normalize.reward": True}, "return tracker"),
+        ({"ray.data_order": "elastic", "ray.no_workers_timeout_s": 0}, "no_workers_timeout"),
+        ({"ray.data_order": "sometimes"}, "data_order must be one of"),
+        ({"ray.num_workers": "many"}, "num_workers must be"),
+    ]:
+        with pytest.raises(ConfigError, match=expected) as caught:
+            validate(replace(base, **changes))
+        assert "\n" not in str(caught.value)
+
+
+@pytest.mark.timeout(120)
+def test_cli_refuses_nonsense_elastic_flags_in_one_line(tmp_path):
+    for args, expected in [
+        (["--ray.num-workers", "auto"], "needs --ray.data-order elastic"),
+        (["--ray.data-order", "random"], "--ray.data-order"),
+        (["--ray.num-workers", "-3"], "ray.num_workers must be positive"),
+    ]:
+        done = subprocess.run(
+            [sys.executable, "-m", "podrace.cli", "train", "cartpole-ppo", "--runtime", "ray"]
+            + args
+            + ["--log.run-dir", str(tmp_path)],
+            env=ray_helpers.base_env("/tmp"),
+            capture_output=True,
+            text=True,
+            timeout=100,
+        )
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.count("\n") == 1 and expected in done.stderr, done.stderr
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.timeout(300)
+def test_the_readmes_stop_command_stops_exactly_the_ray_it_names(tmp_path):
+    """`python -m podrace.runtime.ray.cluster stop TEMP_DIR` (the README's way to stop a
+    node it started) stops that Ray's processes by their ids and leaves another Ray of the
+    machine running, as `ray stop` would not."""
+    import secrets
+
+    dirs = [ray_helpers.short_tmpdir(), ray_helpers.short_tmpdir()]
+    env = ray_helpers.base_env(dirs[0])
+    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16))
+    stop = [sys.executable, "-m", "podrace.runtime.ray.cluster", "stop"]
+    try:
+        for temp_dir in dirs:
+            subprocess.run(
+                [ray_helpers.RAY, "start", "--head", "--node-ip-address", "127.0.0.1"]
+                + ["--port", str(ray_helpers.free_port()), "--num-cpus", "1"]
+                + ["--include-dashboard", "false", "--temp-dir", temp_dir]
+                + ["--disable-usage-stats"],
+                env=env,
+                check=True,
+                capture_output=True,
+                timeout=120,
+            )
+        started = process_tree(dirs[0])
+        assert started and process_tree(dirs[1])
+        done = subprocess.run(stop + [dirs[0]], env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and done.stdout.startswith("stopped "), done
+        assert not process_tree(dirs[0]) and not ray_helpers.alive(started)
+        assert process_tree(dirs[1])  # the other Ray runs on
+        missing = subprocess.run(
+            stop + [str(tmp_path / "nowhere")], env=env, capture_output=True, text=True
+        )
+        assert missing.returncode == 2 and missing.stderr.count("\n") == 1, missing
+    finally:
+        for temp_dir in dirs:
+            ray_helpers._stop(temp_dir)
+            subprocess.run(["rm", "-rf", temp_dir], check=False)
