@@ -21,6 +21,23 @@ from pathlib import Path
 from tests.runtime import ray_helpers
 from tests.waiting import wait_until
 
+DIES_IF_FLAGGED = "PODRACE_TEST_DIES_IF_FLAGGED"
+"""A file path in the environment: once it exists, every Ray worker dies building its env."""
+
+
+def dies_if_flagged(num_envs: int, seed: int):
+    """An env factory: the worker dies building its env (as one whose node's resources are
+    gone would never start) once the file named by DIES_IF_FLAGGED exists."""
+    import ray
+
+    from podrace.config import EnvConfig
+    from podrace.envs import make_env
+
+    in_worker = ray.get_runtime_context().get_actor_id() is not None
+    if in_worker and os.path.exists(os.environ[DIES_IF_FLAGGED]):
+        os._exit(1)
+    return make_env(EnvConfig(), num_envs, seed)
+
 
 def _raylet(temp_dir: str, marker: bytes) -> int:
     """Pid of the raylet started with the custom resource named `marker`."""

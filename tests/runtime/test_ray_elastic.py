@@ -19,6 +19,7 @@ import threading
 import pytest
 
 from podrace.config import ConfigError, replace
+from podrace.control import ComponentError
 from podrace.presets import PRESETS
 from podrace.runtime.ray.cluster import process_tree
 from tests.runtime import ray_helpers
@@ -143,6 +144,46 @@ def test_elastic_order_learns_through_a_killed_worker_without_waiting_for_it(tmp
         "longest learner wait per line after the kill:", [x["ray/data_wait_max_s"] for x in lines]
     )
     assert max(x["lag/max_seen"] for x in lines if "lag/max_seen" in x) <= 1
+    assert not process_tree(run.topology.cluster.temp_dir)
+
+
+@pytest.mark.timeout(300)
+def test_an_elastic_run_fails_once_no_worker_has_been_alive_for_the_timeout(tmp_path, monkeypatch):
+    """The only worker is killed and none of its restarts can start: the run goes on
+    waiting (restarts of a worker that died before delivering count as its failures, so
+    the restart limit is high here) and fails, in one line, once no worker has been alive
+    for `--ray.no-workers-timeout-s`."""
+    from podrace.envs import EnvSource
+    from podrace.runtime.ray.collector import NoWorkers
+    from podrace.runtime.run import prepare
+    from tests.runtime import ray_drills
+
+    flag = tmp_path / "no-more-workers"
+    monkeypatch.setenv(ray_drills.DIES_IF_FLAGGED, str(flag))
+    cfg = elastic(
+        tmp_path,
+        total_steps=8 * 16 * 10**5,
+        **{
+            "ray.num_workers": 1,
+            "ray.max_restarts": 1000,
+            "ray.no_workers_timeout_s": 3.0,
+            "ray.node_relay": False,
+        },
+    )
+    run = prepare(cfg, envs=EnvSource(cfg.env, ray_drills.dies_if_flagged))
+    slot0 = run.topology.slots[0]
+
+    def kill_for_good() -> None:
+        wait_until(lambda: run.lifetime.stopping or run.learner.version >= 3, timeout=120)
+        flag.touch()
+        os.kill(slot0.pid, signal.SIGKILL)
+
+    threading.Thread(target=kill_for_good, daemon=True).start()
+    with pytest.raises(ComponentError) as caught:
+        run.run()
+    assert isinstance(caught.value.error, NoWorkers), caught.value
+    assert "no Ray worker alive for 3s" in str(caught.value) and "\n" not in str(caught.value)
+    assert run.learner.version >= 3
     assert not process_tree(run.topology.cluster.temp_dir)
 
 
