@@ -212,6 +212,13 @@ def _read(directory: Path, step: int | None) -> tuple[int, Path, dict, TrainConf
             f"checkpoint {step_dir} has format {found}, this podrace reads format {FORMAT}"
         )
     _check_meta(step_dir, meta)
+    if meta["version"] != step:
+        # The folder's name is the step a resume continues from and names its later steps
+        # by: loading another update under it would make the run's counters disagree.
+        raise ConfigError(
+            f"corrupt checkpoint: {step_dir / 'meta'}: it holds update {meta['version']}, "
+            f"but its folder is named {step} (a step folder must keep the name it was written with)"
+        )
     return step, step_dir, meta, _stored_config(step_dir, meta)
 
 

@@ -8,6 +8,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -684,6 +685,23 @@ def test_a_manifest_or_meta_of_the_wrong_shape_is_a_corrupt_checkpoint(tmp_path,
         f"corrupt checkpoint: config of checkpoint {tmp_path / '1'}"
     ), text
     assert message in text and "\n" not in text, text
+
+
+@pytest.mark.timeout(120)
+def test_a_step_folder_renamed_to_another_step_is_a_corrupt_checkpoint(tmp_path):
+    """The folder's name is the step a resume continues from and a resume's later writes
+    are named by: a folder whose meta holds another update is refused, not loaded as it."""
+    cfg = tiny_config()
+    save_versions(tmp_path, cfg, [1])
+    os.rename(tmp_path / "1", tmp_path / "5")
+    message = re.escape(
+        f"corrupt checkpoint: {tmp_path / '5' / 'meta'}: it holds update 1, "
+        "but its folder is named 5 (a step folder must keep the name it was written with)"
+    )
+    with pytest.raises(ConfigError, match=f"^{message}$"):
+        read_config(tmp_path, 5)
+    with pytest.raises(ConfigError, match=f"^{message}$"):
+        restore(tmp_path, fresh_state(cfg), env_spec(cfg.env))
 
 
 @pytest.mark.timeout(120)

@@ -110,6 +110,27 @@ def test_resume_errors_are_one_line_exit_2_and_change_nothing(capsys, tmp_path):
 
 
 @pytest.mark.timeout(120)
+def test_a_resume_from_a_renamed_step_folder_is_refused_and_changes_nothing(capsys, tmp_path):
+    """checkpoints/2 renamed to checkpoints/5: resuming it would continue update 2 while its
+    later steps and counters said 5."""
+    run_dir = fake_run(
+        tmp_path, small(tmp_path, **{"log.run_name": "r", "network.hidden_sizes": (8,)})
+    )
+    os.rename(run_dir / "checkpoints" / "2", run_dir / "checkpoints" / "5")
+    before = snapshot(tmp_path)
+    for pick in (["--resume-from", "5"], []):
+        code, out, err = run_cli(
+            capsys, "train", "--resume", str(run_dir), *pick, "--total-steps", "100000"
+        )
+        assert code == 2 and err.splitlines() == [
+            f"podrace: error: corrupt checkpoint: {run_dir / 'checkpoints' / '5' / 'meta'}: it "
+            "holds update 2, but its folder is named 5 (a step folder must keep the name it was "
+            "written with)"
+        ], err
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.timeout(120)
 def test_the_cli_pins_the_latest_step_and_says_so(tmp_path):
     """A resume reads the config before it holds the run: if another resume of the run ends
     in between, the refusal must say so, not name a step the user never chose."""

@@ -312,6 +312,21 @@ def test_a_live_run_rotating_its_checkpoints_spares_the_one_being_evaluated(
 
 
 @pytest.mark.timeout(120)
+def test_eval_of_a_renamed_step_folder_is_a_corrupt_checkpoint(tmp_path):
+    run = make_run(tmp_path / "run")
+    os.rename(run / "checkpoints" / "3", run / "checkpoints" / "8")
+    for checkpoint in (8, None):
+        with pytest.raises(
+            ConfigError,
+            match=re.escape(
+                f"corrupt checkpoint: {run / 'checkpoints' / '8' / 'meta'}: it holds update 3,"
+            ),
+        ):
+            evaluate_run(EvalOptions(run, checkpoint=checkpoint, episodes=1))
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.json"]
+
+
+@pytest.mark.timeout(120)
 def test_eval_of_a_step_without_its_manifest_is_a_corrupt_checkpoint(tmp_path):
     """A step appears with its manifest (written before the rename), so one without it
     was damaged: eval refuses it rather than reading what it cannot verify."""
