@@ -2,8 +2,8 @@
 
 `<run dir>/checkpoints/<version>/` holds two orbax items, `arrays` (train state, keys,
 normalizer statistics: host copies) and `meta` (JSON: counters, next sequence numbers, the
-resolved config, the env spec), plus `podrace_manifest.json` (size and SHA-256 of every
-file). A step is written whole under another name (`<version>.partial`: orbax's items, then
+resolved config, the env spec, the env factory of a run given one), plus
+`podrace_manifest.json` (size and SHA-256 of every file). A step is written whole under another name (`<version>.partial`: orbax's items, then
 the manifest) and renamed to `<version>` only then, so an integer-named directory is a
 complete checkpoint with its manifest, and a write killed at any moment never hides or
 damages the previous one (tests/test_checkpoint.py kills a writer to check this rather than
@@ -141,8 +141,16 @@ class Checkpointer:
     """
 
     def __init__(
-        self, directory: Path, cfg: TrainConfig, spec: EnvSpec, metrics: Metrics | None = None
+        self,
+        directory: Path,
+        cfg: TrainConfig,
+        spec: EnvSpec,
+        metrics: Metrics | None = None,
+        env_factory: dict | None = None,
     ):
+        """`env_factory`: `podrace.envs.source.factory_record` of the run's env factory (None:
+        its envs come from `cfg.env.id`), kept in the meta so that a resume or an eval builds
+        the same envs."""
         self.directory = Path(directory).absolute()
         self.every_updates = cfg.checkpoint.every_updates
         self.metrics = metrics if metrics is not None else Metrics()
@@ -151,6 +159,8 @@ class Checkpointer:
             "config": dataclasses.asdict(cfg),
             "env_spec": spec_json(spec),
         }
+        if env_factory is not None:
+            self._meta["env_factory"] = env_factory
         self.keep = cfg.checkpoint.keep
         self._orbax = orbax_checkpointer()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")

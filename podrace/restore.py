@@ -173,6 +173,19 @@ def _check_meta(step_dir: Path, meta: dict) -> None:
             raise problem(
                 name, f"{name!r} must be a non-negative number, got {json.dumps(value)[:80]}"
             )
+    factory = meta.get("env_factory")  # absent: envs from the config's env id
+    reference = factory.get("import") if isinstance(factory, dict) else None
+    if "env_factory" in meta and not (
+        isinstance(factory, dict)
+        and set(factory) == {"name", "import"}
+        and isinstance(factory["name"], str)
+        and (reference is None or re.fullmatch(r"[\w.]+:[\w.]+", str(reference)))
+    ):
+        raise problem(
+            "env_factory",
+            '\'env_factory\' must be {"name": str, "import": "module:qualname" or null}, '
+            f"got {json.dumps(factory)[:80]}",
+        )
 
 
 def _stored_config(step_dir: Path, meta: dict) -> TrainConfig:
@@ -232,6 +245,14 @@ def read_config(directory: Path, step: int | None = None) -> tuple[int, TrainCon
     """(step, the resolved config the checkpoint was saved with)."""
     step, _, _, cfg = _read(directory, step)
     return step, cfg
+
+
+def read_run(directory: Path, step: int | None = None) -> tuple[int, TrainConfig, dict | None]:
+    """(step, config, env factory record) of a checkpoint: what a resume or an eval builds
+    the run's envs from (`podrace.envs.source.stored_env_source`; None: the config's env id,
+    as in every checkpoint of a run without an env factory and of older podrace)."""
+    step, _, meta, cfg = _read(directory, step)
+    return step, cfg, meta.get("env_factory")
 
 
 def _flat_shapes(tree: PyTree) -> dict[str, tuple[tuple[int, ...], np.dtype]]:

@@ -179,10 +179,11 @@ class Training:
                 raise ConfigError(
                     "--resume works with the thread runtime on one host (not --runtime ray or --distributed.*)"
                 )
-            if not self.distributed:  # multi-host: checked by every process, together
+            # multi-host: checked by every process, together; a resumed run's envs (its env
+            # id, or the env factory it recorded) are checked by prepare
+            if not self.distributed and resume is None:
                 resolve_backend(cfg.env)
-                if resume is None:
-                    check_run_dir(cfg)
+                check_run_dir(cfg)
             from podrace.control import Lifetime, Stopped
 
             if cfg.runtime == "ray":

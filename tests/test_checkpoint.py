@@ -639,6 +639,10 @@ def _meta(edit: Callable[[dict], object]) -> Callable[[Path], None]:
         (_meta(lambda m: m.update(env_spec=None)), "meta: 'env_spec' must be a mapping, got null"),
         (_meta(lambda m: m.update(time_s="soon")), "meta: 'time_s' must be a non-negative number"),
         (
+            _meta(lambda m: m.update(env_factory={"name": "f", "import": "os:system; rm"})),
+            "meta: 'env_factory' must be {\"name\": str, \"import\": \"module:qualname\" or null}",
+        ),
+        (
             _meta(lambda m: m["config"]["env"].update(num_envs="lots")),
             'env.num_envs must be int, got "lots"',
         ),
@@ -668,6 +672,7 @@ def _meta(edit: Callable[[dict], object]) -> Callable[[Path], None]:
         "version-type",
         "env-spec-type",
         "time-type",
+        "env-factory-shape",
         "num-envs-type",
         "hidden-sizes-type",
         "env-section-type",

@@ -21,8 +21,8 @@ import podrace.restore
 from podrace.checkpoint import Checkpointer, RunState, checkpoint_dir, checkpoint_steps, latest_step
 from podrace.config import ConfigError
 from podrace.envs import env_spec, make_env
-from podrace.eval_command import EvalOptions, evaluate_run, play_episodes
-from tests.envs.user_envs import MatchEnv
+from podrace.eval_command import EvalOptions, evaluate_run, play_episodes, summary
+from tests.envs.user_envs import CONSTANT_RETURN, MatchEnv, constant_envs
 from tests.test_checkpoint import fresh_state, save_versions, tiny_config
 from tests.test_evaluate import FixedLengthEnv
 
@@ -204,7 +204,7 @@ def unwritable_dir(path: Path) -> Path:
 @pytest.mark.timeout(60)
 def test_an_output_that_cannot_be_written_is_refused_before_loading(tmp_path, monkeypatch):
     run = make_run(tmp_path / "run")
-    monkeypatch.setattr(podrace.eval_command, "read_config", fail_if_called("read_config"))
+    monkeypatch.setattr(podrace.eval_command, "read_run", fail_if_called("read_run"))
     monkeypatch.setattr(podrace.eval_command, "make_env", fail_if_called("make_env"))
     locked = unwritable_dir(tmp_path / "locked")
     a_file = tmp_path / "a-file"
@@ -242,7 +242,7 @@ def test_an_output_that_cannot_be_written_is_refused_before_loading(tmp_path, mo
 @pytest.mark.parametrize("seed", [-1, 2**31, 2**64])
 def test_a_seed_out_of_range_is_refused_before_loading(tmp_path, monkeypatch, seed):
     run = make_run(tmp_path / "run")
-    monkeypatch.setattr(podrace.eval_command, "read_config", fail_if_called("read_config"))
+    monkeypatch.setattr(podrace.eval_command, "read_run", fail_if_called("read_run"))
     with pytest.raises(ConfigError, match=rf"^--seed must be in \[0, 2\*\*31 - 1\], got {seed}$"):
         evaluate_run(EvalOptions(run, seed=seed))
     monkeypatch.undo()
@@ -324,6 +324,48 @@ def test_eval_of_a_renamed_step_folder_is_a_corrupt_checkpoint(tmp_path):
         ):
             evaluate_run(EvalOptions(run, checkpoint=checkpoint, episodes=1))
     assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.json"]
+
+
+@pytest.mark.timeout(300)
+def test_eval_of_a_run_trained_with_an_env_factory_plays_that_factorys_envs(capsys, tmp_path):
+    """The run's config names CartPole (unused with a factory): eval played CartPole."""
+    from tests.test_cli import run_cli
+    from tests.test_cli_resume import factory_run
+
+    run = factory_run(tmp_path, constant_envs)
+    result = evaluate_run(EvalOptions(run, episodes=3))
+    assert result["returns"] == [CONSTANT_RETURN] * 3, result["returns"]
+    assert (result["env_factory"], result["env_id"]) == ("tests.envs.user_envs:constant_envs", None)
+    assert "env factory tests.envs.user_envs:constant_envs (ppo), checkpoint 2" in summary(result)
+    video = tmp_path / "episode.gif"
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(
+            f"--video records an env made from an env id; the envs of {run} came from the env "
+            "factory 'tests.envs.user_envs:constant_envs'"
+        ),
+    ):
+        evaluate_run(EvalOptions(run, episodes=1, video=video))
+    assert not video.exists()
+
+    def local_envs(num_envs, seed):
+        return constant_envs(num_envs, seed)
+
+    other = factory_run(tmp_path, local_envs, **{"log.run_name": "g"})
+    before = sorted(other.iterdir())
+    code, out, err = run_cli(capsys, "eval", str(other))
+    assert code == 2 and err.splitlines() == [
+        f"podrace: error: cannot evaluate {other}: its envs came from the env factory "
+        f"{local_envs.__qualname__!r}, which podrace cannot import (only a function or class "
+        "defined at the top level of an importable module can be, not one defined inside a "
+        "function or in a script run as __main__); evaluate it from Python with the same "
+        "factory: podrace.eval_command.evaluate_run(podrace.eval_command.EvalOptions("
+        f"{str(other)!r}), env_factory=factory)"
+    ], err
+    assert sorted(other.iterdir()) == before
+    result = evaluate_run(EvalOptions(other, episodes=2), env_factory=local_envs)
+    assert result["returns"] == [CONSTANT_RETURN] * 2
+    assert result["env_factory"] == local_envs.__qualname__
 
 
 @pytest.mark.timeout(120)

@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 
 
 class RunCheckpoints:
-    """The checkpoints of one run; `start` is the state it begins from (fresh or restored).
+    """The checkpoints of one run; `start` is the state it begins from (fresh or restored),
+    `env_factory` what they record of the run's env factory (see `Checkpointer`).
 
     States at or before `start.version` are never saved again (they are the checkpoint a
     resumed run came from, or a fresh run's untrained params). Call `record`/`save_final`/
@@ -35,9 +36,16 @@ class RunCheckpoints:
     """
 
     def __init__(
-        self, cfg: TrainConfig, spec: EnvSpec, run_dir: Path, metrics: Metrics, start: RunState
+        self,
+        cfg: TrainConfig,
+        spec: EnvSpec,
+        run_dir: Path,
+        metrics: Metrics,
+        start: RunState,
+        env_factory: dict | None = None,
     ):
         self._cfg, self._spec, self._run_dir, self._metrics = cfg, spec, Path(run_dir), metrics
+        self._env_factory = env_factory
         self._checkpointer: Checkpointer | None = None
         self._first_version = start.version
         self.point = start
@@ -54,7 +62,7 @@ class RunCheckpoints:
             log.warning("checkpoints are not written in multi-process runs yet")
             return
         self._checkpointer = Checkpointer(
-            checkpoint_dir(self._run_dir), self._cfg, self._spec, self._metrics
+            checkpoint_dir(self._run_dir), self._cfg, self._spec, self._metrics, self._env_factory
         )
 
     @property

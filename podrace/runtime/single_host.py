@@ -27,6 +27,7 @@ from podrace.checkpoint import RunState, checkpoint_dir
 from podrace.config import ConfigError, TrainConfig, replace, resolved
 from podrace.control import Control, Lifetime, Watchdog, raise_stopped_if_stopping
 from podrace.envs import EnvSource
+from podrace.envs.source import factory_record
 from podrace.evaluate import EvalResult, make_greedy_policy
 from podrace.metrics.loggers import Sink, check_sinks
 from podrace.metrics.registry import Metrics
@@ -46,7 +47,7 @@ from podrace.runtime.checkpoints import RunCheckpoints
 from podrace.runtime.devices import resolve_devices
 from podrace.runtime.distributed import local_copy
 from podrace.runtime.memory import check_fits
-from podrace.runtime.resume import Resume, ResumePoint, commit, resume_point
+from podrace.runtime.resume import Resume, ResumePoint, commit, resume_point, resumed_envs
 from podrace.runtime.run_lock import RunLock
 from podrace.runtime.run_log import RunLog
 from podrace.runtime.rundir import (
@@ -167,7 +168,7 @@ def _prepare_resumed(
 ):
     point = resume_point(resume, cfg)
     cfg = point.cfg
-    envs, spec, devices = _checked(cfg, lifetime, envs)
+    envs, spec, devices = _checked(cfg, lifetime, resumed_envs(point, envs))
     run = SingleHostRun(cfg, spec, devices, point.run_dir, lifetime, envs, point)
     try:  # last: the run directory changes only once the resumed run is fully built
         written = commit(point, run.start.version, run.start.env_steps, cfg)
@@ -241,7 +242,9 @@ class SingleHostRun:
             raise
         self.start = self._start_state(restored[0] if restored else None)
         """The state this run begins from (fresh, or the restored checkpoint)."""
-        self.checkpoints = RunCheckpoints(cfg, spec, run_dir, metrics, self.start)
+        self.checkpoints = RunCheckpoints(
+            cfg, spec, run_dir, metrics, self.start, factory_record(envs.factory)
+        )
         self.learner.on_update = self._after_update
         sink = PlacingSink(pipeline, placement.place)
         # Actors and the evaluator act with published snapshots; with observation
