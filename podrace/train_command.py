@@ -237,7 +237,9 @@ class Training:
                 return 128 + error.error.signum
             if not isinstance(error.error, PeerLost) and not explains_itself(error.error):
                 traceback.print_exception(error.error, file=sys.stderr)
-            print(f"podrace: error: {error}", file=sys.stderr)
+            # Notes: what failed after it while the run was shutting down (its last save).
+            notes = "".join(f"; {note}" for note in getattr(error, "__notes__", ()))
+            print(f"podrace: error: {error}{notes}", file=sys.stderr)
             return 1
         except SinkError as error:  # a sink that failed outside the runtime's loop
             print(f"podrace: error: logger failed: {error}", file=sys.stderr)

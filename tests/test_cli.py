@@ -1,3 +1,4 @@
+import errno
 import importlib.util
 import json
 import os
@@ -697,3 +698,63 @@ def test_a_save_cut_by_the_exit_grace_is_named_in_the_one_stop_line(capsys):
     assert capsys.readouterr().err.splitlines() == [
         "podrace: SIGTERM received, stopped cleanly; checkpoint 3 saved (podrace train --resume runs/r)"
     ]
+
+
+class _FillingDisk:
+    """metrics.jsonl on a disk that fills up after `room` lines: a write then fails as the
+    system's write does (the file is a real one, opened as JsonlSink opens it)."""
+
+    room = 3
+
+    @classmethod
+    def open(cls, path, mode, buffering=-1):
+        import io
+
+        class File(io.FileIO):
+            def write(self, data):
+                if cls.room <= 0:
+                    raise OSError(errno.ENOSPC, "No space left on device")
+                cls.room -= 1
+                return super().write(data)
+
+        return File(path, mode)
+
+
+@pytest.mark.timeout(180)
+def test_a_full_disk_under_the_metrics_and_the_last_checkpoint_is_one_line(
+    capsys, tmp_path, monkeypatch
+):
+    """The metrics sink fails first, then the final save on the same full disk: the second
+    failure was a `podrace: warning:` line ahead of the error; it is part of the one line."""
+    import podrace.checkpoint
+    import podrace.metrics.loggers
+
+    def disk_full(step_dir):
+        raise OSError(errno.ENOSPC, "No space left on device", str(step_dir / "manifest"))
+
+    monkeypatch.setattr(podrace.metrics.loggers, "open", _FillingDisk.open, raising=False)
+    monkeypatch.setattr(podrace.checkpoint, "write_manifest", disk_full)
+    code, out, err = run_cli(
+        capsys,
+        "train",
+        "cartpole-ppo",
+        "--log.run-dir",
+        str(tmp_path),
+        "--log.run-name",
+        "r",
+        "--total-steps",
+        "100000000",
+        "--log.console",
+        "none",
+        "--log.interval-s",
+        "0.05",
+    )
+    run_dir = tmp_path / "r"
+    assert code == 1 and len(err.splitlines()) == 1, err
+    assert err.startswith(
+        f"podrace: error: logger failed: SinkError: cannot write metrics to "
+        f"{run_dir / 'metrics.jsonl'}: No space left on device; checkpoint "
+    ), err
+    assert f"could not be written in {run_dir / 'checkpoints'}: [Errno 28] No space left" in err
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 3
+    assert list((run_dir / "checkpoints").iterdir()) == []  # the failed write gave its space back

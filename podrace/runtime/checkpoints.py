@@ -112,7 +112,8 @@ class RunCheckpoints:
         """Finish the write in progress and release the writer.
 
         A failure is the run's failure as component `checkpoint`, unless the run already
-        failed (then it is logged: the first failure is the one to report)."""
+        failed (then it is a note of that failure: the first failure is the one to report,
+        and the CLI reports both on its one line)."""
         if self._checkpointer is not None:
             checkpointer, self._checkpointer = self._checkpointer, None
             self._guarded(lifetime, checkpointer.close)
@@ -124,8 +125,8 @@ class RunCheckpoints:
         except Exception as error:  # noqa: BLE001 - becomes the run's failure
             if lifetime.failure is None:
                 lifetime.fail("checkpoint", error)
-            else:
-                log.warning("checkpoint not written: %s", error)
+            else:  # often the same cause (a full disk): told with the failure, not apart
+                lifetime.failure.add_note(str(error))
 
 
 __all__ = ["RunCheckpoints"]
