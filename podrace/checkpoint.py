@@ -212,9 +212,12 @@ class Checkpointer:
             arrays=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta)
         )
         try:
-            self.directory.mkdir(
-                parents=True, exist_ok=True
-            )  # deleted since the last save: made again
+            if not self.directory.parent.is_dir():  # made again, it would hold only this step
+                raise CheckpointFilesRemoved(
+                    f"checkpoint {step} cannot be written: the run directory "
+                    f"{self.directory.parent} was deleted"
+                )
+            self.directory.mkdir(exist_ok=True)  # deleted since the last save: made again
             if final.exists():
                 raise FileExistsError(
                     f"checkpoint {step} already exists in {self.directory}; it is never replaced"
@@ -227,7 +230,7 @@ class Checkpointer:
             write_manifest(partial)
             os.rename(partial, final)  # files and manifest appear together, or not at all
             _sync_directory(self.directory)
-        except FileExistsError:
+        except (FileExistsError, CheckpointFilesRemoved):
             raise
         except Exception as error:
             unfinished = [partial, *self.directory.glob(f"{step}{PARTIAL}.orbax-checkpoint-tmp*")]
