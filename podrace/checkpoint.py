@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import hashlib
 import json
@@ -124,6 +125,14 @@ def storage_error_text(error: BaseException, directory: Path) -> str:
     text = " ".join(str(error).split()).split("[tensorstore_spec")[0].strip()
     text = text.replace(f"{directory}{os.sep}", "")
     return text if len(text) <= 500 else f"{text[:150]} ... {text[-300:]}"
+
+
+def _is_refusal(error: BaseException) -> bool:
+    """The storage refused to write: permissions or a read-only file system (an OSError, or
+    TensorStore's "PERMISSION_DENIED: ..." status)."""
+    if isinstance(error, OSError):
+        return error.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+    return str(error).startswith("PERMISSION_DENIED") or "Read-only file system" in str(error)
 
 
 def _is_storage_error(error: BaseException) -> bool:
@@ -235,7 +244,9 @@ class Checkpointer:
         except Exception as error:
             unfinished = [partial, *self.directory.glob(f"{step}{PARTIAL}.orbax-checkpoint-tmp*")]
             missing = isinstance(error, FileNotFoundError) or str(error).startswith("NOT_FOUND")
-            if missing or not any(path.exists() for path in [final, *unfinished]):
+            # A folder that refuses writes (read-only, permissions) gets nothing: not a deletion.
+            refused = _is_refusal(error)
+            if missing or not (refused or any(path.exists() for path in [final, *unfinished])):
                 # orbax's own error is a 100-line dump of a TensorStore spec
                 raise CheckpointFilesRemoved(
                     f"files of checkpoint {step} in {self.directory} were deleted while it was written "
@@ -243,9 +254,19 @@ class Checkpointer:
                 ) from error
             for path in unfinished:  # give the space back (a full disk)
                 shutil.rmtree(path, ignore_errors=True)
+            # A folder made read-only during the write keeps what was written before: named,
+            # as `leftovers` lets the run's next writer (a resume) remove it.
+            kept = [str(path) for path in unfinished if os.path.lexists(path)]
+            left = (
+                f"; {', '.join(kept)} could not be removed (it is never read as a checkpoint; "
+                "the run's next writer removes it)"
+                if kept
+                else ""
+            )
             if _is_storage_error(error):
                 raise CheckpointWriteFailed(
-                    f"checkpoint {step} could not be written in {self.directory}: {storage_error_text(error, self.directory)}"
+                    f"checkpoint {step} could not be written in {self.directory}: "
+                    f"{storage_error_text(error, self.directory)}{left}"
                 ) from error
             raise
         self.metrics.add("checkpoint/write_s", time.perf_counter() - start)

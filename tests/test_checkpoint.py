@@ -469,6 +469,118 @@ def test_a_write_the_storage_refuses_is_one_line_without_orbaxs_tracebacks(tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["1"]
 
 
+class ReadOnly:
+    """A directory made read-only for its writer, really: mode 0o555, or for root, whom modes
+    do not stop, a read-only bind mount of the directory on itself."""
+
+    def __init__(self, directory: Path):
+        self.directory, self.mode, self.mounted = directory, None, False
+
+    @staticmethod
+    def skip_unless_possible(tmp_path: Path) -> None:
+        """Skip the test where root may not mount (a container without the capability)."""
+        if os.geteuid() != 0:
+            return
+        probe = ReadOnly(tmp_path / "read-only-probe")
+        probe.directory.mkdir()
+        try:
+            probe.on()
+        except subprocess.CalledProcessError as error:
+            pytest.skip(f"root, and a read-only bind mount is not allowed here: {error.stderr}")
+        probe.off()
+        probe.directory.rmdir()
+
+    def on(self) -> None:
+        if self.mode is not None or self.mounted:
+            return
+        if os.geteuid() != 0:
+            self.mode = self.directory.stat().st_mode
+            self.directory.chmod(0o555)
+            return
+        where = str(self.directory)
+        subprocess.run(["mount", "--bind", where, where], check=True, capture_output=True)
+        self.mounted = True
+        subprocess.run(["mount", "-o", "remount,bind,ro", where], check=True, capture_output=True)
+
+    def off(self) -> None:
+        if self.mode is not None:
+            self.directory.chmod(self.mode)
+            self.mode = None
+        if self.mounted:
+            subprocess.run(["umount", str(self.directory)], check=True, capture_output=True)
+            self.mounted = False
+
+
+@pytest.mark.timeout(120)
+def test_a_checkpoints_folder_made_read_only_is_a_write_failure_not_a_deletion(tmp_path):
+    """Made read-only between two saves: the next save creates nothing and says why, where
+    it said the files had been deleted by another process."""
+    ReadOnly.skip_unless_possible(tmp_path)
+    cfg = tiny_config()
+    directory = tmp_path / "checkpoints"
+    checkpointer = Checkpointer(directory, cfg, env_spec(cfg.env))
+    read_only = ReadOnly(directory)
+    try:
+        checkpointer.save(fresh_state(cfg, seed=1, version=1))
+        checkpointer.wait()
+        read_only.on()
+        checkpointer.save(fresh_state(cfg, seed=2, version=2))
+        with pytest.raises(CheckpointWriteFailed) as error:
+            checkpointer.wait()
+        assert re.fullmatch(
+            f"checkpoint 2 could not be written in {re.escape(str(directory))}: "
+            r"\[Errno (13|30)\] (Permission denied|Read-only file system).*",
+            str(error.value),
+        ), str(error.value)
+        assert sorted(p.name for p in directory.iterdir()) == ["1"]
+    finally:
+        read_only.off()
+        checkpointer.close()
+    assert sorted(p.name for p in directory.iterdir()) == ["1"]
+
+
+@pytest.mark.timeout(120)
+def test_a_checkpoints_folder_made_read_only_during_a_write_names_what_it_could_not_remove(
+    tmp_path, monkeypatch
+):
+    """Made read-only while a step is written: the unfinished step cannot be removed any more
+    (nobody may delete in a read-only folder). The one-line error says so, it is never read
+    as a checkpoint, and the next writer of the run, once it may write, removes it."""
+    ReadOnly.skip_unless_possible(tmp_path)
+    cfg = tiny_config()
+    directory = tmp_path / "checkpoints"
+    read_only = ReadOnly(directory)
+    manifest = podrace.checkpoint.write_manifest
+
+    def read_only_first(step_dir):
+        read_only.on()
+        manifest(step_dir)
+
+    checkpointer = Checkpointer(directory, cfg, env_spec(cfg.env))
+    try:
+        checkpointer.save(fresh_state(cfg, seed=1, version=1))
+        checkpointer.wait()
+        monkeypatch.setattr(podrace.checkpoint, "write_manifest", read_only_first)
+        checkpointer.save(fresh_state(cfg, seed=2, version=2))
+        with pytest.raises(CheckpointWriteFailed) as error:
+            checkpointer.wait()
+        text = str(error.value)
+        assert "\n" not in text and text.startswith(
+            f"checkpoint 2 could not be written in {directory}: "
+        ), text
+        assert text.endswith(
+            f"; {directory / '2.partial'} could not be removed (it is never read as a "
+            "checkpoint; the run's next writer removes it)"
+        ), text
+    finally:
+        read_only.off()
+        checkpointer.close()
+    assert checkpoint_steps(directory) == [1]
+    monkeypatch.setattr(podrace.checkpoint, "write_manifest", manifest)
+    save_versions(directory, cfg, [3])  # a resumed run, say
+    assert sorted(p.name for p in directory.iterdir()) == ["1", "3"]
+
+
 # Clear errors ---------------------------------------------------------------------------
 
 
@@ -640,7 +752,7 @@ def _meta(edit: Callable[[dict], object]) -> Callable[[Path], None]:
         (_meta(lambda m: m.update(time_s="soon")), "meta: 'time_s' must be a non-negative number"),
         (
             _meta(lambda m: m.update(env_factory={"name": "f", "import": "os:system; rm"})),
-            "meta: 'env_factory' must be {\"name\": str, \"import\": \"module:qualname\" or null}",
+            'meta: \'env_factory\' must be {"name": str, "import": "module:qualname" or null}',
         ),
         (
             _meta(lambda m: m["config"]["env"].update(num_envs="lots")),
