@@ -21,7 +21,7 @@ from podrace.envs.base import BatchedEnv
 from podrace.envs.factory import env_spec, make_env
 from podrace.envs.gymnasium_backend import dependency_checked
 from podrace.envs.resolve import resolve_backend
-from podrace.envs.user_modules import make_working_dir_importable
+from podrace.envs.user_modules import import_failure, make_working_dir_importable
 from podrace.envs.vector_adapter import VectorEnvAdapter
 from podrace.types import EnvSpec
 
@@ -67,10 +67,9 @@ def import_factory(reference: str) -> EnvFactory:
     try:
         found = importlib.import_module(module)
     except (Exception, SystemExit) as error:  # the user's module: any error is its message
-        text = " ".join(f"{type(error).__name__}: {error}".split())[:300]
         raise FactoryNotImportable(
             f"its envs came from the env factory {reference!r}, whose module {module!r} "
-            f"cannot be imported ({text})"
+            f"cannot be imported{import_failure(error)}"
         ) from None
     for part in qualname.split("."):
         found = getattr(found, part, None)

@@ -265,7 +265,8 @@ def test_a_run_records_the_factory_by_a_name_another_process_imports_back(tmp_pa
     with pytest.raises(
         FactoryNotImportable,
         match=r"^its envs came from the env factory 'broken_factories:make', whose module "
-        r"'broken_factories' cannot be imported \(RuntimeError: no GPU here\)$",
+        r"'broken_factories' cannot be imported \(.*broken_factories.py, line 1\): "
+        r"RuntimeError: no GPU here$",
     ):
         import_factory("broken_factories:make")
     with pytest.raises(FactoryNotImportable, match=f"module '{here}' no longer defines"):
