@@ -439,6 +439,58 @@ def test_video_of_an_env_that_cannot_render_is_refused_before_playing(
     assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.json"]
 
 
+NO_RENDERER = """
+import gymnasium
+from tests.envs.user_envs import MatchEnv
+from tests.test_eval_command import NoFrames
+
+gymnasium.register("podrace-norender/NoRenderMode-v0", entry_point=MatchEnv)
+gymnasium.register("podrace-norender/NoFrames-v0", entry_point=NoFrames)
+"""
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    "env,message",
+    [
+        ("NoRenderMode-v0", "cannot be rendered by Gymnasium: MatchEnv() takes no arguments"),
+        ("NoFrames-v0", "cannot be recorded: render() gave None, not an RGB frame"),
+    ],
+)
+def test_the_cli_refuses_a_video_of_an_env_without_a_renderer_in_its_one_line_only(
+    tmp_path, monkeypatch, env, message
+):
+    """Gymnasium's warnings (render_mode not among the env's, no render fps, render() gave
+    None) came as two to four lines of theirs ahead of podrace's error."""
+    env_id = f"podrace_no_renderer:podrace-norender/{env}"
+    (tmp_path / "podrace_no_renderer.py").write_text(NO_RENDERER)
+    monkeypatch.setattr(
+        sys, "path", [str(tmp_path)] + [p for p in sys.path if p not in ("", str(tmp_path))]
+    )
+    try:
+        run = make_run(tmp_path / "run", cfg=tiny_config(**{"env.id": env_id}))
+    finally:
+        sys.modules.pop("podrace_no_renderer", None)
+        for name in ("NoRenderMode-v0", "NoFrames-v0"):
+            gymnasium.registry.pop(f"podrace-norender/{name}", None)
+    environ = {**os.environ, "PYTHONPATH": str(REPO)}
+    video = tmp_path / "episode.gif"
+    proc = subprocess.run(
+        [sys.executable, "-m", "podrace.cli", "eval", "run", "--video", str(video)],
+        cwd=tmp_path,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith(f"podrace: error: env {env_id!r} {message}"), proc.stderr
+    assert not video.exists() and sorted(p.name for p in run.iterdir()) == [
+        "checkpoints",
+        "config.json",
+    ]
+
+
 DYING_RENDER = """
 import os
 import gymnasium
