@@ -219,6 +219,11 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(
             f"network.hidden_sizes must be positive widths, got {list(cfg.network.hidden_sizes)}"
         )
+    indices = cfg.env.obs_indices
+    if indices is not None and (not indices or min(indices) < 0):
+        raise ConfigError(
+            f"env.obs_indices must name at least one entry, each >= 0, got {list(indices)}"
+        )
     _validate_algos(cfg)
     _validate_sizes(cfg)
 

@@ -19,8 +19,9 @@ from podrace.envs.base import BatchedEnv
 from podrace.envs.factory import env_spec, make_env
 from podrace.envs.gymnasium_backend import dependency_checked
 from podrace.envs.resolve import resolve_backend
+from podrace.envs.spaces import ObsIndices
 from podrace.envs.vector_adapter import VectorEnvAdapter
-from podrace.types import EnvSpec
+from podrace.types import EnvSpec, EnvStep
 
 EnvFactory = Callable[[int, int], BatchedEnv | gymnasium.vector.VectorEnv]
 """(num_envs, seed) -> num_envs envs, deterministic given seed."""
@@ -68,6 +69,27 @@ def from_factory(factory: EnvFactory, num_envs: int, seed: int) -> BatchedEnv:
     return env
 
 
+class KeptObservations:
+    """A BatchedEnv whose observations keep only some entries (`EnvConfig.obs_indices` applied
+    to the envs of a user's factory; the backends apply it themselves)."""
+
+    def __init__(self, env: BatchedEnv, indices: tuple[int, ...], name: str) -> None:
+        self.env = env
+        self._select = ObsIndices(indices, env.spec.obs_shape, name)
+        self.spec = self._select.spec(env.spec)
+        self.num_envs = env.num_envs
+
+    def reset(self):
+        return self._select(self.env.reset())
+
+    def step(self, actions) -> EnvStep:
+        step = self.env.step(actions)
+        return step._replace(obs=self._select(step.obs))
+
+    def close(self) -> None:
+        self.env.close()
+
+
 @dataclass(frozen=True)
 class EnvSource:
     """`cfg.id` through its backend, or `factory` when one is given (then `cfg.id` is unused).
@@ -108,4 +130,13 @@ class EnvSource:
             return make_env(cfg, num_envs, seed)
         if num_envs <= 0:
             raise ConfigError(f"num_envs must be positive, got {num_envs}")
-        return from_factory(self.factory, num_envs, seed)
+        env = from_factory(self.factory, num_envs, seed)
+        if self.cfg.obs_indices is None:
+            return env
+        try:
+            return KeptObservations(env, self.cfg.obs_indices, factory_name(self.factory))
+        except BaseException:
+            from podrace.runtime.threads import close_envs
+
+            close_envs([(f"env factory {factory_name(self.factory)!r}", env)])  # user code
+            raise
