@@ -69,7 +69,14 @@ class NetworkConfig:
     activation: Literal["tanh", "relu"] = "tanh"
     """MLP activation."""
     shared_torso: bool = False
-    """MLP only: one torso for policy and value (CNN torsos are always shared)."""
+    """MLP only: one torso for policy and value (CNN torsos are always shared; so is a torso
+    with a recurrent core)."""
+    core: Literal["none", "lstm", "gru"] = "none"
+    """Recurrent core between torso and heads: `lstm` or `gru` give the policy a memory
+    (partially observed envs); `none` is a feed-forward policy. A core is shared by both heads,
+    and its state is reset where an episode ended (see `podrace.networks.recurrent`)."""
+    core_size: int = 128
+    """Width of the recurrent core's state (with `core` lstm or gru)."""
 
 
 @dataclass(frozen=True)

@@ -219,6 +219,7 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(
             f"network.hidden_sizes must be positive widths, got {list(cfg.network.hidden_sizes)}"
         )
+    positive("network.core_size", cfg.network.core_size)
     indices = cfg.env.obs_indices
     if indices is not None and (not indices or min(indices) < 0):
         raise ConfigError(
