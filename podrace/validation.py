@@ -293,7 +293,14 @@ def _validate_sizes(cfg: TrainConfig) -> None:
             f"the int32 step counter holds ({INT32_MAX:,}); use fewer steps or larger updates"
         )
     envs_per_shard = cfg.num_actors * cfg.env.num_envs // num_learners
-    if cfg.algo == "ppo":
+    if cfg.algo == "ppo" and cfg.network.core != "none":
+        if envs_per_shard % cfg.ppo.num_minibatches:
+            raise ConfigError(
+                f"ppo.num_minibatches ({cfg.ppo.num_minibatches}) must divide the envs per "
+                f"learner shard ({envs_per_shard}): with a recurrent core (network.core "
+                f"{cfg.network.core}) every minibatch takes whole env sequences from every shard"
+            )
+    elif cfg.algo == "ppo":
         if cfg.rollout_length % cfg.ppo.num_minibatches:
             raise ConfigError(
                 f"ppo.num_minibatches ({cfg.ppo.num_minibatches}) must divide rollout_length "
