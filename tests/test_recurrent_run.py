@@ -25,7 +25,7 @@ FLAGS = [
     "--ppo.num-minibatches",
     "2",
 ]
-STEPS = 8 * 8  # env steps per update of cartpole-po-ppo-lstm with 8 envs
+STEPS = 8 * 16  # env steps per update of cartpole-po-ppo-lstm with 8 envs (T = 16)
 
 
 def test_the_partially_observed_presets_differ_only_by_the_core():
