@@ -18,12 +18,12 @@ import gymnasium
 
 from podrace.config import ConfigError, EnvConfig
 from podrace.envs.base import BatchedEnv
+from podrace.envs.closing import close_envs
 from podrace.envs.factory import env_spec, make_env
 from podrace.envs.gymnasium_backend import dependency_checked
 from podrace.envs.resolve import resolve_backend
-from podrace.envs.user_modules import import_failure, make_working_dir_importable
-from podrace.envs.closing import close_envs
 from podrace.envs.spaces import ObsIndices
+from podrace.envs.user_modules import import_failure, make_working_dir_importable
 from podrace.envs.vector_adapter import VectorEnvAdapter
 from podrace.types import EnvSpec, EnvStep
 
