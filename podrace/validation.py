@@ -271,6 +271,12 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(
             f"network.hidden_sizes must be positive widths, got {list(cfg.network.hidden_sizes)}"
         )
+    positive("network.core_size", cfg.network.core_size)
+    indices = cfg.env.obs_indices
+    if indices is not None and (not indices or min(indices) < 0):
+        raise ConfigError(
+            f"env.obs_indices must name at least one entry, each >= 0, got {list(indices)}"
+        )
     _validate_algos(cfg)
     _validate_sizes(cfg)
 
@@ -340,7 +346,14 @@ def _validate_sizes(cfg: TrainConfig) -> None:
             f"than the int32 step counter holds ({INT32_MAX:,}); use fewer steps or larger updates"
         )
     envs_per_shard = cfg.num_actors * cfg.env.num_envs // num_learners
-    if cfg.algo == "ppo":
+    if cfg.algo == "ppo" and cfg.network.core != "none":
+        if envs_per_shard % cfg.ppo.num_minibatches:
+            raise ConfigError(
+                f"ppo.num_minibatches ({cfg.ppo.num_minibatches}) must divide the envs per "
+                f"learner shard ({envs_per_shard}): with a recurrent core (network.core "
+                f"{cfg.network.core}) every minibatch takes whole env sequences from every shard"
+            )
+    elif cfg.algo == "ppo":
         if cfg.rollout_length % cfg.ppo.num_minibatches:
             raise ConfigError(
                 f"ppo.num_minibatches ({cfg.ppo.num_minibatches}) must divide rollout_length "

@@ -18,12 +18,30 @@ from podrace.config import ConfigError, EnvConfig
 from podrace.envs.base import env_seeds
 from podrace.envs.episode_stats import EpisodeStats
 from podrace.envs.resolve import is_envpool_atari
-from podrace.envs.spaces import ActionPreparer, OneHotObs, spec_from_spaces
+from podrace.envs.spaces import ActionPreparer, ObsIndices, OneHotObs, spec_from_spaces
 from podrace.types import EnvSpec, EnvStep
 
 MAX_ATARI_IMAGE_SIZE = 1024
 """Past the screen's own 210x160, a larger frame only repeats pixels; far past it, building
 the env's observation space alone would need gigabytes (image_size 100000: 37 GiB)."""
+
+
+def make_spec(env_id: str, **kwargs: Any) -> Any:
+    """`envpool.make_spec`, where envpool first loads the env's native module: one that
+    cannot load (Procgen without the system's Qt 5) is a ConfigError naming the env, the
+    library the loader did not find and envpool's own hint, not an ImportError traceback."""
+    import envpool
+
+    try:
+        return envpool.make_spec(env_id, **kwargs)
+    except ImportError as error:
+        cause = error.__cause__ if isinstance(error.__cause__, ImportError) else None
+        reason = " ".join(str(error).split()) or type(error).__name__
+        if cause is not None and str(cause).strip():
+            reason = f"{' '.join(str(cause).split())} ({reason})"
+        raise ConfigError(
+            f"env {env_id!r} cannot be made, a library it needs is missing: {reason}"
+        ) from None
 
 
 def make_kwargs(cfg: EnvConfig) -> dict[str, Any]:
@@ -32,8 +50,6 @@ def make_kwargs(cfg: EnvConfig) -> dict[str, Any]:
     Every key is checked against the env's envpool config, so a setting can never be
     silently dropped (envpool would raise a bare TypeError).
     """
-    import envpool
-
     kwargs: dict[str, Any] = {}
     if cfg.max_episode_steps is not None:
         if cfg.max_episode_steps <= 0:
@@ -63,7 +79,7 @@ def make_kwargs(cfg: EnvConfig) -> dict[str, Any]:
             reward_clip=cfg.reward_clip,
             noop_max=cfg.noop_max,
         )
-    accepted = set(envpool.make_spec(cfg.id)._config_keys)
+    accepted = set(make_spec(cfg.id)._config_keys)
     unknown = sorted(set(kwargs) - accepted)
     if unknown:
         raise ConfigError(f"envpool env {cfg.id!r} does not accept {', '.join(unknown)}")
@@ -72,10 +88,10 @@ def make_kwargs(cfg: EnvConfig) -> dict[str, Any]:
 
 def envpool_spec(cfg: EnvConfig) -> EnvSpec:
     """EnvSpec from envpool's spec object, without building an env."""
-    import envpool
-
-    spec = envpool.make_spec(cfg.id, **make_kwargs(cfg))
-    return spec_from_spaces(cfg.id, spec.gymnasium_observation_space, spec.gymnasium_action_space)
+    spec = make_spec(cfg.id, **make_kwargs(cfg))
+    spec = spec_from_spaces(cfg.id, spec.gymnasium_observation_space, spec.gymnasium_action_space)
+    select = ObsIndices.of(cfg.obs_indices, spec, cfg.id)
+    return spec if select is None else select.spec(spec)
 
 
 def translate(
@@ -113,6 +129,9 @@ class EnvpoolEnv:
         self.spec = spec_from_spaces(cfg.id, self._env.observation_space, self._env.action_space)
         self._atari = is_envpool_atari(cfg.id)
         self._one_hot = OneHotObs.of(self._env.observation_space)
+        self._select = ObsIndices.of(cfg.obs_indices, self.spec, cfg.id)
+        if self._select is not None:
+            self.spec = self._select.spec(self.spec)
         self._prepare = ActionPreparer(
             self.spec, num_envs, self._env.spec.action_array_spec["action"].dtype
         )
@@ -126,7 +145,13 @@ class EnvpoolEnv:
         obs, _ = self._env.reset()
         self._stats.reset()
         self._started = True
-        return obs if self._one_hot is None else self._one_hot(obs)
+        return self._as_spec(obs)
+
+    def _as_spec(self, obs: np.ndarray) -> np.ndarray:
+        """envpool's observations as the spec says: one-hot, then the kept entries."""
+        if self._one_hot is not None:
+            obs = self._one_hot(obs)
+        return obs if self._select is None else self._select(obs)
 
     def step(self, actions: np.ndarray) -> EnvStep:
         if not self._started:
@@ -141,7 +166,7 @@ class EnvpoolEnv:
             raw_reward, terminated, truncated, episode_done
         )
         return EnvStep(
-            obs=obs if self._one_hot is None else self._one_hot(obs),
+            obs=self._as_spec(obs),
             reward=reward.astype(np.float32, copy=False),
             terminated=terminated,
             truncated=truncated,
@@ -161,7 +186,9 @@ class EnvpoolEnv:
         if dtypes & {np.dtype(np.float64), np.dtype(np.int64)}:
             return None
         handle, _, _, step = effect_free_xla(self._env)
-        return XlaStep(handle, step, self.spec, self.num_envs, self._atari, self._one_hot)
+        return XlaStep(
+            handle, step, self.spec, self.num_envs, self._atari, self._one_hot, self._select
+        )
 
     def close(self) -> None:
         if not self._closed:
@@ -216,6 +243,7 @@ class XlaStep:
         num_envs: int,
         atari: bool,
         one_hot: OneHotObs | None,
+        select: ObsIndices | None = None,
     ) -> None:
         self.handle, self._step, self._spec, self._atari, self._one_hot = (
             handle,
@@ -224,6 +252,7 @@ class XlaStep:
             atari,
             one_hot,
         )
+        self._select = select
         self._env_ids = np.arange(num_envs, dtype=np.int32)
 
     def __call__(self, handle: Any, actions: Any) -> tuple[Any, JaxEnvStep]:
@@ -243,6 +272,8 @@ class XlaStep:
         )
         if self._one_hot is not None:
             obs = self._one_hot.jax(obs)
+        if self._select is not None:
+            obs = self._select.jax(obs)
         return handle, JaxEnvStep(
             obs, reward.astype(jnp.float32), terminated, truncated, raw_reward, episode_done
         )

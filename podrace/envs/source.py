@@ -9,6 +9,8 @@ first reset); a BatchedEnv is used as it is. `EnvSource` is the one object a run
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -16,11 +18,14 @@ import gymnasium
 
 from podrace.config import ConfigError, EnvConfig
 from podrace.envs.base import BatchedEnv
+from podrace.envs.closing import close_envs
 from podrace.envs.factory import env_spec, make_env
 from podrace.envs.gymnasium_backend import dependency_checked
 from podrace.envs.resolve import resolve_backend
+from podrace.envs.spaces import ObsIndices
+from podrace.envs.user_modules import import_failure, make_working_dir_importable
 from podrace.envs.vector_adapter import VectorEnvAdapter
-from podrace.types import EnvSpec
+from podrace.types import EnvSpec, EnvStep
 
 EnvFactory = Callable[[int, int], BatchedEnv | gymnasium.vector.VectorEnv]
 """(num_envs, seed) -> num_envs envs, deterministic given seed."""
@@ -28,6 +33,54 @@ EnvFactory = Callable[[int, int], BatchedEnv | gymnasium.vector.VectorEnv]
 
 def factory_name(factory: EnvFactory) -> str:
     return getattr(factory, "__qualname__", None) or type(factory).__name__
+
+
+def factory_reference(factory: EnvFactory) -> str | None:
+    """'module:qualname' that another process imports back to `factory` itself: a function
+    or class at the top level of a module (or in a class there). None for what cannot be
+    imported so: a lambda or closure, a partial or other instance, anything of `__main__`
+    (a script run as a command, whose import would run it again)."""
+    module = getattr(factory, "__module__", None)
+    qualname = getattr(factory, "__qualname__", None)
+    if not (isinstance(module, str) and isinstance(qualname, str)) or module == "__main__":
+        return None
+    found = sys.modules.get(module)
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    return f"{module}:{qualname}" if found is factory else None
+
+
+def factory_record(factory: EnvFactory | None) -> dict | None:
+    """What a run's checkpoints record of its env factory (None: envs from `cfg.env.id`):
+    its name for messages, and its `factory_reference` (None when it cannot be imported)."""
+    if factory is None:
+        return None
+    return {"name": factory_name(factory), "import": factory_reference(factory)}
+
+
+class FactoryNotImportable(ConfigError):
+    """A stored run's envs came from an env factory that this process cannot import."""
+
+
+def import_factory(reference: str) -> EnvFactory:
+    """The callable `reference` ('module:qualname') names; FactoryNotImportable (one line,
+    naming the module and the error) when the module fails to import, in any way, or lacks it."""
+    module, _, qualname = reference.partition(":")
+    try:
+        found = importlib.import_module(module)
+    except (Exception, SystemExit) as error:  # the user's module: any error is its message
+        raise FactoryNotImportable(
+            f"its envs came from the env factory {reference!r}, whose module {module!r} "
+            f"cannot be imported{import_failure(error)}"
+        ) from None
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    if not callable(found):
+        raise FactoryNotImportable(
+            f"its envs came from the env factory {reference!r}, which module {module!r} "
+            "no longer defines"
+        )
+    return found
 
 
 def from_factory(factory: EnvFactory, num_envs: int, seed: int) -> BatchedEnv:
@@ -59,13 +112,32 @@ def from_factory(factory: EnvFactory, num_envs: int, seed: int) -> BatchedEnv:
             )
     except BaseException:
         if hasattr(made, "close"):
-            from podrace.envs.closing import close_envs
-
             close_envs(
                 [(f"env factory {name!r}", made)]
             )  # user code: its failure must not hide this one
         raise
     return env
+
+
+class KeptObservations:
+    """A BatchedEnv whose observations keep only some entries (`EnvConfig.obs_indices` applied
+    to the envs of a user's factory; the backends apply it themselves)."""
+
+    def __init__(self, env: BatchedEnv, indices: tuple[int, ...], name: str) -> None:
+        self.env = env
+        self._select = ObsIndices(indices, env.spec.obs_shape, name)
+        self.spec = self._select.spec(env.spec)
+        self.num_envs = env.num_envs
+
+    def reset(self):
+        return self._select(self.env.reset())
+
+    def step(self, actions) -> EnvStep:
+        step = self.env.step(actions)
+        return step._replace(obs=self._select(step.obs))
+
+    def close(self) -> None:
+        self.env.close()
 
 
 @dataclass(frozen=True)
@@ -90,8 +162,6 @@ class EnvSource:
         try:
             return probe.spec
         finally:
-            from podrace.envs.closing import close_envs
-
             close_envs(
                 [(f"env factory {factory_name(self.factory)!r} (spec probe)", probe)]
             )  # user code
@@ -108,4 +178,31 @@ class EnvSource:
             return make_env(cfg, num_envs, seed)
         if num_envs <= 0:
             raise ConfigError(f"num_envs must be positive, got {num_envs}")
-        return from_factory(self.factory, num_envs, seed)
+        env = from_factory(self.factory, num_envs, seed)
+        if self.cfg.obs_indices is None:
+            return env
+        try:
+            return KeptObservations(env, self.cfg.obs_indices, factory_name(self.factory))
+        except BaseException:
+            close_envs([(f"env factory {factory_name(self.factory)!r}", env)])  # user code
+            raise
+
+
+def stored_env_source(
+    cfg: EnvConfig, record: dict | None, given: EnvSource | None = None
+) -> EnvSource:
+    """Where a stored run's envs come from when it is resumed or evaluated: `given` (a
+    caller's), else the env factory the run recorded, imported (a module of the working
+    directory too, as for a `module:EnvId` id), else `cfg.id`. FactoryNotImportable when
+    the run recorded a factory that cannot be imported: `cfg.id` was never its env."""
+    if given is not None or record is None:
+        return given or EnvSource(cfg)
+    reference = record["import"]
+    if reference is None:
+        raise FactoryNotImportable(
+            f"its envs came from the env factory {record['name']!r}, which podrace cannot "
+            "import (only a function or class defined at the top level of an importable "
+            "module can be, not one defined inside a function or in a script run as __main__)"
+        )
+    make_working_dir_importable(reference)
+    return EnvSource(cfg, import_factory(reference))

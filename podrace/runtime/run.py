@@ -37,7 +37,7 @@ import numpy as np
 from podrace.actor import make_policy_fns
 from podrace.algos.normalizer import acting_apply
 from podrace.checkpoints.read import restore
-from podrace.checkpoints.resume import Resume, ResumePoint, commit, resume_point
+from podrace.checkpoints.resume import Resume, ResumePoint, commit, resume_point, resumed_envs
 from podrace.checkpoints.saving import RunCheckpoints
 from podrace.checkpoints.state import RunState, checkpoint_dir
 from podrace.config import ConfigError, TrainConfig, distributed_requested, replace, resolved
@@ -50,6 +50,7 @@ from podrace.control import (
 )
 from podrace.envs import EnvSource, closing
 from podrace.envs.closing import close_envs
+from podrace.envs.source import factory_record
 from podrace.evaluate import EvalResult, make_greedy_policy
 from podrace.metrics.loggers import Sink, check_sinks
 from podrace.metrics.registry import Metrics
@@ -60,7 +61,7 @@ from podrace.runtime.interrupts import interrupts_stop
 from podrace.runtime.memory import check_fits
 from podrace.runtime.run_lock import RunLock
 from podrace.runtime.run_log import RunLog
-from podrace.runtime.rundir import discard_if_untrained, remove_run_dir, write_config
+from podrace.runtime.rundir import remove_run_dir, write_config
 from podrace.runtime.threads.group import ThreadGroup
 from podrace.runtime.topology import Topology
 from podrace.runtime.xla_setup import deterministic_gpu_ops
@@ -200,7 +201,7 @@ def prepare(
     run_dir = None
     try:
         cfg = topology.join(cfg, lifetime, resuming=point is not None)
-        envs = envs or EnvSource(cfg.env)
+        envs = resumed_envs(point, envs) if point is not None else envs or EnvSource(cfg.env)
         spec = envs.spec()  # the backend (or the factory) is checked first
         check_sinks(cfg.log)
         if cfg.deterministic:  # the CLI has set it; a library caller may not have
@@ -312,7 +313,9 @@ class Run:
             raise
         self.start = self._start_state(restored[0] if restored else None)
         """The state this run begins from (fresh, or the restored checkpoint)."""
-        self.checkpoints = RunCheckpoints(cfg, spec, root, metrics, self.start, topology.writer())
+        self.checkpoints = RunCheckpoints(
+            cfg, spec, root, metrics, self.start, topology.writer(), factory_record(envs.factory)
+        )
         self.learner.on_update = self._after_update
         # Actors and the evaluator act with published snapshots; with observation
         # normalization these carry the statistics, applied inside the jitted policy.
@@ -461,7 +464,8 @@ class Run:
                 train_s = time.perf_counter() - train_start
                 if lifetime.stop_reason == "finished":  # the last line names the last save
                     self.checkpoints.settle(FINAL_SAVE_WAIT_S)
-                log.write(train_start, final=True)
+                if not self._discarded():
+                    log.write(train_start, final=True)
                 log.close()
                 self.checkpoints.close(lifetime)  # before user code (env.close) runs again
                 unclosed = self.close_envs(exclude=stuck)
@@ -493,6 +497,17 @@ class Run:
             ray=topology.report(self),
         )
 
+    def _discarded(self) -> bool:
+        """Whether the run directory goes as the run ends: a new run stopped before its first
+        update (its directory may be gone already: another process of the run removed it)."""
+        lifetime = self.lifetime
+        return (
+            lifetime.run_dir is not None
+            and lifetime.failure is None
+            and lifetime.stop_reason != "finished"
+            and not self.learner.version
+        )
+
     def _release(self) -> None:
         """The topology's resources, the run directory's lock, and a run directory that
         holds no update (it could not be resumed)."""
@@ -502,8 +517,8 @@ class Run:
         finally:
             if self.lock is not None:
                 self.lock.release()
-            if lifetime.failure is None and lifetime.stop_reason != "finished":
-                discard_if_untrained(lifetime.run_dir, self.learner.version)
+            if self._discarded():
+                remove_run_dir(lifetime.run_dir)
 
     def close_envs(self, exclude: list[str] = ()) -> list[str]:
         """Close the envs of the components built so far, except those of threads in

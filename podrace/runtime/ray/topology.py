@@ -80,7 +80,8 @@ class RayReport:
     worker_nodes: tuple[str, ...] = ()
     """Ray node id each worker ran on last."""
     object_store_bytes: int = 0
-    """Object-store bytes in use when training ended (workers still alive)."""
+    """Object-store bytes in use at the last metrics line before the run stopped, or at its
+    start (the workers alive either way)."""
     data_order: str = "fixed"
     dropped_rollouts: int = 0
     """Elastic order: rollouts dropped as over the lag bound."""
@@ -174,7 +175,7 @@ class RayTopology(Topology):
         self._run: Any = None
         self._remote: Any = None
         self.cluster: ray_cluster.Cluster | None = None
-        self._store: list[int] = []
+        self._store_in_use = -1
         self._slots: list[Slot] = []
         self._params_bytes = 0
         self._first_version = 0
@@ -365,9 +366,15 @@ class RayTopology(Topology):
             ]
         return loops
 
+    def starting(self, run) -> None:
+        self._store_in_use = self._store_bytes()
+
     def line_extras(self, run) -> dict[str, float]:
+        stored = self._store_bytes()
+        if not run.lifetime.stopping:  # the workers are alive: what the report gives
+            self._store_in_use = stored
         extras = {
-            "ray/object_store_bytes": self._store_bytes(),
+            "ray/object_store_bytes": stored,
             "ray/data_wait_max_s": run.pipeline.take_longest_wait(),
         }
         collector = self.collector
@@ -383,8 +390,6 @@ class RayTopology(Topology):
         return extras
 
     def stopping(self, run) -> None:
-        if run.lifetime.stop_reason == "finished":
-            self._store.append(self._store_bytes())  # workers still alive
         self._kill_workers()
 
     def report(self, run) -> RayReport:
@@ -395,7 +400,7 @@ class RayTopology(Topology):
             lost_rollouts=int(m.total("ray/lost_rollouts")),
             stamps=tuple(run.pipeline.consumed.stamps()),
             worker_nodes=tuple(slot.node for slot in self.slots),
-            object_store_bytes=self._store[0] if self._store else -1,
+            object_store_bytes=self._store_in_use,
             data_order=run.cfg.ray.data_order,
             dropped_rollouts=int(m.total("ray/dropped_rollouts")),
             lost_credits=int(m.total("ray/lost_credits")),
