@@ -121,6 +121,25 @@ def test_resume_errors_are_one_line_exit_2_and_change_nothing(capsys, tmp_path, 
 
 
 @pytest.mark.timeout(120)
+def test_an_elastic_ray_run_resumes_only_with_its_order_and_batch(capsys, tmp_path):
+    """The data order, the worker count and the rollouts per update set what an update
+    takes and how the learner's env columns are filled: a resume keeps the checkpoint's, and
+    refuses another in one line (exit 2) before any Ray starts."""
+    elastic = {"runtime": "ray", "ray.num_workers": 2, "ray.data_order": "elastic"}
+    run_dir = fake_run(tmp_path, small(tmp_path, **{"log.run_name": "r", **elastic}))
+    before = snapshot(tmp_path)
+    for args, message in [
+        (["--ray.num-workers", "3"], "--resume cannot change ray.num_workers"),
+        (["--ray.data-order", "fixed"], "--resume cannot change ray.data_order"),
+        (["--ray.rollouts-per-update", "4"], "--resume cannot change ray.rollouts_per_update"),
+    ]:
+        code, out, err = run_cli(capsys, "train", "--resume", str(run_dir), *args)
+        assert code == 2, (args, err)
+        assert err.strip() == err.strip().splitlines()[0] and message in err, (args, err)
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.timeout(120)
 def test_a_resume_from_a_renamed_step_folder_is_refused_and_changes_nothing(capsys, tmp_path):
     """checkpoints/2 renamed to checkpoints/5: resuming it would continue update 2 while its
     later steps and counters said 5."""
