@@ -133,6 +133,13 @@ class Collector:
         """Calls in flight besides the workers' (relays): ref -> (kind, what)."""
         self._next_check = 0.0
         self._none_alive_since: float | None = None
+        self._ever_alive = False
+        """A worker has started: from then on `ray.no_workers_timeout_s` applies (before,
+        the start timeout of `wait_started`)."""
+        self.lost_nodes: set[str] = set()
+        """Nodes a worker was lost on without an error of its own (killed, or its node
+        gone) and where none has started since: left out of the room `auto` counts, as Ray
+        may list a node as alive for a while after it vanished."""
         self.node = ray.get_runtime_context().get_node_id()
         """The learner's node."""
         self.direct_fetches: dict[str, set[int]] = {}
@@ -264,6 +271,8 @@ class Collector:
             self._failed(slot, error)
             return
         slot.start, slot.ready = None, True
+        self._ever_alive = True
+        self.lost_nodes.discard(slot.node)
         if self.relays is not None and slot.node not in self.relays.handles:
             self._place_relay(slot.node)  # for the node's next workers (this one reads direct)
         self.order.started(slot)
@@ -308,6 +317,8 @@ class Collector:
             ray.kill(handle, no_restart=True)
         if was_ready:
             self.order.lost(slot)
+            if not isinstance(error, ray.exceptions.RayTaskError):
+                self.lost_nodes.add(slot.node)
         cause = _cause(error)
         if self.elastic:
             # A worker that dies after delivering (its node preempted) may die any number of
@@ -347,7 +358,7 @@ class Collector:
                 )
                 raise RunFails(f"ray-worker-{slot.worker_id}", error)
             due = min(due, max(left, 0.05))
-        if self.elastic and self.slots:
+        if self.elastic and self._ever_alive:
             if self.alive():
                 self._none_alive_since = None
             elif self._none_alive_since is None:
@@ -375,6 +386,8 @@ class Collector:
         if self.relays is None and cfg.ray.num_workers != "auto":
             return
         hosts = worker_capacity(self._ray, cfg)
+        for node in self.lost_nodes:
+            hosts.pop(node, None)
         if self.relays is not None:
             # As many nodes as there are workers at most, those with workers first: more
             # relays than nodes with workers would serve nobody.
