@@ -4,7 +4,8 @@ ADDRESS TEMP_DIR ACTOR_NODE RUN_DIR OUT`. The result is JSON in OUT; the test as
 
 node-loss: an elastic run with `--ray.num-workers auto` on a head (1 CPU) and a node with
 the `actor_node` resource (2 CPUs); after 20 updates the node's raylet is SIGKILLed (its
-workers die with it, Ray reports them seconds later), then a third node is started.
+workers die with it, Ray reports them seconds later), then a third node (3 CPUs) is
+started: the lost workers restart on it and `auto` adds a fourth worker there.
 """
 
 from __future__ import annotations
@@ -134,8 +135,19 @@ def node_loss(address: str, temp_dir: str, actor_node: str, run_dir: str, out: s
         lost = report["workers_on_actor_node"]
         wait_until(lambda: run.lifetime.stopping or len(failures) >= lost, timeout=120)
         report["updates_reported"] = run.learner.version
-        _start_node(address, temp_dir, '{"third_node": 1}', 2)
+        _start_node(address, temp_dir, '{"third_node": 1}', 3)
         report["updates_third_started"] = run.learner.version
+        # Room for 4 workers now (1 on the head, 3 on the third node): the two lost ones
+        # restart there and `auto` adds a fourth.
+        wait_until(
+            lambda: (
+                run.lifetime.stopping
+                or (len(collector.slots) >= 4 and collector.alive() == len(collector.slots))
+            ),
+            timeout=300,
+        )
+        report["updates_grown"] = run.learner.version
+        report["worker_nodes_after_join"] = {s.worker_id: s.node for s in collector.slots}
 
     thread = threading.Thread(target=drill, daemon=True)
     thread.start()
