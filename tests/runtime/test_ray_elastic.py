@@ -1,6 +1,6 @@
 """Ray workers that come and go: a worker killed with finished rollouts not yet consumed
 (fixed order), the elastic order through a killed worker, a lost node and a node that
-joins, resuming an elastic run, and the new flags' errors.
+joins, a recurrent policy, resuming an elastic run, and the new flags' errors.
 
 Every test starts its own Ray (a private local one, or `ray start` processes with token
 auth) and stops exactly what it started; waits are `wait_until`, verdicts count updates and
@@ -187,6 +187,51 @@ def test_an_elastic_run_fails_once_no_worker_has_been_alive_for_the_timeout(tmp_
     assert isinstance(caught.value.error, NoWorkers), caught.value
     assert "no Ray worker alive for 3s" in str(caught.value) and "\n" not in str(caught.value)
     assert run.learner.version >= 3
+    assert not process_tree(run.topology.cluster.temp_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_an_elastic_run_trains_a_recurrent_policy(tmp_path):
+    """An LSTM policy in the elastic order: every rollout carries the core state its first
+    step started from (the learner unrolls each column from its own rollout's state), and
+    every update takes its rollouts once."""
+    import jax
+
+    from podrace.runtime.run import prepare
+
+    cfg = replace(
+        PRESETS["cartpole-po-ppo-lstm"][1],
+        runtime="ray",
+        seed=3,
+        **{
+            "total_steps": 2 * 16 * 8 * 10,
+            "rollout_length": 16,
+            "env.num_envs": 8,
+            "ray.data_order": "elastic",
+            "ray.num_workers": 2,
+            "eval.every_updates": 0,
+            "eval.episodes": 2,
+            "eval.num_envs": 2,
+            "log.console": "none",
+            "log.run_dir": str(tmp_path),
+            "log.interval_s": 0.2,
+        },
+    )
+    run = prepare(cfg)
+    states: list[int] = []
+    next_batch = run.pipeline.next_batch
+
+    def recording(version):
+        rollouts, stats = next_batch(version)
+        states.extend(len(jax.tree.leaves(r.trajectory.core_state)) for r in rollouts)
+        return rollouts, stats
+
+    run.pipeline.next_batch = recording
+    result = run.run()
+    assert result.updates == cfg.num_updates == 10
+    assert len(result.ray.stamps) == len(set(result.ray.stamps)) == 20
+    assert len(states) == 20 and min(states) > 0  # an LSTM's (c, h) on every rollout
     assert not process_tree(run.topology.cluster.temp_dir)
 
 
