@@ -222,6 +222,7 @@ BAD_PRESET = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     "preset,flags,message", BAD_PRESET, ids=[" ".join([p, *f]) for p, f, _ in BAD_PRESET]
