@@ -715,6 +715,7 @@ class _FillingDisk:
         return File(path, mode)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_full_disk_under_the_metrics_and_the_last_checkpoint_is_one_line(
     capsys, tmp_path, monkeypatch

@@ -616,6 +616,7 @@ def test_a_stopped_ray_run_resumes_to_its_end_consuming_every_rollout_once(tmp_p
     assert not ray.is_initialized()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_podrace_train_runs_the_ray_topology(tmp_path):
     import podrace
