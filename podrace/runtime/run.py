@@ -516,10 +516,15 @@ class Run:
 
     def _release(self) -> None:
         """The topology's resources, the run directory's lock, and a run directory that
-        holds no update (it could not be resumed)."""
+        holds no update (it could not be resumed). The checkpoint writer is closed first
+        (a no-op unless a second KeyboardInterrupt cut the stop short): the lock is held
+        until no write goes on in the directory."""
         lifetime = self.lifetime
         try:
-            self.topology.close()
+            try:
+                self.checkpoints.close(lifetime)
+            finally:
+                self.topology.close()
         finally:
             if self.lock is not None:
                 self.lock.release()
