@@ -251,8 +251,9 @@ class ElasticPipeline:
 
     The learner takes the first `batch` rollouts to arrive that are within the lag bound, in
     arrival order: rollout i of an update fills slot i, whichever worker made it (see the
-    README's elastic order for how the learner's env columns stay correct). A rollout that
-    the learner could only take over the lag bound is dropped and counted, never consumed.
+    Ray guide's elastic order, docs/guides/ray.md, for how the learner's env columns stay
+    correct). A rollout that the learner could only take over the lag bound is dropped and
+    counted, never consumed.
 
     Credits keep the work bounded as the fixed order's sequence numbers do: a worker makes a
     rollout only with a credit (`Grant`), which names the oldest params it may act with. At

@@ -386,8 +386,8 @@ def test_cli_refuses_nonsense_elastic_flags_in_one_line(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_the_readmes_stop_command_stops_exactly_the_ray_it_names(tmp_path):
-    """`python -m podrace.runtime.ray.cluster stop TEMP_DIR` (the README's way to stop a
+def test_the_documented_stop_command_stops_exactly_the_ray_it_names(tmp_path):
+    """`python -m podrace.runtime.ray.cluster stop TEMP_DIR` (the Ray guide's way to stop a
     node it started) stops that Ray's processes by their ids and leaves another Ray of the
     machine running, as `ray stop` would not."""
     import secrets
