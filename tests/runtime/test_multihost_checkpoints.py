@@ -272,6 +272,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_podrace_train_runs_two_processes_whose_actors_all_have_their_own_seeds_and_keys(
     tmp_path,

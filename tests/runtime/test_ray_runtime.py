@@ -592,6 +592,7 @@ def test_sweep_orphans_kills_the_orphans_ray_but_not_a_users_log_viewer(tmp_path
                 p.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_a_stopped_ray_run_resumes_to_its_end_consuming_every_rollout_once(tmp_path):
     """A Ray run stopped (as by SIGTERM) saves its last state; the resumed run starts every
