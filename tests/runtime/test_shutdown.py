@@ -10,6 +10,7 @@ from podrace.control import ComponentError, HangDetected, Lifetime
 from podrace.runtime.faults import STUCK, FaultPlan
 from podrace.runtime.run import prepare
 from tests.runtime.test_single_host import podrace_threads, small
+from tests.waiting import wait_until
 
 
 def last_line(run):
@@ -79,10 +80,7 @@ def test_stop_mid_rollout_returns_within_seconds(tmp_path):
     done = threading.Event()
     worker = threading.Thread(target=lambda: (run.run(), done.set()), daemon=True)
     worker.start()
-    deadline = time.monotonic() + 60
-    while run.actors[0].env_steps < 5:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_until(lambda: run.actors[0].env_steps >= 5, 60)
     stopped = time.monotonic()
     lifetime.stop("test")
     assert done.wait(30)
