@@ -51,8 +51,11 @@ def gymnasium_spec(cfg: EnvConfig) -> EnvSpec:
         close_envs([(f"env {cfg.id!r} (spec probe)", env)])  # user code: a warning, bounded
 
 
-def make_gymnasium_env(cfg: EnvConfig, num_envs: int, seed: int) -> VectorEnvAdapter:
-    """BatchedEnv over `num_envs` copies of `cfg.id` in one `SyncVectorEnv`."""
+def make_gymnasium_env(
+    cfg: EnvConfig, num_envs: int, seed: int, seeds: list[int] | None = None
+) -> VectorEnvAdapter:
+    """BatchedEnv over `num_envs` copies of `cfg.id` in one `SyncVectorEnv` (`seeds`: each
+    env's own seed, default derived from `seed`)."""
     env = dependency_checked(
         cfg.id,
         lambda: gymnasium.make_vec(
@@ -67,4 +70,4 @@ def make_gymnasium_env(cfg: EnvConfig, num_envs: int, seed: int) -> VectorEnvAda
             **make_kwargs(cfg),
         ),
     )
-    return VectorEnvAdapter(env, seed, cfg.id)
+    return VectorEnvAdapter(env, seed, cfg.id, seeds)

@@ -32,14 +32,23 @@ def check_next_step_autoreset(env: gymnasium.vector.VectorEnv, name: str) -> Non
 class VectorEnvAdapter:
     """BatchedEnv over a Gymnasium VectorEnv; takes ownership (closes it)."""
 
-    def __init__(self, env: gymnasium.vector.VectorEnv, seed: int, name: str) -> None:
+    def __init__(
+        self,
+        env: gymnasium.vector.VectorEnv,
+        seed: int,
+        name: str,
+        seeds: list[int] | None = None,
+    ) -> None:
+        """`seeds`: each env's seed for the first reset (default: derived from `seed`)."""
         check_next_step_autoreset(env, name)
         self._env = env
         self.num_envs = int(env.num_envs)
         self.spec = spec_from_spaces(name, env.single_observation_space, env.single_action_space)
         self._prepare = ActionPreparer(self.spec, self.num_envs, env.single_action_space.dtype)
         self._one_hot = OneHotObs.of(env.single_observation_space)
-        self._seeds: list[int] | None = env_seeds(seed, self.num_envs)
+        self._seeds: list[int] | None = (
+            env_seeds(seed, self.num_envs) if seeds is None else list(seeds)
+        )
         self._stats = EpisodeStats(self.num_envs)
         self._started = False
         self._closed = False
