@@ -32,6 +32,8 @@ RESUMABLE = (
     "checkpoint.",
     "eval.",
     "safety.",
+    "inference.",
+    "env.worker_restarts",
     "log.console",
     "log.interval_s",
     "log.tensorboard",

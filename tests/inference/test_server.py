@@ -203,6 +203,34 @@ def test_the_server_stops_within_a_second_while_workers_step(tmp_path):
     assert all(not w.alive for w in s.workers)
 
 
+def test_a_stop_during_a_slow_batched_call_ends_the_server_after_that_call():
+    """The policy call takes 0.5 s; a stop that comes during it ends the server as soon as
+    the call returns (no further batch, no step sent after it)."""
+    import time
+
+    entered = threading.Event()
+    s = Served(actors=1, parts=2, envs=4, rollouts=1000)
+    fast = s.server.serve_fn
+
+    def slow(*args):
+        entered.set()
+        time.sleep(0.5)
+        return fast(*args)
+
+    try:
+        s.server.serve_fn = slow
+        s.start()
+        wait_until(entered.is_set, 30)
+        batches = s.server.batches
+        start = time.monotonic()
+        s.lifetime.stop("ctrl-c")
+        assert s.group.join(5.0) == []
+        assert time.monotonic() - start < 1.5
+        assert s.server.batches <= batches + 1
+    finally:
+        s.close()
+
+
 def test_request_buckets():
     assert request_buckets(6, 6, fixed=False) == [1, 2, 4, 6]
     assert request_buckets(6, 6, fixed=True) == [6]
