@@ -20,14 +20,17 @@ from podrace.actor import SAMPLING_PRNG
 
 
 def make_serve_fn(apply_fn: Callable, actor_envs: int, part_envs: int) -> Callable:
-    """jit((params, obs [R * part_envs, ...], sample keys uint32[R, 4], first rows int32[R])
-    -> (actions, log-probs, values), each [R * part_envs, ...]).
+    """jit((params, obs [R * part_envs, ...], requests uint32[R, 5]) -> (actions, log-probs,
+    values), each [R * part_envs, ...]).
 
-    Request r holds rows `offsets[r] .. offsets[r] + part_envs` of its actor's envs; its
-    actions are those rows of `dist.sample(key_r)` drawn for all `actor_envs` rows.
+    Request r's row is its sampling key's data (4 words) and its first env among its
+    actor's (one array: one transfer). It holds rows `first .. first + part_envs` of its
+    actor's envs; its actions are those rows of `dist.sample(key)` drawn for all
+    `actor_envs` rows.
     """
 
-    def serve(params, obs, keys, offsets):
+    def serve(params, obs, requests_info):
+        keys, offsets = requests_info[:, :4], requests_info[:, 4].astype(jnp.int32)
         dist, value = apply_fn(params, obs)
         requests = keys.shape[0]
         parts = jax.tree.map(lambda x: x.reshape((requests, part_envs) + x.shape[1:]), dist)

@@ -120,6 +120,7 @@ class InferenceServer:
         self._obs = {
             n: np.zeros((n * self.part_size, *spec.obs_shape), spec.obs_dtype) for n in self.buckets
         }
+        self._requests = {n: np.zeros((n, 5), np.uint32) for n in self.buckets}
         self._lock = threading.Lock()
         self._incoming: Snapshot | None = None
         self.current: Snapshot | None = None
@@ -165,10 +166,8 @@ class InferenceServer:
         device, with `params` as published (results discarded)."""
         params = place(params, self.device)
         for n in self.buckets:
-            obs = jax.device_put(self._obs[n], self.device)
-            keys = jax.device_put(np.zeros((n, 4), np.uint32), self.device)
-            offsets = jax.device_put(np.zeros((n,), np.int32), self.device)
-            jax.block_until_ready(self.serve_fn(params, obs, keys, offsets))
+            inputs = jax.device_put((self._obs[n], self._requests[n]), self.device)
+            jax.block_until_ready(self.serve_fn(params, *inputs))
         jax.block_until_ready(self.key_chain(self.actors[0]._chain))
 
     # The loop ------------------------------------------------------------------------------
@@ -312,20 +311,18 @@ class InferenceServer:
         size, current = self.part_size, self.current
         n = len(batch)
         bucket = next(b for b in self.buckets if b >= n)
-        obs = self._obs[bucket]
-        keys = np.zeros((bucket, 4), np.uint32)
-        offsets = np.zeros((bucket,), np.int32)
+        obs, requests = self._obs[bucket], self._requests[bucket]
         waited = params_waited = 0.0
         for r, (part, act) in enumerate(batch):
             obs[r * size : (r + 1) * size] = part.worker.buffers.obs
             if act:
-                keys[r] = part.actor.sample_keys(part.seq)[part.t]
+                requests[r, :4] = part.actor.sample_keys(part.seq)[part.t]
                 if part.blocked_since is not None:
                     params_waited = max(params_waited, now - part.blocked_since)
-            offsets[r] = part.rows.start
+            requests[r, 4] = part.rows.start
             waited += now - part.since
         start = time.perf_counter()
-        inputs = jax.device_put((obs, keys, offsets), self.device)
+        inputs = jax.device_put((obs, requests), self.device)
         actions, logprobs, values = jax.device_get(self.serve_fn(current.params, *inputs))
         inference = time.perf_counter() - start
         version = current.version

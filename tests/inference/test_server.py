@@ -102,8 +102,8 @@ def test_an_env_that_raises_fails_the_run_with_one_line_naming_its_worker():
 def _wrong_rows(serve_fn):
     """The policy call with its answers rotated by one row: the envs must notice."""
 
-    def serve(params, obs, keys, offsets):
-        actions, logprobs, values = serve_fn(params, obs, keys, offsets)
+    def serve(params, obs, requests):
+        actions, logprobs, values = serve_fn(params, obs, requests)
         return np.roll(jax.device_get(actions), 1), logprobs, values
 
     return serve
