@@ -13,6 +13,7 @@ import os
 import pickle
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -111,18 +112,25 @@ def _one_line(error: BaseException) -> str:
 
 
 def _rendering(cfg: EnvConfig, seed: int, use: Callable[[_RenderEnv], object]):
-    """`use(env)` on a fresh render env, closed after; what the env raises is a ConfigError."""
-    env = _RenderEnv(cfg, seed)
-    try:
-        return use(env)
-    except ConfigError:
-        raise
-    except Exception as error:  # e.g. NotImplementedError from an env without render()
-        raise ConfigError(
-            f"env {cfg.id!r} cannot be recorded: {type(error).__name__}: {_one_line(error)[:300]}"
-        ) from None
-    finally:
-        env.close()
+    """`use(env)` on a fresh render env, closed after; what the env raises is a ConfigError.
+
+    Gymnasium's warnings about rendering (a render_mode the env does not list, no
+    render_fps, a frame that is not an array) are dropped: podrace checks the frames itself,
+    says in one line what is wrong, and writes the video at its own frame rate."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"gymnasium(\.|$)")
+        env = _RenderEnv(cfg, seed)
+        try:
+            return use(env)
+        except ConfigError:
+            raise
+        except Exception as error:  # e.g. NotImplementedError from an env without render()
+            raise ConfigError(
+                f"env {cfg.id!r} cannot be recorded: {type(error).__name__}: "
+                f"{_one_line(error)[:300]}"
+            ) from None
+        finally:
+            env.close()
 
 
 def check_renderable(cfg: EnvConfig, seed: int) -> None:

@@ -167,7 +167,7 @@ def test_train_with_a_vector_env_factory_learns_beyond_random(tmp_path):
 
 CTRL_C_FROM_PYTHON = textwrap.dedent(
     """
-    import dataclasses, faulthandler, json, os, signal, sys, threading, time
+    import dataclasses, faulthandler, gc, json, os, signal, sys, threading, time
     from pathlib import Path
     import gymnasium, numpy as np
     import podrace
@@ -227,7 +227,8 @@ CTRL_C_FROM_PYTHON = textwrap.dedent(
           handlers[-1] is signal.default_int_handler, flush=True)
 
     # 2. Twice, the second while the run stops (an actor inside its step): the run
-    # directory is released, and resumed from this process from its checkpoint.
+    # directory is released, and resumed from this process from its checkpoint, with the
+    # run's env factory (a function of this script, which a resume cannot import itself).
     def updated():
         metrics = [p / "metrics.jsonl" for p in root.iterdir() if (p / "metrics.jsonl").exists()]
         return metrics and any(json.loads(l).get("version", 0) >= 1
@@ -238,7 +239,10 @@ CTRL_C_FROM_PYTHON = textwrap.dedent(
     steps = sorted(p.name for p in (run / "checkpoints").iterdir())
     # two more updates
     cfg = dataclasses.replace(cfg, total_steps=(int(steps[-1]) + 2) * cfg.steps_per_update)
-    result = train_threads(cfg, resume=Resume(run))
+    result = train_threads(cfg, envs=podrace.envs.EnvSource(cfg.env, envs), resume=Resume(run))
+    # The interrupted run's checkpoint writer, whose shutdown the second Ctrl-C cut short,
+    # ends when its executor is collected: collect it now rather than by chance.
+    gc.collect()
     print("twice", twice, steps, result.updates,
           signal.getsignal(signal.SIGINT) is signal.default_int_handler,
           sorted(t.name for t in threading.enumerate()), flush=True)

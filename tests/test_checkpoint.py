@@ -8,6 +8,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -469,6 +470,118 @@ def test_a_write_the_storage_refuses_is_one_line_without_orbaxs_tracebacks(tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["1"]
 
 
+class ReadOnly:
+    """A directory made read-only for its writer, really: mode 0o555, or for root, whom modes
+    do not stop, a read-only bind mount of the directory on itself."""
+
+    def __init__(self, directory: Path):
+        self.directory, self.mode, self.mounted = directory, None, False
+
+    @staticmethod
+    def skip_unless_possible(tmp_path: Path) -> None:
+        """Skip the test where root may not mount (a container without the capability)."""
+        if os.geteuid() != 0:
+            return
+        probe = ReadOnly(tmp_path / "read-only-probe")
+        probe.directory.mkdir()
+        try:
+            probe.on()
+        except subprocess.CalledProcessError as error:
+            pytest.skip(f"root, and a read-only bind mount is not allowed here: {error.stderr}")
+        probe.off()
+        probe.directory.rmdir()
+
+    def on(self) -> None:
+        if self.mode is not None or self.mounted:
+            return
+        if os.geteuid() != 0:
+            self.mode = self.directory.stat().st_mode
+            self.directory.chmod(0o555)
+            return
+        where = str(self.directory)
+        subprocess.run(["mount", "--bind", where, where], check=True, capture_output=True)
+        self.mounted = True
+        subprocess.run(["mount", "-o", "remount,bind,ro", where], check=True, capture_output=True)
+
+    def off(self) -> None:
+        if self.mode is not None:
+            self.directory.chmod(self.mode)
+            self.mode = None
+        if self.mounted:
+            subprocess.run(["umount", str(self.directory)], check=True, capture_output=True)
+            self.mounted = False
+
+
+@pytest.mark.timeout(120)
+def test_a_checkpoints_folder_made_read_only_is_a_write_failure_not_a_deletion(tmp_path):
+    """Made read-only between two saves: the next save creates nothing and says why, where
+    it said the files had been deleted by another process."""
+    ReadOnly.skip_unless_possible(tmp_path)
+    cfg = tiny_config()
+    directory = tmp_path / "checkpoints"
+    checkpointer = Checkpointer(directory, cfg, env_spec(cfg.env))
+    read_only = ReadOnly(directory)
+    try:
+        checkpointer.save(fresh_state(cfg, seed=1, version=1))
+        checkpointer.wait()
+        read_only.on()
+        checkpointer.save(fresh_state(cfg, seed=2, version=2))
+        with pytest.raises(CheckpointWriteFailed) as error:
+            checkpointer.wait()
+        assert re.fullmatch(
+            f"checkpoint 2 could not be written in {re.escape(str(directory))}: "
+            r"\[Errno (13|30)\] (Permission denied|Read-only file system).*",
+            str(error.value),
+        ), str(error.value)
+        assert sorted(p.name for p in directory.iterdir()) == ["1"]
+    finally:
+        read_only.off()
+        checkpointer.close()
+    assert sorted(p.name for p in directory.iterdir()) == ["1"]
+
+
+@pytest.mark.timeout(120)
+def test_a_checkpoints_folder_made_read_only_during_a_write_names_what_it_could_not_remove(
+    tmp_path, monkeypatch
+):
+    """Made read-only while a step is written: the unfinished step cannot be removed any more
+    (nobody may delete in a read-only folder). The one-line error says so, it is never read
+    as a checkpoint, and the next writer of the run, once it may write, removes it."""
+    ReadOnly.skip_unless_possible(tmp_path)
+    cfg = tiny_config()
+    directory = tmp_path / "checkpoints"
+    read_only = ReadOnly(directory)
+    manifest = podrace.checkpoints.files.write_manifest
+
+    def read_only_first(step_dir):
+        read_only.on()
+        manifest(step_dir)
+
+    checkpointer = Checkpointer(directory, cfg, env_spec(cfg.env))
+    try:
+        checkpointer.save(fresh_state(cfg, seed=1, version=1))
+        checkpointer.wait()
+        monkeypatch.setattr(podrace.checkpoints.files, "write_manifest", read_only_first)
+        checkpointer.save(fresh_state(cfg, seed=2, version=2))
+        with pytest.raises(CheckpointWriteFailed) as error:
+            checkpointer.wait()
+        text = str(error.value)
+        assert "\n" not in text and text.startswith(
+            f"checkpoint 2 could not be written in {directory}: "
+        ), text
+        assert text.endswith(
+            f"; {directory / '2.partial'} could not be removed (it is never read as a "
+            "checkpoint; the run's next writer removes it)"
+        ), text
+    finally:
+        read_only.off()
+        checkpointer.close()
+    assert checkpoint_steps(directory) == [1]
+    monkeypatch.setattr(podrace.checkpoints.files, "write_manifest", manifest)
+    save_versions(directory, cfg, [3])  # a resumed run, say
+    assert sorted(p.name for p in directory.iterdir()) == ["1", "3"]
+
+
 # Clear errors ---------------------------------------------------------------------------
 
 
@@ -642,6 +755,10 @@ def _meta(edit: Callable[[dict], object]) -> Callable[[Path], None]:
         (_meta(lambda m: m.update(env_spec=None)), "meta: 'env_spec' must be a mapping, got null"),
         (_meta(lambda m: m.update(time_s="soon")), "meta: 'time_s' must be a non-negative number"),
         (
+            _meta(lambda m: m.update(env_factory={"name": "f", "import": "os:system; rm"})),
+            'meta: \'env_factory\' must be {"name": str, "import": "module:qualname" or null}',
+        ),
+        (
             _meta(lambda m: m["config"]["env"].update(num_envs="lots")),
             'env.num_envs must be int, got "lots"',
         ),
@@ -671,6 +788,7 @@ def _meta(edit: Callable[[dict], object]) -> Callable[[Path], None]:
         "version-type",
         "env-spec-type",
         "time-type",
+        "env-factory-shape",
         "num-envs-type",
         "hidden-sizes-type",
         "env-section-type",
@@ -688,6 +806,23 @@ def test_a_manifest_or_meta_of_the_wrong_shape_is_a_corrupt_checkpoint(tmp_path,
         f"corrupt checkpoint: config of checkpoint {tmp_path / '1'}"
     ), text
     assert message in text and "\n" not in text, text
+
+
+@pytest.mark.timeout(120)
+def test_a_step_folder_renamed_to_another_step_is_a_corrupt_checkpoint(tmp_path):
+    """The folder's name is the step a resume continues from and a resume's later writes
+    are named by: a folder whose meta holds another update is refused, not loaded as it."""
+    cfg = tiny_config()
+    save_versions(tmp_path, cfg, [1])
+    os.rename(tmp_path / "1", tmp_path / "5")
+    message = re.escape(
+        f"corrupt checkpoint: {tmp_path / '5' / 'meta'}: it holds update 1, "
+        "but its folder is named 5 (a step folder must keep the name it was written with)"
+    )
+    with pytest.raises(ConfigError, match=f"^{message}$"):
+        read_config(tmp_path, 5)
+    with pytest.raises(ConfigError, match=f"^{message}$"):
+        restore(tmp_path, fresh_state(cfg), env_spec(cfg.env))
 
 
 @pytest.mark.timeout(120)

@@ -1,3 +1,4 @@
+import errno
 import importlib.util
 import json
 import os
@@ -688,3 +689,108 @@ def test_a_save_cut_by_the_exit_grace_is_named_in_the_one_stop_line(capsys):
         "podrace: SIGTERM received, stopped cleanly; checkpoint 3 saved "
         "(podrace train --resume runs/r)"
     ]
+
+
+class _FillingDisk:
+    """metrics.jsonl on a disk that fills up after `room` lines: a write then fails as the
+    system's write does (the file is a real one, opened as JsonlSink opens it)."""
+
+    room = 3
+
+    @classmethod
+    def open(cls, path, mode, buffering=-1):
+        import io
+
+        class File(io.FileIO):
+            def write(self, data):
+                if cls.room <= 0:
+                    raise OSError(errno.ENOSPC, "No space left on device")
+                cls.room -= 1
+                return super().write(data)
+
+        return File(path, mode)
+
+
+@pytest.mark.timeout(180)
+def test_a_full_disk_under_the_metrics_and_the_last_checkpoint_is_one_line(
+    capsys, tmp_path, monkeypatch
+):
+    """The metrics sink fails first, then the final save on the same full disk: the second
+    failure was a `podrace: warning:` line ahead of the error; it is part of the one line."""
+    import podrace.checkpoints.files
+    import podrace.metrics.loggers
+
+    def disk_full(step_dir):
+        raise OSError(errno.ENOSPC, "No space left on device", str(step_dir / "manifest"))
+
+    monkeypatch.setattr(podrace.metrics.loggers, "open", _FillingDisk.open, raising=False)
+    monkeypatch.setattr(podrace.checkpoints.files, "write_manifest", disk_full)
+    code, out, err = run_cli(
+        capsys,
+        "train",
+        "cartpole-ppo",
+        "--log.run-dir",
+        str(tmp_path),
+        "--log.run-name",
+        "r",
+        "--total-steps",
+        "100000000",
+        "--log.console",
+        "none",
+        "--log.interval-s",
+        "0.05",
+    )
+    run_dir = tmp_path / "r"
+    assert code == 1 and len(err.splitlines()) == 1, err
+    assert err.startswith(
+        f"podrace: error: logger failed: SinkError: cannot write metrics to "
+        f"{run_dir / 'metrics.jsonl'}: No space left on device; checkpoint "
+    ), err
+    assert f"could not be written in {run_dir / 'checkpoints'}: [Errno 28] No space left" in err
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 3
+    assert list((run_dir / "checkpoints").iterdir()) == []  # the failed write gave its space back
+
+
+@pytest.mark.timeout(300)
+def test_a_run_directory_deleted_while_the_run_trains_ends_it_in_one_line(tmp_path):
+    """The run went on training into the deleted directory (its metrics into the unlinked
+    file), and its final save made a directory of that name again with only a checkpoint
+    in it, which it then offered to resume."""
+    import shutil
+
+    from tests.test_cli_resume import FLAGS, cli, lines_of
+    from tests.waiting import wait_until
+
+    run_dir = tmp_path / "r"
+    proc = cli(
+        "train",
+        "cartpole-ppo",
+        "--log.run-dir",
+        str(tmp_path),
+        "--log.run-name",
+        "r",
+        "--total-steps",
+        "100000000",
+        *FLAGS,
+    )
+    try:
+        wait_until(
+            lambda: (
+                proc.poll() is not None
+                or any(line.get("version", 0) >= 1 for line in lines_of(run_dir))
+            ),
+            timeout=240,
+        )
+        shutil.rmtree(run_dir)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 1 and len(err.splitlines()) == 1, err
+    assert err.startswith(
+        f"podrace: error: logger failed: SinkError: cannot write metrics to "
+        f"{run_dir / 'metrics.jsonl'}: the file was deleted, with the run directory; "
+        f"checkpoint "
+    ), err
+    assert err.rstrip().endswith(f"cannot be written: the run directory {run_dir} was deleted")
+    assert not run_dir.exists()

@@ -15,11 +15,13 @@ from pathlib import Path
 
 import pytest
 
+import podrace
 from podrace.checkpoints.files import checkpoint_steps
-from podrace.checkpoints.read import read_meta
+from podrace.checkpoints.read import read_config, read_meta
 from podrace.checkpoints.resume import SUPERSEDED
 from podrace.checkpoints.state import checkpoint_dir
-from podrace.config import ConfigError
+from podrace.config import ConfigError, replace
+from tests.envs.user_envs import CONSTANT_RETURN, constant_envs
 from tests.runtime.test_resume import fake_run, snapshot
 from tests.runtime.test_signals import EXIT_SLACK_S
 from tests.runtime.test_single_host import small
@@ -29,6 +31,7 @@ from tests.xla_flags import without_device_count
 
 REPO = Path(__file__).resolve().parents[1]
 SPU = 64 * 8  # cartpole-ppo: env steps per update
+SMALL_SPU = 8 * 2 * 16  # tests.runtime.test_single_host.small: env steps per update
 FLAGS = [
     "--log.console",
     "none",
@@ -118,6 +121,27 @@ def test_resume_errors_are_one_line_exit_2_and_change_nothing(capsys, tmp_path, 
 
 
 @pytest.mark.timeout(120)
+def test_a_resume_from_a_renamed_step_folder_is_refused_and_changes_nothing(capsys, tmp_path):
+    """checkpoints/2 renamed to checkpoints/5: resuming it would continue update 2 while its
+    later steps and counters said 5."""
+    run_dir = fake_run(
+        tmp_path, small(tmp_path, **{"log.run_name": "r", "network.hidden_sizes": (8,)})
+    )
+    os.rename(run_dir / "checkpoints" / "2", run_dir / "checkpoints" / "5")
+    before = snapshot(tmp_path)
+    for pick in (["--resume-from", "5"], []):
+        code, out, err = run_cli(
+            capsys, "train", "--resume", str(run_dir), *pick, "--total-steps", "100000"
+        )
+        assert code == 2 and err.splitlines() == [
+            f"podrace: error: corrupt checkpoint: {run_dir / 'checkpoints' / '5' / 'meta'}: it "
+            "holds update 2, but its folder is named 5 (a step folder must keep the name it was "
+            "written with)"
+        ], err
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.timeout(120)
 def test_the_cli_pins_the_latest_step_and_says_so(tmp_path):
     """A resume reads the config before it holds the run: if another resume of the run ends
     in between, the refusal must say so, not name a step the user never chose."""
@@ -153,6 +177,71 @@ def test_a_resume_of_a_run_still_writing_is_in_use_before_its_checkpoints_are_re
             parse_resumed(str(run_dir), None, [])
     finally:
         lock.release()
+
+
+def factory_run(tmp_path: Path, factory, **changes) -> Path:
+    """A run trained from Python, `podrace.train(cfg, env_factory=factory)`: 2 updates, its
+    checkpoint at the end. `cfg.env.id` keeps CartPole's id, whose spaces ConstantEnv has."""
+    base = {"log.run_name": "f", "network.hidden_sizes": (8,), "total_steps": 2 * SMALL_SPU}
+    cfg = small(tmp_path, **{**base, **changes})
+    return podrace.train(cfg, env_factory=factory).run_dir
+
+
+@pytest.mark.timeout(300)
+def test_a_run_trained_with_an_env_factory_resumes_from_the_cli_on_that_factorys_envs(
+    capsys, tmp_path
+):
+    """The run records `module:qualname` of its factory; `--resume` imports it, where it
+    played CartPole (the config's unused id) before."""
+    run_dir = factory_run(tmp_path, constant_envs)
+    code, out, err = run_cli(
+        capsys, "train", "--resume", str(run_dir), "--total-steps", str(4 * SMALL_SPU)
+    )
+    assert code == 0, err
+    lines = lines_of(run_dir)
+    assert lines[-1]["version"] == 4 and lines[-1]["eval/return"] == CONSTANT_RETURN, lines[-1]
+    played = {line["episode/return"] for line in lines if "episode/return" in line}
+    assert played == {CONSTANT_RETURN}, played
+    step, meta = read_meta(checkpoint_dir(run_dir))
+    assert step == 4 and meta["env_factory"] == {
+        "name": "constant_envs",
+        "import": "tests.envs.user_envs:constant_envs",
+    }
+
+
+@pytest.mark.timeout(300)
+def test_a_run_of_an_env_factory_no_command_can_import_is_refused_with_how_to_continue(
+    capsys, tmp_path
+):
+    """A factory defined inside a function (or in a script run as __main__) cannot be
+    imported by a command: the resume is refused in one line, nothing changes, and the way
+    the line names, from Python with the same factory, continues the run."""
+    from podrace.checkpoints.resume import Resume
+    from podrace.envs import EnvSource
+    from podrace.runtime.run import train as train_threads
+
+    def local_envs(num_envs, seed):
+        return constant_envs(num_envs, seed)
+
+    run_dir = factory_run(tmp_path, local_envs)
+    before = snapshot(run_dir)
+    code, out, err = run_cli(
+        capsys, "train", "--resume", str(run_dir), "--total-steps", str(4 * SMALL_SPU)
+    )
+    name = local_envs.__qualname__
+    assert code == 2 and err.splitlines() == [
+        f"podrace: error: cannot resume {run_dir}: its envs came from the env factory {name!r}, "
+        "which podrace cannot import (only a function or class defined at the top level of an "
+        "importable module can be, not one defined inside a function or in a script run as "
+        "__main__); continue the run from Python with the same factory: "
+        "podrace.runtime.run.train(None, envs=podrace.envs.EnvSource(cfg.env, factory), "
+        f"resume=podrace.checkpoints.resume.Resume({str(run_dir)!r}))"
+    ], err
+    assert snapshot(run_dir) == before
+
+    cfg = replace(read_config(checkpoint_dir(run_dir))[1], total_steps=4 * SMALL_SPU)
+    result = train_threads(cfg, envs=EnvSource(cfg.env, local_envs), resume=Resume(run_dir))
+    assert result.updates == 4 and result.final_eval.mean_return == CONSTANT_RETURN
 
 
 def cli(*args: str, script: str | None = None) -> subprocess.Popen:

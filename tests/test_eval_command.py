@@ -20,10 +20,10 @@ import podrace.checkpoints.read
 import podrace.commands.eval
 from podrace.checkpoints.files import Checkpointer, checkpoint_steps, latest_step
 from podrace.checkpoints.state import RunState, checkpoint_dir
-from podrace.commands.eval import EvalOptions, evaluate_run, play_episodes
+from podrace.commands.eval import EvalOptions, evaluate_run, play_episodes, summary
 from podrace.config import ConfigError
 from podrace.envs import env_spec, make_env
-from tests.envs.user_envs import MatchEnv
+from tests.envs.user_envs import CONSTANT_RETURN, MatchEnv, constant_envs
 from tests.test_checkpoint import fresh_state, save_versions, tiny_config
 from tests.test_evaluate import FixedLengthEnv
 
@@ -203,7 +203,7 @@ def unwritable_dir(path: Path) -> Path:
 @pytest.mark.timeout(60)
 def test_an_output_that_cannot_be_written_is_refused_before_loading(tmp_path, monkeypatch):
     run = make_run(tmp_path / "run")
-    monkeypatch.setattr(podrace.commands.eval, "read_config", fail_if_called("read_config"))
+    monkeypatch.setattr(podrace.commands.eval, "read_run", fail_if_called("read_run"))
     monkeypatch.setattr(podrace.commands.eval, "make_env", fail_if_called("make_env"))
     locked = unwritable_dir(tmp_path / "locked")
     a_file = tmp_path / "a-file"
@@ -242,7 +242,7 @@ def test_an_output_that_cannot_be_written_is_refused_before_loading(tmp_path, mo
 @pytest.mark.parametrize("seed", [-1, 2**31, 2**64])
 def test_a_seed_out_of_range_is_refused_before_loading(tmp_path, monkeypatch, seed):
     run = make_run(tmp_path / "run")
-    monkeypatch.setattr(podrace.commands.eval, "read_config", fail_if_called("read_config"))
+    monkeypatch.setattr(podrace.commands.eval, "read_run", fail_if_called("read_run"))
     with pytest.raises(ConfigError, match=rf"^--seed must be in \[0, 2\*\*31 - 1\], got {seed}$"):
         evaluate_run(EvalOptions(run, seed=seed))
     monkeypatch.undo()
@@ -309,6 +309,63 @@ def test_a_live_run_rotating_its_checkpoints_spares_the_one_being_evaluated(
     assert checkpoint_steps(checkpoint_dir(run)) == [5]
     with pytest.raises(ConfigError, match=r"no checkpoint for step 4 .*\(saved: 5\)"):
         evaluate_run(EvalOptions(run, checkpoint=4))
+
+
+@pytest.mark.timeout(120)
+def test_eval_of_a_renamed_step_folder_is_a_corrupt_checkpoint(tmp_path):
+    run = make_run(tmp_path / "run")
+    os.rename(run / "checkpoints" / "3", run / "checkpoints" / "8")
+    for checkpoint in (8, None):
+        with pytest.raises(
+            ConfigError,
+            match=re.escape(
+                f"corrupt checkpoint: {run / 'checkpoints' / '8' / 'meta'}: it holds update 3,"
+            ),
+        ):
+            evaluate_run(EvalOptions(run, checkpoint=checkpoint, episodes=1))
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.json"]
+
+
+@pytest.mark.timeout(300)
+def test_eval_of_a_run_trained_with_an_env_factory_plays_that_factorys_envs(capsys, tmp_path):
+    """The run's config names CartPole (unused with a factory): eval played CartPole."""
+    from tests.test_cli import run_cli
+    from tests.test_cli_resume import factory_run
+
+    run = factory_run(tmp_path, constant_envs)
+    result = evaluate_run(EvalOptions(run, episodes=3))
+    assert result["returns"] == [CONSTANT_RETURN] * 3, result["returns"]
+    assert (result["env_factory"], result["env_id"]) == ("tests.envs.user_envs:constant_envs", None)
+    assert "env factory tests.envs.user_envs:constant_envs (ppo), checkpoint 2" in summary(result)
+    video = tmp_path / "episode.gif"
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(
+            f"--video records an env made from an env id; the envs of {run} came from the env "
+            "factory 'tests.envs.user_envs:constant_envs'"
+        ),
+    ):
+        evaluate_run(EvalOptions(run, episodes=1, video=video))
+    assert not video.exists()
+
+    def local_envs(num_envs, seed):
+        return constant_envs(num_envs, seed)
+
+    other = factory_run(tmp_path, local_envs, **{"log.run_name": "g"})
+    before = sorted(other.iterdir())
+    code, out, err = run_cli(capsys, "eval", str(other))
+    assert code == 2 and err.splitlines() == [
+        f"podrace: error: cannot evaluate {other}: its envs came from the env factory "
+        f"{local_envs.__qualname__!r}, which podrace cannot import (only a function or class "
+        "defined at the top level of an importable module can be, not one defined inside a "
+        "function or in a script run as __main__); evaluate it from Python with the same "
+        "factory: podrace.commands.eval.evaluate_run(podrace.commands.eval.EvalOptions("
+        f"{str(other)!r}), env_factory=factory)"
+    ], err
+    assert sorted(other.iterdir()) == before
+    result = evaluate_run(EvalOptions(other, episodes=2), env_factory=local_envs)
+    assert result["returns"] == [CONSTANT_RETURN] * 2
+    assert result["env_factory"] == local_envs.__qualname__
 
 
 @pytest.mark.timeout(120)
@@ -380,6 +437,58 @@ def test_video_of_an_env_that_cannot_render_is_refused_before_playing(
     assert "\n" not in str(error.value)
     assert not (tmp_path / "episode.gif").exists()
     assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.json"]
+
+
+NO_RENDERER = """
+import gymnasium
+from tests.envs.user_envs import MatchEnv
+from tests.test_eval_command import NoFrames
+
+gymnasium.register("podrace-norender/NoRenderMode-v0", entry_point=MatchEnv)
+gymnasium.register("podrace-norender/NoFrames-v0", entry_point=NoFrames)
+"""
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    "env,message",
+    [
+        ("NoRenderMode-v0", "cannot be rendered by Gymnasium: MatchEnv() takes no arguments"),
+        ("NoFrames-v0", "cannot be recorded: render() gave None, not an RGB frame"),
+    ],
+)
+def test_the_cli_refuses_a_video_of_an_env_without_a_renderer_in_its_one_line_only(
+    tmp_path, monkeypatch, env, message
+):
+    """Gymnasium's warnings (render_mode not among the env's, no render fps, render() gave
+    None) came as two to four lines of theirs ahead of podrace's error."""
+    env_id = f"podrace_no_renderer:podrace-norender/{env}"
+    (tmp_path / "podrace_no_renderer.py").write_text(NO_RENDERER)
+    monkeypatch.setattr(
+        sys, "path", [str(tmp_path)] + [p for p in sys.path if p not in ("", str(tmp_path))]
+    )
+    try:
+        run = make_run(tmp_path / "run", cfg=tiny_config(**{"env.id": env_id}))
+    finally:
+        sys.modules.pop("podrace_no_renderer", None)
+        for name in ("NoRenderMode-v0", "NoFrames-v0"):
+            gymnasium.registry.pop(f"podrace-norender/{name}", None)
+    environ = {**os.environ, "PYTHONPATH": str(REPO)}
+    video = tmp_path / "episode.gif"
+    proc = subprocess.run(
+        [sys.executable, "-m", "podrace.cli", "eval", "run", "--video", str(video)],
+        cwd=tmp_path,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith(f"podrace: error: env {env_id!r} {message}"), proc.stderr
+    assert not video.exists() and sorted(p.name for p in run.iterdir()) == [
+        "checkpoints",
+        "config.json",
+    ]
 
 
 DYING_RENDER = """

@@ -2,9 +2,10 @@
 
 `<run dir>/checkpoints/<version>/` holds two orbax items, `arrays` (train state, keys,
 normalizer statistics: host copies) and `meta` (JSON: counters, next sequence numbers, the
-resolved config, the env spec), plus `podrace_manifest.json` (size and SHA-256 of every
-file). A step is written whole under another name (`<version>.partial`: orbax's items, then
-the manifest) and renamed to `<version>` only then, so an integer-named directory is a
+resolved config, the env spec, the env factory of a run given one), plus
+`podrace_manifest.json` (size and SHA-256 of every file). A step is written whole under
+another name (`<version>.partial`: orbax's items, then the manifest) and renamed to
+`<version>` only then, so an integer-named directory is a
 complete checkpoint with its manifest, and a write killed at any moment never hides or
 damages the previous one (tests/test_checkpoint.py kills a writer to check this rather than
 trusting it); the next writer of the run clears what a killed write or deletion left. The
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import hashlib
 import json
@@ -82,6 +84,14 @@ def storage_error_text(error: BaseException, directory: Path) -> str:
     return text if len(text) <= 500 else f"{text[:150]} ... {text[-300:]}"
 
 
+def _is_refusal(error: BaseException) -> bool:
+    """The storage refused to write: permissions or a read-only file system (an OSError, or
+    TensorStore's "PERMISSION_DENIED: ..." status)."""
+    if isinstance(error, OSError):
+        return error.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+    return str(error).startswith("PERMISSION_DENIED") or "Read-only file system" in str(error)
+
+
 def _is_storage_error(error: BaseException) -> bool:
     """OSError, or orbax/TensorStore's status error ("RESOURCE_EXHAUSTED: ...")."""
     return isinstance(error, OSError) or re.match(r"[A-Z][A-Z_]+: ", str(error)) is not None
@@ -134,7 +144,11 @@ class Checkpointer:
         spec: EnvSpec,
         metrics: Metrics | None = None,
         writers: Writers = ONE_PROCESS,
+        env_factory: dict | None = None,
     ):
+        """`env_factory`: `podrace.envs.source.factory_record` of the run's env factory (None:
+        its envs come from `cfg.env.id`), kept in the meta so that a resume or an eval builds
+        the same envs."""
         self.directory = Path(directory).absolute()
         self.writers = writers
         self.every_updates = cfg.checkpoint.every_updates
@@ -144,6 +158,8 @@ class Checkpointer:
             "config": dataclasses.asdict(cfg),
             "env_spec": spec_json(spec),
         }
+        if env_factory is not None:
+            self._meta["env_factory"] = env_factory
         self.keep = cfg.checkpoint.keep
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
         self._pending: Future | None = None
@@ -200,8 +216,12 @@ class Checkpointer:
             arrays=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta)
         )
         try:
-            # Deleted since the last save: made again.
-            self.directory.mkdir(parents=True, exist_ok=True)
+            if not self.directory.parent.is_dir():  # made again, it would hold only this step
+                raise CheckpointFilesRemoved(
+                    f"checkpoint {step} cannot be written: the run directory "
+                    f"{self.directory.parent} was deleted"
+                )
+            self.directory.mkdir(exist_ok=True)  # deleted since the last save: made again
             if final.exists():
                 raise FileExistsError(
                     f"checkpoint {step} already exists in {self.directory}; it is never replaced"
@@ -219,12 +239,14 @@ class Checkpointer:
                 write_manifest(partial)
                 os.rename(partial, final)  # files and manifest appear together, or not at all
                 _sync_directory(self.directory)
-        except FileExistsError:
+        except (FileExistsError, CheckpointFilesRemoved):
             raise
         except Exception as error:
             unfinished = [partial, *self.directory.glob(f"{step}{PARTIAL}.orbax-checkpoint-tmp*")]
             missing = isinstance(error, FileNotFoundError) or str(error).startswith("NOT_FOUND")
-            if missing or not any(path.exists() for path in [final, *unfinished]):
+            # A folder that refuses writes (read-only, permissions) gets nothing: not a deletion.
+            refused = _is_refusal(error)
+            if missing or not (refused or any(path.exists() for path in [final, *unfinished])):
                 # orbax's own error is a 100-line dump of a TensorStore spec
                 raise CheckpointFilesRemoved(
                     f"files of checkpoint {step} in {self.directory} were deleted while it was "
@@ -233,10 +255,19 @@ class Checkpointer:
             if primary:
                 for path in unfinished:  # give the space back (a full disk)
                     shutil.rmtree(path, ignore_errors=True)
+            # A folder made read-only during the write keeps what was written before: named,
+            # as `leftovers` lets the run's next writer (a resume) remove it.
+            kept = [str(path) for path in unfinished if os.path.lexists(path)]
+            left = (
+                f"; {', '.join(kept)} could not be removed (it is never read as a checkpoint; "
+                "the run's next writer removes it)"
+                if kept and primary
+                else ""
+            )
             if _is_storage_error(error):
                 raise CheckpointWriteFailed(
                     f"checkpoint {step} could not be written in {self.directory}: "
-                    f"{storage_error_text(error, self.directory)}"
+                    f"{storage_error_text(error, self.directory)}{left}"
                 ) from error
             raise
         self.metrics.add("checkpoint/write_s", time.perf_counter() - start)

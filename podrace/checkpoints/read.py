@@ -216,6 +216,19 @@ def _check_meta(step_dir: Path, meta: dict) -> None:
             "'actor_restarts' must be a list of non-negative integers, one per actor, got "
             f"{json.dumps(restarts)[:80]}",
         )
+    factory = meta.get("env_factory")  # absent: envs from the config's env id
+    reference = factory.get("import") if isinstance(factory, dict) else None
+    if "env_factory" in meta and not (
+        isinstance(factory, dict)
+        and set(factory) == {"name", "import"}
+        and isinstance(factory["name"], str)
+        and (reference is None or re.fullmatch(r"[\w.]+:[\w.]+", str(reference)))
+    ):
+        raise problem(
+            "env_factory",
+            '\'env_factory\' must be {"name": str, "import": "module:qualname" or null}, '
+            f"got {json.dumps(factory)[:80]}",
+        )
 
 
 def _stored_config(step_dir: Path, meta: dict) -> TrainConfig:
@@ -251,6 +264,13 @@ def _read(directory: Path, step: int | None) -> tuple[int, Path, dict, TrainConf
             f"checkpoint {step_dir} has format {found}, this podrace reads format {FORMAT}"
         )
     _check_meta(step_dir, meta)
+    if meta["version"] != step:
+        # The folder's name is the step a resume continues from and names its later steps
+        # by: loading another update under it would make the run's counters disagree.
+        raise ConfigError(
+            f"corrupt checkpoint: {step_dir / 'meta'}: it holds update {meta['version']}, "
+            f"but its folder is named {step} (a step folder must keep the name it was written with)"
+        )
     return step, step_dir, meta, _stored_config(step_dir, meta)
 
 
@@ -264,6 +284,14 @@ def read_config(directory: Path, step: int | None = None) -> tuple[int, TrainCon
     """(step, the resolved config the checkpoint was saved with)."""
     step, _, _, cfg = _read(directory, step)
     return step, cfg
+
+
+def read_run(directory: Path, step: int | None = None) -> tuple[int, TrainConfig, dict | None]:
+    """(step, config, env factory record) of a checkpoint: what a resume or an eval builds
+    the run's envs from (`podrace.envs.source.stored_env_source`; None: the config's env id,
+    as in every checkpoint of a run without an env factory and of older podrace)."""
+    step, _, meta, cfg = _read(directory, step)
+    return step, cfg, meta.get("env_factory")
 
 
 def _flat_shapes(tree: PyTree) -> dict[str, tuple[tuple[int, ...], np.dtype]]:

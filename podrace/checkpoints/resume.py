@@ -22,10 +22,14 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from podrace import json_text
 from podrace.checkpoints.state import checkpoint_dir
 from podrace.config import ConfigError, TrainConfig, leaves, replace
+
+if TYPE_CHECKING:
+    from podrace.envs import EnvSource
 
 RESUMABLE = (
     "total_steps",
@@ -79,6 +83,9 @@ class ResumePoint:
     """The config saved with the checkpoint (pointing at `run_dir`)."""
     cfg: TrainConfig
     """What the resumed run uses: `stored` plus the allowed changes."""
+    env_factory: dict | None = None
+    """The env factory the run recorded (`podrace.envs.source.factory_record`); None: its
+    envs come from the config's env id."""
 
 
 def _checkpoints(run_dir: Path) -> Path:
@@ -114,8 +121,14 @@ def stored_config(resume: Resume) -> tuple[int, TrainConfig]:
     Verifies the checkpoint's files (a damaged one is a ConfigError naming the file). Starts
     no JAX backend: a multi-host process reads it before it joins the others.
     """
+    step, cfg, _ = stored_run(resume)
+    return step, cfg
+
+
+def stored_run(resume: Resume) -> tuple[int, TrainConfig, dict | None]:
+    """`stored_config` and the env factory the checkpoint recorded (None: none)."""
     from podrace.checkpoints.files import checkpoint_steps, leftovers, step_lock
-    from podrace.checkpoints.read import read_config
+    from podrace.checkpoints.read import read_run
 
     run_dir = Path(resume.run_dir)
     check_run_dir(run_dir)
@@ -150,9 +163,9 @@ def stored_config(resume: Resume) -> tuple[int, TrainConfig]:
     with step_lock(
         _checkpoints(run_dir) / str(chosen), shared=True
     ):  # a live run's rotation spares it
-        step, cfg = read_config(_checkpoints(run_dir), chosen)
+        step, cfg, env_factory = read_run(_checkpoints(run_dir), chosen)
     here = {"log.run_dir": str(run_dir.absolute().parent), "log.run_name": run_dir.absolute().name}
-    return step, replace(cfg, **here)
+    return step, replace(cfg, **here), env_factory
 
 
 def check_changes(stored: TrainConfig, cfg: TrainConfig, step: int) -> None:
@@ -180,11 +193,28 @@ def resume_point(resume: Resume, cfg: TrainConfig | None = None) -> ResumePoint:
     """Check a resume request; `cfg` (default: the stored config) may change RESUMABLE fields.
     Where the run lives is `resume.run_dir`, whatever `cfg.log` says (e.g. the run name
     None of the config a fresh run was started with)."""
-    step, stored = stored_config(resume)
+    step, stored, env_factory = stored_run(resume)
     where = {"log.run_dir": stored.log.run_dir, "log.run_name": stored.log.run_name}
     cfg = stored if cfg is None else replace(cfg, **where)
     check_changes(stored, cfg, step)
-    return ResumePoint(Path(resume.run_dir), step, stored, cfg)
+    return ResumePoint(Path(resume.run_dir), step, stored, cfg, env_factory)
+
+
+def resumed_envs(point: ResumePoint, given: EnvSource | None) -> EnvSource:
+    """Where the resumed run's envs come from: `given` (a Python caller's), else the env
+    factory the run recorded, imported, else the config's env id. A run whose recorded
+    factory cannot be imported is refused (its config's env id was never its env), with
+    the way to continue it."""
+    from podrace.envs.source import FactoryNotImportable, stored_env_source
+
+    try:
+        return stored_env_source(point.cfg.env, point.env_factory, given)
+    except FactoryNotImportable as error:
+        raise ConfigError(
+            f"cannot resume {point.run_dir}: {error}; continue the run from Python with the same "
+            "factory: podrace.runtime.run.train(None, envs=podrace.envs.EnvSource("
+            f"cfg.env, factory), resume=podrace.checkpoints.resume.Resume({str(point.run_dir)!r}))"
+        ) from None
 
 
 # Metrics -------------------------------------------------------------------------------
@@ -275,7 +305,9 @@ __all__ = [
     "check_run_dir",
     "commit",
     "resume_point",
+    "resumed_envs",
     "split_metrics",
     "run_config_json",
     "stored_config",
+    "stored_run",
 ]

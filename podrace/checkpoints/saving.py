@@ -29,7 +29,8 @@ FAILED_RUN_WRITE_WAIT_S = 10.0
 
 
 class RunCheckpoints:
-    """The checkpoints of one run; `start` is the state it begins from (fresh or restored).
+    """The checkpoints of one run; `start` is the state it begins from (fresh or restored),
+    `env_factory` what they record of the run's env factory (see `Checkpointer`).
 
     States at or before `start.version` are never saved again (they are the checkpoint a
     resumed run came from, or a fresh run's untrained params). Call `record`/`save_final`/
@@ -44,9 +45,11 @@ class RunCheckpoints:
         metrics: Metrics,
         start: RunState,
         writers: Writers = ONE_PROCESS,
+        env_factory: dict | None = None,
     ):
         self._cfg, self._spec, self._run_dir, self._metrics = cfg, spec, Path(run_dir), metrics
         self._writers = writers
+        self._env_factory = env_factory
         self._checkpointer: Checkpointer | None = None
         self._first_version = start.version
         self.point = start
@@ -63,7 +66,12 @@ class RunCheckpoints:
         nothing where the writers cannot write (see `Writers.enabled`)."""
         if self._writers.enabled:
             self._checkpointer = Checkpointer(
-                checkpoint_dir(self._run_dir), self._cfg, self._spec, self._metrics, self._writers
+                checkpoint_dir(self._run_dir),
+                self._cfg,
+                self._spec,
+                self._metrics,
+                self._writers,
+                self._env_factory,
             )
 
     @property
@@ -130,9 +138,10 @@ class RunCheckpoints:
         """Finish the write in progress and release the writer.
 
         A failure is the run's failure as component `checkpoint`, unless the run already
-        failed (then it is logged: the first failure is the one to report). After a failure,
-        a write that several processes make together is waited for at most
-        FAILED_RUN_WRITE_WAIT_S: it may wait for a process that is gone."""
+        failed (then it is a note of that failure: the first failure is the one to report,
+        and the CLI reports both on its one line). After a failure, a write that several
+        processes make together is waited for at most FAILED_RUN_WRITE_WAIT_S: it may wait
+        for a process that is gone."""
         if self._checkpointer is not None:
             checkpointer, self._checkpointer = self._checkpointer, None
             if lifetime.failure is not None and self._writers.num_processes > 1:
@@ -150,8 +159,8 @@ class RunCheckpoints:
         except Exception as error:  # noqa: BLE001 - becomes the run's failure
             if lifetime.failure is None:
                 lifetime.fail("checkpoint", error)
-            else:
-                log.warning("checkpoint not written: %s", error)
+            else:  # often the same cause (a full disk): told with the failure, not apart
+                lifetime.failure.add_note(str(error))
 
 
 __all__ = ["RunCheckpoints"]

@@ -23,13 +23,19 @@ import tyro
 from podrace import json_text
 from podrace.algos.normalizer import acting_apply, acting_params, init_normalizer
 from podrace.checkpoints.files import latest_step, step_lock
-from podrace.checkpoints.read import read_config, restore
+from podrace.checkpoints.read import read_run, restore
 from podrace.checkpoints.state import RunState, checkpoint_dir
 from podrace.commands.outputs import check_writable
 from podrace.commands.std_streams import print_error, print_result
 from podrace.commands.supervisor import signals_deferred
 from podrace.config import ConfigError, TrainConfig
-from podrace.envs import BatchedEnv, env_spec, make_env, resolve_backend
+from podrace.envs import BatchedEnv, EnvFactory, EnvSource, make_env
+from podrace.envs.source import (
+    FactoryNotImportable,
+    factory_name,
+    factory_reference,
+    stored_env_source,
+)
 from podrace.envs.user_modules import make_working_dir_importable
 from podrace.evaluate import STUCK_EPISODE_STEPS, EpisodeTally
 from podrace.learner_mesh import make_algorithm
@@ -162,6 +168,11 @@ def play_episodes(
     return tally
 
 
+def _factory_name(factory: EnvFactory) -> str:
+    """'module:qualname' of an importable factory, else its name."""
+    return factory_reference(factory) or factory_name(factory)
+
+
 def _stats(values: np.ndarray) -> dict[str, float]:
     return {
         "mean": float(values.mean()),
@@ -174,8 +185,13 @@ def _stats(values: np.ndarray) -> dict[str, float]:
 # The command --------------------------------------------------------------------------
 
 
-def load_checkpoint(opts: EvalOptions) -> tuple[int, TrainConfig, EnvSpec, RunState]:
-    """(step, config, env spec, state) of --checkpoint, or of the latest checkpoint.
+def load_checkpoint(
+    opts: EvalOptions, env_factory: EnvFactory | None = None
+) -> tuple[int, TrainConfig, EnvSource, EnvSpec, RunState]:
+    """(step, config, where the envs come from, env spec, state) of --checkpoint, or of the
+    latest checkpoint. The envs: `env_factory` when given, else the env factory the run
+    recorded (imported), else the config's env id; a recorded factory that cannot be
+    imported is a ConfigError saying how to evaluate the run from Python.
 
     A live run with `--checkpoint.keep K` deletes its oldest checkpoints after writing a new
     one. The step read here is held (`step_lock`), so the rotation spares it until the
@@ -189,14 +205,14 @@ def load_checkpoint(opts: EvalOptions) -> tuple[int, TrainConfig, EnvSpec, RunSt
         try:
             # Held from the config to the arrays: the run's rotation cannot delete it meanwhile.
             with step_lock(directory / str(step), shared=True):
-                step, cfg = read_config(directory, step)
+                step, cfg, record = read_run(directory, step)
                 make_working_dir_importable(
                     cfg.env.id
                 )  # a `module:Env` id, as `podrace train` does
-                resolve_backend(cfg.env)
-                spec = env_spec(cfg.env)
+                source = _env_source(opts, cfg, record, env_factory)
+                spec = source.spec()
                 state = restore(directory, abstract_run_state(cfg, spec), spec, step)
-            return step, cfg, spec, state
+            return step, cfg, source, spec, state
         except ConfigError:
             newer = latest_step(directory)
             rotated = (
@@ -207,11 +223,34 @@ def load_checkpoint(opts: EvalOptions) -> tuple[int, TrainConfig, EnvSpec, RunSt
     raise AssertionError("unreachable")
 
 
-def evaluate_run(opts: EvalOptions) -> dict:
-    """Load, play, print, write JSON (and a video). ConfigError for every user mistake."""
+def _env_source(
+    opts: EvalOptions, cfg: TrainConfig, record: dict | None, env_factory: EnvFactory | None
+) -> EnvSource:
+    given = EnvSource(cfg.env, env_factory) if env_factory is not None else None
+    try:
+        return stored_env_source(cfg.env, record, given)
+    except FactoryNotImportable as error:
+        raise ConfigError(
+            f"cannot evaluate {opts.run_dir}: {error}; evaluate it from Python with the same "
+            "factory: podrace.commands.eval.evaluate_run(podrace.commands.eval.EvalOptions("
+            f"{str(opts.run_dir)!r}), env_factory=factory)"
+        ) from None
+
+
+def evaluate_run(opts: EvalOptions, env_factory: EnvFactory | None = None) -> dict:
+    """Load, play, print, write JSON (and a video). ConfigError for every user mistake.
+
+    `env_factory`: the envs to play, for a run trained with `podrace.train(cfg,
+    env_factory=...)`; by default the factory the run recorded, or its config's env id."""
     _check_options(opts)
-    step, cfg, spec, state = load_checkpoint(opts)
+    step, cfg, source, spec, state = load_checkpoint(opts, env_factory)
     output = opts.output or _free_path(opts.run_dir / f"eval-{step}.json")
+    factory = None if source.factory is None else _factory_name(source.factory)
+    if opts.video is not None and factory is not None:
+        raise ConfigError(
+            f"--video records an env made from an env id; the envs of {opts.run_dir} came from "
+            f"the env factory {factory!r}"
+        )
     if opts.video is not None:
         check_renderable(cfg.env, opts.seed)
     network = make_network(cfg.network, spec)
@@ -220,7 +259,12 @@ def evaluate_run(opts: EvalOptions) -> dict:
     params = acting_params(state.train_state.params, state.normalizer)
     policy = make_actor(apply, params, opts.stochastic, opts.seed)
 
-    env = make_env(cfg.env, min(opts.episodes, MAX_EVAL_ENVS), opts.seed)
+    num_envs = min(opts.episodes, MAX_EVAL_ENVS)
+    env = (
+        make_env(cfg.env, num_envs, opts.seed)
+        if source.factory is None
+        else source.make(num_envs, opts.seed)
+    )
     try:
         tally = play_episodes(env, policy, opts.episodes, cfg.env.max_episode_steps)
     finally:
@@ -235,7 +279,8 @@ def evaluate_run(opts: EvalOptions) -> dict:
         "run_dir": str(opts.run_dir),
         "checkpoint": step,
         "env_steps": state.env_steps,
-        "env_id": cfg.env.id,
+        "env_id": cfg.env.id if factory is None else None,
+        **({} if factory is None else {"env_factory": factory}),
         "algo": cfg.algo,
         "policy": "stochastic" if opts.stochastic else "deterministic",
         "seed": opts.seed,
@@ -291,8 +336,11 @@ def _episodes(result: dict) -> str:
 
 def summary(result: dict) -> str:
     """What `podrace eval` prints."""
+    env = (
+        result["env_id"] if result["env_id"] is not None else f"env factory {result['env_factory']}"
+    )
     lines = [
-        f"{result['env_id']} ({result['algo']}), checkpoint {result['checkpoint']} "
+        f"{env} ({result['algo']}), checkpoint {result['checkpoint']} "
         f"({result['env_steps']:,} env steps): {_episodes(result)}, {result['policy']} policy"
     ]
     for name in ("return", "length"):

@@ -179,10 +179,11 @@ class Training:
             self.topology = topology = topology_for(cfg)
             topology.check(cfg)  # a missing Ray is a one-line error before JAX starts
             self.grace_s = topology.exit_grace_s
-            if not self.distributed:  # multi-host: checked by every process, together
+            # multi-host: checked by every process, together; a resumed run's envs (its env
+            # id, or the env factory it recorded) are checked by prepare
+            if not self.distributed and resume is None:
                 resolve_backend(cfg.env)
-                if resume is None:
-                    check_run_dir(cfg)
+                check_run_dir(cfg)
             from podrace.control import Lifetime, Stopped
 
             self.lifetime = lifetime = Lifetime()
@@ -211,7 +212,9 @@ class Training:
                 return 128 + error.error.signum
             if not isinstance(error.error, PeerLost) and not explains_itself(error.error):
                 traceback.print_exception(error.error, file=sys.stderr)
-            print(f"podrace: error: {error}", file=sys.stderr)
+            # Notes: what failed after it while the run was shutting down (its last save).
+            notes = "".join(f"; {note}" for note in getattr(error, "__notes__", ()))
+            print(f"podrace: error: {error}{notes}", file=sys.stderr)
             return 1
         except SinkError as error:  # a sink that failed outside the runtime's loop
             print(f"podrace: error: logger failed: {error}", file=sys.stderr)

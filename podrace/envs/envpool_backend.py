@@ -26,14 +26,30 @@ MAX_ATARI_IMAGE_SIZE = 1024
 the env's observation space alone would need gigabytes (image_size 100000: 37 GiB)."""
 
 
+def make_spec(env_id: str, **kwargs: Any) -> Any:
+    """`envpool.make_spec`, where envpool first loads the env's native module: one that
+    cannot load (Procgen without the system's Qt 5) is a ConfigError naming the env, the
+    library the loader did not find and envpool's own hint, not an ImportError traceback."""
+    import envpool
+
+    try:
+        return envpool.make_spec(env_id, **kwargs)
+    except ImportError as error:
+        cause = error.__cause__ if isinstance(error.__cause__, ImportError) else None
+        reason = " ".join(str(error).split()) or type(error).__name__
+        if cause is not None and str(cause).strip():
+            reason = f"{' '.join(str(cause).split())} ({reason})"
+        raise ConfigError(
+            f"env {env_id!r} cannot be made, a library it needs is missing: {reason}"
+        ) from None
+
+
 def make_kwargs(cfg: EnvConfig) -> dict[str, Any]:
     """envpool.make keyword arguments for the EnvConfig settings that apply to `cfg.id`.
 
     Every key is checked against the env's envpool config, so a setting can never be
     silently dropped (envpool would raise a bare TypeError).
     """
-    import envpool
-
     kwargs: dict[str, Any] = {}
     if cfg.max_episode_steps is not None:
         if cfg.max_episode_steps <= 0:
@@ -63,7 +79,7 @@ def make_kwargs(cfg: EnvConfig) -> dict[str, Any]:
             reward_clip=cfg.reward_clip,
             noop_max=cfg.noop_max,
         )
-    accepted = set(envpool.make_spec(cfg.id)._config_keys)
+    accepted = set(make_spec(cfg.id)._config_keys)
     unknown = sorted(set(kwargs) - accepted)
     if unknown:
         raise ConfigError(f"envpool env {cfg.id!r} does not accept {', '.join(unknown)}")
@@ -72,9 +88,7 @@ def make_kwargs(cfg: EnvConfig) -> dict[str, Any]:
 
 def envpool_spec(cfg: EnvConfig) -> EnvSpec:
     """EnvSpec from envpool's spec object, without building an env."""
-    import envpool
-
-    spec = envpool.make_spec(cfg.id, **make_kwargs(cfg))
+    spec = make_spec(cfg.id, **make_kwargs(cfg))
     return spec_from_spaces(cfg.id, spec.gymnasium_observation_space, spec.gymnasium_action_space)
 
 

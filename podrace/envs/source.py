@@ -9,6 +9,8 @@ first reset); a BatchedEnv is used as it is. `EnvSource` is the one object a run
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,6 +22,7 @@ from podrace.envs.base import BatchedEnv, env_seeds
 from podrace.envs.factory import env_spec, make_env
 from podrace.envs.gymnasium_backend import dependency_checked
 from podrace.envs.resolve import resolve_backend
+from podrace.envs.user_modules import import_failure, make_working_dir_importable
 from podrace.envs.vector_adapter import VectorEnvAdapter
 from podrace.types import EnvSpec
 
@@ -29,6 +32,54 @@ EnvFactory = Callable[[int, int], BatchedEnv | gymnasium.vector.VectorEnv]
 
 def factory_name(factory: EnvFactory) -> str:
     return getattr(factory, "__qualname__", None) or type(factory).__name__
+
+
+def factory_reference(factory: EnvFactory) -> str | None:
+    """'module:qualname' that another process imports back to `factory` itself: a function
+    or class at the top level of a module (or in a class there). None for what cannot be
+    imported so: a lambda or closure, a partial or other instance, anything of `__main__`
+    (a script run as a command, whose import would run it again)."""
+    module = getattr(factory, "__module__", None)
+    qualname = getattr(factory, "__qualname__", None)
+    if not (isinstance(module, str) and isinstance(qualname, str)) or module == "__main__":
+        return None
+    found = sys.modules.get(module)
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    return f"{module}:{qualname}" if found is factory else None
+
+
+def factory_record(factory: EnvFactory | None) -> dict | None:
+    """What a run's checkpoints record of its env factory (None: envs from `cfg.env.id`):
+    its name for messages, and its `factory_reference` (None when it cannot be imported)."""
+    if factory is None:
+        return None
+    return {"name": factory_name(factory), "import": factory_reference(factory)}
+
+
+class FactoryNotImportable(ConfigError):
+    """A stored run's envs came from an env factory that this process cannot import."""
+
+
+def import_factory(reference: str) -> EnvFactory:
+    """The callable `reference` ('module:qualname') names; FactoryNotImportable (one line,
+    naming the module and the error) when the module fails to import, in any way, or lacks it."""
+    module, _, qualname = reference.partition(":")
+    try:
+        found = importlib.import_module(module)
+    except (Exception, SystemExit) as error:  # the user's module: any error is its message
+        raise FactoryNotImportable(
+            f"its envs came from the env factory {reference!r}, whose module {module!r} "
+            f"cannot be imported{import_failure(error)}"
+        ) from None
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    if not callable(found):
+        raise FactoryNotImportable(
+            f"its envs came from the env factory {reference!r}, which module {module!r} "
+            "no longer defines"
+        )
+    return found
 
 
 def from_factory(factory: EnvFactory, num_envs: int, seed: int) -> BatchedEnv:
@@ -135,3 +186,23 @@ class EnvSource:
             return from_factory(self.factory, num_envs, seed)
         derived = np.random.SeedSequence([seed, part.start]).generate_state(1)[0] & 0x7FFFFFFF
         return from_factory(self.factory, len(part), int(derived))
+
+
+def stored_env_source(
+    cfg: EnvConfig, record: dict | None, given: EnvSource | None = None
+) -> EnvSource:
+    """Where a stored run's envs come from when it is resumed or evaluated: `given` (a
+    caller's), else the env factory the run recorded, imported (a module of the working
+    directory too, as for a `module:EnvId` id), else `cfg.id`. FactoryNotImportable when
+    the run recorded a factory that cannot be imported: `cfg.id` was never its env."""
+    if given is not None or record is None:
+        return given or EnvSource(cfg)
+    reference = record["import"]
+    if reference is None:
+        raise FactoryNotImportable(
+            f"its envs came from the env factory {record['name']!r}, which podrace cannot "
+            "import (only a function or class defined at the top level of an importable "
+            "module can be, not one defined inside a function or in a script run as __main__)"
+        )
+    make_working_dir_importable(reference)
+    return EnvSource(cfg, import_factory(reference))

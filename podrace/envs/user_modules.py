@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import traceback
 
 from podrace.config import ConfigError
 
@@ -23,20 +24,38 @@ def split_env_id(env_id: str) -> tuple[str | None, str]:
     return module, name
 
 
+def import_failure(error: BaseException) -> str:
+    """One line for an exception raised while a user's module was imported: where it was
+    raised (the innermost frame, or the line a SyntaxError names) and what it was."""
+    if isinstance(error, SyntaxError):
+        where, what = (error.filename, error.lineno), error.msg
+    else:
+        frames = traceback.extract_tb(error.__traceback__)
+        where, what = (frames[-1].filename, frames[-1].lineno) if frames else (None, None), error
+    text = " ".join(f"{type(error).__name__}: {what}".split())
+    text = text if len(text) <= 300 else f"{text[:297]}..."
+    return f" ({where[0]}, line {where[1]}): {text}" if where[0] else f": {text}"
+
+
 def import_env_module(env_id: str) -> str:
     """Import the module named by `env_id` (if any) so it can register its envs; returns the
     id without the module part.
 
-    Only a missing module is a config error; any other exception raised while importing it
-    is a bug in that module and keeps its traceback.
+    A module that cannot be imported is a config error, one line: a missing module, or any
+    exception the module raises (SystemExit included: it must not end podrace), named with
+    the line that raised it.
     """
     module, name = split_env_id(env_id)
     if module is not None:
         try:
             importlib.import_module(module)
-        except ImportError as error:
+        except ModuleNotFoundError as error:
             raise ConfigError(
                 f"env.id {env_id!r}: cannot import module {module!r} ({error})"
+            ) from None
+        except (Exception, SystemExit) as error:  # the user's module: any error is its own
+            raise ConfigError(
+                f"env.id {env_id!r}: importing module {module!r} failed{import_failure(error)}"
             ) from None
     return name
 

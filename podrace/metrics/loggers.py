@@ -40,7 +40,9 @@ def _reason(error: BaseException) -> str:
 
 
 class JsonlSink:
-    """One JSON object per line, appended and flushed per line; never a partial line."""
+    """One JSON object per line, appended and flushed per line; never a partial line. A file
+    deleted under the run (with its run directory, say) is a failure, not lines written on
+    into a file that no longer has a name."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -48,7 +50,11 @@ class JsonlSink:
 
     def write(self, line: dict[str, float]) -> None:
         data = (json_text.dumps_strict(line, sort_keys=True) + "\n").encode()
-        start = os.fstat(self._file.fileno()).st_size
+        stat = os.fstat(self._file.fileno())
+        if stat.st_nlink == 0:  # deleted: lines written now would go nowhere anyone can read
+            how = "" if self.path.parent.is_dir() else ", with the run directory"
+            raise SinkError(f"cannot write metrics to {self.path}: the file was deleted{how}")
+        start = stat.st_size
         try:
             view = memoryview(data)
             while view:  # a raw write may be partial

@@ -10,6 +10,7 @@ the run that is the time one actor thread, or the learner thread, spent in it.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -112,9 +113,51 @@ def load_run(run_dir: Path) -> RunData:
     return RunData(run_dir.absolute().name, cfg, lines)
 
 
+MAX_PLOTTED = 1e100
+"""Values of larger magnitude are left out of the figure (with one warning per run): near
+float64's limit (1.8e308) matplotlib's ticks and transforms overflow (1e308 beside -1e308
+ended in "arange: cannot compute length"), and no counter, clock or return of a real run
+comes near. Within it, every derived value (steps of an evaluated version, seconds summed
+over a run) stays far below the limit too."""
+
+PLOTTED = (
+    "version",
+    "env_steps",
+    "time_s",
+    "episode/return",
+    "eval/return",
+    "eval/version",
+    "actor/rollout",
+    *(key for key, _ in ACTOR_PARTS + ACTOR_AFTER_ROLLOUT + LEARNER_PARTS),
+)
+"""The metrics the figure reads."""
+
+
+def _number_in(value: object) -> float | None:
+    """`value` as a float (an integer beyond float64: inf), None when it is no finite number."""
+    if not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return math.inf
+    return number if math.isfinite(number) else None
+
+
 def _value(line: dict, key: str) -> float | None:
-    value = line.get(key)
-    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+    """A metric as the figure draws it: None when missing, not finite or too extreme."""
+    number = _number_in(line.get(key))
+    return number if number is not None and abs(number) <= MAX_PLOTTED else None
+
+
+def left_out(run: RunData) -> int:
+    """How many of the metrics the figure reads are numbers too extreme to draw."""
+    return sum(
+        1
+        for line in run.lines
+        for key in PLOTTED
+        if (number := _number_in(line.get(key))) is not None and abs(number) > MAX_PLOTTED
+    )
 
 
 def return_curve(run: RunData) -> tuple[list[float], list[float], list[float]]:
@@ -172,7 +215,10 @@ def time_breakdown(run: RunData) -> dict[str, dict[str, float]]:
 
 
 def _number(x: float, _=None) -> str:
-    """Tick label with thousands separators: 20,000 and 2.5 (not 2e+04, not 2 for 2.5)."""
+    """Tick label with thousands separators: 20,000 and 2.5 (not 2e+04, not 2 for 2.5);
+    from 1e15 on a short 1.5e+20 (a label of 100 digits leaves no room for the axes)."""
+    if abs(x) >= 1e15:
+        return f"{x:.3g}"
     return f"{x:,.0f}" if x == round(x) else f"{x:,.2f}".rstrip("0")
 
 
@@ -190,6 +236,14 @@ def plot_runs(run_dirs: Sequence[Path]) -> Figure:
     if not run_dirs:
         raise ConfigError("name at least one run directory to plot")
     runs = [load_run(d) for d in run_dirs]
+    for run_dir, run in zip(run_dirs, runs):
+        if count := left_out(run):
+            logging.getLogger(__name__).warning(
+                "%s: %d metric values of magnitude beyond %g are left out of the figure",
+                run_dir,
+                count,
+                MAX_PLOTTED,
+            )
     fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
     grid = fig.add_gridspec(2, 2)
     by_steps, by_time, bars = (

@@ -37,7 +37,7 @@ import numpy as np
 from podrace.actor import make_policy_fns
 from podrace.algos.normalizer import acting_apply
 from podrace.checkpoints.read import restore
-from podrace.checkpoints.resume import Resume, ResumePoint, commit, resume_point
+from podrace.checkpoints.resume import Resume, ResumePoint, commit, resume_point, resumed_envs
 from podrace.checkpoints.saving import RunCheckpoints
 from podrace.checkpoints.state import RunState, checkpoint_dir
 from podrace.config import ConfigError, TrainConfig, distributed_requested, replace, resolved
@@ -50,6 +50,7 @@ from podrace.control import (
 )
 from podrace.envs import EnvSource, closing
 from podrace.envs.closing import close_envs
+from podrace.envs.source import factory_record
 from podrace.evaluate import EvalResult, make_greedy_policy
 from podrace.metrics.loggers import Sink, check_sinks
 from podrace.metrics.registry import Metrics
@@ -200,7 +201,7 @@ def prepare(
     run_dir = None
     try:
         cfg = topology.join(cfg, lifetime, resuming=point is not None)
-        envs = envs or EnvSource(cfg.env)
+        envs = resumed_envs(point, envs) if point is not None else envs or EnvSource(cfg.env)
         spec = envs.spec()  # the backend (or the factory) is checked first
         check_sinks(cfg.log)
         if cfg.deterministic:  # the CLI has set it; a library caller may not have
@@ -312,7 +313,9 @@ class Run:
             raise
         self.start = self._start_state(restored[0] if restored else None)
         """The state this run begins from (fresh, or the restored checkpoint)."""
-        self.checkpoints = RunCheckpoints(cfg, spec, root, metrics, self.start, topology.writer())
+        self.checkpoints = RunCheckpoints(
+            cfg, spec, root, metrics, self.start, topology.writer(), factory_record(envs.factory)
+        )
         self.learner.on_update = self._after_update
         # Actors and the evaluator act with published snapshots; with observation
         # normalization these carry the statistics, applied inside the jitted policy.

@@ -217,3 +217,59 @@ def test_a_spec_probe_whose_close_raises_is_a_warning_not_a_failure(caplog):
     finally:
         gymnasium.envs.registration.registry.pop("PodraceCloseRaises-v0", None)
     assert caplog.text.count("env.close() raised RuntimeError: user close() failed") == 2
+
+
+class _Factories:
+    @staticmethod
+    def nested(num_envs: int, seed: int):
+        return match_vector_env(num_envs, seed)
+
+
+@pytest.mark.timeout(60)
+def test_a_run_records_the_factory_by_a_name_another_process_imports_back(tmp_path, monkeypatch):
+    """Only what imports back to the factory itself is recorded as importable: a resume or
+    an eval must build the run's envs, not something of the same name."""
+    import functools
+
+    from podrace.envs.source import (
+        FactoryNotImportable,
+        factory_record,
+        factory_reference,
+        import_factory,
+        stored_env_source,
+    )
+
+    def local(num_envs, seed):
+        return match_vector_env(num_envs, seed)
+
+    here = __name__
+    assert factory_reference(match_vector_env) == f"{here}:match_vector_env"
+    assert factory_reference(_Factories.nested) == f"{here}:_Factories.nested"
+    assert factory_reference(MatchEnv) == "tests.envs.user_envs:MatchEnv"
+    for unimportable in (local, lambda n, s: None, functools.partial(match_vector_env)):
+        assert factory_reference(unimportable) is None, unimportable
+    main_factory = type(local)(local.__code__, {"__name__": "__main__"}, "main_envs")
+    main_factory.__module__ = "__main__"
+    assert factory_reference(main_factory) is None
+    assert factory_record(local) == {"name": local.__qualname__, "import": None}
+    assert import_factory(f"{here}:_Factories.nested") is _Factories.nested
+
+    cfg = EnvConfig(id="CartPole-v1")
+    assert stored_env_source(cfg, None) == EnvSource(cfg)
+    assert stored_env_source(cfg, factory_record(local), EnvSource(cfg, local)).factory is local
+    source = stored_env_source(cfg, factory_record(match_vector_env))
+    assert source.factory is match_vector_env
+    with pytest.raises(FactoryNotImportable, match=r"cannot import \(only a function or class"):
+        stored_env_source(cfg, factory_record(local))
+
+    (tmp_path / "broken_factories.py").write_text("raise RuntimeError('no GPU here')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(
+        FactoryNotImportable,
+        match=r"^its envs came from the env factory 'broken_factories:make', whose module "
+        r"'broken_factories' cannot be imported \(.*broken_factories.py, line 1\): "
+        r"RuntimeError: no GPU here$",
+    ):
+        import_factory("broken_factories:make")
+    with pytest.raises(FactoryNotImportable, match=f"module '{here}' no longer defines"):
+        import_factory(f"{here}:gone")

@@ -101,6 +101,43 @@ def test_bad_module_ids_are_one_line_exit_2_nothing_written(capsys, user_dir, en
     assert not (user_dir / "runs").exists()
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "body,error",
+    [
+        (
+            "raise RuntimeError('no licence key\\nin ~/.env')",
+            "RuntimeError: no licence key in ~/.env",
+        ),
+        ("1 / 0", "ZeroDivisionError: division by zero"),
+        ("import sys\nsys.exit(3)", "SystemExit: 3"),
+        ("def broken(:\n    pass", "SyntaxError: invalid syntax"),
+    ],
+    ids=["runtime-error", "zero-division", "sys-exit", "syntax-error"],
+)
+def test_a_module_that_raises_on_import_is_one_line_naming_it_exit_2(capsys, user_dir, body, error):
+    """Only ImportError was a config error; any other exception in the user's module was a
+    traceback of podrace's frames and exit 1 (SystemExit ended podrace with its code)."""
+    (user_dir / "raising_envs.py").write_text(f"{body}\n")
+    code, out, err = cli(
+        capsys,
+        "train",
+        "cartpole-ppo",
+        "--env.id",
+        "raising_envs:Match-v0",
+        "--log.run-dir",
+        "runs",
+    )
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(
+        "podrace: error: env.id 'raising_envs:Match-v0': importing module 'raising_envs' "
+        f"failed ({user_dir / 'raising_envs.py'}, line "
+    ), err
+    assert f"): {error}" in err, err
+    assert not (user_dir / "runs").exists()
+    sys.modules.pop("raising_envs", None)
+
+
 def test_split_env_id():
     assert split_env_id("CartPole-v1") == (None, "CartPole-v1")
     assert split_env_id("pkg.mod:ns/Env-v0") == ("pkg.mod", "ns/Env-v0")

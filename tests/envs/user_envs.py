@@ -39,3 +39,30 @@ class MatchEnv(gymnasium.Env):
 
 if MATCH_ID not in gymnasium.registry:
     gymnasium.register(MATCH_ID, entry_point=MatchEnv)
+
+
+class ConstantEnv(gymnasium.Env):
+    """CartPole's spaces, a different game: 0.5 per step, every episode CONSTANT_LENGTH steps,
+    so its episode return (CONSTANT_RETURN) tells which envs a run played."""
+
+    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self._t = 0
+        return np.zeros(4, np.float32), {}
+
+    def step(self, action):
+        self._t += 1
+        return np.zeros(4, np.float32), 0.5, self._t >= CONSTANT_LENGTH, False, {}
+
+
+CONSTANT_LENGTH = 3
+CONSTANT_RETURN = 0.5 * CONSTANT_LENGTH
+
+
+def constant_envs(num_envs: int, seed: int) -> gymnasium.vector.VectorEnv:
+    """An env factory a run can record and a later command import: `podrace.train(cfg,
+    env_factory=constant_envs)`."""
+    return gymnasium.vector.SyncVectorEnv([ConstantEnv] * num_envs)

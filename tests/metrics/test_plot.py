@@ -329,3 +329,52 @@ def test_an_output_that_cannot_be_written_is_refused_before_plotting(tmp_path, c
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["run", "dir.png", "a-file"] + (["locked"] if os.geteuid() != 0 else [])
     )
+
+
+def _edit_lines(run_dir: Path, changes: list[dict]) -> None:
+    """Apply `changes[i]` to metric line i (json.dumps writes inf, nan and huge ints as given)."""
+    path = run_dir / "metrics.jsonl"
+    lines = [json.loads(text) for text in path.read_text().splitlines()]
+    for line, change in zip(lines, changes):
+        line.update(change)
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+@pytest.mark.timeout(120)
+def test_values_too_extreme_to_draw_are_left_out_with_one_warning_and_the_rest_is_plotted(
+    tmp_path,
+):
+    """env_steps 1e308 beside -1e308 ended in matplotlib's "ValueError: arange: cannot compute
+    length" (a traceback, exit 1), an integer beyond float64 in an OverflowError, and near
+    the float64 limit numpy's overflow warnings came ahead of the result."""
+    cfg = synthetic_run(tmp_path / "run")
+    _edit_lines(
+        tmp_path / "run",
+        [
+            {"eval/return": float("inf")},  # not finite: left out too, as before
+            {"env_steps": 1e308, "time_s": -1.7e308},
+            {"episode/return": -1.7e308, "learner/step": 1e308, "eval/version": 10**400},
+        ],
+    )
+    by_steps, by_time, bars = plot_runs([tmp_path / "run"]).axes
+    train, evaluation = by_steps.get_lines()[:2]
+    assert list(train.get_xdata()) == [10 * cfg.steps_per_update]  # only line 0 has all three
+    assert list(by_time.get_lines()[0].get_xdata()) == [1.5]
+    assert list(evaluation.get_xdata()) == []
+    assert bars.patches[-3].get_height() == pytest.approx(0.1 * 20)  # learner step: lines 0, 1
+
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    output = tmp_path / "out.png"
+    proc = subprocess.run(
+        [sys.executable, "-m", "podrace.cli", "plot", str(tmp_path / "run"), "-o", str(output)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=100,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"podrace: warning: {tmp_path / 'run'}: 5 metric values of magnitude beyond 1e+100 "
+        "are left out of the figure"
+    ]
+    assert proc.stdout == f"wrote {output}\n" and Image.open(output).format == "PNG"

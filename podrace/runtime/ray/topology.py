@@ -67,7 +67,8 @@ class RayReport:
     worker_nodes: tuple[str, ...] = ()
     """Ray node id each worker ran on last."""
     object_store_bytes: int = 0
-    """Object-store bytes in use when training ended (workers still alive)."""
+    """Object-store bytes in use at the last metrics line before the run stopped, or at its
+    start (the workers alive either way)."""
 
 
 @dataclass
@@ -102,7 +103,7 @@ class RayTopology(Topology):
         self._run: Any = None
         self._remote: Any = None
         self.cluster: ray_cluster.Cluster | None = None
-        self._store: list[int] = []
+        self._store_in_use = -1
         self._first_restarts: list[int] = []
 
     # Preparing ---------------------------------------------------------------------------
@@ -322,12 +323,16 @@ class RayTopology(Topology):
             for slot in self.slots
         ]
 
+    def starting(self, run) -> None:
+        self._store_in_use = self._store_bytes()
+
     def line_extras(self, run) -> dict[str, float]:
-        return {"ray/object_store_bytes": self._store_bytes()}
+        stored = self._store_bytes()
+        if not run.lifetime.stopping:  # the workers are alive: what the report gives
+            self._store_in_use = stored
+        return {"ray/object_store_bytes": stored}
 
     def stopping(self, run) -> None:
-        if run.lifetime.stop_reason == "finished":
-            self._store.append(self._store_bytes())  # workers still alive
         self._kill_workers()
 
     def report(self, run) -> RayReport:
@@ -337,7 +342,7 @@ class RayTopology(Topology):
             lost_rollouts=int(m.total("ray/lost_rollouts")),
             stamps=tuple(run.pipeline.consumed.stamps()),
             worker_nodes=tuple(slot.node for slot in self.slots),
-            object_store_bytes=self._store[0] if self._store else -1,
+            object_store_bytes=self._store_in_use,
         )
 
     def _store_bytes(self) -> int:
