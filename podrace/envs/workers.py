@@ -371,25 +371,27 @@ class EnvWorker:
 
 
 def _dumps(spec: WorkerSpec) -> bytes:
-    """`spec` pickled; a factory that pickle cannot take (a closure, a lambda) is pickled
-    by value with cloudpickle when it is installed."""
+    """`spec` pickled for a worker process. With cloudpickle installed, a factory that
+    cannot be imported by its name there (a closure, a lambda, one defined in the script
+    run as `__main__`) goes by value; without it, only an importable one can go."""
     try:
-        return pickle.dumps(spec)
-    except (pickle.PicklingError, AttributeError, TypeError) as error:
-        try:
-            import cloudpickle
-        except ImportError:
-            raise ConfigError(
-                f"the env factory cannot be sent to env worker processes ({error}); define it "
-                "at module level, install cloudpickle, or use --env.workers 0"
-            ) from None
-        try:
-            return cloudpickle.dumps(spec)
-        except Exception as error2:  # noqa: BLE001 - any pickling failure is the user's factory
-            raise ConfigError(
-                f"the env factory cannot be sent to env worker processes ({error2}); "
-                "use --env.workers 0"
-            ) from None
+        import cloudpickle
+    except ImportError:
+        cloudpickle = None
+    factory = spec.source.factory
+    if cloudpickle is None and getattr(factory, "__module__", None) == "__main__":
+        raise ConfigError(
+            "the env factory is defined in the script run as __main__, which env worker "
+            "processes cannot import: define it in a module, install cloudpickle, or use "
+            "--env.workers 0"
+        )
+    try:
+        return (cloudpickle or pickle).dumps(spec)
+    except Exception as error:  # noqa: BLE001 - any pickling failure is the user's factory
+        raise ConfigError(
+            f"the env factory cannot be sent to env worker processes ({type(error).__name__}: "
+            f"{error}); define it at module level, or use --env.workers 0"
+        ) from None
 
 
 def check_sendable(source: EnvSource) -> None:
@@ -439,10 +441,11 @@ def worker_main() -> None:
     env = None
     try:
         (length,) = struct.unpack("<I", _read_exact(cmd_fd, 4))
-        spec: WorkerSpec = pickle.loads(_read_exact(cmd_fd, length))
+        message = _read_exact(cmd_fd, length)
     except EOFError:
         return
     try:
+        spec: WorkerSpec = pickle.loads(message)
         env = spec.source.make_part(spec.num_envs, spec.seed, spec.part, spec.threads)
         got, want = env.spec, spec.expect
         if (tuple(got.obs_shape), np.dtype(got.obs_dtype), got.action_shape) != (

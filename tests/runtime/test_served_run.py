@@ -209,3 +209,31 @@ def test_a_killed_env_worker_past_its_restarts_fails_the_run_in_one_line(tmp_pat
     finally:
         os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
         proc.wait()
+
+
+@pytest.mark.timeout(240)
+def test_a_factory_of_the_script_run_as_main_reaches_the_workers(tmp_path):
+    """A library caller's factory defined in its script (`__main__`, which a worker process
+    cannot import) travels by value; the run trains with it in the workers."""
+    script = tmp_path / "train_mine.py"
+    script.write_text(
+        "import dataclasses, gymnasium, podrace\n"
+        "def make(num_envs, seed):\n"
+        "    return gymnasium.make_vec('CartPole-v1', num_envs, vectorization_mode='sync')\n"
+        "cfg = podrace.presets.get('cartpole-ppo')\n"
+        "cfg = podrace.config.replace(cfg, **{'env.workers': 2, 'env.num_envs': 8,\n"
+        "    'total_steps': 8 * 8 * 4, 'log.run_dir': 'runs', 'log.console': 'none',\n"
+        "    'eval.episodes': 1, 'eval.num_envs': 1})\n"
+        "if __name__ == '__main__':\n"
+        "    print('updates', podrace.train(cfg, env_factory=make).updates)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "updates 4"
