@@ -337,8 +337,11 @@ def _validate_workers(cfg: TrainConfig) -> None:
             f"inference.max_batch ({inference.max_batch}) must be at least one worker's envs "
             f"({cfg.env.num_envs // workers}), or 0"
         )
-    if cfg.runtime == "ray":
-        raise ConfigError("env.workers is for --runtime threads; Ray workers step their own envs")
+    if cfg.runtime == "ray" and cfg.layout.inference != "server":
+        raise ConfigError(
+            "env.workers with --runtime ray needs --layout.inference server: env-only Ray "
+            "workers served from the learner's host (Ray actor workers step their own envs)"
+        )
     if cfg.normalize.obs and not cfg.synchronous:
         raise ConfigError(
             "--normalize.obs with --env.workers needs --layout.synchronous: the inference "

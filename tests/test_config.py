@@ -141,7 +141,10 @@ BAD = [
         ["--env.workers", "2", "--normalize.obs"],
         "--normalize.obs with --env.workers needs --layout.synchronous",
     ),
-    (["--env.workers", "2", "--runtime", "ray"], "env.workers is for --runtime threads"),
+    (
+        ["--env.workers", "2", "--runtime", "ray"],
+        "env.workers with --runtime ray needs --layout.inference server",
+    ),
 ]
 
 

@@ -18,13 +18,14 @@ episodes are played), the sink, checkpoints (`actors_saved`), resume.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 import jax
 
 from podrace.algos.normalizer import acting_apply
-from podrace.envs.workers import EnvWorker, split_envs
+from podrace.envs.workers import START_TIMEOUT_S, EnvWorker, split_envs, wait_readable
 from podrace.inference.policy import make_key_chain, make_serve_fn
 from podrace.inference.rollouts import ServedActor
 from podrace.inference.server import InferenceServer, ServerSettings
@@ -46,7 +47,10 @@ class WorkerGroup:
 class ServedActors:
     """Env worker processes, inference threads and actor threads of one process's actors."""
 
-    def __init__(self) -> None:
+    def __init__(self, make_worker: Callable[..., Any] = EnvWorker) -> None:
+        self.make_worker = make_worker
+        """(name, source, spec, num_envs, seed, part, threads) -> an env worker: a process
+        here (`EnvWorker`), or a Ray actor on any node (`podrace.runtime.ray.served`)."""
         self.workers: dict[int, list[EnvWorker]] = {}
         self.actors: list[ServedActor] = []
         self.servers: list[InferenceServer] = []
@@ -59,7 +63,7 @@ class ServedActors:
         for actor_id in range(cfg.num_actors):
             seed = actor_env_seed(cfg, actor_id, first_seq)
             self.workers[actor_id] = [
-                EnvWorker(
+                self.make_worker(
                     f"actor-{actor_id}.w{j}",
                     run.envs,
                     run.spec,
@@ -80,8 +84,15 @@ class ServedActors:
         cfg, lifetime = run.cfg, run.lifetime
         for workers in self.workers.values():
             for worker in workers:
-                lifetime.check()
-                worker.wait_started()
+                start = time.monotonic()
+                limit = getattr(worker, "start_timeout_s", START_TIMEOUT_S)
+                while not wait_readable([worker.fileno()], 0.25):  # a stop is seen meanwhile
+                    lifetime.check()
+                    if time.monotonic() - start > limit:
+                        raise TimeoutError(
+                            f"env worker {worker.name} did not build its envs within {limit:g}s"
+                        )
+                worker.wait_started(0)
         sink = PlacingSink(run.pipeline, run.placement.place)
         for actor_id, workers in self.workers.items():
             settings = actor_settings(cfg, actor_id, run.learner.version, keys[actor_id])
