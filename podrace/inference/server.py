@@ -172,6 +172,15 @@ class InferenceServer:
 
     # The loop ------------------------------------------------------------------------------
     def run(self) -> None:
+        try:
+            self._run()
+        except Exception:
+            # Once the run stops, workers are closed under the server: what that makes
+            # fail (a worker gone mid-step) is the stop, not an error of the run.
+            self.control.check()
+            raise
+
+    def _run(self) -> None:
         for part in self.parts:
             part.worker.send(RESET)
             part.state = BUSY
@@ -234,6 +243,7 @@ class InferenceServer:
     def _restart(self, part: Part, death: str) -> None:
         """`part`'s worker died: restart it (fresh seeds) and start its actor's open
         rollouts again; past the allowed restarts the run fails naming the worker."""
+        self.control.check()  # no restart once the run stops (it closes the workers)
         allowed = self.settings.worker_restarts
         if part.worker.restarts >= allowed:
             why = (

@@ -231,6 +231,23 @@ def test_a_stop_during_a_slow_batched_call_ends_the_server_after_that_call():
         s.close()
 
 
+def test_a_worker_that_dies_once_the_run_stops_is_the_stop_not_a_failure():
+    """The run closes workers under the server once it stops: a death seen then neither
+    restarts the worker nor fails the (finished) run."""
+    from podrace.control import Stopped
+
+    s = Served(actors=1, parts=2, envs=4, worker_restarts=0)
+    try:
+        s.workers[0].kill()
+        s.workers[0].process.wait(10)
+        s.lifetime.stop("finished")
+        with pytest.raises(Stopped):
+            s.server.run()
+        assert s.workers[0].restarts == 0 and s.lifetime.failure is None
+    finally:
+        s.close()
+
+
 def test_request_buckets():
     assert request_buckets(6, 6, fixed=False) == [1, 2, 4, 6]
     assert request_buckets(6, 6, fixed=True) == [6]
