@@ -53,7 +53,7 @@ class CheckedEnv:
         self.n = np.zeros(num_envs, np.float32)
         self.done = np.zeros(num_envs, bool)
         self.factory = factory
-        self.slow = factory.slow_s if seed % 2 == 0 else 0.0
+        self.slow = factory.slow_s if seed % 2 == 0 or factory.slow_all else 0.0
         self.steps = 0
 
     def obs(self) -> np.ndarray:
@@ -100,12 +100,14 @@ class CheckedEnv:
 
 @dataclass(frozen=True)
 class CheckedEnvs:
-    """The env factory: `slow_s` per step in the workers whose seed is even; the first
+    """The env factory: `slow_s` per step in the workers whose seed is even (every worker
+    with `slow_all`); the first
     worker to reach its step `die_at` kills itself with SIGKILL (once per run: the file
     `die_once` marks it)."""
 
     episode: int = 5
     slow_s: float = 0.0
+    slow_all: bool = False
     die_once: str | None = None
     die_at: int = 5
 
