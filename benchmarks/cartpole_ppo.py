@@ -41,6 +41,13 @@ the machine was. `--baseline DIR` also runs every child against another checkout
 and the baseline interleaved: single e2e runs on 2 cores spread by a fifth, so a
 before/after claim wants many pairs (the report then has the medians and their ratio only).
 
+`--side-by-side PRESET [PRESET ...]` also trains these presets end to end, each repeat right
+after the `cartpole-ppo` children, with the same overrides: the report's `side_by_side` has
+each one's e2e medians and its steps/s over `cartpole-ppo`'s (and over every other
+side-by-side preset's). E.g. the recurrent policy's cost, `--modes e2e --side-by-side
+cartpole-po-ppo-lstm cartpole-po-ppo`: the LSTM preset, the same without its core, and the
+feed-forward `cartpole-ppo`, in one invocation.
+
 Extra arguments are passed to the preset as `podrace train` flags (e.g. --seed 2).
 """
 
@@ -61,6 +68,7 @@ from pathlib import Path
 
 _START = time.perf_counter()
 PRESET = "cartpole-ppo"
+"""The preset the children train; a side-by-side child gets its own (`--preset`)."""
 ENVPOOL_STEPS = 3000
 MODES = ("envpool", "e2e", "actor-only", "learner-only")
 
@@ -366,6 +374,42 @@ def partial_report(
     return report
 
 
+def with_side_by_side(report: dict, side: dict[str, list[dict]], e2e: list[dict] | None) -> dict:
+    """`report` with the side-by-side presets' e2e medians and their steps/s ratios: over the
+    main preset's e2e (when it ran) and over each other side-by-side preset."""
+    if not side:
+        return report
+    medians = {preset: median_run(results) for preset, results in side.items()}
+    if e2e:
+        medians = {PRESET: median_run(e2e), **medians}
+    report["side_by_side"] = {
+        preset: {
+            "e2e": median,
+            **{
+                f"sps_over_{other}": median["sps"] / medians[other]["sps"]
+                for other in medians
+                if other != preset
+            },
+        }
+        for preset, median in medians.items()
+        if preset in side
+    }
+    report["runs"]["side_by_side"] = side
+    return report
+
+
+def side_by_side_summary(report: dict) -> dict:
+    """What is printed of the side-by-side presets: steps/s, final return and ratios."""
+    return {
+        preset: {
+            "sps": entry["e2e"]["sps"],
+            "final_eval_return": entry["e2e"]["final_eval_return"],
+            **{k: v for k, v in entry.items() if k.startswith("sps_over_")},
+        }
+        for preset, entry in report["side_by_side"].items()
+    }
+
+
 def write_report(out: str, report: dict) -> None:
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -410,9 +454,19 @@ def main() -> None:
         help="run only these children (e.g. `--modes e2e --baseline DIR --repeats 10` for "
         "many before/after pairs of the end-to-end run); ratios, bound and targets need all",
     )
+    parser.add_argument(
+        "--side-by-side",
+        nargs="+",
+        default=[],
+        metavar="PRESET",
+        help="also train these presets end to end in every repeat (e.g. cartpole-po-ppo-lstm "
+        "cartpole-po-ppo); reported under side_by_side with their steps/s ratios",
+    )
     parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--preset", default=PRESET, help=argparse.SUPPRESS)
     args, overrides = parser.parse_known_args()
     if args.mode:
+        globals()["PRESET"] = args.preset
         print(json.dumps(child(args.mode, overrides)))
         return
     if bool(args.purejaxrl) != bool(args.purejaxrl_python):
@@ -430,6 +484,7 @@ def main() -> None:
     runs: dict[str, list[dict]] = {m: [] for m in modes}
     baseline: dict[str, list[dict]] = {m: [] for m in modes}
     purejaxrl: list[dict] = []
+    side: dict[str, list[dict]] = {p: [] for p in args.side_by_side}
     load = [os.getloadavg()[0]]
     for _ in range(args.repeats):
         for mode in modes:
@@ -450,10 +505,15 @@ def main() -> None:
             )
             load.append(os.getloadavg()[0])
             print(f"purejaxrl: {json.dumps(purejaxrl[-1])}", file=sys.stderr)
+        for preset in args.side_by_side:
+            side[preset].append(run_child("e2e", [*overrides, "--preset", preset], args.pythonpath))
+            load.append(os.getloadavg()[0])
+            print(f"e2e {preset}: {json.dumps(side[preset][-1])}", file=sys.stderr)
     if modes != MODES:
-        write_report(
-            args.out, partial_report(args, modes, runs, baseline, purejaxrl, overrides, load)
-        )
+        report = partial_report(args, modes, runs, baseline, purejaxrl, overrides, load)
+        write_report(args.out, with_side_by_side(report, side, runs.get("e2e")))
+        if side:
+            print(json.dumps(side_by_side_summary(report), indent=2))
         return
     raw, e2e, actors, learner = (median_run(runs[m]) for m in modes)
     cores = len(os.sched_getaffinity(0))
@@ -523,10 +583,12 @@ def main() -> None:
             },
             "runs": baseline,
         }
-    write_report(args.out, report)
+    write_report(args.out, with_side_by_side(report, side, runs["e2e"]))
     print(
         json.dumps({k: report[k] for k in ("ratios", "startup", "targets", "purejaxrl")}, indent=2)
     )
+    if side:
+        print(json.dumps(side_by_side_summary(report), indent=2))
     if args.baseline:
         print(
             json.dumps({"this_over_baseline": report["baseline"]["this_over_baseline"]}, indent=2)

@@ -16,6 +16,14 @@ results.
 The finished rollout (arrays on the actor's device) goes to a `RolloutSink`; where it goes
 from there (a queue in this process, the learner's mesh, another machine) is the sink's
 business, so the same loop runs in a thread or in a remote worker.
+
+A recurrent policy's core state lives with the actor, on its device: it is carried from
+step to step and from one rollout to the next (reset where an episode ended, by the network
+itself: `podrace.networks.recurrent`), and each rollout is stamped with the state its first
+step started from (`Trajectory.core_state`). An actor starts from the initial (zero) state
+when its envs are reset, i.e. when it starts. A resumed run's actors therefore restart
+their cores from the initial state: their envs are fresh too (new seeds, new episodes), and
+the checkpoint holds no core state.
 """
 
 from __future__ import annotations
@@ -30,23 +38,36 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from podrace.algos.base import RecurrentApply, is_recurrent
 from podrace.control import Control, Stopped
 from podrace.envs import BatchedEnv
 from podrace.fused_rollout import fused_rollout_for, unpack_episodes
 from podrace.sync.base import Subscriber
 from podrace.sync.placement import place
-from podrace.types import Rollout, Trajectory
+from podrace.types import PyTree, Rollout, Trajectory
 
 
 @dataclass(frozen=True)
 class PolicyFns:
-    """Jitted functions an actor runs, and the device it runs them on."""
+    """Jitted functions an actor runs, and the device it runs them on.
+
+    A recurrent policy's `step` and `value` also take the core's state:
+    step(params, obs, valid, state, key data) -> (action, logprob, value, next state, key
+    data), where `valid` [B] is the step's mask (False on an autoreset step), and
+    value(params, obs, state) -> value."""
 
     # (params, obs, key data) -> (action, logprob, value, key data); see `sampling_key`
     step: Callable
     value: Callable  # (params, obs) -> value
     stack: Callable  # (tuple of per-step arrays...) -> stacked [T, ...] arrays
     device: jax.Device | None = None
+    initial_state: Callable[[int], PyTree] | None = None
+    """Recurrent policies: number of envs -> the core's initial state (host arrays); None
+    for a feed-forward policy."""
+
+    @property
+    def recurrent(self) -> bool:
+        return self.initial_state is not None
 
     def on(self, device: jax.Device) -> PolicyFns:
         """The same compiled functions, run on `device`."""
@@ -80,6 +101,10 @@ def sampling_key(key: jax.Array) -> jax.Array:
 
 
 def make_policy_fns(apply_fn: Callable) -> PolicyFns:
+    """An actor's functions for a network's `apply` (a `RecurrentApply` gives recurrent ones)."""
+    if is_recurrent(apply_fn):
+        return _recurrent_policy_fns(apply_fn)
+
     def step(params, obs, key_data):
         key, sample_key = jax.random.split(jax.random.wrap_key_data(key_data, impl=SAMPLING_PRNG))
         dist, value = apply_fn(params, obs)
@@ -93,6 +118,34 @@ def make_policy_fns(apply_fn: Callable) -> PolicyFns:
         return jnp.stack(obs), jnp.stack(actions), jnp.stack(logprobs), jnp.stack(values)
 
     return PolicyFns(step=jax.jit(step), value=jax.jit(value), stack=jax.jit(stack))
+
+
+def _recurrent_policy_fns(apply_fn: RecurrentApply) -> PolicyFns:
+    """A recurrent network's step: one step of its unroll (T = 1) from the carried state."""
+
+    def first(tree):
+        return jax.tree.map(lambda x: x[0], tree)
+
+    def step(params, obs, valid, state, key_data):
+        key, sample_key = jax.random.split(jax.random.wrap_key_data(key_data, impl=SAMPLING_PRNG))
+        dist, value, states = apply_fn(params, obs[None], valid[None], state)
+        dist = first(dist)
+        action = dist.sample(sample_key)
+        return action, dist.log_prob(action), value[0], first(states), jax.random.key_data(key)
+
+    def value(params, obs, state):
+        # The step's output does not depend on its mask, only the state after it does.
+        return apply_fn(params, obs[None], jnp.ones((1, obs.shape[0]), bool), state)[1][0]
+
+    def stack(obs, actions, logprobs, values):
+        return jnp.stack(obs), jnp.stack(actions), jnp.stack(logprobs), jnp.stack(values)
+
+    return PolicyFns(
+        step=jax.jit(step),
+        value=jax.jit(value),
+        stack=jax.jit(stack),
+        initial_state=apply_fn.initial_state,
+    )
 
 
 @dataclass(frozen=True)
@@ -140,6 +193,8 @@ class Actor:
         self.key = jax.device_put(sampling_key(settings.key), policy.device)
         self.snapshot = None
         self.env_steps = 0
+        self.core: PyTree = ()
+        """A recurrent policy's core state for the next step (on the actor's device)."""
         self.fused = fused_rollout_for(env, policy, settings.rollout_length)
         """The rollout as XLA calls where the env allows it (`podrace.fused_rollout`)."""
 
@@ -154,26 +209,38 @@ class Actor:
         params = place(params, device)
         obs = np.zeros((B,) + self.env.spec.obs_shape, self.env.spec.obs_dtype)
         if self.fused is not None:
-            self.fused.compile(params, self.key, obs)
+            self.fused.compile(params, self.key, obs, self._initial_core())
             return
         obs = jax.device_put(obs, device)
-        action, logprob, value, _ = self.policy.step(params, obs, self.key)
-        self.policy.value(params, obs)
+        if self.policy.recurrent:
+            core, valid = self._initial_core(), jax.device_put(np.ones(B, bool), device)
+            action, logprob, value, _, _ = self.policy.step(params, obs, valid, core, self.key)
+            self.policy.value(params, obs, core)
+        else:
+            action, logprob, value, _ = self.policy.step(params, obs, self.key)
+            self.policy.value(params, obs)
         jax.block_until_ready(
             self.policy.stack((obs,) * T, (action,) * T, (logprob,) * T, (value,) * T)
         )
+
+    def _initial_core(self) -> PyTree:
+        """A recurrent policy's initial core state on the actor's device; () if feed-forward."""
+        if not self.policy.recurrent:
+            return ()
+        return jax.device_put(self.policy.initial_state(self.env.num_envs), self.policy.device)
 
     def run(self) -> None:
         s = self.settings
         obs = self._env_call("env.reset", self.env.reset)
         prev_done = np.zeros(self.env.num_envs, dtype=bool)
+        self.core = self._initial_core()  # fresh envs, fresh memory
         if self.fused is not None and (self.fused.env, self.fused.policy) != (
             self.env,
             self.policy,
         ):
             self.fused = None  # env or policy swapped since (a wrapper): step by step through it
         if self.fused is not None:
-            self.fused.begin(obs)
+            self.fused.begin(obs, self.core)
         for seq in range(s.first_seq, s.first_seq + s.num_rollouts):
             self.control.check()
             self._refresh_params(seq)
@@ -210,6 +277,7 @@ class Actor:
     def _fused_rollout(self, seq: int) -> Rollout:
         start = time.perf_counter()
         params, key, rows = self.snapshot.params, self.key, []
+        first_core = self.fused.carry.core  # the state the rollout's first step starts from
         *leading, last = self.fused.lengths
         # `steps` env steps in one call: the watchdog allows each its timeout, as it does one
         # call at a time in the step-by-step loop; a stop is seen between calls.
@@ -220,10 +288,10 @@ class Actor:
             self.env_steps += steps
             rows.append(chunk)
         key, out = self._env_call(
-            "env.rollout", self.fused.last, params, key, rows, seq=seq, steps=last
+            "env.rollout", self.fused.last, params, key, rows, first_core, seq=seq, steps=last
         )
         self.env_steps += last
-        self.key = key
+        self.key, self.core = key, self.fused.carry.core
         done, returns, lengths = unpack_episodes(jax.device_get(out.episodes))
         return Rollout(
             actor_id=self.settings.actor_id,
@@ -250,12 +318,22 @@ class Actor:
         obs_d, actions_d, logprobs_d, values_d = [None] * T, [None] * T, [None] * T, [None] * T
         returns, lengths = [], []
         key = self.key
+        recurrent, first_core = self.policy.recurrent, self.core
+        core = first_core
         t_inference = t_d2h = t_env = 0.0
         start = time.perf_counter()
         for t in range(T):
+            np.logical_not(prev_done, out=valid[t])
             t0 = time.perf_counter()
-            obs_dev = obs_d[t] = jax.device_put(obs, device)
-            action, logprobs_d[t], values_d[t], key = policy_step(params, obs_dev, key)
+            if recurrent:
+                obs_dev, valid_dev = jax.device_put((obs, valid[t]), device)
+                obs_d[t] = obs_dev
+                action, logprobs_d[t], values_d[t], core, key = policy_step(
+                    params, obs_dev, valid_dev, core, key
+                )
+            else:
+                obs_dev = obs_d[t] = jax.device_put(obs, device)
+                action, logprobs_d[t], values_d[t], key = policy_step(params, obs_dev, key)
             actions_d[t] = action
             action.block_until_ready()
             t1 = time.perf_counter()
@@ -270,19 +348,23 @@ class Actor:
             rewards[t] = step.reward
             terminated[t] = step.terminated
             truncated[t] = step.truncated
-            np.logical_not(prev_done, out=valid[t])
             prev_done = step.terminated | step.truncated
             if step.episode_done.any():
                 returns.append(step.episode_return[step.episode_done])
                 lengths.append(step.episode_length[step.episode_done])
             obs = step.obs
-        self.key = key
+        self.key, self.core = key, core
         last_obs, host = jax.device_put((obs, (rewards, terminated, truncated, valid)), device)
-        last_value = self.policy.value(params, last_obs)
+        if recurrent:
+            last_value = self.policy.value(params, last_obs, core)
+        else:
+            last_value = self.policy.value(params, last_obs)
         stacked = self.policy.stack(
             tuple(obs_d), tuple(actions_d), tuple(logprobs_d), tuple(values_d)
         )
-        traj = Trajectory(*stacked, *host, last_obs=last_obs, last_value=last_value)
+        traj = Trajectory(
+            *stacked, *host, last_obs=last_obs, last_value=last_value, core_state=first_core
+        )
         rollout = Rollout(
             actor_id=self.settings.actor_id,
             seq=seq,

@@ -59,6 +59,11 @@ class EnvConfig:
     """Atari: clip rewards to their sign for learning (reported returns stay raw)."""
     noop_max: int = 30
     """Atari: up to this many no-op actions after reset."""
+    obs_indices: tuple[int, ...] | None = None
+    """Keep only these entries of each observation, in this order (a vector observation; any
+    env, either backend); None keeps it whole. Hides part of the state to make an env
+    partially observed: `--env.obs-indices 0 2` leaves CartPole's cart position and pole
+    angle and removes both velocities (the `cartpole-po-*` presets)."""
 
 
 @dataclass(frozen=True)
@@ -72,7 +77,14 @@ class NetworkConfig:
     activation: Literal["tanh", "relu"] = "tanh"
     """MLP activation."""
     shared_torso: bool = False
-    """MLP only: one torso for policy and value (CNN torsos are always shared)."""
+    """MLP only: one torso for policy and value (CNN torsos are always shared; so is a torso
+    with a recurrent core)."""
+    core: Literal["none", "lstm", "gru"] = "none"
+    """Recurrent core between torso and heads: `lstm` or `gru` give the policy a memory
+    (partially observed envs); `none` is a feed-forward policy. A core is shared by both heads,
+    and its state is reset where an episode ended (see `podrace.networks.recurrent`)."""
+    core_size: int = 128
+    """Width of the recurrent core's state (with `core` lstm or gru)."""
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import jax
 import numpy as np
 
+from podrace.algos.base import is_recurrent
 from podrace.control import Control
 from podrace.envs import BatchedEnv
 from podrace.fused_rollout import CHUNK_STEPS, FusedEpisodes, fused_episodes_for
@@ -49,8 +51,27 @@ class _Request:
     result: list = field(default_factory=list)
 
 
-def make_greedy_policy(apply_fn: Callable) -> Callable:
-    """jit((params, obs) -> mode of the policy distribution)."""
+@dataclass(frozen=True)
+class RecurrentGreedy:
+    """A recurrent network's greedy policy: `step(params, obs [B, ...], valid [B], state) ->
+    (action, next state)`, its core carried from step to step and reset by the network
+    where an episode ended, as an actor's is."""
+
+    step: Callable
+    initial_state: Callable[[int], Any]
+    """Number of envs -> the core's initial state (host arrays)."""
+
+
+def make_greedy_policy(apply_fn: Callable) -> Callable | RecurrentGreedy:
+    """jit((params, obs) -> mode of the policy distribution); for a recurrent network's
+    `apply` a `RecurrentGreedy`."""
+    if is_recurrent(apply_fn):
+
+        def step(params, obs, valid, state):
+            dist, _, states = apply_fn(params, obs[None], valid[None], state)
+            return dist.mode()[0], jax.tree.map(lambda x: x[0], states)
+
+        return RecurrentGreedy(jax.jit(step), apply_fn.initial_state)
     return jax.jit(lambda params, obs: apply_fn(params, obs)[0].mode())
 
 
@@ -160,6 +181,10 @@ def run_episodes(
     steps = 0
     obs = control.call("evaluation env.reset", steps, env.reset)
     tally = EpisodeTally(episodes, env.num_envs, time_limit)
+    recurrent = isinstance(policy, RecurrentGreedy)
+    if recurrent:  # fresh envs, fresh memory
+        core = jax.device_put(policy.initial_state(env.num_envs), device)
+        valid = np.ones(env.num_envs, bool)
     if fused is not None:
         fused.begin(obs)
     while not tally.complete:
@@ -169,11 +194,17 @@ def run_episodes(
                 *control.call("evaluation env.step", steps, fused.chunk, params, steps=CHUNK_STEPS)
             )
         else:
-            action = jax.device_get(policy(params, jax.device_put(obs, device)))
+            if recurrent:
+                action, core = policy.step(params, *jax.device_put((obs, valid), device), core)
+                action = jax.device_get(action)
+            else:
+                action = jax.device_get(policy(params, jax.device_put(obs, device)))
             steps += 1
             step = control.call("evaluation env.step", steps, env.step, action)
             tally.add(step.episode_done, step.episode_return, step.episode_length)
             obs = step.obs
+            if recurrent:  # the next step is an autoreset where this one ended an episode
+                valid = ~(step.terminated | step.truncated)
     return tally.result()
 
 
@@ -211,6 +242,11 @@ class Evaluator:
         obs = np.zeros((self.env.num_envs,) + self.env.spec.obs_shape, self.env.spec.obs_dtype)
         if self.fused is not None:
             self.fused.compile(params, obs)
+        elif isinstance(self.policy, RecurrentGreedy):
+            valid = np.ones(self.env.num_envs, bool)
+            core = self.policy.initial_state(self.env.num_envs)
+            placed = jax.device_put((obs, valid, core), self.device)
+            jax.block_until_ready(self.policy.step(params, *placed))
         else:
             jax.block_until_ready(self.policy(params, jax.device_put(obs, self.device)))
 

@@ -8,7 +8,8 @@ trajectory (a rollout of up to CHUNK_STEPS steps is one call): nothing crosses b
 and device but the episode statistics at its end, packed into one array.
 
 It computes exactly what the step-by-step loop computes (same key stream, same valid
-mask, same episode counting; `tests/test_fused_rollout.py` compares the two). Each chunk
+mask, same episode counting, a recurrent policy's core state carried in the scan and reset
+by the same network; `tests/test_fused_rollout.py` compares the two). Each chunk
 is one watched env call for the watchdog, and a stop is seen between chunks. Used where it
 can be: an envpool env whose dtypes JAX carries, acting on a CPU device
 (`fused_rollout_for`). The evaluator's greedy episodes run the same way (`FusedEpisodes`).
@@ -36,6 +37,7 @@ class EnvCarry(NamedTuple):
     obs: Any  # [B, ...] observation the next step acts on
     prev_done: Any  # [B] the last step ended (terminated or truncated): the next is an autoreset
     counts: EpisodeCounts
+    core: Any = ()  # a recurrent policy's core state the next step starts from; () if none
 
 
 class FusedOutput(NamedTuple):
@@ -58,11 +60,18 @@ def unpack_episodes(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
     return packed[0].astype(bool), packed[1].view(np.float32), packed[2]
 
 
-def first_carry(handle: Any, obs: np.ndarray, device: jax.Device) -> EnvCarry:
-    """The carry after `env.reset()`: the envs' first observations, counts at zero."""
+def first_carry(handle: Any, obs: np.ndarray, device: jax.Device, core: Any = ()) -> EnvCarry:
+    """The carry after `env.reset()`: the envs' first observations, counts at zero, and a
+    recurrent policy's initial core state `core`."""
     num_envs = obs.shape[0]
     counts = zero_counts(num_envs, np.float32, np.int32)
-    return jax.device_put(EnvCarry(handle, obs, np.zeros(num_envs, bool), counts), device)
+    return jax.device_put(EnvCarry(handle, obs, np.zeros(num_envs, bool), counts, core), device)
+
+
+def is_recurrent_policy(policy: Any) -> bool:
+    """Whether an actor's PolicyFns or an evaluator's greedy policy is recurrent (it has an
+    `initial_state` for its core)."""
+    return getattr(policy, "initial_state", None) is not None
 
 
 CHUNK_STEPS = 32
@@ -93,21 +102,20 @@ class FusedRollout:
         self.lengths = chunk_lengths(rollout_length)
         self._handle = xla_step.handle
         self._chunks: dict[int, Callable] = {
-            n: jax.jit(_chunk_fn(policy.step, xla_step, n)) for n in sorted(set(self.lengths[:-1]))
+            n: jax.jit(_chunk_fn(policy, xla_step, n)) for n in sorted(set(self.lengths[:-1]))
         }
-        self._last: Callable = jax.jit(
-            _last_fn(policy.step, policy.value, xla_step, self.lengths[-1])
-        )
+        self._last: Callable = jax.jit(_last_fn(policy, xla_step, self.lengths[-1]))
         self.carry: EnvCarry | None = None
 
-    def begin(self, obs: np.ndarray) -> None:
-        """After `env.reset()`: the envs' first observations, counts at zero."""
-        self.carry = first_carry(self._handle, obs, self.device)
+    def begin(self, obs: np.ndarray, core: Any = ()) -> None:
+        """After `env.reset()`: the envs' first observations, counts at zero, and a recurrent
+        policy's initial core state (on the device)."""
+        self.carry = first_carry(self._handle, obs, self.device, core)
 
-    def compile(self, params: Any, key: Any, obs_like: np.ndarray) -> None:
+    def compile(self, params: Any, key: Any, obs_like: np.ndarray, core: Any = ()) -> None:
         """Compile every call for these shapes without stepping the envs (before threads start)."""
         carry = self.carry
-        self.begin(obs_like)
+        self.begin(obs_like, core)
         rows = []
         for n, fn in self._chunks.items():
             self._chunks[n] = compile_uncached(fn.lower(params, key, self.carry))
@@ -121,7 +129,9 @@ class FusedRollout:
                     out,
                 )
             )
-        self._last = compile_uncached(self._last.lower(params, key, self.carry, tuple(rows)))
+        self._last = compile_uncached(
+            self._last.lower(params, key, self.carry, tuple(rows), self.carry.core)
+        )
         self.carry = carry
 
     def chunk(self, steps: int, params: Any, key: Any) -> tuple[Any, Any]:
@@ -132,22 +142,31 @@ class FusedRollout:
         key, self.carry, rows = jax.block_until_ready(self._chunks[steps](params, key, self.carry))
         return key, rows
 
-    def last(self, params: Any, key: Any, rows: list) -> tuple[Any, FusedOutput]:
+    def last(
+        self, params: Any, key: Any, rows: list, first_core: Any = ()
+    ) -> tuple[Any, FusedOutput]:
         """The rollout's last steps, and the rollout from the earlier chunks' `rows` and
-        these (with the bootstrap value of the obs after them): (new key, output).
+        these (with the bootstrap value of the obs after them, stamped with a recurrent
+        policy's core state `first_core` from before its first step): (new key, output).
         Returns once it ran, as `chunk` does."""
         key, self.carry, out = jax.block_until_ready(
-            self._last(params, key, self.carry, tuple(rows))
+            self._last(params, key, self.carry, tuple(rows), first_core)
         )
         return key, out
 
 
-def _scan_steps(policy_step: Callable, env_step: Any, steps: int, params, key, carry: EnvCarry):
-    """`steps` steps of policy and env from `carry`: ((raw key, carry), rows)."""
+def _scan_steps(policy: Any, env_step: Any, steps: int, params, key, carry: EnvCarry):
+    """`steps` steps of policy (PolicyFns) and env from `carry`: ((raw key, carry), rows)."""
+    recurrent = is_recurrent_policy(policy)
 
     def body(state, _):
         key, carry = state
-        action, logprob, value, key = policy_step(params, carry.obs, key)
+        valid = ~carry.prev_done
+        core = carry.core
+        if recurrent:
+            action, logprob, value, core, key = policy.step(params, carry.obs, valid, core, key)
+        else:
+            action, logprob, value, key = policy.step(params, carry.obs, key)
         handle, step = env_step(carry.handle, action)
         counts, episode_return, episode_length = count_step(
             carry.counts,
@@ -165,28 +184,30 @@ def _scan_steps(policy_step: Callable, env_step: Any, steps: int, params, key, c
             step.reward,
             step.terminated,
             step.truncated,
-            ~carry.prev_done,
+            valid,
             step.episode_done,
             episode_return,
             episode_length,
         )
         done = step.terminated | step.truncated
-        return (key, EnvCarry(handle, step.obs, done, counts)), row
+        return (key, EnvCarry(handle, step.obs, done, counts, core)), row
 
     return jax.lax.scan(body, (key, carry), None, length=steps)
 
 
-def _chunk_fn(policy_step: Callable, env_step: Any, steps: int) -> Callable:
+def _chunk_fn(policy: Any, env_step: Any, steps: int) -> Callable:
     def chunk(params, key, carry: EnvCarry):
-        (key, carry), rows = _scan_steps(policy_step, env_step, steps, params, key, carry)
+        (key, carry), rows = _scan_steps(policy, env_step, steps, params, key, carry)
         return key, carry, rows
 
     return chunk
 
 
-def _last_fn(policy_step: Callable, policy_value: Callable, env_step: Any, steps: int) -> Callable:
-    def last(params, key, carry: EnvCarry, earlier: tuple):
-        (key, carry), rows = _scan_steps(policy_step, env_step, steps, params, key, carry)
+def _last_fn(policy: Any, env_step: Any, steps: int) -> Callable:
+    recurrent = is_recurrent_policy(policy)
+
+    def last(params, key, carry: EnvCarry, earlier: tuple, first_core):
+        (key, carry), rows = _scan_steps(policy, env_step, steps, params, key, carry)
         chunks = (*earlier, rows)
         rows = (
             jax.tree.map(lambda *parts: jnp.concatenate(parts), *chunks)
@@ -206,7 +227,10 @@ def _last_fn(policy_step: Callable, policy_value: Callable, env_step: Any, steps
             returns,
             lengths,
         ) = rows
-        last_value = policy_value(params, carry.obs)
+        if recurrent:
+            last_value = policy.value(params, carry.obs, carry.core)
+        else:
+            last_value = policy.value(params, carry.obs)
         trajectory = Trajectory(
             obs,
             actions,
@@ -218,6 +242,7 @@ def _last_fn(policy_step: Callable, policy_value: Callable, env_step: Any, steps
             valid,
             carry.obs,
             last_value,
+            first_core,
         )
         return key, carry, FusedOutput(trajectory, pack_episodes(done, returns, lengths))
 
@@ -228,15 +253,19 @@ class FusedEpisodes:
     """Greedy evaluation steps compiled, CHUNK_STEPS per XLA call: only whether an episode
     ended at each step, its return and its length come back to the host."""
 
-    def __init__(self, env: Any, greedy: Callable, xla_step: Any, device: jax.Device):
-        self.env, self.device = env, device
+    def __init__(self, env: Any, greedy: Any, xla_step: Any, device: jax.Device):
+        self.env, self.device, self._greedy = env, device, greedy
         self._handle = xla_step.handle
         self._chunk: Callable = jax.jit(_greedy_chunk_fn(greedy, xla_step, CHUNK_STEPS))
         self._carry: EnvCarry | None = None
 
     def begin(self, obs: np.ndarray) -> None:
-        """After `env.reset()`: the envs' first observations, counts at zero."""
-        self._carry = first_carry(self._handle, obs, self.device)
+        """After `env.reset()`: the envs' first observations, counts at zero (a recurrent
+        policy's core at its initial state)."""
+        core = ()
+        if is_recurrent_policy(self._greedy):
+            core = self._greedy.initial_state(obs.shape[0])
+        self._carry = first_carry(self._handle, obs, self.device, core)
 
     def compile(self, params: Any, obs_like: np.ndarray) -> None:
         """Compile the call for these shapes without stepping the envs."""
@@ -250,10 +279,17 @@ class FusedEpisodes:
         return unpack_episodes(jax.device_get(packed))
 
 
-def _greedy_chunk_fn(greedy: Callable, env_step: Any, steps: int) -> Callable:
+def _greedy_chunk_fn(greedy: Any, env_step: Any, steps: int) -> Callable:
+    recurrent = is_recurrent_policy(greedy)
+
     def chunk(params, carry: EnvCarry):
         def body(carry, _):
-            handle, step = env_step(carry.handle, greedy(params, carry.obs))
+            core = carry.core
+            if recurrent:
+                action, core = greedy.step(params, carry.obs, ~carry.prev_done, core)
+            else:
+                action = greedy(params, carry.obs)
+            handle, step = env_step(carry.handle, action)
             counts, episode_return, episode_length = count_step(
                 carry.counts,
                 step.raw_reward,
@@ -263,7 +299,7 @@ def _greedy_chunk_fn(greedy: Callable, env_step: Any, steps: int) -> Callable:
                 xp=jnp,
             )
             done = step.terminated | step.truncated
-            return EnvCarry(handle, step.obs, done, counts), (
+            return EnvCarry(handle, step.obs, done, counts, core), (
                 step.episode_done,
                 episode_return,
                 episode_length,
@@ -307,9 +343,7 @@ def fused_rollout_for(env: Any, policy: Any, rollout_length: int) -> FusedRollou
     return None if found is None else FusedRollout(env, policy, found[0], rollout_length, found[1])
 
 
-def fused_episodes_for(
-    env: Any, greedy: Callable, device: jax.Device | None
-) -> FusedEpisodes | None:
+def fused_episodes_for(env: Any, greedy: Any, device: jax.Device | None) -> FusedEpisodes | None:
     """FusedEpisodes for an evaluator, or None where it must step its env one call at a time."""
     found = _env_xla_step(env, device)
     return None if found is None else FusedEpisodes(env, greedy, *found)

@@ -10,6 +10,7 @@ normalizer) through `global_array`. The loop that runs these programs is `podrac
 
 from __future__ import annotations
 
+import functools
 import os
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -31,7 +32,19 @@ from podrace.types import Trajectory
 
 AXIS = "learner"
 
-TRAJECTORY_SPEC = Trajectory(*(P(None, AXIS),) * 8, last_obs=P(AXIS), last_value=P(AXIS))
+TIME_MAJOR = Trajectory._fields[:8]
+"""Trajectory fields laid out [T, B, ...]; the others (last_obs, last_value, core_state) are
+[B, ...] per leaf."""
+
+
+def env_axis(field: str) -> int:
+    """The env axis of a Trajectory field's leaves."""
+    return 1 if field in TIME_MAJOR else 0
+
+
+TRAJECTORY_SPEC = Trajectory(
+    *(P(None, AXIS),) * 8, last_obs=P(AXIS), last_value=P(AXIS), core_state=P(AXIS)
+)
 
 
 def make_algorithm(cfg: TrainConfig, apply_fn: Callable) -> Algorithm:
@@ -106,19 +119,22 @@ class LearnerPlacement:
         self.num_shards = mesh.devices.size
         n = len(self.devices)
 
-        def split(traj: Trajectory):
-            def cut(x, axis):
-                return tuple(jnp.split(x, n, axis=axis))
-
-            return Trajectory(
-                *(cut(getattr(traj, f), 1) for f in Trajectory._fields[:8]),
-                last_obs=cut(traj.last_obs, 0),
-                last_value=cut(traj.last_value, 0),
-            )
+        def split(traj: Trajectory) -> tuple[Trajectory, ...]:
+            """The n slices of `traj` along its env axis, one Trajectory each."""
+            slices: list[dict] = [{} for _ in range(n)]
+            for name in Trajectory._fields:
+                leaves, tree = jax.tree.flatten(getattr(traj, name))
+                cuts = [jnp.split(x, n, axis=env_axis(name)) for x in leaves]
+                for i, part in enumerate(slices):
+                    part[name] = tree.unflatten([cut[i] for cut in cuts])
+            return tuple(Trajectory(**part) for part in slices)
 
         self._split = jax.jit(split)
         self._whole = Trajectory(
-            *(time_sharding,) * 8, last_obs=env_sharding, last_value=env_sharding
+            *(time_sharding,) * 8,
+            last_obs=env_sharding,
+            last_value=env_sharding,
+            core_state=env_sharding,
         )
 
     def place(self, traj: Trajectory) -> Trajectory:
@@ -129,24 +145,22 @@ class LearnerPlacement:
             if on_device(traj, self.devices[0]):
                 return place(traj, self.devices[0])
             return place(traj, self._whole)
-        pieces = self._split(traj)  # per field: tuple of n arrays on the actor device
-        per_device = [
-            place(Trajectory(*(field[i] for field in pieces)), device)
-            for i, device in enumerate(self.devices)
-        ]
+        pieces = self._split(traj)  # n slices on the actor device
+        per_device = [place(pieces[i], device) for i, device in enumerate(self.devices)]
 
-        def assemble(name: str, time_major: bool):
-            shards = [getattr(t, name) for t in per_device]
-            local = shards[0].shape
-            axis = 1 if time_major else 0
+        def assemble(name: str, *shards: jax.Array) -> jax.Array:
+            local, axis = shards[0].shape, env_axis(name)
             shape = local[:axis] + (local[axis] * self.num_shards,) + local[axis + 1 :]
-            sharding = self.time_sharding if time_major else self.env_sharding
-            return jax.make_array_from_single_device_arrays(shape, sharding, shards)
+            sharding = self.time_sharding if name in TIME_MAJOR else self.env_sharding
+            return jax.make_array_from_single_device_arrays(shape, sharding, list(shards))
 
         return Trajectory(
-            *(assemble(f, True) for f in Trajectory._fields[:8]),
-            last_obs=assemble("last_obs", False),
-            last_value=assemble("last_value", False),
+            **{
+                name: jax.tree.map(
+                    functools.partial(assemble, name), *(getattr(t, name) for t in per_device)
+                )
+                for name in Trajectory._fields
+            }
         )
 
 
@@ -161,7 +175,9 @@ def concat_actors(trajs: Sequence[Trajectory]) -> Trajectory:
 
     return Trajectory(
         *(
-            interleave([getattr(t, f) for t in trajs], 0 if f in ("last_obs", "last_value") else 1)
+            jax.tree.map(
+                lambda *xs, f=f: interleave(xs, env_axis(f)), *(getattr(t, f) for t in trajs)
+            )
             for f in Trajectory._fields
         )
     )

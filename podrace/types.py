@@ -7,6 +7,10 @@ observation of the next episode with reward 0. Step t+1 is therefore not a real
 transition and is marked `valid = False`. The behaviour value the actor computed at step
 t+1 is V(final observation), which is exactly the bootstrap value a truncated step t needs,
 so truncation is bootstrapped with no extra forward pass.
+
+A recurrent policy's core state follows the same mask: the state after an invalid step is
+the initial state, so the first step of each new episode (the step after the autoreset
+step) starts from it (`podrace.networks.recurrent.reset_after_invalid`).
 """
 
 from __future__ import annotations
@@ -67,6 +71,10 @@ class Trajectory(NamedTuple):
     valid: Any  # [T, B] bool, False on autoreset steps
     last_obs: Any  # [B, *obs_shape] observation after the last step
     last_value: Any  # [B] behaviour value of last_obs
+    core_state: Any = ()
+    """A recurrent policy's core state before the first step ([B, ...] per leaf; the state
+    that step starts from, reset already where it begins an episode); () for a feed-forward
+    policy (no leaves)."""
 
 
 @dataclass(frozen=True)

@@ -218,6 +218,12 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(
             f"network.hidden_sizes must be positive widths, got {list(cfg.network.hidden_sizes)}"
         )
+    positive("network.core_size", cfg.network.core_size)
+    indices = cfg.env.obs_indices
+    if indices is not None and (not indices or min(indices) < 0):
+        raise ConfigError(
+            f"env.obs_indices must name at least one entry, each >= 0, got {list(indices)}"
+        )
     _validate_algos(cfg)
     _validate_sizes(cfg)
     _validate_workers(cfg)
@@ -288,7 +294,14 @@ def _validate_sizes(cfg: TrainConfig) -> None:
             f"than the int32 step counter holds ({INT32_MAX:,}); use fewer steps or larger updates"
         )
     envs_per_shard = cfg.num_actors * cfg.env.num_envs // num_learners
-    if cfg.algo == "ppo":
+    if cfg.algo == "ppo" and cfg.network.core != "none":
+        if envs_per_shard % cfg.ppo.num_minibatches:
+            raise ConfigError(
+                f"ppo.num_minibatches ({cfg.ppo.num_minibatches}) must divide the envs per "
+                f"learner shard ({envs_per_shard}): with a recurrent core (network.core "
+                f"{cfg.network.core}) every minibatch takes whole env sequences from every shard"
+            )
+    elif cfg.algo == "ppo":
         if cfg.rollout_length % cfg.ppo.num_minibatches:
             raise ConfigError(
                 f"ppo.num_minibatches ({cfg.ppo.num_minibatches}) must divide rollout_length "
@@ -327,6 +340,13 @@ def _validate_workers(cfg: TrainConfig) -> None:
         return
     if workers > MAX_ENV_WORKERS:
         raise ConfigError(f"env.workers must be at most {MAX_ENV_WORKERS}, got {workers}")
+    if cfg.network.core != "none":
+        # The inference threads' batched policy call is feed-forward: it keeps no core
+        # state per env between requests.
+        raise ConfigError(
+            f"env.workers does not carry a recurrent core's state (network.core "
+            f"{cfg.network.core}): use --env.workers 0 or --network.core none"
+        )
     if cfg.env.num_envs % workers:
         raise ConfigError(
             f"env.num_envs ({cfg.env.num_envs}) must be a multiple of env.workers ({workers}): "

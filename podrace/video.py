@@ -21,7 +21,7 @@ import numpy as np
 
 from podrace.config import ConfigError, EnvConfig
 from podrace.envs import resolve_backend
-from podrace.envs.spaces import OneHotObs
+from podrace.envs.spaces import ObsIndices, OneHotObs
 
 MAX_VIDEO_FRAMES = 3000
 VIDEO_FPS = 30
@@ -69,6 +69,10 @@ class _RenderEnv:
                 ) from None
             self.envpool, self.atari = False, False
         self.one_hot = OneHotObs.of(self.env.observation_space)
+        shape = (self.one_hot.n,) if self.one_hot else tuple(self.env.observation_space.shape)
+        self.select = None
+        if cfg.obs_indices is not None:
+            self.select = ObsIndices(cfg.obs_indices, shape, cfg.id)
 
     def reset(self) -> np.ndarray:
         """The first observation, batched as the policy takes it ([1, ...])."""
@@ -87,8 +91,10 @@ class _RenderEnv:
         return self._as_trained(np.asarray(obs)[None]), bool(terminated or truncated)
 
     def _as_trained(self, obs: np.ndarray) -> np.ndarray:
-        """As the training envs gave them (a Discrete observation one-hot, as in podrace.envs)."""
-        return obs if self.one_hot is None else self.one_hot(obs)
+        """As the training envs gave them (a Discrete observation one-hot, the entries
+        `env.obs_indices` keeps; as in podrace.envs)."""
+        obs = obs if self.one_hot is None else self.one_hot(obs)
+        return obs if self.select is None else self.select(obs)
 
     def render(self) -> np.ndarray:
         """An RGB frame [height, width, 3]; ConfigError when the env gives none."""

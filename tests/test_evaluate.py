@@ -195,20 +195,27 @@ def test_busy_evaluator_drops_and_counts_requests():
 # Compiled evaluation (envpool's XLA step): the same episodes as the step-by-step loop.
 
 
-def _envpool_evaluation(env_id, num_envs, episodes, compiled, **env_kwargs):
+def _envpool_evaluation(env_id, num_envs, episodes, compiled, core="none", **env_kwargs):
+    """(returns, lengths) of the evaluator's episodes; `compiled` "command": `podrace eval`'s
+    loop (`play_episodes`) instead."""
+    from podrace.commands.eval import make_actor, play_episodes
     from podrace.config import EnvConfig, NetworkConfig
     from podrace.envs.envpool_backend import EnvpoolEnv
     from podrace.evaluate import make_greedy_policy
     from podrace.networks import make_network
 
     env = EnvpoolEnv(EnvConfig(id=env_id, **env_kwargs), num_envs, seed=11)
-    net = make_network(NetworkConfig(hidden_sizes=(16,)), env.spec)
+    net = make_network(NetworkConfig(hidden_sizes=(16,), core=core, core_size=16), env.spec)
     device = jax.devices("cpu")[0]
     # Large random weights: greedy actions that depend on the observation, so episodes differ.
     params = net.init(
         jax.random.PRNGKey(2), np.zeros((1,) + env.spec.obs_shape, env.spec.obs_dtype)
     )
     params = jax.device_put(jax.tree.map(lambda x: x * 30.0, params), device)
+    if compiled == "command":
+        tally = play_episodes(env, make_actor(net.apply, params, False, 0), episodes)
+        env.close()
+        return tally.result()
     greedy = make_greedy_policy(net.apply)
     evaluator = Evaluator(env, device, greedy, FakeParams(), episodes, Metrics(), control())
     assert evaluator.fused is not None
@@ -224,7 +231,14 @@ def _envpool_evaluation(env_id, num_envs, episodes, compiled, **env_kwargs):
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(
     "env_id,num_envs,episodes,env_kwargs",
-    [("CartPole-v1", 5, 12, {}), ("Pendulum-v1", 3, 7, {"max_episode_steps": 37})],
+    [
+        ("CartPole-v1", 5, 12, {}),
+        ("Pendulum-v1", 3, 7, {"max_episode_steps": 37}),
+        # Recurrent: the core carried through episode ends and reset as in training
+        ("CartPole-v1", 5, 12, {"core": "lstm", "obs_indices": (0, 2)}),
+        ("Pendulum-v1", 3, 7, {"core": "gru", "max_episode_steps": 37}),
+    ],
+    ids=["cartpole", "pendulum", "cartpole-positions-lstm", "pendulum-gru"],
 )
 def test_compiled_evaluation_ends_the_same_episodes_as_step_by_step(
     env_id, num_envs, episodes, env_kwargs
@@ -236,6 +250,11 @@ def test_compiled_evaluation_ends_the_same_episodes_as_step_by_step(
     assert len(returns) == episodes and len(set(returns.tolist())) > 1  # episodes that differ
     np.testing.assert_array_equal(returns, host_returns)  # same episodes, same order, same counts
     np.testing.assert_array_equal(lengths, host_lengths)
+    if "core" in env_kwargs:  # and `podrace eval` plays them too
+        command_returns, _ = _envpool_evaluation(
+            env_id, num_envs, episodes, "command", **env_kwargs
+        )
+        np.testing.assert_allclose(command_returns, returns, rtol=1e-6)
 
 
 @pytest.mark.timeout(120)

@@ -102,8 +102,33 @@ def run_actor(
             NetworkConfig(torso="nature_cnn", hidden_sizes=(32,)),
             {"image_size": 42},
         ),
+        # Recurrent: the core's state carried in the scan, across chunks (32 + 8) and rollouts
+        (
+            "CartPole-v1",
+            8,
+            40,
+            NetworkConfig(hidden_sizes=(16,), core="lstm", core_size=16),
+            {"obs_indices": (0, 2)},
+        ),
+        ("Pendulum-v1", 4, 64, NetworkConfig(core="gru", core_size=16), {}),
+        (
+            "Breakout-v5",
+            4,
+            32,
+            NetworkConfig(torso="nature_cnn", hidden_sizes=(32,), core="lstm", core_size=16),
+            {"image_size": 42},
+        ),
     ],
-    ids=["cartpole", "cartpole-one-call", "pendulum", "frozen-lake", "breakout"],
+    ids=[
+        "cartpole",
+        "cartpole-one-call",
+        "pendulum",
+        "frozen-lake",
+        "breakout",
+        "cartpole-positions-lstm",
+        "pendulum-gru",
+        "breakout-lstm",
+    ],
 )
 def test_fused_rollouts_equal_step_by_step_rollouts(env_id, num_envs, T, network, env_kwargs):
     fused = run_actor(env_id, num_envs, T, True, network, **env_kwargs)
@@ -120,6 +145,11 @@ def test_fused_rollouts_equal_step_by_step_rollouts(env_id, num_envs, T, network
             np.testing.assert_allclose(
                 getattr(ta, name), getattr(tb, name), rtol=1e-5, atol=1e-5, err_msg=name
             )
+        cores = jax.tree.leaves(ta.core_state), jax.tree.leaves(tb.core_state)
+        assert len(cores[0]) == len(cores[1]) == {"none": 0, "gru": 1, "lstm": 2}[network.core]
+        for x, y in zip(*cores):
+            np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5, err_msg="core_state")
+            assert a.seq == 0 or np.abs(x).max() > 0  # a state carried from the last rollout
         np.testing.assert_allclose(a.episode_returns, b.episode_returns, rtol=1e-6)
         np.testing.assert_array_equal(a.episode_lengths, b.episode_lengths)
         assert (a.seq, a.policy_version) == (b.seq, b.policy_version)

@@ -24,7 +24,6 @@ LAYERS: list[tuple[str, ...]] = [
         "podrace.json_text",
         "podrace.config",
         "podrace.config_dict",
-        "podrace.arguments",
         "podrace.control",
     ),
     ("podrace.validation", "podrace.presets"),

@@ -24,15 +24,23 @@ from podrace.learner_mesh import (
     make_update_fn,
     trajectory_shardings,
 )
-from podrace.networks import make_network
+from podrace.networks import initial_core_state, make_network
 from podrace.types import Trajectory
 from tests import trajectories
 
 T, B, ACTORS = 8, 8, 2
 
 
-def random_trajectory(rng, spec):
-    return trajectories.random_trajectory(rng, spec, T, B)
+def random_trajectory(rng, spec, network: NetworkConfig | None = None):
+    core = initial_core_state(network or NetworkConfig(), B)
+    return trajectories.random_trajectory(rng, spec, T, B, core)
+
+
+def fields(traj):
+    """(field name, leaf) of every array of a Trajectory (a core state has one per leaf)."""
+    return [
+        (name, leaf) for name in Trajectory._fields for leaf in jax.tree.leaves(getattr(traj, name))
+    ]
 
 
 def one_update(cfg, num_learners, host_trajs):
@@ -56,13 +64,17 @@ def one_update(cfg, num_learners, host_trajs):
     return jax.device_get(new_state.params), jax.device_get(metrics)
 
 
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize("algo", ["ppo", "impala"])
-def test_four_learner_devices_match_one(algo):
+@pytest.mark.parametrize("core", ["none", "lstm"])
+def test_four_learner_devices_match_one(algo, core):
+    """Also with a recurrent core: rollouts stamped with their start states, PPO's
+    minibatches of whole env sequences (2 per epoch: every shard of 4 holds 4 envs)."""
     cfg = TrainConfig(
         algo=algo,
         env=EnvConfig(id="CartPole-v1", num_envs=B),
-        network=NetworkConfig(hidden_sizes=(16, 16)),
-        ppo=PPOConfig(num_epochs=2, num_minibatches=4),
+        network=NetworkConfig(hidden_sizes=(16, 16), core=core, core_size=8),
+        ppo=PPOConfig(num_epochs=2, num_minibatches=4 if core == "none" else 2),
         impala=ImpalaConfig(num_minibatches=1),
         layout=LayoutConfig(actors_per_device=ACTORS),
         rollout_length=T,
@@ -70,7 +82,7 @@ def test_four_learner_devices_match_one(algo):
     )
     rng = np.random.default_rng(0)
     spec = env_spec(cfg.env)
-    host = [random_trajectory(rng, spec) for _ in range(ACTORS)]
+    host = [random_trajectory(rng, spec, cfg.network) for _ in range(ACTORS)]
     params_1, metrics_1 = one_update(cfg, 1, host)
     params_4, metrics_4 = one_update(cfg, 4, host)
     for a, b in zip(jax.tree.leaves(params_1), jax.tree.leaves(params_4)):
@@ -150,17 +162,15 @@ def test_placement_gives_each_learner_device_its_slice_of_the_envs():
     mesh = make_mesh(jax.devices()[:4])
     placement = LearnerPlacement(*trajectory_shardings(mesh))
     spec = env_spec(EnvConfig(id="CartPole-v1", num_envs=B))
-    host = random_trajectory(np.random.default_rng(0), spec)
+    host = random_trajectory(np.random.default_rng(0), spec, NetworkConfig(core="lstm"))
     placed = placement.place(jax.device_put(host, jax.devices()[0]))
-    for name in Trajectory._fields:
-        global_array = getattr(placed, name)
-        np.testing.assert_array_equal(np.asarray(global_array), getattr(host, name), err_msg=name)
-        env_axis = 0 if name in ("last_obs", "last_value") else 1
+    assert len(fields(placed)) == len(fields(host)) == 12  # the LSTM's state: 2 arrays
+    for (name, global_array), (_, expected_whole) in zip(fields(placed), fields(host)):
+        np.testing.assert_array_equal(np.asarray(global_array), expected_whole, err_msg=name)
+        env_axis = 0 if name in ("last_obs", "last_value", "core_state") else 1
         for shard in global_array.addressable_shards:
             d = mesh.devices.flat[:].tolist().index(shard.device)
-            expected = np.take(
-                getattr(host, name), range(d * B // 4, (d + 1) * B // 4), axis=env_axis
-            )
+            expected = np.take(expected_whole, range(d * B // 4, (d + 1) * B // 4), axis=env_axis)
             np.testing.assert_array_equal(np.asarray(shard.data), expected, err_msg=name)
 
 
@@ -169,20 +179,20 @@ def test_one_learner_device_takes_a_rollout_made_there_as_it_is_and_moves_others
     learner_device, other = jax.devices()[:2]
     placement = LearnerPlacement(*trajectory_shardings(make_mesh([learner_device])))
     host = random_trajectory(
-        np.random.default_rng(0), env_spec(EnvConfig(id="CartPole-v1", num_envs=B))
+        np.random.default_rng(0),
+        env_spec(EnvConfig(id="CartPole-v1", num_envs=B)),
+        NetworkConfig(core="gru"),
     )
     made_there = jax.device_put(host, learner_device)
     placed = placement.place(made_there)  # a CPU actor sharing the learner's device: no copy
-    for name in Trajectory._fields:
-        got, src = getattr(placed, name), getattr(made_there, name)
+    assert len(fields(placed)) == 11  # the GRU's state: 1 array
+    for (name, got), (_, src) in zip(fields(placed), fields(made_there)):
         assert (
             got.devices() == {learner_device}
             and got.unsafe_buffer_pointer() == src.unsafe_buffer_pointer()
-        )
+        ), name
     for source in (jax.device_put(host, other), host):  # another device's rollout, a host one (Ray)
         placed = placement.place(source)
-        for name in Trajectory._fields:
-            assert getattr(placed, name).devices() == {learner_device}, name
-            np.testing.assert_array_equal(
-                np.asarray(getattr(placed, name)), getattr(host, name), err_msg=name
-            )
+        for (name, got), (_, expected) in zip(fields(placed), fields(host)):
+            assert got.devices() == {learner_device}, name
+            np.testing.assert_array_equal(np.asarray(got), expected, err_msg=name)

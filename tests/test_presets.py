@@ -193,7 +193,8 @@ def test_every_way_of_selecting_impala_gets_cleanbas_optimizer(argv):
     assert np.asarray(column.valid).sum() >= cfg.rollout_length // 2
 
     def tile(name, x, n):
-        return jnp.repeat(x, n, axis=0 if name in ("last_obs", "last_value") else 1)
+        axis = 0 if name in ("last_obs", "last_value", "core_state") else 1
+        return jax.tree.map(lambda leaf: jnp.repeat(leaf, n, axis=axis), x)
 
     traj = Trajectory(*(tile(n, x, num_envs) for n, x in zip(Trajectory._fields, column)))
     minibatch = Trajectory(

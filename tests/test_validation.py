@@ -145,3 +145,38 @@ def test_ray_values_that_would_reach_ray_are_config_errors():
         with pytest.raises(ConfigError, match=expected) as caught:
             validate(replace(base, **changes))
         assert "\n" not in str(caught.value)
+
+
+RECURRENT = [
+    ({"network.core": "rnn"}, "network.core must be one of none, lstm, gru, got 'rnn'"),
+    ({"network.core": "lstm", "network.core_size": 0}, "network.core_size must be positive"),
+    ({"env.obs_indices": ()}, "env.obs_indices must name at least one entry, each >= 0, got []"),
+    ({"env.obs_indices": (0, -1)}, "env.obs_indices must name at least one entry"),
+    ({"env.obs_indices": [0, 2]}, "env.obs_indices must be tuple[int, ...] | None"),
+    # TrainConfig(): 2 actors x 8 envs on one learner, rollouts of 32
+    (
+        {"network.core": "lstm", "ppo.num_minibatches": 32},
+        "ppo.num_minibatches (32) must divide the envs per learner shard (16): with a "
+        "recurrent core (network.core lstm) every minibatch takes whole env sequences",
+    ),
+]
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("changes,message", RECURRENT, ids=[str(c) for c, _ in RECURRENT])
+def test_recurrent_settings_that_cannot_run(changes, message):
+    with pytest.raises(ConfigError) as exc:
+        validate(replace(TrainConfig(), **changes))
+    assert message in str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+@pytest.mark.timeout(10)
+def test_recurrent_ppo_minibatches_split_envs_not_steps():
+    """Without a core PPO deals every env's steps to the minibatches; with one, whole envs
+    (2 actors x 8 envs: 16 of them)."""
+    base = replace(TrainConfig(), **{"rollout_length": 32, "env.num_envs": 8})
+    validate(replace(base, **{"ppo.num_minibatches": 32}))
+    validate(replace(base, **{"network.core": "gru", "ppo.num_minibatches": 16}))
+    with pytest.raises(ConfigError, match="must divide rollout_length"):
+        validate(replace(base, **{"ppo.num_minibatches": 3}))

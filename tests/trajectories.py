@@ -1,11 +1,16 @@
 """Random trajectories of a given shape for learner tests (values are arbitrary but seeded)."""
 
+import jax
 import numpy as np
 
 from podrace.types import Trajectory
 
 
-def random_trajectory(rng: np.random.Generator, spec, steps: int, envs: int) -> Trajectory:
+def random_trajectory(
+    rng: np.random.Generator, spec, steps: int, envs: int, core_state=()
+) -> Trajectory:
+    """`core_state`: a recurrent core's state shaped like the stamp ([envs, ...] per leaf),
+    filled with random values; () for a feed-forward policy."""
     obs = rng.normal(size=(steps, envs) + spec.obs_shape).astype(np.float32)
     return Trajectory(
         obs=obs,
@@ -18,4 +23,5 @@ def random_trajectory(rng: np.random.Generator, spec, steps: int, envs: int) -> 
         valid=rng.uniform(size=(steps, envs)) < 0.9,
         last_obs=obs[-1],
         last_value=rng.normal(size=(envs,)).astype(np.float32),
+        core_state=jax.tree.map(lambda x: rng.normal(size=x.shape).astype(np.float32), core_state),
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import jax
@@ -31,3 +32,29 @@ class Algorithm(NamedTuple):
 
     init: Callable[[PyTree], TrainState]
     update: Callable[[TrainState, Trajectory, jax.Array], tuple[TrainState, dict[str, jax.Array]]]
+
+
+@dataclass(frozen=True)
+class RecurrentApply:
+    """The `apply` of a network with a recurrent core, where a feed-forward network's is
+    `apply(params, obs) -> (dist, value)`.
+
+    `apply(params, obs, valid, state) -> (dist, value, states)` runs the core over
+    obs [T, B, ...] from `state` (the core's state before step 0, [B, ...] per leaf):
+    dist and value are [T, B], `states` the core's state after each step ([T, B, ...] per
+    leaf; the last is the state the next step starts from). `valid` [T, B] is the
+    trajectory's mask: the state after an invalid (autoreset) step is the initial state, so
+    the first step of every episode starts from it (`podrace.networks.recurrent`).
+    Actors step it with T = 1, learners unroll it over whole rollouts."""
+
+    unroll: Callable
+    initial_state: Callable[[int], PyTree]
+    """batch size -> the core's initial (zero) state for that many envs."""
+
+    def __call__(self, params: PyTree, obs: jax.Array, valid: jax.Array, state: PyTree):
+        return self.unroll(params, obs, valid, state)
+
+
+def is_recurrent(apply_fn: Callable) -> bool:
+    """Whether `apply_fn` is a recurrent network's (`RecurrentApply`)."""
+    return isinstance(apply_fn, RecurrentApply)

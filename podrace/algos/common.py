@@ -152,3 +152,25 @@ def make_minibatch_step(optimizer, loss_fn, schedule, axis_name: str | None) -> 
         return minibatch_step
 
     return bind
+
+
+def minibatch_envs(keys: jax.Array, num_mb: int, what: str) -> jax.Array:
+    """[num_mb, B / num_mb] local env indices: row m lists the envs of minibatch m.
+
+    Each block of num_mb consecutive envs deals one env to every minibatch, ranked by a
+    uniform draw from each env's own key. The learner lays envs out in the same global order
+    for any number of learner devices and a block never straddles two shards, so the
+    minibatches do not depend on the learner count. `what` names the setting in the error.
+    """
+    num_envs = keys.shape[0]
+    if num_envs % num_mb:
+        raise ValueError(f"{what} ({num_mb}) must divide the envs per shard ({num_envs})")
+    draws = jax.vmap(jax.random.uniform)(keys).reshape(num_envs // num_mb, num_mb)
+    blocks = num_mb * jnp.arange(num_envs // num_mb)[:, None]
+    return (jnp.argsort(draws, axis=1) + blocks).T
+
+
+def take_envs(x: jax.Array, envs: jax.Array, axis: int) -> jax.Array:
+    """`x`'s envs (along `axis`) by minibatch: envs [num_mb, b] -> [num_mb, ...] with `x`'s
+    axes, the env axis b long ([T, B, ...] -> [num_mb, T, b, ...]; [B, ...] -> [num_mb, b, ...])."""
+    return jnp.moveaxis(jnp.take(x, envs, axis=axis), axis, 0)

@@ -17,6 +17,7 @@ straddles two shards, so 1, 2 or 4 learner devices compute the same update.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Literal
 
 import jax
@@ -25,15 +26,17 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from podrace.algos.advantages import vtrace
-from podrace.algos.base import Algorithm, TrainState
+from podrace.algos.base import Algorithm, TrainState, is_recurrent
 from podrace.algos.common import (
     MaskedMean,
     Metrics,
     init_state,
     learning_rate_schedule,
     make_minibatch_step,
+    minibatch_envs,
     psum,
     reduce_metrics,
+    take_envs,
 )
 from podrace.config import ImpalaConfig
 from podrace.types import PyTree, Trajectory
@@ -44,7 +47,7 @@ TRUNCATION_TOLERANCE = 0.01
 """A weight counts as truncated when the bar cuts at least 1% off it: float noise in the
 recomputed log-probabilities alone puts half of all on-policy ratios a hair above 1."""
 
-_ENV_MAJOR = ("last_obs", "last_value")
+_ENV_MAJOR = ("last_obs", "last_value", "core_state")
 
 
 def impala_loss(
@@ -61,8 +64,11 @@ def impala_loss(
     rho_truncated / c_truncated, the fractions of importance weights cut by rho-bar / c-bar
     (how off-policy the data is).
     """
-    dist, values = apply_fn(params, traj.obs)
-    _, last_value = apply_fn(params, traj.last_obs)
+    if is_recurrent(apply_fn):
+        dist, values, last_value = _unroll_with_bootstrap(params, apply_fn, traj)
+    else:
+        dist, values = apply_fn(params, traj.obs)
+        _, last_value = apply_fn(params, traj.last_obs)
     logp = dist.log_prob(traj.actions)
     vs, pg_adv = vtrace(
         traj.logprobs,
@@ -102,6 +108,16 @@ def impala_loss(
     return summed, jax.lax.stop_gradient(psum(stats, axis_name))
 
 
+def _unroll_with_bootstrap(params: PyTree, apply_fn: ApplyFn, traj: Trajectory):
+    """A recurrent network over the rollout from its stamped start state, and one step more
+    on last_obs: (dist [T, b], values [T, b], last_value [b])."""
+    steps = traj.obs.shape[0]
+    obs = jnp.concatenate([traj.obs, traj.last_obs[None]])
+    valid = jnp.concatenate([traj.valid, jnp.ones_like(traj.valid[:1])])
+    dist, values, _ = apply_fn(params, obs, valid, traj.core_state)
+    return jax.tree.map(lambda x: x[:steps], dist), values[:steps], values[steps]
+
+
 def rmsprop(
     learning_rate: optax.ScalarOrSchedule, decay: float, eps: float, style: Literal["tf", "torch"]
 ) -> optax.GradientTransformation:
@@ -138,32 +154,16 @@ def make_optimizer(
     return optimizer, schedule
 
 
-def minibatch_envs(keys: jax.Array, num_mb: int) -> jax.Array:
-    """[num_mb, B / num_mb] local env indices: row m lists the envs of minibatch m.
-
-    Each block of num_mb consecutive envs deals one env to every minibatch, ranked by a
-    uniform draw from each env's own key.
-    """
-    num_envs = keys.shape[0]
-    if num_envs % num_mb:
-        raise ValueError(
-            f"impala.num_minibatches ({num_mb}) must divide the envs per shard ({num_envs})"
-        )
-    draws = jax.vmap(jax.random.uniform)(keys).reshape(num_envs // num_mb, num_mb)
-    blocks = num_mb * jnp.arange(num_envs // num_mb)[:, None]
-    return (jnp.argsort(draws, axis=1) + blocks).T
-
-
 def split_minibatches(traj: Trajectory, envs: jax.Array) -> Trajectory:
-    """[T, B, ...] -> [num_mb, T, B / num_mb, ...]; last_obs and last_value go to
-    [num_mb, B / num_mb, ...]."""
+    """[T, B, ...] -> [num_mb, T, B / num_mb, ...] (last_obs, last_value and core_state:
+    [num_mb, B / num_mb, ...])."""
 
     def take(name, x):
-        if name in _ENV_MAJOR:
-            return x[envs]
-        return jnp.moveaxis(x[:, envs], 1, 0)
+        return take_envs(x, envs, 0 if name in _ENV_MAJOR else 1)
 
-    return Trajectory(**{name: take(name, getattr(traj, name)) for name in traj._fields})
+    return Trajectory(
+        **{name: jax.tree.map(partial(take, name), getattr(traj, name)) for name in traj._fields}
+    )
 
 
 def make_impala(
@@ -187,7 +187,8 @@ def make_impala(
         if num_mb == 1:  # one minibatch: no gather
             minibatches = jax.tree.map(lambda x: x[None], traj)
         else:
-            minibatches = split_minibatches(traj, minibatch_envs(keys, num_mb))
+            envs = minibatch_envs(keys, num_mb, "impala.num_minibatches")
+            minibatches = split_minibatches(traj, envs)
         flat, unravel = ravel_pytree(state.params)
         carry = (flat, state.opt_state, state.step * num_mb)
         (flat, opt_state, _), metrics = jax.lax.scan(

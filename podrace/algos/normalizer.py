@@ -27,6 +27,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from podrace.algos.base import RecurrentApply, is_recurrent
 from podrace.algos.normalization import (
     ReturnTracker,
     RunningStats,
@@ -74,9 +75,17 @@ def acting_params(params: PyTree, normalizer: Normalizer | None) -> PyTree:
 
 
 def acting_apply(apply_fn: ApplyFn, cfg: NormalizeConfig) -> ApplyFn:
-    """`apply_fn` on published snapshots: (acting params, raw obs) -> (dist, value)."""
+    """`apply_fn` on published snapshots: (acting params, raw obs) -> (dist, value); a
+    recurrent network's (`RecurrentApply`) stays one, on raw observations."""
     if not cfg.obs:
         return apply_fn
+    if is_recurrent(apply_fn):
+
+        def unroll(published: PyTree, obs: jax.Array, valid: jax.Array, state: PyTree) -> tuple:
+            obs = normalize(published["obs_stats"], obs, cfg.obs_clip)
+            return apply_fn(published["params"], obs, valid, state)
+
+        return RecurrentApply(unroll, apply_fn.initial_state)
 
     def apply(published: PyTree, obs: jax.Array) -> tuple:
         return apply_fn(published["params"], normalize(published["obs_stats"], obs, cfg.obs_clip))

@@ -6,12 +6,18 @@ shuffles its own T time steps with its own key and deals T / num_minibatches of 
 every minibatch. A minibatch is thus the same set of samples however the envs are spread
 over learner shards, and every mean and the advantage normalisation use global
 (cross-shard) statistics, so 1, 2 or 4 learner devices compute the same update.
+
+With a recurrent network a minibatch is whole env sequences instead, never cut across time:
+each epoch deals the envs to the minibatches as IMPALA does (blocks of num_minibatches envs,
+ranked by the envs' own keys, drawn again every epoch), and the loss unrolls the core over
+each sequence from the state its rollout was stamped with (truncated backpropagation
+through time over the rollout).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -19,15 +25,17 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from podrace.algos.advantages import gae
-from podrace.algos.base import Algorithm, TrainState
+from podrace.algos.base import Algorithm, TrainState, is_recurrent
 from podrace.algos.common import (
     MaskedMean,
     Metrics,
     init_state,
     learning_rate_schedule,
     make_minibatch_step,
+    minibatch_envs,
     psum,
     reduce_metrics,
+    take_envs,
 )
 from podrace.config import PPOConfig
 from podrace.types import PyTree, Trajectory
@@ -36,7 +44,8 @@ ApplyFn = Callable[[PyTree, jax.Array], tuple]
 
 
 class PPOBatch(NamedTuple):
-    """Flat samples [N, ...] that one PPO minibatch step consumes."""
+    """Samples that one PPO minibatch step consumes: flat [N, ...] for a feed-forward
+    network; for a recurrent one env sequences [T, b, ...] and their start states."""
 
     obs: jax.Array
     actions: jax.Array
@@ -45,6 +54,8 @@ class PPOBatch(NamedTuple):
     advantages: jax.Array
     returns: jax.Array
     valid: jax.Array
+    core_state: Any = ()
+    """Recurrent: the core's state before each sequence's first step ([b, ...] per leaf)."""
 
 
 def ppo_loss(
@@ -60,7 +71,10 @@ def ppo_loss(
     global minibatch; with axis_name=None the share is the loss itself.
     loss = policy_loss - ent_coef * entropy + vf_coef * value_loss.
     """
-    dist, value = apply_fn(params, minibatch.obs)
+    if is_recurrent(apply_fn):
+        dist, value, _ = apply_fn(params, minibatch.obs, minibatch.valid, minibatch.core_state)
+    else:
+        dist, value = apply_fn(params, minibatch.obs)
     logp = dist.log_prob(minibatch.actions)
     log_ratio = logp - minibatch.logprobs
     ratio = jnp.exp(log_ratio)
@@ -128,6 +142,31 @@ def make_ppo(
 
     init = init_state(optimizer)
     minibatch_step = make_minibatch_step(optimizer, loss_fn, schedule, axis_name)
+    recurrent = is_recurrent(apply_fn)
+
+    def recurrent_epochs(state: TrainState, batch: PPOBatch, keys: jax.Array):
+        """The epochs on whole env sequences: [T, B, ...] -> [num_mb, T, B / num_mb, ...]."""
+        num_mb = cfg.num_minibatches
+        flat, unravel = ravel_pytree(state.params)
+        step = minibatch_step(unravel)
+
+        def epoch(carry, epoch_index):
+            if num_mb == 1:  # one minibatch: the order cannot matter, skip the gather
+                data = jax.tree.map(lambda x: x[None], batch)
+            else:
+                epoch_keys = jax.vmap(lambda k: jax.random.fold_in(k, epoch_index))(keys)
+                envs = minibatch_envs(epoch_keys, num_mb, "ppo.num_minibatches")
+                data = PPOBatch(
+                    *(take_envs(x, envs, 1) for x in batch[:-1]),
+                    core_state=jax.tree.map(lambda x: take_envs(x, envs, 0), batch.core_state),
+                )
+            return jax.lax.scan(step, carry, data, unroll=min(scan_unroll, num_mb))
+
+        carry = (flat, state.opt_state, state.step * steps_per_update)
+        (flat, opt_state, _), metrics = jax.lax.scan(
+            epoch, carry, jnp.arange(cfg.num_epochs), unroll=min(scan_unroll, cfg.num_epochs)
+        )
+        return TrainState(unravel(flat), opt_state, state.step + 1), reduce_metrics(metrics)
 
     def update(state: TrainState, traj: Trajectory, keys: jax.Array) -> tuple[TrainState, Metrics]:
         advantages, returns = gae(
@@ -145,6 +184,8 @@ def make_ppo(
         )
         num_steps, num_envs = batch.valid.shape
         num_mb = cfg.num_minibatches
+        if recurrent:
+            return recurrent_epochs(state, batch._replace(core_state=traj.core_state), keys)
         if num_steps % num_mb:
             raise ValueError(
                 f"ppo.num_minibatches ({num_mb}) must divide the rollout length ({num_steps})"

@@ -23,6 +23,8 @@ T = TypeVar("T")
 _BORDER = "│"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _DROPPED = ("Argument helptext:",)
+_MORE = "[...]"
+"""tyro's mark for suggestions it left out (with many presets): nothing to read on one line."""
 
 
 def parse(parse_fn: Callable[[], T]) -> T:
@@ -96,7 +98,7 @@ def _join(lines: list[str]) -> str:
         indent = len(line) - len(line.lstrip())
         if indent == 0:
             text.append(line)
-        elif indent <= 4 and line.strip() not in names:
+        elif indent <= 4 and line.strip() not in (*names, _MORE):
             names.append(line.strip())
     joined = re.sub(r" ([.,;:)}\]])", r"\1", " ".join(text))  # a wrapped line may start at "."
     return f"{joined} {', '.join(names)}" if names else joined

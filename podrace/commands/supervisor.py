@@ -37,9 +37,8 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 """The signals that stop a command (exit code 128 + the signal)."""
 EXIT_GRACE_S = 1.5
 """After a signal, seconds the run gets to stop and write its last line before the process
-exits regardless (a thread stuck in native code, a long compile)."""
-RAY_EXIT_GRACE_S = 30.0
-"""The same for `--runtime ray`: killing workers and stopping a local Ray take seconds."""
+exits regardless (a thread stuck in native code, a long compile), until the run's topology
+says how long it needs (`Topology.exit_grace_s`)."""
 STARVED_EXIT_S = 120.0
 """Seconds the main thread may go without running Python before the process is ended
 (exit 1, every thread's stack on stderr; at least twice the run's watchdog timeout). Only a

@@ -18,7 +18,7 @@ from podrace.config import ConfigError, EnvConfig
 from podrace.envs.base import env_seeds
 from podrace.envs.episode_stats import EpisodeStats
 from podrace.envs.resolve import is_envpool_atari
-from podrace.envs.spaces import ActionPreparer, OneHotObs, spec_from_spaces
+from podrace.envs.spaces import ActionPreparer, ObsIndices, OneHotObs, spec_from_spaces
 from podrace.types import EnvSpec, EnvStep
 
 MAX_ATARI_IMAGE_SIZE = 1024
@@ -89,7 +89,9 @@ def make_kwargs(cfg: EnvConfig) -> dict[str, Any]:
 def envpool_spec(cfg: EnvConfig) -> EnvSpec:
     """EnvSpec from envpool's spec object, without building an env."""
     spec = make_spec(cfg.id, **make_kwargs(cfg))
-    return spec_from_spaces(cfg.id, spec.gymnasium_observation_space, spec.gymnasium_action_space)
+    spec = spec_from_spaces(cfg.id, spec.gymnasium_observation_space, spec.gymnasium_action_space)
+    select = ObsIndices.of(cfg.obs_indices, spec, cfg.id)
+    return spec if select is None else select.spec(spec)
 
 
 def translate(
@@ -130,6 +132,9 @@ class EnvpoolEnv:
         self.spec = spec_from_spaces(cfg.id, self._env.observation_space, self._env.action_space)
         self._atari = is_envpool_atari(cfg.id)
         self._one_hot = OneHotObs.of(self._env.observation_space)
+        self._select = ObsIndices.of(cfg.obs_indices, self.spec, cfg.id)
+        if self._select is not None:
+            self.spec = self._select.spec(self.spec)
         self._prepare = ActionPreparer(
             self.spec, num_envs, self._env.spec.action_array_spec["action"].dtype
         )
@@ -143,7 +148,13 @@ class EnvpoolEnv:
         obs, _ = self._env.reset()
         self._stats.reset()
         self._started = True
-        return obs if self._one_hot is None else self._one_hot(obs)
+        return self._as_spec(obs)
+
+    def _as_spec(self, obs: np.ndarray) -> np.ndarray:
+        """envpool's observations as the spec says: one-hot, then the kept entries."""
+        if self._one_hot is not None:
+            obs = self._one_hot(obs)
+        return obs if self._select is None else self._select(obs)
 
     def step(self, actions: np.ndarray) -> EnvStep:
         if not self._started:
@@ -158,7 +169,7 @@ class EnvpoolEnv:
             raw_reward, terminated, truncated, episode_done
         )
         return EnvStep(
-            obs=obs if self._one_hot is None else self._one_hot(obs),
+            obs=self._as_spec(obs),
             reward=reward.astype(np.float32, copy=False),
             terminated=terminated,
             truncated=truncated,
@@ -178,7 +189,9 @@ class EnvpoolEnv:
         if dtypes & {np.dtype(np.float64), np.dtype(np.int64)}:
             return None
         handle, _, _, step = effect_free_xla(self._env)
-        return XlaStep(handle, step, self.spec, self.num_envs, self._atari, self._one_hot)
+        return XlaStep(
+            handle, step, self.spec, self.num_envs, self._atari, self._one_hot, self._select
+        )
 
     def close(self) -> None:
         if not self._closed:
@@ -233,6 +246,7 @@ class XlaStep:
         num_envs: int,
         atari: bool,
         one_hot: OneHotObs | None,
+        select: ObsIndices | None = None,
     ) -> None:
         self.handle, self._step, self._spec, self._atari, self._one_hot = (
             handle,
@@ -241,6 +255,7 @@ class XlaStep:
             atari,
             one_hot,
         )
+        self._select = select
         self._env_ids = np.arange(num_envs, dtype=np.int32)
 
     def __call__(self, handle: Any, actions: Any) -> tuple[Any, JaxEnvStep]:
@@ -260,6 +275,8 @@ class XlaStep:
         )
         if self._one_hot is not None:
             obs = self._one_hot.jax(obs)
+        if self._select is not None:
+            obs = self._select.jax(obs)
         return handle, JaxEnvStep(
             obs, reward.astype(jnp.float32), terminated, truncated, raw_reward, episode_done
         )

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import gymnasium
 
 from podrace.config import ConfigError, EnvConfig
-from podrace.envs.spaces import spec_from_spaces
+from podrace.envs.spaces import ObsIndices, spec_from_spaces
 from podrace.envs.vector_adapter import VectorEnvAdapter
 from podrace.types import EnvSpec
 
@@ -44,7 +44,9 @@ def gymnasium_spec(cfg: EnvConfig) -> EnvSpec:
     """EnvSpec read from one throwaway env instance."""
     env = dependency_checked(cfg.id, lambda: gymnasium.make(cfg.id, **make_kwargs(cfg)))
     try:
-        return spec_from_spaces(cfg.id, env.observation_space, env.action_space)
+        spec = spec_from_spaces(cfg.id, env.observation_space, env.action_space)
+        select = ObsIndices.of(cfg.obs_indices, spec, cfg.id)
+        return spec if select is None else select.spec(spec)
     finally:
         from podrace.envs.closing import close_envs
 
@@ -70,4 +72,8 @@ def make_gymnasium_env(
             **make_kwargs(cfg),
         ),
     )
-    return VectorEnvAdapter(env, seed, cfg.id, seeds)
+    try:
+        return VectorEnvAdapter(env, seed, cfg.id, cfg.obs_indices, seeds)
+    except BaseException:
+        env.close()
+        raise

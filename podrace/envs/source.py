@@ -19,12 +19,14 @@ import numpy as np
 
 from podrace.config import ConfigError, EnvConfig
 from podrace.envs.base import BatchedEnv, env_seeds
+from podrace.envs.closing import close_envs
 from podrace.envs.factory import env_spec, make_env
 from podrace.envs.gymnasium_backend import dependency_checked
 from podrace.envs.resolve import resolve_backend
+from podrace.envs.spaces import ObsIndices
 from podrace.envs.user_modules import import_failure, make_working_dir_importable
 from podrace.envs.vector_adapter import VectorEnvAdapter
-from podrace.types import EnvSpec
+from podrace.types import EnvSpec, EnvStep
 
 EnvFactory = Callable[[int, int], BatchedEnv | gymnasium.vector.VectorEnv]
 """(num_envs, seed) -> num_envs envs, deterministic given seed."""
@@ -111,13 +113,32 @@ def from_factory(factory: EnvFactory, num_envs: int, seed: int) -> BatchedEnv:
             )
     except BaseException:
         if hasattr(made, "close"):
-            from podrace.envs.closing import close_envs
-
             close_envs(
                 [(f"env factory {name!r}", made)]
             )  # user code: its failure must not hide this one
         raise
     return env
+
+
+class KeptObservations:
+    """A BatchedEnv whose observations keep only some entries (`EnvConfig.obs_indices` applied
+    to the envs of a user's factory; the backends apply it themselves)."""
+
+    def __init__(self, env: BatchedEnv, indices: tuple[int, ...], name: str) -> None:
+        self.env = env
+        self._select = ObsIndices(indices, env.spec.obs_shape, name)
+        self.spec = self._select.spec(env.spec)
+        self.num_envs = env.num_envs
+
+    def reset(self):
+        return self._select(self.env.reset())
+
+    def step(self, actions) -> EnvStep:
+        step = self.env.step(actions)
+        return step._replace(obs=self._select(step.obs))
+
+    def close(self) -> None:
+        self.env.close()
 
 
 @dataclass(frozen=True)
@@ -142,8 +163,6 @@ class EnvSource:
         try:
             return probe.spec
         finally:
-            from podrace.envs.closing import close_envs
-
             close_envs(
                 [(f"env factory {factory_name(self.factory)!r} (spec probe)", probe)]
             )  # user code
@@ -160,7 +179,18 @@ class EnvSource:
             return make_env(cfg, num_envs, seed)
         if num_envs <= 0:
             raise ConfigError(f"num_envs must be positive, got {num_envs}")
-        return from_factory(self.factory, num_envs, seed)
+        return self._from_factory(num_envs, seed)
+
+    def _from_factory(self, num_envs: int, seed: int) -> BatchedEnv:
+        """The factory's envs, keeping only `cfg.obs_indices` of the observation if set."""
+        env = from_factory(self.factory, num_envs, seed)
+        if self.cfg.obs_indices is None:
+            return env
+        try:
+            return KeptObservations(env, self.cfg.obs_indices, factory_name(self.factory))
+        except BaseException:
+            close_envs([(f"env factory {factory_name(self.factory)!r}", env)])  # user code
+            raise
 
     def make_part(
         self, num_envs: int, seed: int, part: range, threads: int | None = None
@@ -183,9 +213,9 @@ class EnvSource:
             seeds = env_seeds(seed, num_envs)[part.start : part.stop]
             return make_env(cfg, len(part), seed, seeds)
         if len(part) == num_envs:
-            return from_factory(self.factory, num_envs, seed)
+            return self._from_factory(num_envs, seed)
         derived = np.random.SeedSequence([seed, part.start]).generate_state(1)[0] & 0x7FFFFFFF
-        return from_factory(self.factory, len(part), int(derived))
+        return self._from_factory(len(part), int(derived))
 
 
 def stored_env_source(

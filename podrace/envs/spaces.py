@@ -101,6 +101,44 @@ class OneHotObs:
         return jax.nn.one_hot(obs.astype("int32") - self.start, self.n, dtype="float32")
 
 
+class ObsIndices:
+    """Keeps the entries `indices` of each vector observation, in that order
+    (`EnvConfig.obs_indices`): an env made partially observed, e.g. CartPole without its
+    velocities. Both backends apply it where they return observations (inside compiled
+    rollouts too), after a Discrete observation became one-hot."""
+
+    def __init__(self, indices: tuple[int, ...], obs_shape: tuple[int, ...], env_id: str) -> None:
+        if len(obs_shape) != 1:
+            raise ConfigError(
+                f"env.obs_indices keeps entries of a vector observation; env {env_id!r} has "
+                f"observations of shape {tuple(obs_shape)}"
+            )
+        size = obs_shape[0]
+        if not indices or any(not 0 <= i < size for i in indices):
+            raise ConfigError(
+                f"env.obs_indices must be indices in [0, {size}) of env {env_id!r}'s observation "
+                f"of {size} entries, got {list(indices)}"
+            )
+        self.indices = np.asarray(indices, np.intp)
+
+    @staticmethod
+    def of(indices: tuple[int, ...] | None, spec: EnvSpec, env_id: str) -> ObsIndices | None:
+        """The selection for observations `spec` describes (before it); None keeps them whole."""
+        return None if indices is None else ObsIndices(indices, spec.obs_shape, env_id)
+
+    def spec(self, spec: EnvSpec) -> EnvSpec:
+        """`spec` with the observations this selection leaves."""
+        return spec._replace(obs_shape=(len(self.indices),))
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        """[*batch, n] -> a new [*batch, len(indices)] array."""
+        return np.take(obs, self.indices, axis=-1)
+
+    def jax(self, obs):
+        """The same inside a jitted function."""
+        return obs[..., self.indices]
+
+
 class ActionPreparer:
     """Checks a batch of policy actions and converts it to the backend's dtype.
 

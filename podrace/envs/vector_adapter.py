@@ -15,7 +15,7 @@ import numpy as np
 from podrace.config import ConfigError
 from podrace.envs.base import env_seeds
 from podrace.envs.episode_stats import EpisodeStats
-from podrace.envs.spaces import ActionPreparer, OneHotObs, spec_from_spaces
+from podrace.envs.spaces import ActionPreparer, ObsIndices, OneHotObs, spec_from_spaces
 from podrace.types import EnvStep
 
 
@@ -30,13 +30,15 @@ def check_next_step_autoreset(env: gymnasium.vector.VectorEnv, name: str) -> Non
 
 
 class VectorEnvAdapter:
-    """BatchedEnv over a Gymnasium VectorEnv; takes ownership (closes it)."""
+    """BatchedEnv over a Gymnasium VectorEnv; takes ownership (closes it). `obs_indices`:
+    keep only these entries of each observation (`EnvConfig.obs_indices`)."""
 
     def __init__(
         self,
         env: gymnasium.vector.VectorEnv,
         seed: int,
         name: str,
+        obs_indices: tuple[int, ...] | None = None,
         seeds: list[int] | None = None,
     ) -> None:
         """`seeds`: each env's seed for the first reset (default: derived from `seed`)."""
@@ -46,6 +48,9 @@ class VectorEnvAdapter:
         self.spec = spec_from_spaces(name, env.single_observation_space, env.single_action_space)
         self._prepare = ActionPreparer(self.spec, self.num_envs, env.single_action_space.dtype)
         self._one_hot = OneHotObs.of(env.single_observation_space)
+        self._select = ObsIndices.of(obs_indices, self.spec, name)
+        if self._select is not None:
+            self.spec = self._select.spec(self.spec)
         self._seeds: list[int] | None = (
             env_seeds(seed, self.num_envs) if seeds is None else list(seeds)
         )
@@ -84,8 +89,12 @@ class VectorEnvAdapter:
     def _own(self, obs) -> np.ndarray:
         """A fresh array as the spec has it: vector envs may reuse one obs buffer (copy=False)."""
         if self._one_hot is not None:
-            return self._one_hot(obs)
-        return np.array(obs, dtype=self.spec.obs_dtype, copy=True)
+            obs = self._one_hot(obs)  # a new array
+        elif self._select is None:
+            return np.array(obs, dtype=self.spec.obs_dtype, copy=True)
+        if self._select is not None:
+            obs = self._select(np.asarray(obs, self.spec.obs_dtype))  # np.take: a new array
+        return obs
 
     def close(self) -> None:
         if not self._closed:

@@ -35,6 +35,7 @@ from podrace.learner_mesh import (
     trajectory_shardings,
 )
 from podrace.metrics.registry import Metrics
+from podrace.networks import initial_core_state
 from podrace.pipeline import Pipeline
 from podrace.sync.base import Publisher, Subscriber
 from podrace.types import EnvSpec, Trajectory
@@ -219,7 +220,8 @@ def dummy_trajectory(cfg: TrainConfig, spec: EnvSpec, device: jax.Device) -> Tra
     obs = np.zeros((T, B) + spec.obs_shape, spec.obs_dtype)
     f = np.zeros((T, B), np.float32)
     b = np.zeros((T, B), bool)
-    return jax.device_put(Trajectory(obs, action, f, f, f, b, b, b, obs[0], f[0]), device)
+    core = initial_core_state(cfg.network, B)
+    return jax.device_put(Trajectory(obs, action, f, f, f, b, b, b, obs[0], f[0], core), device)
 
 
 def warm_up_learner(learner: Learner, trajs: Sequence[Trajectory]) -> None:

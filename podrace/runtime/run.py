@@ -61,7 +61,7 @@ from podrace.runtime.interrupts import interrupts_stop
 from podrace.runtime.memory import check_fits
 from podrace.runtime.run_lock import RunLock
 from podrace.runtime.run_log import RunLog
-from podrace.runtime.rundir import discard_if_untrained, remove_run_dir, write_config
+from podrace.runtime.rundir import remove_run_dir, write_config
 from podrace.runtime.threads.group import ThreadGroup
 from podrace.runtime.topology import Topology
 from podrace.runtime.xla_setup import deterministic_gpu_ops
@@ -468,7 +468,8 @@ class Run:
                 train_s = time.perf_counter() - train_start
                 if lifetime.stop_reason == "finished":  # the last line names the last save
                     self.checkpoints.settle(FINAL_SAVE_WAIT_S)
-                log.write(train_start, final=True)
+                if not self._discarded():
+                    log.write(train_start, final=True)
                 log.close()
                 self.checkpoints.close(lifetime)  # before user code (env.close) runs again
                 unclosed = self.close_envs(exclude=stuck)
@@ -500,6 +501,17 @@ class Run:
             ray=topology.report(self),
         )
 
+    def _discarded(self) -> bool:
+        """Whether the run directory goes as the run ends: a new run stopped before its first
+        update (its directory may be gone already: another process of the run removed it)."""
+        lifetime = self.lifetime
+        return (
+            lifetime.run_dir is not None
+            and lifetime.failure is None
+            and lifetime.stop_reason != "finished"
+            and not self.learner.version
+        )
+
     def _release(self) -> None:
         """The topology's resources, the run directory's lock, and a run directory that
         holds no update (it could not be resumed)."""
@@ -509,8 +521,8 @@ class Run:
         finally:
             if self.lock is not None:
                 self.lock.release()
-            if lifetime.failure is None and lifetime.stop_reason != "finished":
-                discard_if_untrained(lifetime.run_dir, self.learner.version)
+            if self._discarded():
+                remove_run_dir(lifetime.run_dir)
 
     def close_envs(self, exclude: list[str] = ()) -> list[str]:
         """Close the envs of the components built so far, except those of threads in

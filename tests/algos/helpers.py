@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from podrace.algos.base import is_recurrent
 from podrace.config import NetworkConfig
 from podrace.networks import make_network
 from podrace.types import EnvSpec, Trajectory
@@ -19,14 +20,16 @@ ACTION_DIM = 2
 
 
 @cache
-def small_network(discrete: bool, shared_torso: bool = False):
-    """(net, params), cached: orthogonal init compiles slowly on CPU (~1 s per shape)."""
+def small_network(discrete: bool, shared_torso: bool = False, core: str = "none"):
+    """(net, params), cached: orthogonal init compiles slowly on CPU (~1 s per shape).
+    `core` lstm or gru: a recurrent network (a core of 8)."""
     spec = (
         EnvSpec((OBS_DIM,), np.float32, NUM_ACTIONS, ())
         if discrete
         else EnvSpec((OBS_DIM,), np.float32, None, (ACTION_DIM,))
     )
-    net = make_network(NetworkConfig(hidden_sizes=(16, 16), shared_torso=shared_torso), spec)
+    cfg = NetworkConfig(hidden_sizes=(16, 16), shared_torso=shared_torso, core=core, core_size=8)
+    net = make_network(cfg, spec)
     return net, _noisy_init(net)
 
 
@@ -41,9 +44,15 @@ def _noisy_init(net):
 
 
 @partial(jax.jit, static_argnums=0)
-def _act(net, params, obs, last_obs, key):
-    dist, values = net.apply(params, obs)
-    _, last_value = net.apply(params, last_obs)
+def _act(net, params, obs, last_obs, key, valid, core_state):
+    if is_recurrent(net.apply):
+        all_obs = jnp.concatenate([obs, last_obs[None]])
+        all_valid = jnp.concatenate([valid, jnp.ones_like(valid[:1])])
+        dist, values, _ = net.apply(params, all_obs, all_valid, core_state)
+        dist, values, last_value = jax.tree.map(lambda x: x[:-1], dist), values[:-1], values[-1]
+    else:
+        dist, values = net.apply(params, obs)
+        _, last_value = net.apply(params, last_obs)
     actions = dist.sample(key)
     return actions, dist.log_prob(actions), values, last_value
 
@@ -51,15 +60,25 @@ def _act(net, params, obs, last_obs, key):
 def random_trajectory(
     net, params, discrete: bool, T: int, B: int, seed: int, lag_noise: float = 0.3
 ):
-    """A trajectory whose behaviour log-probs/values are the network's plus noise (policy lag)."""
+    """A trajectory whose behaviour log-probs/values are the network's plus noise (policy lag);
+    a recurrent network's is stamped with a random core state it unrolls from."""
     rng = np.random.default_rng(seed)
     obs = rng.normal(size=(T, B, OBS_DIM)).astype(np.float32)
     last_obs = rng.normal(size=(B, OBS_DIM)).astype(np.float32)
+    core_state, patterns = (), None
+    if is_recurrent(net.apply):  # drawn from a stream of their own: the other draws stay
+        core_rng = np.random.default_rng([seed, 1])
+        patterns = episode_patterns(core_rng, T, B)
+        core_state = jax.tree.map(
+            lambda x: core_rng.normal(size=x.shape).astype(np.float32),
+            net.apply.initial_state(B),
+        )
+    valid = np.ones((T, B), bool) if patterns is None else patterns[2]
     actions, logprobs, values, last_value = _act(
-        net, params, obs, last_obs, jax.random.PRNGKey(seed)
+        net, params, obs, last_obs, jax.random.PRNGKey(seed), valid, core_state
     )
     logprobs = logprobs + lag_noise * rng.normal(size=(T, B))
-    terminated, truncated, valid = episode_patterns(rng, T, B)
+    terminated, truncated, valid = episode_patterns(rng, T, B) if patterns is None else patterns
     return Trajectory(
         obs=jnp.asarray(obs),
         actions=actions,
@@ -71,4 +90,5 @@ def random_trajectory(
         valid=jnp.asarray(valid),
         last_obs=jnp.asarray(last_obs),
         last_value=jnp.asarray(last_value + lag_noise * rng.normal(size=(B,)), jnp.float32),
+        core_state=jax.tree.map(jnp.asarray, core_state),
     )

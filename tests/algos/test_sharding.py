@@ -20,7 +20,9 @@ from podrace.types import Trajectory
 from tests.algos.helpers import random_trajectory, small_network
 
 AXIS = "learner"
-TRAJ_SPEC = Trajectory(*(P(None, AXIS),) * 8, last_obs=P(AXIS), last_value=P(AXIS))
+TRAJ_SPEC = Trajectory(
+    *(P(None, AXIS),) * 8, last_obs=P(AXIS), last_value=P(AXIS), core_state=P(AXIS)
+)
 
 
 def _mesh(n):
@@ -140,6 +142,35 @@ def test_impala_learner_count_does_not_change_the_update(num_shards, num_minibat
         )
 
 
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("algo_name", ["ppo", "impala"])
+@pytest.mark.parametrize("num_shards,num_minibatches", [(4, 1), (2, 2), (4, 2)])
+def test_recurrent_learner_count_does_not_change_the_update(algo_name, num_shards, num_minibatches):
+    """With a recurrent core both algorithms take minibatches of whole env sequences, each
+    unrolled from its stamped state, so 1, 2 or 4 learner devices take the same steps."""
+    net, params = small_network(True, core="lstm")
+    traj = random_trajectory(net, params, True, T=6, B=8, seed=4)
+    assert not np.asarray(traj.valid).all()  # resets inside the sequences
+    rates = {"ppo": 1e-3, "impala": 1e-2}
+    algo = _make(algo_name, net, num_minibatches=num_minibatches, learning_rate=rates[algo_name])
+    state = algo.init(params)
+    keys = jax.random.split(jax.random.PRNGKey(9), 8)
+
+    one, metrics1 = _sharded_update(algo, 1)(state, traj, keys)
+    many, metrics_n = _sharded_update(algo, num_shards)(state, traj, keys)
+
+    moved = max(
+        np.abs(np.asarray(a) - np.asarray(b)).max()
+        for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(params))
+    )
+    assert moved > 1e-4
+    _assert_trees_close(many.params, one.params, atol=1e-5)
+    for name in metrics1:
+        np.testing.assert_allclose(
+            metrics_n[name], metrics1[name], rtol=1e-4, atol=1e-5, err_msg=name
+        )
+
+
 def test_shards_receive_different_keys():
     """The learner's key layout: one raw key per env ([B, 2]) sharded over the axis."""
 
@@ -165,7 +196,12 @@ def test_update_shuffles_with_each_shards_own_key(algo_name):
     local = random_trajectory(net, params, True, T=4, B=4, seed=5)
     tiled = Trajectory(
         *(
-            jnp.concatenate([x] * 4, axis=0 if name in ("last_obs", "last_value") else 1)
+            jax.tree.map(
+                lambda x, name=name: jnp.concatenate(
+                    [x] * 4, axis=0 if name in ("last_obs", "last_value", "core_state") else 1
+                ),
+                x,
+            )
             for name, x in zip(Trajectory._fields, local)
         )
     )

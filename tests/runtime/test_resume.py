@@ -29,10 +29,11 @@ from podrace.checkpoints.state import checkpoint_dir
 from podrace.commands.eval import abstract_run_state
 from podrace.config import ConfigError, replace
 from podrace.envs import env_spec
-from podrace.runtime.run import FINAL_SAVE_WAIT_S, prepare
+from podrace.runtime.run import prepare
 from tests.runtime.test_single_host import small
 from tests.runtime.topologies import TOPOLOGIES, every_topology
 from tests.test_checkpoint import save_versions
+from tests.waiting import wait_until
 
 N = 3
 """Updates before the stop; the straight run does 2N."""
@@ -232,29 +233,33 @@ def test_which_changes_a_resume_allows(change, allowed):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("write_s,named", [(0.5, 12), (FINAL_SAVE_WAIT_S + 2.0, 10)])
-def test_the_final_metrics_line_names_the_final_checkpoint(tmp_path, monkeypatch, write_s, named):
-    """The final line waits for the final checkpoint's write, so its `checkpoint/version`
-    names that checkpoint, not the one before (a slow write would make that certain). A
-    write slower than FINAL_SAVE_WAIT_S is not waited for (a signal then leaves too little
-    time): the line names the one before, the write still completes."""
-    import time
-
+@pytest.mark.parametrize("waited", [True, False], ids=["waited-for", "not-waited-for"])
+def test_the_final_metrics_line_names_the_final_checkpoint(tmp_path, monkeypatch, waited):
+    """The final line waits for the final checkpoint's write (up to FINAL_SAVE_WAIT_S), so
+    its `checkpoint/version` names that checkpoint, not the one before. A write that does
+    not end in time is not waited for (a signal then leaves too little time): the line
+    names the one before, and the write still completes."""
     from podrace.checkpoints.files import Checkpointer
 
     write = Checkpointer._write
+    metrics = tmp_path / "r" / "metrics.jsonl"
 
-    def slow_write(self, step, arrays, meta):
-        time.sleep(write_s)
+    def write_after_the_final_line(self, step, arrays, meta):
+        if step == 12:  # the final save ends only once the final line is out
+            wait_until(lambda: metrics.exists() and '"final": 1' in metrics.read_text(), 60)
         write(self, step, arrays, meta)
 
-    monkeypatch.setattr(Checkpointer, "_write", slow_write)
+    if waited:
+        monkeypatch.setattr("podrace.runtime.run.FINAL_SAVE_WAIT_S", 60.0)
+    else:
+        monkeypatch.setattr("podrace.runtime.run.FINAL_SAVE_WAIT_S", 0.0)
+        monkeypatch.setattr(Checkpointer, "_write", write_after_the_final_line)
     run = prepare(small(tmp_path, **{"log.run_name": "r", "checkpoint.every_updates": 5}))
     result = run.run()
     steps = checkpoint_steps(checkpoint_dir(result.run_dir))
     assert steps[-1] == result.updates == result.checkpoint == 12
-    last = json.loads((result.run_dir / "metrics.jsonl").read_text().splitlines()[-1])
-    assert last["final"] == 1 and last["checkpoint/version"] == named
+    last = json.loads(metrics.read_text().splitlines()[-1])
+    assert last["final"] == 1 and last["checkpoint/version"] == (12 if waited else 10)
 
 
 def line(version, env_steps, time_s, **more) -> str:
