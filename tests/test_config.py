@@ -145,6 +145,11 @@ BAD = [
         ["--env.workers", "2", "--runtime", "ray"],
         "env.workers with --runtime ray needs --layout.inference server",
     ),
+    (["--env.workers", "2048"], "env.workers must be at most 1024, got 2048"),
+    (
+        ["--env.workers", "2", "--network.core", "gru"],
+        "env.workers does not carry a recurrent core's state (network.core gru)",
+    ),
 ]
 
 
