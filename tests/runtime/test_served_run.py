@@ -80,6 +80,40 @@ def test_a_served_run_trains_checkpoints_and_resumes(tmp_path):
     assert resumed.updates == 16
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_stopped_served_run_resumes_to_its_end_consuming_every_rollout_once(tmp_path):
+    """A stop (as by SIGTERM) mid-run ends it within seconds with its last state saved and
+    its worker processes gone; the resumed run starts new workers at the checkpoint's next
+    seqs: across both parts every (actor, seq) is consumed exactly once."""
+    from podrace.checkpoints.resume import Resume
+
+    cfg = gym(tmp_path, **{"env.workers": 2, "layout.inference": "server", "log.run_name": "r"})
+    run = prepare(cfg)
+    after, stopped = run.learner.on_update, []
+
+    def stop_after_5(version: int) -> None:
+        after(version)
+        if version == 5:
+            pids = [w.process.pid for ws in run.topology.served.workers.values() for w in ws]
+            stopped.append((time.monotonic(), pids))
+            run.lifetime.stop("SIGTERM received")
+
+    run.learner.on_update = stop_after_5
+    first = run.run()
+    elapsed = time.monotonic() - stopped[0][0]
+    assert (first.updates, first.checkpoint) == (5, 5)
+    assert elapsed <= EXIT_SLACK_S, elapsed
+    wait_until(lambda: not any(alive(p) for p in stopped[0][1]), 10)
+
+    resumed = prepare(None, resume=Resume(tmp_path / "r"))
+    second = resumed.run()
+    assert (second.updates, second.checkpoint) == (cfg.num_updates, cfg.num_updates) == (12, 12)
+    both = [(a, s) for a, _, s in run.pipeline.consumed.stamps()]
+    both += [(a, s) for a, _, s in resumed.pipeline.consumed.stamps()]
+    assert sorted(both) == [(a, s) for a in range(2) for s in range(12)]
+
+
 def start(tmp_path, *flags) -> subprocess.Popen:
     return subprocess.Popen(
         [
