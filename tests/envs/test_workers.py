@@ -28,10 +28,10 @@ from podrace.envs.workers import (
 from tests.inference import fake_envs
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.mark.parametrize("backend", ["gymnasium", "envpool"])
+@pytest.mark.parametrize("backend", ["gymnasium", pytest.param("envpool", marks=pytest.mark.slow)])
 def test_workers_step_the_envs_the_actor_thread_would(backend):
     """The parts of an actor's envs, each seeded as in the whole, step the same episodes."""
     source = EnvSource(EnvConfig(id="CartPole-v1", backend=backend, max_episode_steps=20))

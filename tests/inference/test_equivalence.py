@@ -25,7 +25,7 @@ from podrace.runtime.threads.group import ThreadGroup
 from podrace.sync.local import LocalPublisher
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 ROLLOUTS = 3
 

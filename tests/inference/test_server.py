@@ -20,13 +20,14 @@ from tests.inference import fake_envs
 from tests.inference.harness import Served, check_rollout
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(300)
 
 
 def consumed_stamps(served: Served) -> list[tuple[int, int]]:
     return [(r.actor_id, r.seq) for batch in served.consumed for r in batch]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "settings",
     [
@@ -59,6 +60,7 @@ def test_every_worker_gets_the_actions_for_its_own_observations(settings):
         assert s.server.most_requests == 1
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_request_is_restarted_and_its_actors_rollout_retaken(tmp_path):
     """The first worker to reach its 7th step SIGKILLs itself while stepping: it is
     restarted, the rollouts its actor had open are discarded (never consumed), and every
@@ -169,6 +171,7 @@ def test_a_rollout_beyond_the_lag_bound_waits_for_params():
             assert (rollout.behaviour_versions == seq).all()
 
 
+@pytest.mark.slow
 def test_a_rollout_beyond_the_lag_bound_fails_after_the_params_timeout():
     def learner():  # never publishes a newer version
         holder[0].finished.wait()

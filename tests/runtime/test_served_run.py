@@ -20,6 +20,8 @@ from podrace.runtime.run import prepare
 from tests.runtime.test_single_host import small
 from tests.waiting import wait_until
 
+pytestmark = pytest.mark.slow  # each trains a run, most in a subprocess
+
 REPO = Path(__file__).resolve().parents[2]
 EXIT_SLACK_S = 5.0  # as tests/runtime/test_signals.py: 2 s target, slack for a loaded machine
 
@@ -80,7 +82,6 @@ def test_a_served_run_trains_checkpoints_and_resumes(tmp_path):
     assert resumed.updates == 16
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_stopped_served_run_resumes_to_its_end_consuming_every_rollout_once(tmp_path):
     """A stop (as by SIGTERM) mid-run ends it within seconds with its last state saved and
