@@ -10,6 +10,7 @@ import sys
 import textwrap
 import threading
 
+import gymnasium
 import numpy as np
 import pytest
 
@@ -212,3 +213,22 @@ def test_a_worker_does_not_outlive_a_parent_killed_with_sigkill(tmp_path):
     finally:
         parent.kill()
         parent.wait()
+
+
+def _cartpoles(num_envs, seed):
+    return gymnasium.make_vec("CartPole-v1", num_envs, vectorization_mode="sync")
+
+
+@pytest.mark.parametrize("factory", [None, _cartpoles])
+def test_a_part_keeps_only_the_observation_entries_the_whole_keeps(factory):
+    """env.obs_indices applies to a part of the envs as to all of them, through a backend
+    or a factory."""
+    cfg = EnvConfig(id="CartPole-v1", backend="gymnasium", obs_indices=(0, 2))
+    source = EnvSource(cfg, factory)
+    whole, part = source.make(4, 0), source.make_part(4, 0, range(2, 4))
+    try:
+        assert part.spec == whole.spec and part.spec.obs_shape == (2,)
+        assert part.reset().shape == (2, 2)
+    finally:
+        whole.close()
+        part.close()
