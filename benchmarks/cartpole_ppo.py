@@ -291,7 +291,7 @@ def run_child(
     env = dict(os.environ)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
-    if compile_cache:  # JAX's persistent cache, as the README's "Start-up time" sets it
+    if compile_cache:  # JAX's persistent cache, as docs/getting-started.md ("Start-up time") says
         env.update(
             JAX_COMPILATION_CACHE_DIR=compile_cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0"
         )

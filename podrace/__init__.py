@@ -1,6 +1,6 @@
 """podrace: decoupled actor-learner reinforcement learning in JAX.
 
-The public API::
+The public API:
 
     import dataclasses, podrace
 

@@ -250,6 +250,7 @@ CTRL_C_FROM_PYTHON = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_ctrl_c_of_a_library_caller_stops_the_run_cleanly_then_raises_keyboard_interrupt(tmp_path):
     """Python's own SIGINT handling would raise KeyboardInterrupt wherever the main thread

@@ -353,6 +353,7 @@ KILLED_WRITER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_sigkill_during_a_write_leaves_the_previous_checkpoint_loadable(tmp_path):
     directory, marker = tmp_path / "checkpoints", tmp_path / "marker"
@@ -446,6 +447,7 @@ STORAGE_REFUSES = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_write_the_storage_refuses_is_one_line_without_orbaxs_tracebacks(tmp_path):
     """A real refusal inside TensorStore (a file size limit; a full disk is the same path)
@@ -654,6 +656,7 @@ def test_a_checkpoint_of_another_network_or_env_does_not_load(tmp_path):
         restore(tmp_path, fresh_state(cfg), other_env)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_run_that_fed_discrete_observations_as_numbers_is_refused_with_the_reason(tmp_path):
     """Discrete observations are one-hot vectors: a checkpoint of a run that fed them as

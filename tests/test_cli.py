@@ -100,6 +100,7 @@ def test_help_lists_flags(capsys):
         assert flag in out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_train_runs_and_reports(capsys, tmp_path):
     code, out, err = run_cli(
@@ -127,6 +128,7 @@ def test_train_runs_and_reports(capsys, tmp_path):
     assert code == 2 and "already exists" in err
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_training_run_outlives_the_reader_of_its_stderr(tmp_path):
     """`podrace train ... 2>&1 | head -1` trains to the end: lines nobody reads are lost, not
@@ -175,6 +177,7 @@ def full_pipe() -> tuple[int, int]:
     return read, write
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_signal_ends_a_run_whose_stderr_reader_stopped_reading(tmp_path):
     """With stderr a full pipe nobody reads, a Ctrl-C still ends the process: the main thread
@@ -287,6 +290,7 @@ def test_help_into_a_full_stdout_is_one_line_and_exit_1(tmp_path, args):
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_missing_env_package_is_one_line_without_dependency_warnings_ahead(tmp_path):
     """Gymnasium's coloured "HalfCheetah-v4 is out of date" note came before podrace's line
@@ -749,6 +753,7 @@ class _FillingDisk:
         return File(path, mode)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_full_disk_under_the_metrics_and_the_last_checkpoint_is_one_line(
     capsys, tmp_path, monkeypatch

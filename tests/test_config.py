@@ -241,11 +241,17 @@ BAD_PRESET = [
     (
         "atari-ppo",
         ["--env.num-envs", "2", "--env.frame-stack", "100000"],
+        "env.frame_stack must be at most 256 for Atari, got 100000",
+    ),
+    (
+        "atari-ppo",
+        ["--env.num-envs", "65536", "--env.frame-stack", "64"],
         "(network.hidden_sizes, env.num_envs, rollout_length, env.image_size, env.frame_stack)",
     ),
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     "preset,flags,message", BAD_PRESET, ids=[" ".join([p, *f]) for p, f, _ in BAD_PRESET]

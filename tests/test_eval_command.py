@@ -89,6 +89,7 @@ def test_every_env_plays_its_share_so_short_episodes_are_not_over_counted():
     assert returns.mean() == 5.5
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_video_gif_of_one_episode_and_mp4_without_ffmpeg_is_a_clear_error(tmp_path, monkeypatch):
     run = make_run(tmp_path / "run", always_right)
@@ -128,6 +129,7 @@ class StateChain(gymnasium.Env):
         return np.full((8, 8, 3), 40 * (self._state + 2), np.uint8)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_video_of_an_env_with_discrete_observations_shows_the_policy_its_one_hot_states(tmp_path):
     """The render env gives the policy one-hot states, as training does, not the state's
@@ -528,6 +530,7 @@ def test_a_renderer_that_ends_its_process_is_a_one_line_error_before_playing(tmp
     assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.json"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_video_that_fails_after_playing_still_leaves_the_results(tmp_path, monkeypatch):
     run = make_run(tmp_path / "run")

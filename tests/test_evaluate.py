@@ -65,6 +65,7 @@ def test_each_env_counts_its_own_share_so_short_episodes_are_not_over_counted():
     assert returns.mean() == 5.5
 
 
+@pytest.mark.slow
 def test_an_env_that_never_ends_its_episode_is_given_up_not_waited_for_forever(caplog):
     """With per-env shares, one eval env whose episode never ends (no time limit) is given
     up, so the final evaluation ends."""
@@ -97,6 +98,7 @@ def test_when_no_env_ever_ends_an_episode_the_evaluation_ends_with_none():
     assert len(returns) == len(lengths) == 0  # the caller reports it (nan; podrace eval: an error)
 
 
+@pytest.mark.slow
 def test_a_long_but_finite_episode_is_waited_for():
     returns, lengths = run_episodes(
         FixedLengthEnv([10, 3000]), jax.jit(policy), None, jax.devices()[0], 4, control()

@@ -74,6 +74,7 @@ def run_actor(
     return sink.rollouts
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(
     "env_id,num_envs,T,network,env_kwargs",
@@ -251,6 +252,7 @@ def _cartpole_actor(
     return env, actor, sink
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_long_rollout_runs_in_watched_chunks_and_a_stop_is_seen_between_them():
     from podrace.control import Stopped

@@ -138,6 +138,7 @@ def test_learner_never_accepts_or_publishes_nonfinite_statistics(skip):
     assert learner.normalizer is first and learner.state.params["w"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_learner_advances_its_keys_between_updates():
     """Each update draws fresh keys (minibatch shuffles differ), with the real sharded update."""

@@ -64,6 +64,7 @@ def one_update(cfg, num_learners, host_trajs):
     return jax.device_get(new_state.params), jax.device_get(metrics)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("algo", ["ppo", "impala"])
 @pytest.mark.parametrize("core", ["none", "lstm"])
@@ -133,6 +134,7 @@ def test_an_envs_key_does_not_depend_on_the_learner_count():
     assert len({tuple(k) for k in one.tolist()}) == ACTORS * B
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("num_minibatches", [2, 4])
 def test_impala_minibatches_of_several_actors_do_not_depend_on_the_learner_count(num_minibatches):

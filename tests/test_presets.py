@@ -173,6 +173,7 @@ def cleanba_summed_loss_gradient(net, params, traj, imp):
     return jax.grad(summed)(params)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(
     "argv",

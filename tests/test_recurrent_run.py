@@ -41,6 +41,7 @@ def test_the_partially_observed_presets_differ_only_by_the_core():
         validate(PRESETS[name][1])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_train_resume_and_evaluate_a_recurrent_run(capsys, tmp_path):
     run_dir = tmp_path / "runs" / "lstm"

@@ -159,6 +159,7 @@ def test_the_state_is_reset_exactly_where_a_new_episode_begins():
     assert stamp[1] == 0.0 and stamp[2] > 1e-3
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_losses_recompute_the_behaviour_exactly_on_policy():
     """The learners' own code (PPO's loss on a whole-sequence minibatch, IMPALA's loss with

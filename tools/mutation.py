@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 from mutants import MUTANTS, Mutant  # noqa: E402
 
-COPIED = ("podrace", "tests", "pyproject.toml", "README.md")
+COPIED = ("podrace", "tests", "pyproject.toml", "README.md", "docs")
 
 
 @dataclass

@@ -39,6 +39,9 @@ EXIT_GRACE_S = 1.5
 """After a signal, seconds the run gets to stop and write its last line before the process
 exits regardless (a thread stuck in native code, a long compile), until the run's topology
 says how long it needs (`Topology.exit_grace_s`)."""
+LAST_SAVE_S = 60.0
+"""After the exit grace, seconds more a run that stopped and is saving its last checkpoint
+gets to finish it (`Run.saving_last`; a second signal still exits at once)."""
 STARVED_EXIT_S = 120.0
 """Seconds the main thread may go without running Python before the process is ended
 (exit 1, every thread's stack on stderr; at least twice the run's watchdog timeout). Only a
@@ -153,6 +156,9 @@ def _act_on_signals(training, signals: Signals, worker: threading.Thread, deadli
         deadline = time.monotonic() + training.grace_s
         training.lifetime.stop(f"{signals.name} received")
     if deadline is not None and worker.is_alive() and time.monotonic() > deadline:
+        run = training.run
+        if run is not None and run.saving_last and time.monotonic() < deadline + LAST_SAVE_S:
+            return deadline  # the last checkpoint is what the signal asked for
         # e.g. still compiling: leave no config-only run behind
         training.discard_untrained_run_dir()
         if training.distributed:  # the others were told to stop a grace period ago

@@ -22,6 +22,7 @@ from podrace.envs.spaces import ActionPreparer, ObsIndices, OneHotObs, spec_from
 from podrace.types import EnvSpec, EnvStep
 
 MAX_ATARI_IMAGE_SIZE = 1024
+MAX_ATARI_FRAME_STACK = 256
 """Past the screen's own 210x160, a larger frame only repeats pixels; far past it, building
 the env's observation space alone would need gigabytes (image_size 100000: 37 GiB)."""
 
@@ -67,6 +68,11 @@ def make_kwargs(cfg: EnvConfig) -> dict[str, Any]:
             raise ConfigError(
                 f"env.image_size must be at most {MAX_ATARI_IMAGE_SIZE} for Atari (the 210x160 "
                 f"screen is resized to image_size x image_size), got {cfg.image_size}"
+            )
+        if cfg.frame_stack > MAX_ATARI_FRAME_STACK:
+            raise ConfigError(
+                f"env.frame_stack must be at most {MAX_ATARI_FRAME_STACK} for Atari, "
+                f"got {cfg.frame_stack}"
             )
         kwargs.update(
             frame_skip=cfg.frame_skip,

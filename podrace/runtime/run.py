@@ -281,6 +281,10 @@ class Run:
         """Seconds of training before this run (a resumed run's clock continues)."""
         self._saved_last = False
         """The learner thread started saving the last update's state."""
+        self.saving_last = False
+        """The run stopped and is saving its last checkpoint (agreeing on its version with
+        the other processes, writing it): the CLI lets that outlive its exit grace after a
+        signal (up to `supervisor.LAST_SAVE_S` more)."""
         self._train_start = time.perf_counter()
         self.network = network = make_network(cfg.network, spec)
         first = point.step if point is not None else 0
@@ -461,6 +465,7 @@ class Run:
             log.until_stopped(train_start)
         finally:  # also on KeyboardInterrupt: stop, join, flush, then let it propagate
             try:
+                self.saving_last = True
                 lifetime.stop("shutdown")
                 topology.stopping(self)
                 self._save_final(group)
@@ -472,6 +477,7 @@ class Run:
                     log.write(train_start, final=True)
                 log.close()
                 self.checkpoints.close(lifetime)  # before user code (env.close) runs again
+                self.saving_last = False
                 unclosed = self.close_envs(exclude=stuck)
                 if lifetime.stop_reason == "finished" and (stuck or unclosed):
                     what = (
@@ -514,10 +520,15 @@ class Run:
 
     def _release(self) -> None:
         """The topology's resources, the run directory's lock, and a run directory that
-        holds no update (it could not be resumed)."""
+        holds no update (it could not be resumed). The checkpoint writer is closed first
+        (a no-op unless a second KeyboardInterrupt cut the stop short): the lock is held
+        until no write goes on in the directory."""
         lifetime = self.lifetime
         try:
-            self.topology.close()
+            try:
+                self.checkpoints.close(lifetime)
+            finally:
+                self.topology.close()
         finally:
             if self.lock is not None:
                 self.lock.release()

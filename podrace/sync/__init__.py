@@ -7,8 +7,8 @@
 
 `Relay` republishes one subscriber into another publisher (one hop per node), the
 transforms (`select`, `cast`, `compose`) run once per version on the publishing side, and
-`sweep_shm()` removes shared memory left by publishers that died. See the README's
-"Weight sync API" section for examples.
+`sweep_shm()` removes shared memory left by publishers that died. See the weight sync
+guide (docs/guides/weight-sync.md) for examples.
 """
 
 from podrace.sync.base import (

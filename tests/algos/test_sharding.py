@@ -142,6 +142,7 @@ def test_impala_learner_count_does_not_change_the_update(num_shards, num_minibat
         )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("algo_name", ["ppo", "impala"])
 @pytest.mark.parametrize("num_shards,num_minibatches", [(4, 1), (2, 2), (4, 2)])

@@ -41,6 +41,7 @@ def alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_killed_process_0_does_not_abort_the_others():
     """With JAX's service inside process 0, process 1's JAX client would abort it (exit -6)

@@ -15,6 +15,7 @@ def final_params(tmp_path, name, **changes):
     return jax.device_get(run.learner.state.params), run
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_same_seed_gives_bit_identical_params(tmp_path):
     a, _ = final_params(tmp_path, "a")
@@ -25,6 +26,7 @@ def test_same_seed_gives_bit_identical_params(tmp_path):
     assert any(not np.array_equal(x, z) for x, z in zip(jax.tree.leaves(a), jax.tree.leaves(c)))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_learner_count_does_not_change_the_learning_curve(tmp_path):
     """1, 2 and 4 learner devices run the same updates: keys belong to envs and minibatches

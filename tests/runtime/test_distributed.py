@@ -69,6 +69,7 @@ def test_config_hash_ignores_only_per_process_fields():
     )
 
 
+@pytest.mark.slow
 def test_cli_rejects_bad_distributed_flags_in_one_line(capsys, tmp_path):
     code = main(
         [

@@ -97,6 +97,7 @@ def podrace_train(process: int, port: int, *flags: str, processes: int = 2) -> l
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("normalize", [False, True], ids=["plain", "normalized"])
 def test_two_processes_compute_the_updates_of_one_with_two_learner_devices(tmp_path, normalize):
@@ -160,6 +161,7 @@ def test_config_mismatch_is_one_line_and_exit_2_on_every_process(tmp_path):
     assert not list(tmp_path.iterdir())  # nothing written
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_process_that_never_starts_or_a_wrong_count_is_one_line_and_exit_2(tmp_path):
     """jax.distributed aborts a process whose peers miss its deadline (exit 134, a C++ stack
@@ -243,6 +245,7 @@ def wait_for_metrics(path: Path, procs, lines: int = 2, timeout: float = 150) ->
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_sigkill_of_process_1_fails_process_0_naming_it_within_60s(tmp_path):
     port = free_port()
@@ -270,6 +273,7 @@ def test_sigkill_of_process_1_fails_process_0_naming_it_within_60s(tmp_path):
     assert "process-1 failed: PeerLost: process 1 closed its connection" in last, err[-3000:]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_an_error_in_process_1_fails_process_0_naming_it(tmp_path):
     port = free_port()
@@ -299,6 +303,7 @@ def test_an_error_in_process_1_fails_process_0_naming_it(tmp_path):
     ), last
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     "signum,both",
@@ -353,6 +358,7 @@ def port_freed(port: int, timeout: float) -> bool:
             time.sleep(0.1)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("stopped", [0, 1])
 def test_ctrl_c_before_the_first_update_leaves_no_run_directory(tmp_path, stopped):
@@ -442,6 +448,7 @@ def test_a_process_killed_while_joining_jax_distributed_ends_the_other_with_one_
         assert port_freed(port, 3.0)  # process 0 stopped its coordination service as it left
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ctrl_c_on_process_1_once_process_0_trains_but_before_any_update_leaves_no_run_directory(
     tmp_path,
@@ -484,6 +491,7 @@ def wait_for_final_line(path: Path, procs, timeout: float = 150) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     "event", ["SIGINT to process 1", "SIGKILL of process 0", "SIGKILL of process 1"]

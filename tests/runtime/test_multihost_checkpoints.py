@@ -132,7 +132,9 @@ def test_sigterm_to_both_saves_the_state_a_straight_run_has_and_both_resume_to_t
         results = finish(procs, 120)
     for code, _, err in results:
         assert code == 128 + signal.SIGTERM, err[-3000:]
-    (version,) = checkpoints(tmp_path / "stopped")
+    saved = checkpoints(tmp_path / "stopped")
+    assert len(saved) == 1, results[0][2][-3000:] + results[1][2][-3000:]
+    (version,) = saved
     assert 0 < version < 200
     for _, _, err in results:
         assert f"checkpoint {version} saved (podrace train --resume {tmp_path / 'stopped'})" in err

@@ -103,6 +103,7 @@ def test_two_ray_workers_learn_cartpole(tmp_path, monkeypatch):
     assert not ray.is_initialized()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_sigkilled_worker_is_restarted_and_nothing_is_consumed_twice(tmp_path):
     from podrace.runtime.run import prepare
@@ -134,6 +135,7 @@ def test_sigkilled_worker_is_restarted_and_nothing_is_consumed_twice(tmp_path):
     assert not process_tree(run.topology.cluster.temp_dir)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_worker_killed_while_it_starts_is_restarted(tmp_path, monkeypatch):
     """While restarts are left, a worker that dies as it starts is restarted and the run
@@ -149,6 +151,7 @@ def test_a_worker_killed_while_it_starts_is_restarted(tmp_path, monkeypatch):
     assert not process_tree(run.topology.cluster.temp_dir)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_crash_loop_fails_naming_the_worker_and_leaves_nothing(tmp_path):
     from podrace.runtime.run import prepare
@@ -167,6 +170,7 @@ def test_crash_loop_fails_naming_the_worker_and_leaves_nothing(tmp_path):
     assert not process_tree(run.topology.cluster.temp_dir) and not ray.is_initialized()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_workers_pinned_to_a_second_node(tmp_path):
     with ray_helpers.two_node_cluster() as cluster:
@@ -215,6 +219,7 @@ def test_workers_pinned_to_a_second_node(tmp_path):
         assert not [t for t in titles if t.startswith(b"ray::RolloutWorker")], titles
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_sigterm_stops_cleanly_and_leaves_no_process(tmp_path):
     marker = ray_helpers.short_tmpdir()
@@ -268,6 +273,7 @@ def test_sigterm_stops_cleanly_and_leaves_no_process(tmp_path):
     shutil.rmtree(marker, ignore_errors=True)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_sigkilled_drivers_local_ray_is_swept_by_the_next_start(tmp_path):
     """SIGKILL leaves the driver no chance to stop its Ray; the next local start stops it."""
@@ -367,6 +373,7 @@ def test_a_live_or_unknown_owners_ray_is_never_swept(tmp_path, monkeypatch):
     assert live.exists() and unknown.exists() and other.exists() and not dead.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_thread_runtime_never_imports_ray(tmp_path):
     code = (
@@ -400,6 +407,7 @@ def test_ray_config_errors_are_one_line():
         assert "\n" not in str(caught.value)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_cli_without_ray_or_with_auth_disabled_is_a_one_line_error(tmp_path):
     cli = ["train", "cartpole-ppo", "--runtime", "ray", "--log.run-dir", str(tmp_path)]
@@ -428,6 +436,7 @@ def test_cli_without_ray_or_with_auth_disabled_is_a_one_line_error(tmp_path):
     assert done.stderr.count("\n") == 1 and not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_learner_error_stops_every_worker(tmp_path):
     from podrace.runtime.run import prepare
@@ -536,6 +545,7 @@ def test_joining_a_port_where_something_else_listens_is_a_one_line_error(answer)
     assert "\n" not in str(caught.value) and time.monotonic() - start < 10
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_sweep_orphans_kills_the_orphans_ray_but_not_a_users_log_viewer(tmp_path, monkeypatch):
     """sweep_orphans stops the processes of a dead driver's Ray, never a user's `tail -f`
@@ -606,6 +616,7 @@ def test_a_stopped_ray_run_resumes_to_its_end_consuming_every_rollout_once(tmp_p
     assert not ray.is_initialized()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_podrace_train_runs_the_ray_topology(tmp_path):
     import podrace

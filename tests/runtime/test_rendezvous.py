@@ -94,6 +94,7 @@ def test_a_stray_connection_is_not_a_process_and_a_busy_port_is_one_line():
             rendezvous(f"127.0.0.1:{port}", 2, 0, 1.0)
 
 
+@pytest.mark.slow
 def test_a_process_waits_for_the_answer_of_a_process_0_that_started_after_it():
     """With staggered starts, process 1 waits for the answer of a process 0 started after it,
     not just until its own deadline: process 0, still waiting for process 2, would then

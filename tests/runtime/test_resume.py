@@ -173,6 +173,7 @@ def test_stop_and_resume_continues_the_straight_run(tmp_path):
     )  # envs did restart
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_resume_can_extend_a_finished_run_and_refuses_other_changes(tmp_path):
     cfg = small(tmp_path, total_steps=2 * 8 * 16 * 2, **{"log.run_name": "r"})
@@ -232,6 +233,7 @@ def test_which_changes_a_resume_allows(change, allowed):
             check_changes(stored, replace(stored, **change), step=2)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("waited", [True, False], ids=["waited-for", "not-waited-for"])
 def test_the_final_metrics_line_names_the_final_checkpoint(tmp_path, monkeypatch, waited):
@@ -432,6 +434,7 @@ def test_a_config_json_nested_too_deeply_is_unreadable_not_a_crash(tmp_path):
     assert run_config_json(tmp_path) is None
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_stop_while_a_resumed_run_is_built_is_a_stop_and_changes_nothing(tmp_path, monkeypatch):
     """A stop during a resume's start-up that closes the publisher before the evaluator

@@ -57,6 +57,7 @@ def test_the_lock_of_a_killed_process_is_dropped(tmp_path):
         holder.wait(30)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_resumed_run_holds_its_directory_against_another_resume(tmp_path):
     first = prepare(small(tmp_path, total_steps=2 * 8 * 16 * 2, **{"log.run_name": "r"}))
@@ -110,6 +111,7 @@ def test_a_fork_child_that_outlives_a_killed_holder_does_not_keep_the_lock(tmp_p
         holder.wait(30)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_the_resume_point_is_read_only_once_the_directory_is_held(tmp_path, monkeypatch):
     """A resume reads its checkpoint only once it holds the lock, so one that waits (slow env

@@ -16,6 +16,7 @@ def last_line(run):
     return json.loads((run.run_dir / "metrics.jsonl").read_text().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     "component,call", [("actor-1", "env.reset"), ("evaluator", "evaluation env.reset")]
@@ -32,6 +33,7 @@ def test_hang_in_reset_is_caught_by_the_watchdog(tmp_path, component, call):
     assert not podrace_threads()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_non_cooperative_hang_in_step_reaches_the_caller_within_watchdog_plus_2s(tmp_path):
     watchdog_s = 2.0
@@ -64,6 +66,7 @@ def test_non_cooperative_hang_in_step_reaches_the_caller_within_watchdog_plus_2s
     assert not podrace_threads()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_stop_mid_rollout_returns_within_seconds(tmp_path):
     # One rollout takes 128 steps x 0.05 s = 6.4 s: a stop seen only between rollouts is late.
@@ -90,6 +93,7 @@ def test_stop_mid_rollout_returns_within_seconds(tmp_path):
     assert not podrace_threads()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_metrics_sink_failure_fails_the_run_as_logger(tmp_path):
     run = prepare(small(tmp_path, total_steps=10**7), faults=FaultPlan(sink_raise_at=2))
@@ -122,6 +126,7 @@ class RaisingClose:
             raise RuntimeError("user close() failed")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_an_env_close_that_raises_keeps_the_result_and_the_final_checkpoint(
     tmp_path, caplog, monkeypatch
@@ -143,6 +148,7 @@ def test_an_env_close_that_raises_keeps_the_result_and_the_final_checkpoint(
     assert "evaluator: env.close() raised RuntimeError" in caplog.text
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_an_env_close_that_blocks_is_left_behind_after_the_checkpoint(tmp_path, monkeypatch):
     monkeypatch.setattr("podrace.envs.closing.ENV_CLOSE_GRACE_S", 0.5)
@@ -159,6 +165,7 @@ def test_an_env_close_that_blocks_is_left_behind_after_the_checkpoint(tmp_path, 
         release.set()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_envs_built_before_a_failed_preparation_are_closed(tmp_path, monkeypatch):
     import podrace.runtime.run as runs

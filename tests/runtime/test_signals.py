@@ -67,6 +67,7 @@ def stop_and_check(proc, signum, metrics: Path, every_thread_returns: bool = Fal
     return elapsed
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_early_signals_are_never_lost_nor_abort(tmp_path):
     rng = random.Random(0)
@@ -100,6 +101,7 @@ def wait_for_line(proc, metrics: Path, ok, timeout=120):
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_stop_during_a_long_evaluation(tmp_path):
     proc = start(
@@ -116,6 +118,7 @@ def test_stop_during_a_long_evaluation(tmp_path):
         proc.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_second_signal_exits_at_once(tmp_path):
     proc = start(tmp_path, "--total-steps", "100000000")
@@ -132,6 +135,7 @@ def test_second_signal_exits_at_once(tmp_path):
         proc.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_signal_during_a_compile_longer_than_the_grace_leaves_no_run_dir(tmp_path):
     """A signal while XLA compiles the learner, for longer than the grace period, exits
@@ -195,6 +199,7 @@ gymnasium.register("GilHolding-v0", entry_point=GilHolding)
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_native_call_holding_the_gil_cannot_keep_the_process_forever(tmp_path):
     """An env step stuck in C with the GIL held starves the watchdog and both signal handlers

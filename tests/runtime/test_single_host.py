@@ -53,6 +53,7 @@ def record_batches(run):
     return seen
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_short_run_writes_config_and_metrics(tmp_path):
     result = train(small(tmp_path))
@@ -65,6 +66,7 @@ def test_short_run_writes_config_and_metrics(tmp_path):
     assert not podrace_threads()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("lag,synchronous", [(1, False), (2, False), (0, True)])
 def test_lag_bound_holds_for_every_consumed_rollout(tmp_path, lag, synchronous):
@@ -84,6 +86,7 @@ def test_lag_bound_holds_for_every_consumed_rollout(tmp_path, lag, synchronous):
         assert set(lags) == {0}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_loops_run_under_transfer_guard(tmp_path):
     """Threads run with transfer_guard('disallow'): an implicit transfer fails the run."""
@@ -114,6 +117,7 @@ class RaisingEnv:
         return self.env.step(actions)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_env_error_fails_the_run_quickly_naming_the_thread(tmp_path):
     run = prepare(small(tmp_path, total_steps=10**6))
@@ -154,6 +158,7 @@ def test_cartpole_ppo_learns(tmp_path):
     assert result.final_eval.mean_return >= 150, result.final_eval
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_continuous_actions_run_end_to_end(tmp_path):
     cfg = replace(
@@ -226,6 +231,7 @@ class CompileLog:
         return [m.split(" with ")[0] for m in self.messages if m.startswith("Compiling ")]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(
     "layout",
@@ -249,6 +255,7 @@ def test_nothing_compiles_once_the_threads_run(tmp_path, layout):
     assert log.compiles == []
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_stop_before_the_first_update_leaves_no_run_directory(tmp_path):
     """A stop after the threads started but before the first update leaves no run directory:

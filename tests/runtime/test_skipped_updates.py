@@ -31,6 +31,7 @@ def last_line(run) -> dict:
     return json.loads((run.run_dir / "metrics.jsonl").read_text().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_skips_up_to_the_limit_are_reported(tmp_path):
     # 12 updates, limit 0.25: 3 skipped updates are allowed.
@@ -44,6 +45,7 @@ def test_skips_up_to_the_limit_are_reported(tmp_path):
     assert last_line(run)["learner/skipped_nonfinite"] == 3
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_more_skips_than_the_limit_fail_the_run(tmp_path):
     run = prepare(
@@ -60,6 +62,7 @@ def test_more_skips_than_the_limit_fail_the_run(tmp_path):
     assert run.learner.version == 3  # the fourth skipped update was not published
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_without_skips_the_count_is_still_reported(tmp_path):
     run = prepare(small(tmp_path, total_steps=8 * 2 * 16 * 4))

@@ -37,6 +37,7 @@ def _entries(tmp_path) -> set[str]:
     return set(os.listdir(cache)) if cache.exists() else set()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(360)
 def test_train_keeps_every_program_in_the_cache_and_a_second_run_compiles_none(tmp_path):
     _train(tmp_path, "first", "true")
@@ -46,12 +47,14 @@ def test_train_keeps_every_program_in_the_cache_and_a_second_run_compiles_none(t
     assert _entries(tmp_path) == first  # every program was loaded; none compiled anew
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_the_cache_turned_off_writes_nothing(tmp_path):
     _train(tmp_path, "off", "false")
     assert _entries(tmp_path) == set()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_deterministic_run_from_python_gets_deterministic_gpu_kernels_before_jax_starts():
     """The deterministic-ops flag is set for a library caller too, not only by the CLI, so a

@@ -30,6 +30,7 @@ def new_pub(harness):
         pub.close()
 
 
+@pytest.mark.slow
 def test_versions_start_at_first_version_and_increase(harness, new_pub):
     pub = new_pub(first_version=5)
     assert pub.latest_version is None

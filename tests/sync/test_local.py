@@ -86,6 +86,7 @@ def test_publish_is_bookkeeping_only():
     pub.close()
 
 
+@pytest.mark.slow
 def test_old_versions_are_released():
     pub = LocalPublisher(keep=2)
     sub = pub.subscribe()

@@ -20,12 +20,14 @@ ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.timeout(120)
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:os.fork")
 def test_podrace_sync_imports_without_ray():
     code = "import sys, podrace.sync, podrace.sync.shm; assert 'ray' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=os.getcwd(), timeout=60)
 
 
+@pytest.mark.slow
 def test_reader_in_another_worker_process(ray_session):
     from podrace.sync.ray_transport import RayPublisher
 
@@ -56,6 +58,7 @@ class _Learner:
         return self.pub.publish(workers.stamped_params(version, 64))
 
 
+@pytest.mark.slow
 def test_publisher_death_wakes_readers(ray_session):
     learner = _Learner.remote()
     sub = ray.get(learner.subscriber.remote())
@@ -168,6 +171,7 @@ class _Reader:
         return self.sub.get(min_version, timeout=30).version
 
 
+@pytest.mark.slow
 def test_dead_subscribers_are_dropped_from_metrics(ray_session):
     from podrace.sync.ray_transport import RayPublisher
 
@@ -198,6 +202,7 @@ def test_dead_subscribers_are_dropped_from_metrics(ray_session):
     pub.close()
 
 
+@pytest.mark.slow
 def test_copies_of_a_subscriber_are_reported_apart(ray_session):
     """A subscriber passed to a Ray actor is a copy with the same name: its acks are kept
     apart from the original's on the board, and closing one removes only its own entry."""
@@ -267,6 +272,7 @@ class _TaskHost:
         return [t.name for t in threading.enumerate() if t.name.startswith("podrace-ray-fetch")]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_subscriber_dropped_without_close_stops_fetching(ray_session):
     """A subscriber a task uses and drops leaves no fetch thread behind, pulling every later
@@ -293,6 +299,7 @@ def test_a_subscriber_dropped_without_close_stops_fetching(ray_session):
     pub.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_nothing_starts_a_new_ray_after_shutdown(ray_session):
     """After ray.shutdown(), neither a subscriber collected, closed or still fetching nor a

@@ -546,6 +546,7 @@ with ShmPublisher(keep=1) as pub:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_too_small_dev_shm_is_an_error_not_a_sigbus_of_the_learner():
     """Docker's default /dev/shm is 64 MB: versions that do not fit there are an error naming

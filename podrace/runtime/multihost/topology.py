@@ -71,8 +71,6 @@ HUB_EXIT_WAIT_S = 5.0
 COLLECTIVE_GRACE_S = 5.0
 """After a failed collective, seconds the learner waits for the peer link to say which
 process was lost (the link hears of a killed process at once)."""
-FINAL_AGREEMENT_S = 5.0
-"""How long a stopped process waits for the others' newest versions before its last save."""
 _RUN_DIR_KEY = "podrace/run-dir"
 """Set by process 0 once it made the run directory, in which the others make their part."""
 _SHARED_KEY = "podrace/shared/{}"
@@ -91,6 +89,8 @@ class MultiHostTopology(ThreadTopology):
         self.shared = False
         """Every process sees the run directory: checkpoints are written."""
         self._run = None
+        self.peer_timeout_s = 0.0
+        """How long a process may go unheard before it counts as lost (the config's)."""
 
     # Preparing ---------------------------------------------------------------------------
     def join(self, cfg: TrainConfig, lifetime, resuming: bool) -> TrainConfig:
@@ -100,6 +100,7 @@ class MultiHostTopology(ThreadTopology):
         others."""
         self.lifetime = lifetime
         d = cfg.distributed
+        self.peer_timeout_s = d.peer_timeout_s
         hub = meet(d, lifetime.check)
         if hub is not None:  # every process is there: one not connecting in time hung
             link = PeerLink.open(
@@ -264,8 +265,8 @@ class MultiHostTopology(ThreadTopology):
         The learner's update is one collective, so the processes' newest recorded versions
         differ by at most one (a process stopped between an update and its record keeps
         the one before); each process keeps its last two recorded states and saves the
-        agreed one. A lost process, or one that does not answer within FINAL_AGREEMENT_S,
-        means no last save (the last periodic checkpoint stands)."""
+        agreed one. A lost process, or one that does not answer within the peer timeout
+        (it counts as lost then), means no last save (the last periodic checkpoint stands)."""
         failure = run.lifetime.failure
         lost = failure is not None and isinstance(failure.error, PeerLost)
         if lost and not isinstance(failure.error, PeerStopped):  # a stopped peer still saves
@@ -279,7 +280,7 @@ class MultiHostTopology(ThreadTopology):
         for process in range(cluster.num_processes):
             try:
                 answer = cluster.store.blocking_key_value_get(
-                    _FINAL_KEY.format(process), int(FINAL_AGREEMENT_S * 1000)
+                    _FINAL_KEY.format(process), int(self.peer_timeout_s * 1000)
                 )
             except Exception:  # noqa: BLE001 - jaxlib's own error type: no answer
                 log.warning("no last checkpoint: process %d did not answer", process)

@@ -47,7 +47,7 @@ def check_auth_not_disabled() -> None:
     if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
         raise ConfigError(
             "RAY_AUTH_MODE=disabled: podrace keeps Ray's token authentication on; unset it "
-            "(and see the README for clusters started with `ray start`)"
+            "(and see docs/guides/ray.md for clusters started with `ray start`)"
         )
 
 
