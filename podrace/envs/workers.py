@@ -24,8 +24,8 @@ actions and every step's results through a pipe per env (pickled), observations 
 through shared memory; here one process steps a part of the envs (a `SyncVectorEnv` or
 any backend) and one byte crosses a pipe per step. Measured on the 2-core machine
 (`benchmarks/env_workers.py`, CartPole with random actions, `benchmarks/results/
-env_workers.json`): 2 workers step 18.9k / 27.3k / 44.1k env steps/s for 8 / 16 / 64
-envs, AsyncVectorEnv (shared memory) 6.3k / 6.5k / 10.9k: 3.0-4.2x slower, so podrace
+env_workers.json`): 2 workers step 29.4k / 49.9k / 78.4k env steps/s for 8 / 16 / 64
+envs, AsyncVectorEnv (shared memory) 11.7k / 11.7k / 12.4k: 2.5-6.3x slower, so podrace
 uses its own processes.
 
 The worker ignores SIGINT (a Ctrl-C reaches the whole process group; the run decides how to
