@@ -207,9 +207,9 @@ CTRL_C_FROM_PYTHON = textwrap.dedent(
 
     def ctrl_c_when(ready, *delays):
         def send():
-            while not ready():
-                time.sleep(0.01)
-            for delay in delays:
+            from tests.waiting import wait_until
+            wait_until(ready, 140, interval=0.01)
+            for delay in delays:  # the signals' spacing: the scenario, not a wait
                 time.sleep(delay)
                 os.kill(os.getpid(), signal.SIGINT)
         threading.Thread(target=send, daemon=True).start()

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from podrace.cli import main
+from tests.waiting import wait_until
 
 
 def run_cli(capsys, *args):
@@ -208,10 +209,9 @@ def test_a_signal_ends_a_run_whose_stderr_reader_stopped_reading(tmp_path):
         )
         os.close(write)
         metrics = tmp_path / "r" / "metrics.jsonl"
-        deadline = time.monotonic() + 90
-        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
-            assert run.poll() is None and time.monotonic() < deadline
-            time.sleep(0.1)
+        wait_until(
+            lambda: metrics.exists() and metrics.read_text().count("\n") >= 2, 90, while_alive=run
+        )
         run.send_signal(signal.SIGINT)
         run.wait(15)
     finally:
@@ -349,11 +349,9 @@ def test_signal_stops_cleanly_with_conventional_exit_code(tmp_path, signum):
         text=True,
     )
     metrics = tmp_path / "r" / "metrics.jsonl"
-    deadline = time.monotonic() + 120
-    while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    wait_until(
+        lambda: metrics.exists() and metrics.read_text().count("\n") >= 2, 120, while_alive=proc
+    )
     sent = time.monotonic()
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=30)
@@ -506,7 +504,7 @@ def signalled(*args):
                 os.kill(os.getpid(), getattr(signal, sys.argv[4]))  # a second one: at once
             tmp = out.with_name("." + out.name + ".tmp")
             tmp.write_text("whole")
-            time.sleep(0.5)
+            time.sleep(0.5)  # a slow write: simulated work
             os.replace(tmp, out)
     else:
         os.kill(os.getpid(), getattr(signal, sys.argv[4]))
@@ -515,6 +513,7 @@ def signalled(*args):
 podrace.commands.eval.evaluate_run = signalled
 podrace.metrics.plot.plot_runs = signalled
 from podrace.cli import main
+from tests.waiting import wait_until
 sys.exit(main([sys.argv[1], str(out.parent)] + (["-o", str(out)] if sys.argv[1] == "plot" else [])))
 """
 
@@ -568,7 +567,7 @@ sys.argv = ["podrace", "plot", "somewhere", "-o", "x.png"]
 @contextlib.contextmanager
 def signalled_before_the_command():
     os.kill(os.getpid(), getattr(signal, signame))
-    time.sleep(30)
+    time.sleep(30)  # a hang: the signal must end it
     yield
 
 def fails(run_dirs):
@@ -802,7 +801,6 @@ def test_a_run_directory_deleted_while_the_run_trains_ends_it_in_one_line(tmp_pa
     import shutil
 
     from tests.test_cli_resume import FLAGS, cli, lines_of
-    from tests.waiting import wait_until
 
     run_dir = tmp_path / "r"
     proc = cli(

@@ -27,6 +27,7 @@ from tests.runtime.test_signals import EXIT_SLACK_S
 from tests.runtime.test_single_host import small
 from tests.runtime.topologies import TOPOLOGIES, every_topology
 from tests.test_cli import run_cli
+from tests.waiting import wait_until
 from tests.xla_flags import without_device_count
 
 REPO = Path(__file__).resolve().parents[1]
@@ -259,14 +260,6 @@ def cli(*args: str, script: str | None = None) -> subprocess.Popen:
     )
 
 
-def wait_for(proc: subprocess.Popen, ready, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while not ready():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
-
-
 def lines_of(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     return [json.loads(t) for t in path.read_text().splitlines()] if path.exists() else []
@@ -314,7 +307,11 @@ def test_sigint_saves_a_checkpoint_that_resume_continues(tmp_path):
         *FLAGS,
     )
     try:
-        wait_for(proc, lambda: any(line.get("version", 0) >= 3 for line in lines_of(run_dir)))
+        wait_until(
+            lambda: any(line.get("version", 0) >= 3 for line in lines_of(run_dir)),
+            240,
+            while_alive=proc,
+        )
         sent = time.monotonic()
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
@@ -385,8 +382,14 @@ def test_sigkill_during_a_checkpoint_write_then_resume(tmp_path):
         script=KILLED_DURING_WRITE,
     )
     try:
-        wait_for(proc, marker.exists)
-        time.sleep(0.5)  # let the learner run on past the checkpoint being written
+        wait_until(marker.exists, 240, while_alive=proc)  # checkpoint 4 is being written
+        # The learner runs on past it (to 6, where it waits for that write): a metrics line
+        # past 4 is written while the write is in progress.
+        wait_until(
+            lambda: any(line.get("version", 0) > 4 for line in lines_of(run_dir)),
+            240,
+            while_alive=proc,
+        )
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
     finally:

@@ -1,5 +1,4 @@
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -7,6 +6,7 @@ import pytest
 from podrace.control import Lifetime, Stopped
 from podrace.pipeline import BoundedQueue, LagExceeded, Pipeline, PlacingSink
 from podrace.types import Rollout
+from tests.waiting import calling, wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -51,7 +51,7 @@ def test_stop_wakes_blocked_put_and_get():
     ]
     for t in threads:
         t.start()
-    time.sleep(0.1)
+    wait_until(lambda: calling(threads[0], "put") and calling(threads[1], "get"))  # blocked
     lifetime.stop()
     for t in threads:
         t.join(2)

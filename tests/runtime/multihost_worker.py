@@ -133,7 +133,7 @@ def faulty_run(
     prepare, create_run_dir = runs.prepare, topology.create_run_dir
 
     def create_run_dir_late(cfg):
-        time.sleep(1.0)
+        time.sleep(1.0)  # a slow file system: simulated work
         return create_run_dir(cfg)
 
     topology.create_run_dir = create_run_dir_late

@@ -104,10 +104,13 @@ def test_a_process_stopped_before_its_hello_tells_the_meeting_so_no_one_waits_fo
     from podrace.runtime.multihost.distributed import meet
     from podrace.runtime.multihost.rendezvous import rendezvous
     from tests.runtime.test_multihost import free_port
+    from tests.waiting import wait_until
 
     coordinator = f"127.0.0.1:{free_port()}"
+    was_stopped = threading.Event()
 
     def stopped():
+        was_stopped.set()
         raise Stopped("SIGINT received")
 
     def process_1():
@@ -116,7 +119,7 @@ def test_a_process_stopped_before_its_hello_tells_the_meeting_so_no_one_waits_fo
 
     leaving = threading.Thread(target=process_1)
     leaving.start()
-    time.sleep(0.3)  # process 0 starts its meeting after process 1 was stopped
+    wait_until(was_stopped.is_set)  # process 0 starts its meeting after process 1 was stopped
     start = time.monotonic()
     with pytest.raises(ConfigError) as refused:
         rendezvous(coordinator, 2, 0, 20.0)

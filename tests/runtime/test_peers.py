@@ -59,6 +59,18 @@ def open_links(n: int, timeout_s: float = 5.0, coordinator: str = "127.0.0.1:1")
     return links, seen
 
 
+def conn_to(link: PeerLink, process: int):
+    """`link`'s connection to `process`."""
+    (conn,) = [conn for conn in link._conns if conn.process == process]
+    return conn
+
+
+def heard_close(link: PeerLink, process: int) -> bool:
+    """`link`'s reader of `process` has seen that connection close (and, for a loss, has
+    reported it)."""
+    return conn_to(link, process).gone.is_set()
+
+
 @pytest.mark.timeout(30)
 @pytest.mark.skipif(not socket.has_dualstack_ipv6(), reason="no IPv6 on this host")
 def test_an_ipv6_coordinator_connects_every_process():
@@ -95,7 +107,7 @@ def test_done_then_gone_before_all_are_done_is_a_loss():
     links, seen = open_links(3)
     try:
         links[1].report_done()
-        time.sleep(0.2)
+        wait_until(lambda: conn_to(links[0], 1).done)  # the hub heard it
         links[1]._closed.set()
         for conn in links[1]._conns:  # killed: no goodbye
             conn.close()
@@ -132,7 +144,7 @@ def test_every_process_waits_until_all_are_done_and_only_then_may_leave():
         links[0].report_done()
         assert all(link.wait_all_done(5) for link in links.values())
         links[0].close()  # all done: leaving is no loss to anyone
-        time.sleep(0.3)
+        wait_until(lambda: heard_close(links[1], 0) and heard_close(links[2], 0))
         assert not any(seen.values())
     finally:
         for link in links.values():
@@ -147,7 +159,7 @@ def test_process_0_lost_while_the_others_wait_for_it_is_a_loss_to_them():
     try:
         links[1].report_done()
         links[2].report_done()
-        time.sleep(0.2)
+        wait_until(lambda: conn_to(links[0], 1).done and conn_to(links[0], 2).done)
         links[0]._closed.set()
         for conn in links[0]._conns:  # killed: no goodbye
             conn.close()
@@ -187,7 +199,7 @@ def test_a_process_that_said_it_leaves_keeps_its_own_reason(how):
             links[1].report_failure("learner failed: ValueError: boom")
         wait_until(lambda: seen[0] and seen[2])
         links[0].close()  # the hub's process exits
-        time.sleep(0.5)
+        wait_until(lambda: heard_close(links[1], 0))
         assert not seen[1]
         assert seen[2][0].process == 1  # a spoke that did not leave still hears why
     finally:
@@ -217,11 +229,11 @@ def test_close_returns_at_once_whatever_the_peers_do(how):
     if how == "finished":
         for link in links.values():
             link.report_done()
+        wait_until(lambda: all(link.wait_all_done(0) for link in links.values()))
     else:
         links[1].report_failure("boom")
         wait_until(lambda: seen[0] and seen[2])
-    time.sleep(0.2)
-    for i, link in links.items():
+    for i, link in links.items():  # every reader is back in its blocking read
         start = time.monotonic()
         link.close()
         assert time.monotonic() - start < 2.0, (how, i)
@@ -235,10 +247,10 @@ def test_a_process_that_refuses_the_run_as_every_process_does_is_no_loss():
     try:
         links[1].report_refused()
         links[1].close()
-        time.sleep(0.5)
+        wait_until(lambda: heard_close(links[0], 1))
         links[0].report_refused()
         links[0].close()
-        time.sleep(0.5)
+        wait_until(lambda: heard_close(links[2], 0))
         assert seen == {0: [], 1: [], 2: []}
     finally:
         for link in links.values():

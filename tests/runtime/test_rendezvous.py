@@ -11,6 +11,7 @@ import pytest
 from podrace.config import ConfigError
 from podrace.runtime.multihost.rendezvous import rendezvous
 from tests.runtime.test_multihost import free_port
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -29,7 +30,7 @@ def meet(port: int, claims: list[tuple[int, int]], timeout_s: float = 10.0) -> l
     threads = [threading.Thread(target=one, args=(i, *claim)) for i, claim in enumerate(claims)]
     for thread in reversed(threads):  # the others first: they wait for process 0 to listen
         thread.start()
-        time.sleep(0.05)
+        time.sleep(0.05)  # staggered starts, the scenario (not a wait: any order must work)
     for thread in threads:
         thread.join(30)
     return outcomes
@@ -75,17 +76,16 @@ def test_a_stray_connection_is_not_a_process_and_a_busy_port_is_one_line():
     port = free_port()
     stray = socket.create_connection  # connects once process 0 listens, then says nothing
 
-    def poke() -> None:
-        for _ in range(100):
-            try:
-                with stray(("127.0.0.1", port), timeout=1) as s:
-                    s.sendall(b"GET / HTTP/1.0\r\n\r\n")
-                    s.recv(100)
-                return
-            except OSError:
-                time.sleep(0.02)
+    def poked() -> bool:
+        try:
+            with stray(("127.0.0.1", port), timeout=1) as s:
+                s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+                s.recv(100)
+            return True
+        except OSError:
+            return False
 
-    poker = threading.Thread(target=poke)
+    poker = threading.Thread(target=lambda: wait_until(poked, 20, interval=0.02))
     poker.start()
     assert meet(port, [(0, 2), (1, 2)]) == ["ok", "ok"]
     poker.join(10)
@@ -103,7 +103,7 @@ def test_a_process_waits_for_the_answer_of_a_process_0_that_started_after_it():
     outcomes: dict[int, str] = {}
 
     def one(process: int, delay: float) -> None:
-        time.sleep(delay)
+        time.sleep(delay)  # a process started late: the scenario
         try:
             rendezvous(f"127.0.0.1:{port}", 3, process, 4.0)
             outcomes[process] = "ok"
@@ -135,25 +135,29 @@ def test_a_process_that_left_after_its_hello_fails_the_meeting_for_everyone():
 
     hub = threading.Thread(target=one, args=(0,))
     hub.start()
-    for _ in range(200):  # process 1 says hello, then is gone (killed, or gave up)
+    hello = {"hello": "podrace-rendezvous/1", "process": 1, "num_processes": 3}
+
+    def said_hello_and_left() -> bool:  # process 1 says hello, then is gone (killed, or gave up)
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1) as quitter:
-                quitter.sendall(
-                    (
-                        json.dumps(
-                            {"hello": "podrace-rendezvous/1", "process": 1, "num_processes": 3}
-                        )
-                        + "\n"
-                    ).encode()
-                )
-            break
-        except OSError:
-            time.sleep(0.02)
-    time.sleep(0.2)
-    one(2)
+                quitter.sendall((json.dumps(hello) + "\n").encode())
+            return True
+        except OSError:  # process 0 does not listen yet
+            return False
+
+    wait_until(said_hello_and_left, 20, interval=0.02)
+    one(2)  # accepted after process 1, whose hello and close came first
     hub.join(30)
     expected = "distributed: process(es) [1] left before every process had joined"
     assert outcomes == {0: expected, 2: expected}
+
+
+def connected(port: int) -> socket.socket | None:
+    """A connection to process 0, once it listens."""
+    try:
+        return socket.create_connection(("127.0.0.1", port))
+    except OSError:
+        return None
 
 
 @pytest.mark.parametrize("process", [0, 1])
@@ -186,10 +190,10 @@ def test_a_process_stopped_after_its_hello_is_a_refusal_not_a_twin():
         target=lambda: outcome.append(meet(port, [(0, 3)], timeout_s=5.0)[0])
     )
     gathering.start()
-    time.sleep(0.3)
-    with socket.create_connection(("127.0.0.1", port)) as hello:
+    hello = wait_until(lambda: connected(port))
+    with hello:
         hello.sendall(b'{"hello": "podrace-rendezvous/1", "process": 1, "num_processes": 3}\n')
-        time.sleep(0.2)
+    # Process 0 accepts in order: it reads this hello before the refusal's connection.
     refuse(f"127.0.0.1:{port}", 3, 1, "it was stopped (SIGINT received)", 2.0)
     [error] = meet(port, [(2, 3)])
     gathering.join(10)

@@ -6,10 +6,12 @@ import time
 
 import pytest
 
+from podrace.checkpoints.files import Checkpointer
 from podrace.control import ComponentError, HangDetected, Lifetime
 from podrace.runtime.faults import STUCK, FaultPlan
 from podrace.runtime.run import prepare
 from tests.runtime.test_single_host import podrace_threads, small
+from tests.waiting import wait_until
 
 
 def last_line(run):
@@ -79,10 +81,7 @@ def test_stop_mid_rollout_returns_within_seconds(tmp_path):
     done = threading.Event()
     worker = threading.Thread(target=lambda: (run.run(), done.set()), daemon=True)
     worker.start()
-    deadline = time.monotonic() + 60
-    while run.actors[0].env_steps < 5:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_until(lambda: run.actors[0].env_steps >= 5, 60)
     stopped = time.monotonic()
     lifetime.stop("test")
     assert done.wait(30)
@@ -134,6 +133,15 @@ def test_an_env_close_that_raises_keeps_the_result_and_the_final_checkpoint(
     # Not waiting for the final save before the final line: the order of close and save is
     # then what the test sees (with the wait, a quick save was done before either).
     monkeypatch.setattr("podrace.runtime.run.FINAL_SAVE_WAIT_S", 0.0)
+    # The last save starts before the final evaluation: a slow write is still going on
+    # when the envs are closed, so the order is visible.
+    write = Checkpointer._write
+
+    def slow_write(self, *args, **kwargs):
+        time.sleep(3.0)
+        return write(self, *args, **kwargs)
+
+    monkeypatch.setattr(Checkpointer, "_write", slow_write)
     run = prepare(small(tmp_path))
     for actor in run.actors:
         actor.env = RaisingClose(actor.env, checkpoints=run.checkpoints)

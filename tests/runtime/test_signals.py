@@ -11,6 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from podrace.checkpoints.files import checkpoint_steps
+from podrace.checkpoints.state import checkpoint_dir
+from tests.waiting import wait_until
+
 REPO = Path(__file__).resolve().parents[2]
 EXIT_SLACK_S = 5.0  # target: 2 s after the signal; slack for a loaded machine
 
@@ -78,11 +82,8 @@ def test_early_signals_are_never_lost_nor_abort(tmp_path):
         signum = (signal.SIGINT, signal.SIGTERM)[i % 2]
         proc = start(tmp_path / str(i), "--total-steps", "100000000")
         try:
-            deadline = time.monotonic() + 30
-            while not handlers_installed(proc.pid):
-                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-                time.sleep(0.01)
-            time.sleep(delay)
+            wait_until(lambda p=proc: handlers_installed(p.pid), 30, while_alive=proc)
+            time.sleep(delay)  # the signal lands at a random moment: the point of the test
             exits.append(stop_and_check(proc, signum, tmp_path / str(i) / "r" / "metrics.jsonl"))
         finally:
             proc.kill()
@@ -91,14 +92,11 @@ def test_early_signals_are_never_lost_nor_abort(tmp_path):
 
 
 def wait_for_line(proc, metrics: Path, ok, timeout=120):
-    deadline = time.monotonic() + timeout
-    while True:
+    def last_line_ok() -> bool:
         lines = metrics.read_text().splitlines() if metrics.exists() else []
-        if lines and ok(json.loads(lines[-1])):
-            return
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+        return bool(lines) and ok(json.loads(lines[-1]))
+
+    wait_until(last_line_ok, timeout, while_alive=proc)
 
 
 @pytest.mark.slow
@@ -110,7 +108,8 @@ def test_stop_during_a_long_evaluation(tmp_path):
     try:
         metrics = tmp_path / "r" / "metrics.jsonl"
         wait_for_line(proc, metrics, lambda line: line.get("env_steps", 0) >= 4096)
-        time.sleep(1.0)  # well inside the final evaluation
+        # The final checkpoint is written while the final evaluation runs (it never ends).
+        wait_until(lambda: checkpoint_steps(checkpoint_dir(tmp_path / "r")), 120, while_alive=proc)
         elapsed = stop_and_check(proc, signal.SIGINT, metrics, every_thread_returns=True)
         print(f"exit {elapsed:.2f}s after SIGINT during evaluation")
     finally:
@@ -140,10 +139,15 @@ def test_second_signal_exits_at_once(tmp_path):
 def test_signal_during_a_compile_longer_than_the_grace_leaves_no_run_dir(tmp_path):
     """A signal while XLA compiles the learner, for longer than the grace period, exits
     without leaving a run folder that holds only config.json."""
+    compiling = tmp_path.parent / f"{tmp_path.name}.compiling"  # the run dir stays empty
     code = (
         "import sys, time\n"
         "import podrace.runtime.run as sh\n"
-        "sh.warm_up_learner = lambda *a, **k: time.sleep(60)  # a compile that outlasts the grace\n"
+        f"compiling = {str(compiling)!r}\n"
+        "def warm_up_learner(*a, **k):  # a compile that outlasts the grace\n"
+        "    open(compiling, 'w').close()\n"
+        "    time.sleep(60)\n"
+        "sh.warm_up_learner = warm_up_learner\n"
         "from podrace.cli import main\n"
         f"sys.exit(main(['train', 'cartpole-ppo', '--log.run-dir', {str(tmp_path)!r}, "
         "'--log.run-name', 'r', '--log.console', 'none']))\n"
@@ -156,11 +160,7 @@ def test_signal_during_a_compile_longer_than_the_grace_leaves_no_run_dir(tmp_pat
         env=dict(os.environ, PYTHONPATH=str(REPO)),
     )
     try:
-        deadline = time.monotonic() + 90
-        while not (tmp_path / "r" / "config.json").exists():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.05)
-        time.sleep(0.5)
+        wait_until(compiling.exists, 90, while_alive=proc)
         stop_and_check(proc, signal.SIGINT, tmp_path / "r" / "metrics.jsonl")
         assert list(tmp_path.iterdir()) == []
         # one line, and only one of these: the stop is not reported both ways
@@ -239,10 +239,7 @@ def test_a_native_call_holding_the_gil_cannot_keep_the_process_forever(tmp_path)
         env=dict(os.environ, PYTHONPATH=str(REPO), HELD_MARK=str(mark)),
     )
     try:
-        deadline = time.monotonic() + 90
-        while not mark.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.05)
+        wait_until(mark.exists, 90, while_alive=proc)
         held = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)

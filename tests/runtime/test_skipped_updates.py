@@ -70,6 +70,7 @@ def test_without_skips_the_count_is_still_reported(tmp_path):
     assert last_line(run)["learner/skipped_nonfinite"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_resumed_run_keeps_its_skip_count_and_its_budget_over_all_its_updates(tmp_path):
     """8 updates, limit 0.25: 2 skips for the whole run, whether or not it was resumed. The

@@ -10,7 +10,7 @@ import pytest
 
 from podrace.sync.base import ChannelClosed, Snapshot, SnapshotMismatch, SyncError, SyncTimeout
 from tests.sync.conftest import check_params, make_params
-from tests.waiting import wait_until
+from tests.waiting import calling, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -68,11 +68,7 @@ def test_poll_returns_only_newer_snapshots(harness, new_pub):
 
 def poll_until(sub, timeout=10.0):
     """poll() never blocks; transports may make a publish visible a moment later."""
-    deadline = time.monotonic() + timeout
-    while (snap := sub.poll()) is None:
-        assert time.monotonic() < deadline, "poll() saw nothing new in time"
-        time.sleep(0.005)
-    return snap
+    return wait_until(sub.poll, timeout, lambda: "poll() saw nothing new in time")
 
 
 def test_poll_skips_to_latest(harness, new_pub):
@@ -92,7 +88,11 @@ def test_get_blocks_until_published(harness, new_pub):
     got = []
     t = threading.Thread(target=lambda: got.append(sub.get(1, timeout=20)))
     t.start()
+    wait_until(lambda: calling(t, "get"))
     pub.publish(make_params(0))
+    harness.subscribe(pub).get(0, timeout=10)  # version 0 is visible now
+    # Nothing marks the waiter having seen version 0 and waited on: it has 0.2 s to return
+    # wrongly. A loaded machine gives it less, so this can pass vacuously, never fail falsely.
     time.sleep(0.2)
     assert not got, "get(1) returned before version 1 existed"
     pub.publish(make_params(1))
@@ -233,7 +233,7 @@ def test_close_wakes_blocked_get(harness, new_pub):
     threads = [threading.Thread(target=waiter) for _ in range(3)]
     for t in threads:
         t.start()
-    time.sleep(0.2)
+    wait_until(lambda: all(calling(t, "get") for t in threads))
     start = time.monotonic()
     pub.close()
     for t in threads:
@@ -273,7 +273,7 @@ def test_subscriber_close_wakes_its_get(harness, new_pub):
     errors = []
     t = threading.Thread(target=lambda: _record(errors, sub.get, 0, 30))
     t.start()
-    time.sleep(0.2)
+    wait_until(lambda: calling(t, "get"))
     sub.close()
     t.join(10)
     assert errors and isinstance(errors[0], ChannelClosed)

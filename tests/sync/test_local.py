@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import threading
-import time
 import weakref
 
 import jax
@@ -14,6 +13,7 @@ import pytest
 
 from podrace.sync.local import LocalPublisher
 from tests.sync.conftest import check_params
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -105,11 +105,11 @@ def test_old_versions_are_released():
 
 
 def wait_dead(refs, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while any(r() is not None for r in refs):
-        assert time.monotonic() < deadline, "old versions still referenced"
+    def dead() -> bool:
         gc.collect()
-        time.sleep(0.01)
+        return all(r() is None for r in refs)
+
+    wait_until(dead, timeout, lambda: "old versions still referenced", interval=0.01)
 
 
 def test_subscribers_do_not_accumulate():

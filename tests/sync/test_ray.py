@@ -14,7 +14,7 @@ import pytest
 
 from podrace.sync.base import ChannelClosed, SyncError
 from tests.sync import workers
-from tests.waiting import wait_until
+from tests.waiting import calling, wait_until
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.timeout(120)
@@ -74,7 +74,7 @@ def test_publisher_death_wakes_readers(ray_session):
 
     waiter = threading.Thread(target=wait_for_more)
     waiter.start()
-    time.sleep(0.3)
+    wait_until(lambda: calling(waiter, "get"))  # it waits for version 1
     killed = time.monotonic()
     ray.kill(learner, no_restart=True)
     waiter.join(30)
@@ -100,11 +100,12 @@ def test_old_versions_are_freed(ray_session):
     assert len(counts()) - before <= 4  # keep=2 objects (+ the board's bookkeeping), not 30
     pub.close()
     sub.close()
-    deadline = time.monotonic() + 10
-    while len(counts()) > before + 1:
-        assert time.monotonic() < deadline, counts()
+
+    def freed() -> bool:
         gc.collect()  # refs caught in reference cycles are freed only by the collector
-        time.sleep(0.05)
+        return len(counts()) <= before + 1
+
+    wait_until(freed, 10, counts, interval=0.05)
 
 
 @ray.remote(num_cpus=0)
@@ -125,7 +126,11 @@ def test_stress_reader_workers_never_see_torn_or_older_snapshots(ray_session):
     probe = pub.subscribe()
     pub.publish(workers.stamped_params(0, n_elems))
     probe.get(0, timeout=60)
-    time.sleep(1.0)  # readers' workers started
+    wait_until(  # readers' workers started: each has read version 0
+        lambda: all(pub.metrics().get(f"subscriber/r{i}/acked_version", -1) >= 0 for i in range(2)),
+        60,
+        pub.metrics,
+    )
     for v in range(1, n_versions):
         pub.publish(workers.stamped_params(v, n_elems))
         if v % 4 == 0:
@@ -182,10 +187,7 @@ def test_dead_subscribers_are_dropped_from_metrics(ray_session):
     assert ray.get(reader.read.remote(0), timeout=60) == 0 and live.get(0, timeout=30).version == 0
 
     def wait_for(predicate) -> None:
-        deadline = time.monotonic() + 60
-        while not predicate(pub.metrics()):
-            assert time.monotonic() < deadline, pub.metrics()
-            time.sleep(0.1)
+        wait_until(lambda: predicate(pub.metrics()), 60, pub.metrics, interval=0.1)
 
     wait_for(
         lambda m: (
@@ -287,12 +289,15 @@ def test_a_subscriber_dropped_without_close_stops_fetching(ray_session):
             ray.get(host.use.remote(pub.subscribe(name=f"task{i}", long_poll=0.5)), timeout=60) == 0
         )
     pub.publish(workers.stamped_params(1, 8))
-    deadline = time.monotonic() + 30
-    while ray.get(host.fetch_threads.remote(), timeout=30) or any(
-        k.startswith("subscriber/task") for k in pub.metrics()
-    ):
-        assert time.monotonic() < deadline, (ray.get(host.fetch_threads.remote()), pub.metrics())
-        time.sleep(0.2)
+    wait_until(
+        lambda: (
+            not ray.get(host.fetch_threads.remote(), timeout=30)
+            and not any(k.startswith("subscriber/task") for k in pub.metrics())
+        ),
+        30,
+        lambda: (ray.get(host.fetch_threads.remote()), pub.metrics()),
+        interval=0.2,
+    )
     live = pub.subscribe(name="live")  # a subscriber still referenced keeps working
     assert live.get(1, timeout=30).version == 1
     live.close()
@@ -324,6 +329,9 @@ def test_nothing_starts_a_new_ray_after_shutdown(ray_session):
         kept.close()
         pub.close()
         pub.metrics()
+        # A fetch thread may still sit in a call Ray never answers: nothing marks the end of
+        # the time in which a late caller could start a Ray. A loaded machine can only make
+        # this pass vacuously.
         time.sleep(1.0)
         assert not ray_session.is_initialized()
     finally:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import jax
 import numpy as np
@@ -14,6 +13,7 @@ from podrace.sync.local import LocalPublisher
 from podrace.sync.relay import Relay
 from podrace.sync.shm import ShmPublisher
 from tests.sync.workers import stamp_of, stamped_params
+from tests.waiting import calling, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -53,7 +53,7 @@ def test_upstream_close_closes_downstream():
     errors = []
     t = threading.Thread(target=lambda: _expect_closed(worker, errors))
     t.start()
-    time.sleep(0.1)
+    wait_until(lambda: calling(t, "get"))  # it waits for version 1
     upstream.close()
     t.join(10)
     relay.join(10)
@@ -97,10 +97,7 @@ def test_a_relay_that_stops_releases_its_source_subscriber():
     source = upstream.subscribe(name="relay-source")
     relay = Relay(source, downstream, name="r")
     upstream.publish({"x": np.zeros(2)})
-    deadline = time.monotonic() + 10
-    while relay.last_version != 0:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_until(lambda: relay.last_version == 0, 10)
     downstream.close()  # e.g. the node's consumers shut down: the relay ends normally
     upstream.publish({"x": np.ones(2)})
     relay.join(10)

@@ -17,7 +17,7 @@ import pytest
 from podrace.sync.base import ChannelClosed, SnapshotMismatch, SyncError
 from podrace.sync.shm import ShmPublisher, ShmSubscriber
 from tests.sync import workers
-from tests.waiting import wait_until
+from tests.waiting import calling, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 ctx = mp.get_context("spawn")
@@ -88,17 +88,13 @@ def test_acks_reach_the_publisher_metrics():
     subs = [pub.subscribe(name=f"a{i}") for i in range(2)]
     pub.publish(workers.stamped_params(0, 8))
     subs[0].get(0, timeout=10)
-    deadline = time.monotonic() + 10
-    while pub.metrics().get("subscriber/a0/acked_version") != 0:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_until(lambda: pub.metrics().get("subscriber/a0/acked_version") == 0, 10, pub.metrics)
     m = pub.metrics()
     assert m["subscriber/a1/acked_version"] == -1 and m["visible/seconds/count"] == 1
     assert subs[0].metrics()["read/seconds/count"] == 1
     subs[1].close()
-    while "subscriber/a1/acked_version" in pub.metrics():  # departed subscribers are forgotten
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    # departed subscribers are forgotten
+    wait_until(lambda: "subscriber/a1/acked_version" not in pub.metrics(), 10, pub.metrics)
     pub.close()
 
 
@@ -136,7 +132,7 @@ def test_publisher_process_death_wakes_readers():
 
     waiter = threading.Thread(target=wait_for_more)
     waiter.start()
-    time.sleep(0.2)
+    wait_until(lambda: calling(waiter, "get"))  # it waits for version 1
     killed = time.monotonic()
     proc.kill()
     waiter.join(10)
@@ -254,24 +250,35 @@ def test_stress_reader_threads_race_a_writer_thread_on_two_slots():
             v += 1
 
     def consume(slot):
-        time.sleep(0)  # let the writer run during the copy
+        time.sleep(0)  # yields to the writer during the copy (the race under test)
         return [x.copy() for x in reader.layout.views(slot)]
+
+    last = -1
+
+    def read_once() -> bool:
+        """One read; True once the writer has raced the reader and 10 versions went by."""
+        nonlocal last
+        got = reader.read(consume, attempts=1000)
+        if got is not None:
+            v, leaves = got
+            if workers.stamp_of(_unflatten(reader, leaves)) != v or v < last:
+                bad.append((v, last))
+            last = v
+        return last > 10 and reader.retries > 0
 
     t = threading.Thread(target=write_forever)
     t.start()
-    last, deadline = -1, time.monotonic() + 1.5
-    while time.monotonic() < deadline:
-        got = reader.read(consume, attempts=1000)
-        if got is None:
-            continue
-        v, leaves = got
-        if workers.stamp_of(_unflatten(reader, leaves)) != v or v < last:
-            bad.append((v, last))
-        last = v
-    stop.set()
-    t.join()
-    assert not bad and last > 10
-    assert reader.retries > 0, "the writer never raced the reader: the test proves nothing"
+    try:  # reading until the writer raced the reader: a slow machine only reads longer
+        wait_until(
+            read_once,
+            60,
+            lambda: f"the writer never raced the reader ({last=}, {reader.retries=})",
+            interval=0,
+        )
+    finally:
+        stop.set()
+        t.join()
+    assert not bad
     reader.close()
     writer.close()
 
@@ -394,6 +401,21 @@ def _kill_group(proc) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(30)
     proc.stdout.close()
+    # its resource tracker too: nothing of the group is left that could still clean up
+    wait_until(lambda: not group_alive(proc.pid), 30)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process of group `pgid` still runs (zombies aside: nothing may reap them)."""
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                state, _, pgrp = f.read().rpartition(")")[2].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if int(pgrp) == pgid and state not in ("Z", "X"):
+            return True
+    return False
 
 
 @pytest.mark.slow
@@ -411,8 +433,7 @@ def test_sweep_removes_what_a_sigkilled_publisher_group_leaked():
         assert name and segment_exists(name) and segment_exists(name + "_d")
     finally:
         _kill_group(proc)
-    time.sleep(0.5)  # nothing (no resource tracker) is left to clean up
-    assert segment_exists(name) and segment_exists(name + "_d")
+    assert segment_exists(name) and segment_exists(name + "_d")  # nothing cleaned up
     listed = subprocess.run(
         [sys.executable, "-m", "podrace.sync.shm_sweep", "--dry-run"],
         capture_output=True,
@@ -453,16 +474,13 @@ def test_dead_subscribers_are_dropped_from_metrics():
     proc.start()
     try:
         assert ready.wait(60) and live.get(0, timeout=10).version == 0
-        deadline = time.monotonic() + 30
-        while pub.metrics().get("subscriber/doomed/acked_version") != 0:
-            assert time.monotonic() < deadline, pub.metrics()
-            time.sleep(0.05)
+        wait_until(
+            lambda: pub.metrics().get("subscriber/doomed/acked_version") == 0, 30, pub.metrics
+        )
     finally:
         proc.kill()
         proc.join(30)
-    while "subscriber/doomed/acked_version" in pub.metrics():
-        assert time.monotonic() < deadline, pub.metrics()
-        time.sleep(0.05)
+    wait_until(lambda: "subscriber/doomed/acked_version" not in pub.metrics(), 30, pub.metrics)
     m = pub.metrics()
     assert "subscriber/doomed/lag" not in m and m["subscriber/live/acked_version"] == 0
     live.close()
@@ -614,10 +632,7 @@ def test_a_dropped_subscriber_releases_its_thread_socket_and_buffers():
         assert sub.get(0, timeout=10).version == 0
         del sub  # no close()
     gc.collect()
-    deadline = time.monotonic() + 10
-    while threading.active_count() > threads and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert threading.active_count() <= threads
+    wait_until(lambda: threading.active_count() <= threads, 10, threading.enumerate)
     assert len(os.listdir("/proc/self/fd")) <= fds
     kept = pickle.loads(blob)  # a live one still works, and still hears the publisher close
     assert kept.get(0, timeout=10).version == 0
@@ -665,7 +680,8 @@ def _start_forking_publisher():
         "from tests.sync.workers import stamped_params\n"
         "p = ShmPublisher(); p.publish(stamped_params(0, 8)); p.flush(30); "
         "print(p.name, flush=True)\n"
-        "while not any(k.endswith('/acked_version') for k in p.metrics()): time.sleep(0.01)\n"
+        "from tests.waiting import wait_until\n"
+        "wait_until(lambda: any(k.endswith('/acked_version') for k in p.metrics()), 60)\n"
         "child = os.fork()\n"
         "if child == 0: time.sleep(600); os._exit(0)\n"
         "print(child, flush=True); time.sleep(600)"
