@@ -35,6 +35,13 @@ class EnvConfig:
     costs more than their physics); Ray workers keep envpool's default."""
     max_episode_steps: int | None = None
     """Override the env's own time limit (truncation); None keeps the env default."""
+    workers: int = 0
+    """Env worker processes per actor, each stepping num_envs / workers of its envs (a
+    Python env then runs on a core of its own) while an inference server chooses the
+    actions (--layout.inference); 0 steps them in the actor's thread."""
+    worker_restarts: int = 3
+    """Restarts allowed per env worker process that dies (fresh, derived seeds); one more
+    death fails the run, naming the worker."""
     # Atari (envpool *-v5 ids); ignored by other envs.
     frame_skip: int = 4
     """Atari: emulator frames per agent step."""
@@ -197,6 +204,24 @@ class LayoutConfig:
     """Actors wait for the newest params before every rollout (policy lag 0)."""
     scan_unroll: int = 1
     """Unroll factor of the learner's minibatch scan (large values help conv nets on CPU)."""
+    inference: Literal["actor", "server"] = "actor"
+    """With env workers (--env.workers): `actor` gives each actor an inference thread of its
+    own for its workers; `server` one per actor device, batching the requests of every
+    actor on it into one policy call (settings under --inference.*)."""
+
+
+@dataclass(frozen=True)
+class InferenceConfig:
+    """How the inference threads of env workers (--env.workers) batch their requests."""
+
+    max_batch: int = 0
+    """Most envs per policy call; 0: every env the thread serves."""
+    max_wait_ms: float = 0.0
+    """Once a request is ready, how long to wait for more while workers still step (0:
+    serve what is ready at once; the deterministic mode always waits for every worker)."""
+    params_timeout_s: float | None = None
+    """Fail the run when a request has waited this long for params within the lag bound
+    (max_policy_lag); None waits as long as it takes, as an actor does."""
 
 
 @dataclass(frozen=True)
@@ -350,6 +375,7 @@ class TrainConfig:
     impala: ImpalaConfig = field(default_factory=ImpalaConfig)
     normalize: NormalizeConfig = field(default_factory=NormalizeConfig)
     layout: LayoutConfig = field(default_factory=LayoutConfig)
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     safety: SafetyConfig = field(default_factory=SafetyConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

@@ -97,3 +97,7 @@ class Rollout:
     restart: int = 0
     """Incarnation of the actor that made it (restarts of that Ray worker before it): with
     actor_id and seq a stamp no two consumed rollouts share."""
+    behaviour_versions: np.ndarray | None = None
+    """[T, B] the params version that chose each action (host), where the steps of one
+    rollout may span versions (an inference server acts with the newest params it has);
+    `policy_version` is then the oldest of them. None: every step is `policy_version`'s."""

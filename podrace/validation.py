@@ -23,6 +23,8 @@ MAX_CPU_DEVICES = 1024
 MAX_ENV_THREADS = 1024
 """envpool starts one OS thread per `env.num_threads`: more than this is a typo (2**31 of
 them aborted the process instead of failing as a config error)."""
+MAX_ENV_WORKERS = 1024
+"""Each env worker is a process; more than this per actor is a typo."""
 MAX_ACTORS_PER_DEVICE = 256
 """Each actor is an OS thread with its own envs; more than this is a typo, not a layout."""
 MAX_RAY_WORKERS = 65_536
@@ -279,6 +281,7 @@ def validate(cfg: TrainConfig) -> None:
         )
     _validate_algos(cfg)
     _validate_sizes(cfg)
+    _validate_workers(cfg)
 
 
 def _validate_algos(cfg: TrainConfig) -> None:
@@ -364,6 +367,61 @@ def _validate_sizes(cfg: TrainConfig) -> None:
             f"impala.num_minibatches ({cfg.impala.num_minibatches}) must divide the envs per "
             f"learner shard ({envs_per_shard}): every minibatch takes whole env sequences from "
             "every shard"
+        )
+
+
+def _validate_workers(cfg: TrainConfig) -> None:
+    """Env worker processes and the inference threads that serve them."""
+    workers, inference = cfg.env.workers, cfg.inference
+    if workers < 0:
+        raise ConfigError(f"env.workers must be >= 0, got {workers}")
+    if cfg.env.worker_restarts < 0:
+        raise ConfigError(f"env.worker_restarts must be >= 0, got {cfg.env.worker_restarts}")
+    if inference.max_batch < 0:
+        raise ConfigError(f"inference.max_batch must be >= 0, got {inference.max_batch}")
+    if not 0 <= inference.max_wait_ms <= MAX_WAIT_S * 1000:
+        raise ConfigError(f"inference.max_wait_ms must be >= 0, got {inference.max_wait_ms}")
+    if inference.params_timeout_s is not None and not (
+        0 < inference.params_timeout_s <= MAX_WAIT_S
+    ):
+        raise ConfigError(
+            f"inference.params_timeout_s must be positive, got {inference.params_timeout_s}"
+        )
+    if workers == 0:
+        if cfg.layout.inference == "server":
+            raise ConfigError(
+                "layout.inference server serves env worker processes: set --env.workers >= 1"
+            )
+        return
+    if workers > MAX_ENV_WORKERS:
+        raise ConfigError(f"env.workers must be at most {MAX_ENV_WORKERS}, got {workers}")
+    if cfg.network.core != "none":
+        # The inference threads' batched policy call is feed-forward: it keeps no core
+        # state per env between requests.
+        raise ConfigError(
+            f"env.workers does not carry a recurrent core's state (network.core "
+            f"{cfg.network.core}): use --env.workers 0 or --network.core none"
+        )
+    if cfg.env.num_envs % workers:
+        raise ConfigError(
+            f"env.num_envs ({cfg.env.num_envs}) must be a multiple of env.workers ({workers}): "
+            "each env worker steps an equal part of an actor's envs"
+        )
+    if inference.max_batch and inference.max_batch < cfg.env.num_envs // workers:
+        raise ConfigError(
+            f"inference.max_batch ({inference.max_batch}) must be at least one worker's envs "
+            f"({cfg.env.num_envs // workers}), or 0"
+        )
+    if cfg.runtime == "ray" and cfg.layout.inference != "server":
+        raise ConfigError(
+            "env.workers with --runtime ray needs --layout.inference server: env-only Ray "
+            "workers served from the learner's host (Ray actor workers step their own envs)"
+        )
+    if cfg.normalize.obs and not cfg.synchronous:
+        raise ConfigError(
+            "--normalize.obs with --env.workers needs --layout.synchronous: the inference "
+            "thread acts with the newest params at every step, and the learner normalizes a "
+            "rollout with one version's statistics"
         )
 
 

@@ -45,6 +45,44 @@ def test_bad_config_is_one_line_and_exit_2(capsys, tmp_path, flags, message):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--env.workers", "two"], "--env.workers"),
+        (["--env.workers", "-2"], "env.workers must be >= 0, got -2"),
+        (["--env.workers", "5000"], "env.workers must be at most 1024, got 5000"),
+        (["--env.workers", "128"], "env.num_envs (64) must be a multiple of env.workers (128)"),
+        (["--layout.inference", "server"], "set --env.workers >= 1"),
+        (["--layout.inference", "gpu", "--env.workers", "2"], "--layout.inference"),
+        (
+            ["--layout.inference", "server", "--env.workers", "2", "--network.core", "lstm"],
+            "env.workers does not carry a recurrent core's state (network.core lstm)",
+        ),
+        (
+            ["--layout.inference", "server", "--env.workers", "2", "--inference.max-batch", "4"],
+            "inference.max_batch (4) must be at least one worker's envs (32), or 0",
+        ),
+        (
+            ["--env.workers", "2", "--runtime", "ray"],
+            "env.workers with --runtime ray needs --layout.inference server",
+        ),
+    ],
+)
+def test_bad_env_workers_or_inference_config_is_one_line_and_exit_2_before_threads(
+    capsys, tmp_path, flags, message
+):
+    import threading
+
+    before = set(threading.enumerate())
+    code, out, err = run_cli(
+        capsys, "train", "cartpole-ppo", "--log.run-dir", str(tmp_path), *flags
+    )
+    assert (code, len(err.strip().splitlines())) == (2, 1), err
+    assert message in err
+    assert set(threading.enumerate()) <= before  # nothing started
+    assert not list(tmp_path.iterdir())
+
+
 def test_unknown_preset_exits_2_in_one_line(capsys):
     code, out, err = run_cli(capsys, "train", "no-such-preset")
     assert code == 2 and len(err.strip().splitlines()) == 1, err

@@ -126,6 +126,30 @@ BAD = [
     (["--env.noop-max", "-1"], "env.noop_max must be >= 0"),
     (["--env.max-episode-steps", "-5"], "env.max_episode_steps must be positive"),
     (["--env.id", " "], "env.id must not be empty"),
+    # env worker processes and their inference threads
+    (["--env.workers", "-1"], "env.workers must be >= 0, got -1"),
+    (["--env.workers", "3"], "env.num_envs (64) must be a multiple of env.workers (3)"),
+    (["--env.workers", "2", "--env.worker-restarts", "-1"], "env.worker_restarts must be >= 0"),
+    (["--layout.inference", "server"], "layout.inference server serves env worker processes"),
+    (
+        ["--env.workers", "2", "--inference.max-batch", "8"],
+        "inference.max_batch (8) must be at least one worker's envs (32), or 0",
+    ),
+    (["--env.workers", "2", "--inference.max-wait-ms", "-1"], "inference.max_wait_ms must be"),
+    (["--env.workers", "2", "--inference.params-timeout-s", "0"], "must be positive, got 0.0"),
+    (
+        ["--env.workers", "2", "--normalize.obs"],
+        "--normalize.obs with --env.workers needs --layout.synchronous",
+    ),
+    (
+        ["--env.workers", "2", "--runtime", "ray"],
+        "env.workers with --runtime ray needs --layout.inference server",
+    ),
+    (["--env.workers", "2048"], "env.workers must be at most 1024, got 2048"),
+    (
+        ["--env.workers", "2", "--network.core", "gru"],
+        "env.workers does not carry a recurrent core's state (network.core gru)",
+    ),
 ]
 
 

@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
     # building blocks: envs, networks, pure algorithms, weight sync, metrics
     ("podrace.envs", "podrace.networks", "podrace.algos", "podrace.sync", "podrace.metrics"),
     # the loops: actor -> pipeline -> learner -> (sync) -> actor, and the evaluator
-    ("podrace.fused_rollout", "podrace.actor", "podrace.pipeline"),
+    ("podrace.fused_rollout", "podrace.actor", "podrace.inference", "podrace.pipeline"),
     ("podrace.learner_mesh", "podrace.learner", "podrace.evaluate", "podrace.video"),
     ("podrace.checkpoints",),
     # where things run: the run skeleton, its builders and the topologies

@@ -36,6 +36,8 @@ RESUMABLE = (
     "checkpoint.",
     "eval.",
     "safety.",
+    "inference.",
+    "env.worker_restarts",
     "log.console",
     "log.interval_s",
     "log.tensorboard",

@@ -119,7 +119,10 @@ def translate(
 class EnvpoolEnv:
     """BatchedEnv over one synchronous envpool instance."""
 
-    def __init__(self, cfg: EnvConfig, num_envs: int, seed: int) -> None:
+    def __init__(
+        self, cfg: EnvConfig, num_envs: int, seed: int, seeds: list[int] | None = None
+    ) -> None:
+        """`seeds`: each env's own seed (default: derived from `seed`, `env_seeds`)."""
         import envpool
 
         self._env = envpool.make(
@@ -127,7 +130,7 @@ class EnvpoolEnv:
             env_type="gymnasium",
             num_envs=num_envs,
             batch_size=num_envs,
-            seed=env_seeds(seed, num_envs),
+            seed=env_seeds(seed, num_envs) if seeds is None else list(seeds),
             **({} if cfg.num_threads is None else {"num_threads": cfg.num_threads}),
             **make_kwargs(cfg),
         )

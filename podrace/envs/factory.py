@@ -17,18 +17,21 @@ def _resolved(cfg: EnvConfig) -> tuple[str, EnvConfig]:
     return backend, dataclasses.replace(cfg, id=split_env_id(cfg.id)[1])
 
 
-def make_env(cfg: EnvConfig, num_envs: int, seed: int) -> BatchedEnv:
-    """`num_envs` envs of `cfg.id`, deterministic given `seed` (a non-negative int)."""
+def make_env(
+    cfg: EnvConfig, num_envs: int, seed: int, seeds: list[int] | None = None
+) -> BatchedEnv:
+    """`num_envs` envs of `cfg.id`, deterministic given `seed` (a non-negative int);
+    `seeds` gives each env its own seed instead (`len(seeds) == num_envs`)."""
     if num_envs <= 0:
         raise ConfigError(f"num_envs must be positive, got {num_envs}")
     backend, cfg = _resolved(cfg)
     if backend == "envpool":
         from podrace.envs.envpool_backend import EnvpoolEnv
 
-        return EnvpoolEnv(cfg, num_envs, seed)
+        return EnvpoolEnv(cfg, num_envs, seed, seeds)
     from podrace.envs.gymnasium_backend import make_gymnasium_env
 
-    return make_gymnasium_env(cfg, num_envs, seed)
+    return make_gymnasium_env(cfg, num_envs, seed, seeds)
 
 
 def env_spec(cfg: EnvConfig) -> EnvSpec:

@@ -53,8 +53,11 @@ def gymnasium_spec(cfg: EnvConfig) -> EnvSpec:
         close_envs([(f"env {cfg.id!r} (spec probe)", env)])  # user code: a warning, bounded
 
 
-def make_gymnasium_env(cfg: EnvConfig, num_envs: int, seed: int) -> VectorEnvAdapter:
-    """BatchedEnv over `num_envs` copies of `cfg.id` in one `SyncVectorEnv`."""
+def make_gymnasium_env(
+    cfg: EnvConfig, num_envs: int, seed: int, seeds: list[int] | None = None
+) -> VectorEnvAdapter:
+    """BatchedEnv over `num_envs` copies of `cfg.id` in one `SyncVectorEnv` (`seeds`: each
+    env's own seed, default derived from `seed`)."""
     env = dependency_checked(
         cfg.id,
         lambda: gymnasium.make_vec(
@@ -70,7 +73,7 @@ def make_gymnasium_env(cfg: EnvConfig, num_envs: int, seed: int) -> VectorEnvAda
         ),
     )
     try:
-        return VectorEnvAdapter(env, seed, cfg.id, cfg.obs_indices)
+        return VectorEnvAdapter(env, seed, cfg.id, cfg.obs_indices, seeds)
     except BaseException:
         env.close()
         raise

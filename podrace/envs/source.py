@@ -15,9 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import gymnasium
+import numpy as np
 
 from podrace.config import ConfigError, EnvConfig
-from podrace.envs.base import BatchedEnv
+from podrace.envs.base import BatchedEnv, env_seeds
 from podrace.envs.closing import close_envs
 from podrace.envs.factory import env_spec, make_env
 from podrace.envs.gymnasium_backend import dependency_checked
@@ -178,6 +179,10 @@ class EnvSource:
             return make_env(cfg, num_envs, seed)
         if num_envs <= 0:
             raise ConfigError(f"num_envs must be positive, got {num_envs}")
+        return self._from_factory(num_envs, seed)
+
+    def _from_factory(self, num_envs: int, seed: int) -> BatchedEnv:
+        """The factory's envs, keeping only `cfg.obs_indices` of the observation if set."""
         env = from_factory(self.factory, num_envs, seed)
         if self.cfg.obs_indices is None:
             return env
@@ -186,6 +191,31 @@ class EnvSource:
         except BaseException:
             close_envs([(f"env factory {factory_name(self.factory)!r}", env)])  # user code
             raise
+
+    def make_part(
+        self, num_envs: int, seed: int, part: range, threads: int | None = None
+    ) -> BatchedEnv:
+        """Envs `part` of the `num_envs` that `make(num_envs, seed)` builds, on their own
+        (an env worker process steps a part of an actor's envs): through a backend each env
+        gets the seed it has there, so the parts together step exactly the same episodes.
+        A factory cannot be given per-env seeds: it is called with a seed derived from
+        `seed` and the part's first env (reproducible, but other episodes)."""
+        if not (0 <= part.start < part.stop <= num_envs and part.step == 1):
+            raise ValueError(f"part {part} is not a range of envs of {num_envs}")
+        if self.factory is None and len(part) == num_envs:
+            return self.make(num_envs, seed, threads)
+        if self.factory is None:
+            cfg = (
+                self.cfg
+                if self.cfg.num_threads is not None
+                else dataclasses.replace(self.cfg, num_threads=threads)
+            )
+            seeds = env_seeds(seed, num_envs)[part.start : part.stop]
+            return make_env(cfg, len(part), seed, seeds)
+        if len(part) == num_envs:
+            return self._from_factory(num_envs, seed)
+        derived = np.random.SeedSequence([seed, part.start]).generate_state(1)[0] & 0x7FFFFFFF
+        return self._from_factory(len(part), int(derived))
 
 
 def stored_env_source(

@@ -39,7 +39,9 @@ class VectorEnvAdapter:
         seed: int,
         name: str,
         obs_indices: tuple[int, ...] | None = None,
+        seeds: list[int] | None = None,
     ) -> None:
+        """`seeds`: each env's seed for the first reset (default: derived from `seed`)."""
         check_next_step_autoreset(env, name)
         self._env = env
         self.num_envs = int(env.num_envs)
@@ -49,7 +51,9 @@ class VectorEnvAdapter:
         self._select = ObsIndices.of(obs_indices, self.spec, name)
         if self._select is not None:
             self.spec = self._select.spec(self.spec)
-        self._seeds: list[int] | None = env_seeds(seed, self.num_envs)
+        self._seeds: list[int] | None = (
+            env_seeds(seed, self.num_envs) if seeds is None else list(seeds)
+        )
         self._stats = EpisodeStats(self.num_envs)
         self._started = False
         self._closed = False

@@ -140,6 +140,28 @@ def build_learner(
     return learner, LearnerPlacement(*trajectory_shardings(mesh))
 
 
+def actor_settings(
+    cfg: TrainConfig, actor_id: int, first_seq: int = 0, key: jax.Array | None = None
+) -> ActorSettings:
+    """Actor `actor_id`'s settings: its rollouts from `first_seq` on, its key (default
+    `actor_key`)."""
+    return ActorSettings(
+        actor_id=actor_id,
+        rollout_length=cfg.rollout_length,
+        num_rollouts=cfg.num_updates - first_seq,
+        max_policy_lag=cfg.max_policy_lag,
+        key=actor_key(cfg, actor_id) if key is None else key,
+        first_seq=first_seq,
+    )
+
+
+def actor_env_seed(cfg: TrainConfig, actor_id: int, first_seq: int = 0) -> int:
+    """The seed of actor `actor_id`'s envs (see `build_actor`)."""
+    global_id = (cfg.distributed.process_id or 0) * cfg.num_actors + actor_id
+    later = (first_seq,) if first_seq else ()
+    return env_seed(cfg.seed, 0, global_id, *later)
+
+
 def build_actor(
     cfg: TrainConfig,
     actor_id: int,
@@ -161,18 +183,9 @@ def build_actor(
     envs do not replay the episodes the run's start already played; `key` (default
     `actor_key`) is its key. `wrap_env(owner, env)` may wrap the envs (fault injection).
     """
-    global_id = (cfg.distributed.process_id or 0) * cfg.num_actors + actor_id
-    settings = ActorSettings(
-        actor_id=actor_id,
-        rollout_length=cfg.rollout_length,
-        num_rollouts=cfg.num_updates - first_seq,
-        max_policy_lag=cfg.max_policy_lag,
-        key=actor_key(cfg, actor_id) if key is None else key,
-        first_seq=first_seq,
-    )
-    later = (first_seq,) if first_seq else ()
+    settings = actor_settings(cfg, actor_id, first_seq, key)
     envs = envs or EnvSource(cfg.env)
-    env = envs.make(cfg.env.num_envs, env_seed(cfg.seed, 0, global_id, *later), env_threads(cfg))
+    env = envs.make(cfg.env.num_envs, actor_env_seed(cfg, actor_id, first_seq), env_threads(cfg))
     if wrap_env is not None:
         env = wrap_env(f"actor-{actor_id}", env)
     return Actor(settings, env, policy, params, out, control)

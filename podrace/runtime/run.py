@@ -107,6 +107,10 @@ def topology_for(cfg: TrainConfig) -> Topology:
             raise ConfigError(
                 "--runtime ray cannot be combined with --distributed.*: run one learner process"
             )
+        if cfg.layout.inference == "server":  # env-only Ray workers, served from here
+            from podrace.runtime.ray.served import RayServedTopology
+
+            return RayServedTopology()
         from podrace.runtime.ray.topology import RayTopology
 
         return RayTopology()

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from podrace.checkpoints.files import Checkpointer
 from podrace.control import ComponentError, HangDetected, Lifetime
 from podrace.runtime.faults import STUCK, FaultPlan
 from podrace.runtime.run import prepare
@@ -132,6 +133,15 @@ def test_an_env_close_that_raises_keeps_the_result_and_the_final_checkpoint(
     # Not waiting for the final save before the final line: the order of close and save is
     # then what the test sees (with the wait, a quick save was done before either).
     monkeypatch.setattr("podrace.runtime.run.FINAL_SAVE_WAIT_S", 0.0)
+    # The last save starts before the final evaluation: a slow write is still going on
+    # when the envs are closed, so the order is visible.
+    write = Checkpointer._write
+
+    def slow_write(self, *args, **kwargs):
+        time.sleep(3.0)
+        return write(self, *args, **kwargs)
+
+    monkeypatch.setattr(Checkpointer, "_write", slow_write)
     run = prepare(small(tmp_path))
     for actor in run.actors:
         actor.env = RaisingClose(actor.env, checkpoints=run.checkpoints)

@@ -418,6 +418,25 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
+@pytest.mark.timeout(60)
+def test_the_sweep_command_lists_only_dead_publishers_segments(capsys):
+    from podrace.sync import shm_sweep
+
+    live = ShmPublisher()
+    live.publish(workers.stamped_params(0, 8))
+    live.flush(10)
+    try:
+        assert shm_sweep.main(["--dry-run"]) == 0
+        out = capsys.readouterr().out
+        assert live.name not in out and segment_exists(live.name)
+        lines = out.splitlines()
+        assert lines == ["no leaked podrace segments"] or all(
+            line.startswith("would remove /dev/shm/") for line in lines
+        ), out
+    finally:
+        live.close()
+
+
 @pytest.mark.slow
 def test_sweep_removes_what_a_sigkilled_publisher_group_leaked():
     import subprocess

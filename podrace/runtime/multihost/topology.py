@@ -291,6 +291,7 @@ class MultiHostTopology(ThreadTopology):
     def close(self) -> None:
         """After a run that failed: wait for the others to leave, close the link. A run that
         finished or was stopped keeps it for `leave`, which says so to the others."""
+        super().close()  # env worker processes, inference threads' pipes
         run, link = self._run, self.link
         if link is None or run is None or run.lifetime.failure is None:
             return

@@ -27,6 +27,7 @@ from podrace.checkpoints.state import RunState
 from podrace.config import ConfigError
 from podrace.pipeline import PlacingSink
 from podrace.runtime.build import build_actor, dummy_trajectory, seed_key
+from podrace.runtime.threads.served import ServedActors
 from podrace.runtime.topology import Topology
 from podrace.sync.local import LocalPublisher
 from podrace.sync.placement import local_copy
@@ -37,6 +38,8 @@ class ThreadTopology(Topology):
 
     def __init__(self) -> None:
         self.actors: list[Actor] = []
+        self.served: ServedActors | None = None
+        """The actors, their env worker processes and inference threads (--env.workers)."""
         self.start_keys: np.ndarray | None = None
         """The raw key of every global actor at the start of this run: [actors, 2]."""
 
@@ -86,8 +89,18 @@ class ThreadTopology(Topology):
             "actor_restarts": (0,) * count,
         }
 
+    def launch_actors(self, run) -> None:
+        if run.cfg.env.workers:
+            self.served = ServedActors()
+            self.served.launch(run, run.learner.version)
+
     def actors_ready(self, run) -> None:
         cfg, lifetime = run.cfg, run.lifetime
+        if self.served is not None:
+            first = cfg.num_actors * self.process_id
+            keys = self.start_keys[first : first + cfg.num_actors]
+            self.served.build(run, keys, lambda i: self.actor_device(run, i))
+            return
         sink = PlacingSink(run.pipeline, run.placement.place)
         first = cfg.num_actors * self.process_id
         for actor_id in range(cfg.num_actors):
@@ -114,10 +127,21 @@ class ThreadTopology(Topology):
             actor.warm_up(run.published)
 
     def loops(self, run) -> list[tuple[str, Callable[[], None]]]:
+        if self.served is not None:
+            return self.served.loops()
         return [(f"actor-{actor.actor_id}", actor.run) for actor in self.actors]
 
     def env_owners(self, run) -> list[tuple[str, Any]]:
+        if self.served is not None:
+            return self.served.env_owners()
         return [(f"actor-{actor.actor_id}", actor.env) for actor in self.actors]
+
+    def line_extras(self, run) -> dict[str, float]:
+        return {} if self.served is None else self.served.line_extras()
+
+    def close(self) -> None:
+        if self.served is not None:
+            self.served.close()
 
 
 __all__ = ["ThreadTopology"]

@@ -1,0 +1,567 @@
+"""Env worker processes: each steps a part of one actor's envs, in a process of its own, and
+exchanges observations and actions with whoever infers over shared memory.
+
+A Python env (Gymnasium's classic control, Box2D, MuJoCo through Gymnasium, a user's own
+env) stepped in an actor thread holds the interpreter lock: every actor thread of a run
+then shares one core. A worker process steps its envs on a core of its own.
+
+One worker = one process + one shared-memory block + two pipes:
+
+- the block (a memfd, or an unlinked file where there is none: nothing to leak, whatever
+  kills the processes) holds the part's observations, actions, rewards, flags and episode
+  statistics as NumPy arrays both sides map (`StepBuffers`);
+- the command pipe carries one byte per command (reset, step, close); the reply pipe one
+  byte per finished command, or an error message. A pipe is also how a death is seen: the
+  reply pipe ends (EOF) when the process is gone, however it died.
+
+Whoever infers writes the actions into the block, sends `step`, and later (when the reply
+pipe is readable: `fileno()` for `poll`) reads the reply and the results in the block. The
+inference server (`podrace.inference`) drives many workers at once this way; `WorkerEnv`
+drives the workers of one actor in lockstep, as a BatchedEnv.
+
+Why not Gymnasium's `AsyncVectorEnv`: it runs one process per env and sends every step's
+actions and every step's results through a pipe per env (pickled), observations alone
+through shared memory; here one process steps a part of the envs (a `SyncVectorEnv` or
+any backend) and one byte crosses a pipe per step. Measured on the 2-core machine
+(`benchmarks/env_workers.py`, CartPole with random actions, `benchmarks/results/
+env_workers.json`): 2 workers step 29.4k / 49.9k / 78.4k env steps/s for 8 / 16 / 64
+envs, AsyncVectorEnv (shared memory) 11.7k / 11.7k / 12.4k: 2.5-6.3x slower, so podrace
+uses its own processes.
+
+The worker ignores SIGINT (a Ctrl-C reaches the whole process group; the run decides how to
+stop) and exits when its command pipe closes (the parent exited or was killed) or, on
+Linux, when the parent process dies (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import dataclasses
+import mmap
+import os
+import pickle
+import select
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+
+import numpy as np
+
+from podrace.config import ConfigError
+from podrace.control import ExplainedError
+from podrace.envs.source import EnvSource
+from podrace.types import EnvSpec, EnvStep
+
+RESET, STEP, CLOSE = b"r", b"s", b"c"
+"""Commands, one byte each."""
+OK, ERROR = b"k", b"e"
+"""Replies: one byte, or ERROR followed by a length-prefixed message."""
+START_TIMEOUT_S = 120.0
+"""Seconds a worker may take to start and build its envs (imports included)."""
+CLOSE_GRACE_S = 2.0
+"""Seconds a worker gets to close its envs and exit before it is killed."""
+_ALIGN = 64
+
+
+class EnvWorkerError(ExplainedError, RuntimeError):
+    """An env in a worker raised; the message names the worker, the command and the error."""
+
+
+class EnvWorkerDied(ExplainedError, RuntimeError):
+    """A worker process ended without being asked to (killed, crashed)."""
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What a worker process builds: envs `part` of an actor's `num_envs`, seeded `seed`."""
+
+    source: EnvSource
+    num_envs: int
+    seed: int
+    part: range
+    threads: int | None
+    expect: EnvSpec
+
+
+def split_envs(num_envs: int, workers: int) -> list[range]:
+    """The envs each of `workers` workers steps: consecutive, equal parts."""
+    if workers <= 0 or num_envs % workers:
+        raise ConfigError(
+            f"env.num_envs ({num_envs}) must be a multiple of env.workers ({workers}): "
+            "each env worker steps an equal part of an actor's envs"
+        )
+    size = num_envs // workers
+    return [range(i * size, (i + 1) * size) for i in range(workers)]
+
+
+class StepBuffers:
+    """One worker's shared arrays: observations, actions and step results of its envs."""
+
+    def __init__(self, buffer, spec: EnvSpec, num_envs: int) -> None:
+        self.spec, self.num_envs = spec, num_envs
+        offset = 0
+        for name, shape, dtype in self.fields(spec, num_envs):
+            dtype = np.dtype(dtype)
+            offset = -(-offset // _ALIGN) * _ALIGN
+            size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            view = np.ndarray(shape, dtype, buffer=buffer, offset=offset)
+            setattr(self, name, view)
+            offset += size
+
+    obs: np.ndarray
+    actions: np.ndarray
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    episode_done: np.ndarray
+    episode_return: np.ndarray
+    episode_length: np.ndarray
+
+    @staticmethod
+    def fields(spec: EnvSpec, n: int) -> list[tuple[str, tuple[int, ...], object]]:
+        action = np.int32 if spec.discrete else np.float32
+        return [
+            ("obs", (n, *spec.obs_shape), spec.obs_dtype),
+            ("actions", (n, *spec.action_shape), action),
+            ("reward", (n,), np.float32),
+            ("terminated", (n,), bool),
+            ("truncated", (n,), bool),
+            ("episode_done", (n,), bool),
+            ("episode_return", (n,), np.float64),
+            ("episode_length", (n,), np.int64),
+        ]
+
+    @classmethod
+    def size(cls, spec: EnvSpec, n: int) -> int:
+        offset = 0
+        for _, shape, dtype in cls.fields(spec, n):
+            offset = -(-offset // _ALIGN) * _ALIGN
+            offset += int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        return max(offset, 1)
+
+    def write(self, step: EnvStep) -> None:
+        self.obs[...] = step.obs
+        self.reward[...] = step.reward
+        self.terminated[...] = step.terminated
+        self.truncated[...] = step.truncated
+        self.episode_done[...] = step.episode_done
+        self.episode_return[...] = step.episode_return
+        self.episode_length[...] = step.episode_length
+
+
+def _shared_fd(size: int) -> int:
+    """A file descriptor of `size` zeroed bytes of shared memory that has no name: freed
+    when the last process holding it is gone, whatever ends them."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("podrace-env-worker", 0)
+    else:  # an unlinked file, in RAM where the system has /dev/shm
+        where = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        handle, path = tempfile.mkstemp(prefix="podrace-env-worker-", dir=where)
+        os.unlink(path)
+        fd = handle
+    os.ftruncate(fd, size)
+    return fd
+
+
+def _read_exact(fd: int, n: int) -> bytes:
+    parts, left = [], n
+    while left:
+        chunk = os.read(fd, left)
+        if not chunk:
+            raise EOFError
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
+
+
+def _error_message(error: BaseException) -> bytes:
+    text = f"{type(error).__name__}: {error}".strip().splitlines()
+    return pickle.dumps((type(error).__name__, text[0] if text else type(error).__name__))
+
+
+def _died(returncode: int | None) -> str:
+    if returncode is None:
+        return "closed its reply pipe"
+    if returncode < 0:
+        try:
+            return f"was killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"was killed by signal {-returncode}"
+    return f"exited with code {returncode}"
+
+
+class EnvWorker:
+    """The parent's side of one env worker process (see the module docstring).
+
+    `start()` spawns the process, which builds its envs; `send(RESET)` / `send(STEP)` (after
+    writing `buffers.actions`) start a command, `read_reply()` finishes the oldest one sent
+    (blocking until it is done; `fileno()` is readable when it is). `restart()` replaces
+    a dead process by a fresh one over the same buffers, with fresh seeds.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        source: EnvSource,
+        spec: EnvSpec,
+        num_envs: int,
+        seed: int,
+        part: range,
+        threads: int | None = None,
+    ) -> None:
+        self.name = name
+        self.spec = spec
+        self.part = part
+        self._worker_spec = WorkerSpec(source, num_envs, seed, part, threads, spec)
+        self._first_seed = seed
+        size = StepBuffers.size(spec, len(part))
+        self._shm_fd = _shared_fd(size)
+        self._map = mmap.mmap(self._shm_fd, size)
+        self.buffers = StepBuffers(self._map, spec, len(part))
+        self.process: subprocess.Popen | None = None
+        self._cmd_w = self._reply_r = -1
+        self._sent: collections.deque[bytes] = collections.deque()
+        self.restarts = 0
+        self.closed = False
+
+    # Starting ------------------------------------------------------------------------
+    def start(self) -> None:
+        """Spawn the process; it builds its envs (`read_reply()` returns once it has)."""
+        payload = _dumps(self._worker_spec)
+        cmd_r, cmd_w = os.pipe()
+        reply_r, reply_w = os.pipe()
+        env = dict(os.environ)
+        path = [os.path.abspath(p) for p in sys.path if p]
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(path))
+        try:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    "from podrace.envs.workers import worker_main; worker_main()",
+                    str(cmd_r),
+                    str(reply_w),
+                    str(self._shm_fd),
+                ],
+                pass_fds=(cmd_r, reply_w, self._shm_fd),
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
+        finally:
+            os.close(cmd_r)
+            os.close(reply_w)
+        self._cmd_w, self._reply_r = cmd_w, reply_r
+        self._sent.clear()
+        self._sent.append(b"start")
+        try:
+            os.write(cmd_w, struct.pack("<I", len(payload)) + payload)
+        except OSError:
+            pass  # the process died at once: its reply pipe says so
+
+    def restart(self) -> None:
+        """Replace the (dead) process by a fresh one over the same buffers, its envs seeded
+        from the first seed and the number of restarts (fresh episodes, reproducibly)."""
+        self._end_process(kill=True)
+        self.restarts += 1
+        seed = np.random.SeedSequence([self._first_seed, self.restarts]).generate_state(1)[0]
+        self._worker_spec = dataclasses.replace(self._worker_spec, seed=int(seed) & 0x7FFFFFFF)
+        self.start()
+
+    def wait_started(self, timeout: float = START_TIMEOUT_S) -> None:
+        """Block until the worker has built its envs; EnvWorkerError/ConfigError if that
+        failed, EnvWorkerDied if the process ended, TimeoutError after `timeout` s."""
+        if not wait_readable([self._reply_r], timeout):
+            raise TimeoutError(f"{self.name}: its envs were not built within {timeout:g}s")
+        self.read_reply()
+
+    # Commands --------------------------------------------------------------------------
+    def fileno(self) -> int:
+        """The reply pipe: readable when the oldest command sent has finished."""
+        return self._reply_r
+
+    @property
+    def pending(self) -> int:
+        """Commands sent whose replies are not read yet."""
+        return len(self._sent)
+
+    def send(self, command: bytes) -> None:
+        self._sent.append(command)
+        try:
+            os.write(self._cmd_w, command)
+        except OSError:
+            pass  # a dead process: `read_reply` reports it
+
+    def read_reply(self) -> bytes:
+        """Finish the oldest command sent and return it; raises EnvWorkerError (the env
+        raised: one line), ConfigError (its envs cannot be built) or EnvWorkerDied."""
+        command = self._sent.popleft() if self._sent else b"?"
+        try:
+            reply = _read_exact(self._reply_r, 1)
+            if reply == OK:
+                return command
+            (length,) = struct.unpack("<I", _read_exact(self._reply_r, 4))
+            kind, message = pickle.loads(_read_exact(self._reply_r, length))
+        except (EOFError, OSError):
+            raise EnvWorkerDied(self.death()) from None
+        what = {b"start": "building its envs", RESET: "env.reset", STEP: "env.step"}
+        if kind == "ConfigError":
+            raise ConfigError(message.removeprefix("ConfigError: "))
+        raise EnvWorkerError(f"{self.name}: {what.get(command, 'a command')} raised {message}")
+
+    def death(self) -> str:
+        """One line: which worker ended, and how."""
+        returncode = None
+        if self.process is not None:
+            try:
+                returncode = self.process.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                returncode = None
+        pid = self.process.pid if self.process is not None else "?"
+        return f"env worker {self.name} (pid {pid}) {_died(returncode)}"
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL the process (tests, drills)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+
+    # Closing --------------------------------------------------------------------------
+    def _end_process(self, kill: bool, grace: float = CLOSE_GRACE_S) -> None:
+        process = self.process
+        if process is not None:
+            if not kill:
+                try:
+                    os.write(self._cmd_w, CLOSE)
+                except OSError:
+                    pass
+                try:
+                    process.wait(timeout=grace)
+                except subprocess.TimeoutExpired:
+                    pass
+            if process.poll() is None:
+                process.kill()
+                try:
+                    process.wait(timeout=grace)
+                except subprocess.TimeoutExpired:
+                    pass
+        for fd in (self._cmd_w, self._reply_r):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._cmd_w = self._reply_r = -1
+        self._sent.clear()
+
+    def close(self, grace: float = CLOSE_GRACE_S) -> None:
+        """Ask the worker to close its envs and exit; kill it after `grace` s. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        self._end_process(kill=False, grace=grace)
+        try:
+            self._map.close()
+        except BufferError:
+            pass  # views still held: the mapping goes with them
+        os.close(self._shm_fd)
+
+
+def _dumps(spec: WorkerSpec) -> bytes:
+    """`spec` pickled for a worker process. With cloudpickle installed, a factory that
+    cannot be imported by its name there (a closure, a lambda, one defined in the script
+    run as `__main__`) goes by value; without it, only an importable one can go."""
+    try:
+        import cloudpickle
+    except ImportError:
+        cloudpickle = None
+    factory = spec.source.factory
+    if cloudpickle is None and getattr(factory, "__module__", None) == "__main__":
+        raise ConfigError(
+            "the env factory is defined in the script run as __main__, which env worker "
+            "processes cannot import: define it in a module, install cloudpickle, or use "
+            "--env.workers 0"
+        )
+    try:
+        return (cloudpickle or pickle).dumps(spec)
+    except Exception as error:  # noqa: BLE001 - any pickling failure is the user's factory
+        raise ConfigError(
+            f"the env factory cannot be sent to env worker processes ({type(error).__name__}: "
+            f"{error}); define it at module level, or use --env.workers 0"
+        ) from None
+
+
+def check_sendable(source: EnvSource) -> None:
+    """ConfigError now (before anything starts) if `source` cannot reach a worker process."""
+    if source.factory is not None:
+        _dumps(WorkerSpec(source, 1, 0, range(1), None, None))
+
+
+def wait_readable(fds: list[int], timeout: float | None) -> list[int]:
+    """The fds of `fds` that are readable (or closed) within `timeout` s (None: forever)."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+    ms = None if timeout is None else max(0, int(timeout * 1000))
+    while True:
+        try:
+            return [fd for fd, _ in poller.poll(ms)]
+        except InterruptedError:
+            continue
+
+
+# The worker process ---------------------------------------------------------------------
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this process when its parent dies (a parent killed with SIGKILL never
+    closes anything; the command pipe's EOF would only be seen between env calls)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def worker_main() -> None:
+    """Entry point of a worker process: argv = command fd, reply fd, shared-memory fd."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
+    cmd_fd, reply_fd, shm_fd = (int(a) for a in sys.argv[1:4])
+    if os.getppid() == 1:  # the parent died before PR_SET_PDEATHSIG took effect
+        return
+
+    def reply_error(error: BaseException) -> None:
+        message = _error_message(error)
+        os.write(reply_fd, ERROR + struct.pack("<I", len(message)) + message)
+
+    env = None
+    try:
+        (length,) = struct.unpack("<I", _read_exact(cmd_fd, 4))
+        message = _read_exact(cmd_fd, length)
+    except EOFError:
+        return
+    try:
+        spec: WorkerSpec = pickle.loads(message)
+        env = spec.source.make_part(spec.num_envs, spec.seed, spec.part, spec.threads)
+        got, want = env.spec, spec.expect
+        if (tuple(got.obs_shape), np.dtype(got.obs_dtype), got.action_shape) != (
+            tuple(want.obs_shape),
+            np.dtype(want.obs_dtype),
+            want.action_shape,
+        ):
+            raise RuntimeError(f"its envs have spec {got}, the run expects {want}")
+        size = StepBuffers.size(want, len(spec.part))
+        buffers = StepBuffers(mmap.mmap(shm_fd, size), want, len(spec.part))
+    except BaseException as error:  # noqa: BLE001 - reported to the parent, which decides
+        reply_error(error)
+        return
+    os.write(reply_fd, OK)
+    try:
+        while True:
+            try:
+                command = os.read(cmd_fd, 1)
+            except OSError:
+                return
+            if command in (b"", CLOSE):
+                return
+            try:
+                if command == RESET:
+                    buffers.obs[...] = env.reset()
+                    for name in ("reward", "episode_return", "episode_length"):
+                        getattr(buffers, name)[...] = 0
+                    for name in ("terminated", "truncated", "episode_done"):
+                        getattr(buffers, name)[...] = False
+                elif command == STEP:
+                    buffers.write(env.step(np.array(buffers.actions)))
+                else:
+                    raise RuntimeError(f"unknown command {command!r}")
+            except Exception as error:  # noqa: BLE001 - reported to the parent, which fails the run
+                reply_error(error)
+                continue
+            os.write(reply_fd, OK)
+    finally:
+        try:
+            env.close()
+        except Exception:  # noqa: BLE001, S110 - the process is ending; the run has its result
+            pass
+
+
+# One actor's workers as a BatchedEnv ------------------------------------------------------
+class WorkerEnv:
+    """`num_envs` envs stepped by `workers` worker processes in lockstep: a BatchedEnv.
+
+    Each step writes every part's actions, starts every worker, then waits for all of
+    them (they step at the same time). A worker that dies or raises fails the step with
+    one line naming it."""
+
+    def __init__(
+        self,
+        source: EnvSource,
+        spec: EnvSpec,
+        num_envs: int,
+        seed: int,
+        workers: int,
+        threads: int | None = None,
+        name: str = "env",
+    ) -> None:
+        self.spec, self.num_envs = spec, num_envs
+        self.workers = [
+            EnvWorker(f"{name}.w{i}", source, spec, num_envs, seed, part, threads)
+            for i, part in enumerate(split_envs(num_envs, workers))
+        ]
+        try:
+            for worker in self.workers:
+                worker.start()
+            for worker in self.workers:
+                worker.wait_started()
+        except BaseException:
+            self.close()
+            raise
+
+    def _all(self, command: bytes) -> None:
+        for worker in self.workers:
+            worker.send(command)
+        for worker in self.workers:
+            worker.read_reply()
+
+    def reset(self) -> np.ndarray:
+        self._all(RESET)
+        return np.concatenate([w.buffers.obs for w in self.workers])
+
+    def step(self, actions: np.ndarray) -> EnvStep:
+        actions = np.asarray(actions)
+        for worker in self.workers:
+            worker.buffers.actions[...] = actions[worker.part.start : worker.part.stop]
+        self._all(STEP)
+
+        def gather(name: str) -> np.ndarray:
+            return np.concatenate([getattr(w.buffers, name) for w in self.workers])
+
+        return EnvStep(*(gather(name) for name in EnvStep._fields))
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.close()
+
+
+__all__ = [
+    "CLOSE",
+    "RESET",
+    "STEP",
+    "EnvWorker",
+    "EnvWorkerDied",
+    "EnvWorkerError",
+    "StepBuffers",
+    "WorkerEnv",
+    "check_sendable",
+    "split_envs",
+    "wait_readable",
+    "worker_main",
+]

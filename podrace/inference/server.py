@@ -1,0 +1,385 @@
+"""The inference server: batches observations from many env workers into one policy call.
+
+One server thread runs on one actor device and serves the env worker parts of one or more
+actors (`podrace.inference.rollouts`). Its loop:
+
+1. wait until a worker has finished its step (its reply pipe is readable: `poll` over all
+   of them and a wake-up pipe), read the results from the worker's shared memory into the
+   rollout being assembled; the part's next observation is now a request;
+2. choose the batch: the requests that may be served (below), at most `max_batch` envs;
+   once one is ready it waits at most `max_wait_s` for more while workers are still
+   stepping. In the deterministic mode (`fixed_order`) a batch is every servable request,
+   in the fixed order of the parts, taken once no worker is stepping: the same batches in
+   every run;
+3. one jitted policy call for the batch (`podrace.inference.policy`): actions, log-probs
+   and values; each request's actions are written into its worker's shared memory and the
+   worker told to step; the rollout gets each step's observation, action, log-prob, value
+   and the version of the params that chose it.
+
+Params come by push (`Publisher.add_push_target(server.push)`): the push thread places
+each new version on the server's device and hands it over; the server acts with the newest
+it has, so the steps of one rollout may span versions (each step's is recorded; the
+rollout's `policy_version` is the oldest). The lag bound holds per rollout: a request of
+rollout `seq` is served only with a version >= seq - max_policy_lag; until one arrives it
+waits, while the server goes on serving the others (with `params_timeout_s` it fails the
+run instead after that long). A part's observation that is also the last one of a rollout
+gets its value from whatever version the server has (the learner needs that rollout
+before it can publish the version the next rollout may need).
+
+A worker that dies (its reply pipe ends) is restarted with fresh, derived seeds, up to
+`worker_restarts` times each; its actor's rollouts not yet complete are discarded (never
+consumed) and every part of that actor starts them again from its current observation.
+An env that raises fails the run with one line naming the worker; a worker whose step
+takes longer than the watchdog allows does too (each part's step is a heartbeat).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+
+from podrace.control import Control, ExplainedError
+from podrace.envs.workers import RESET, STEP, EnvWorkerDied, wait_readable
+from podrace.inference.rollouts import BUSY, DONE, READY, Part, ServedActor
+from podrace.sync.base import Snapshot
+from podrace.sync.placement import place
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    rollout_length: int
+    max_policy_lag: int
+    max_batch: int = 0
+    """Most envs (rows) per policy call; 0: every part the server serves."""
+    max_wait_s: float = 0.0
+    """Once a request is ready, how long to wait for more while workers still step."""
+    fixed_order: bool = False
+    """Deterministic batches: every servable request, in part order, once none steps."""
+    params_timeout_s: float | None = None
+    """Fail when a request waited this long for params the lag bound allows (None: wait)."""
+    worker_restarts: int = 3
+    """Restarts allowed per env worker; one more death fails the run, naming it."""
+
+
+class ParamsTimeout(ExplainedError, TimeoutError):
+    """A request waited longer than `params_timeout_s` for params within the lag bound."""
+
+
+def request_buckets(parts: int, most: int, fixed: bool) -> list[int]:
+    """Batch sizes (in requests) the policy call is compiled for: a batch is padded to the
+    next one. Fixed order: always every part; else powers of two up to `most`, and `most`."""
+    if fixed:
+        return [parts]
+    sizes = {most}
+    size = 1
+    while size < most:
+        sizes.add(size)
+        size *= 2
+    return sorted(sizes)
+
+
+class InferenceServer:
+    """See the module docstring. `run()` is the server's thread; `push` the params' target."""
+
+    def __init__(
+        self,
+        name: str,
+        settings: ServerSettings,
+        actors: Sequence[ServedActor],
+        serve_fn: Callable,
+        key_chain: Callable,
+        device: jax.Device | None,
+        control: Control,
+    ) -> None:
+        self.name = name
+        self.settings = settings
+        self.actors = list(actors)
+        self.parts: list[Part] = [p for a in self.actors for p in a.parts]
+        sizes = {p.size for p in self.parts}
+        if len(sizes) != 1:
+            raise ValueError(f"every part must have as many envs; got sizes {sorted(sizes)}")
+        self.part_size = sizes.pop()
+        most = len(self.parts)
+        if settings.max_batch and not settings.fixed_order:
+            most = max(1, min(most, settings.max_batch // self.part_size))
+        self.most_requests = most
+        self.buckets = request_buckets(len(self.parts), most, settings.fixed_order)
+        self.serve_fn, self.key_chain, self.device, self.control = (
+            serve_fn,
+            key_chain,
+            device,
+            control,
+        )
+        spec = self.actors[0].spec
+        self._obs = {
+            n: np.zeros((n * self.part_size, *spec.obs_shape), spec.obs_dtype) for n in self.buckets
+        }
+        self._requests = {n: np.zeros((n, 5), np.uint32) for n in self.buckets}
+        self._lock = threading.Lock()
+        self._incoming: Snapshot | None = None
+        self.current: Snapshot | None = None
+        """The params the server acts with: the newest pushed, on its device."""
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self.restarts = 0
+        self.batches = 0
+        for actor in self.actors:
+            actor.key_chain = key_chain
+            actor.on_delivered = self.wake
+        control.lifetime.on_stop(self.wake)
+
+    # Params --------------------------------------------------------------------------------
+    def push(self, snapshot: Snapshot) -> None:
+        """Push target: place `snapshot` on the server's device (on the push thread) and
+        hand it to the server, which acts with it from its next batch."""
+        params = jax.block_until_ready(place(snapshot.params, self.device))
+        with self._lock:
+            if self._incoming is None or snapshot.version > self._incoming.version:
+                self._incoming = Snapshot(snapshot.version, params)
+        self.wake()
+
+    def _take_params(self) -> None:
+        with self._lock:
+            incoming, self._incoming = self._incoming, None
+        if incoming is not None and (
+            self.current is None or incoming.version > self.current.version
+        ):
+            self.current = incoming
+
+    def wake(self) -> None:
+        """Make the server's wait return (new params, a rollout delivered, a stop)."""
+        try:
+            os.write(self._wake_w, b"w")
+        except (BlockingIOError, OSError):
+            pass  # a full pipe wakes it already; a closed one: the server is gone
+
+    # Compiling -----------------------------------------------------------------------------
+    def warm_up(self, params) -> None:
+        """Compile the policy call for every batch size and the key chain, on the server's
+        device, with `params` as published (results discarded)."""
+        params = place(params, self.device)
+        for n in self.buckets:
+            inputs = jax.device_put((self._obs[n], self._requests[n]), self.device)
+            jax.block_until_ready(self.serve_fn(params, *inputs))
+        jax.block_until_ready(self.key_chain(self.actors[0]._chain))
+
+    # The loop ------------------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            self._run()
+        except Exception:
+            # Once the run stops, workers are closed under the server: what that makes
+            # fail (a worker gone mid-step) is the stop, not an error of the run.
+            self.control.check()
+            raise
+
+    def _run(self) -> None:
+        for part in self.parts:
+            part.worker.send(RESET)
+            part.state = BUSY
+            part.heartbeat.enter("env.reset", 0)
+        timeout: float | None = 0.0
+        while True:
+            self._collect(timeout)
+            self.control.check()
+            self._take_params()
+            if all(p.state == DONE for p in self.parts):
+                return
+            now = time.monotonic()
+            batch, timeout = self._choose(now)
+            if batch:
+                self._serve(batch, now)
+                timeout = 0.0
+
+    def _collect(self, timeout: float | None) -> None:
+        """Wait up to `timeout` s for a worker's reply or a wake-up; take every reply there is."""
+        busy = {p.worker.fileno(): p for p in self.parts if p.state == BUSY}
+        for fd in wait_readable([*busy, self._wake_r], timeout):
+            if fd == self._wake_r:
+                try:
+                    while os.read(self._wake_r, 4096):
+                        pass
+                except BlockingIOError:
+                    pass
+            else:
+                self._reply(busy[fd])
+
+    def _reply(self, part: Part) -> None:
+        try:
+            command = part.worker.read_reply()
+        except EnvWorkerDied as died:
+            part.heartbeat.exit()
+            self._restart(part, str(died))
+            return
+        if part.worker.pending:  # a restarted worker has built its envs; its reset follows
+            return
+        part.heartbeat.exit()
+        now = time.monotonic()
+        if command == RESET:
+            part.prev_done = np.zeros(part.size, bool)
+            part.rewind = False
+            part.ready_at(part.seq, 0, None, now)
+            return
+        actor, buffers = part.actor, part.worker.buffers
+        part.steps += 1
+        part.prev_done = buffers.terminated | buffers.truncated
+        if part.rewind:
+            part.rewind = False
+            part.ready_at(actor.completed, 0, None, now)
+            return
+        actor.builders[part.seq].result(part.t, part.rows, buffers)
+        if part.t + 1 == self.settings.rollout_length:
+            part.ready_at(part.seq + 1, 0, part.seq, now)
+        else:
+            part.ready_at(part.seq, part.t + 1, None, now)
+
+    def _restart(self, part: Part, death: str) -> None:
+        """`part`'s worker died: restart it (fresh seeds) and start its actor's open
+        rollouts again; past the allowed restarts the run fails naming the worker."""
+        self.control.check()  # no restart once the run stops (it closes the workers)
+        allowed = self.settings.worker_restarts
+        if part.worker.restarts >= allowed:
+            why = (
+                f"restarted {part.worker.restarts} times already, the limit"
+                if allowed
+                else "restarts are off"
+            )
+            raise EnvWorkerDied(f"{death}; {why} (env.worker_restarts {allowed})")
+        actor, now = part.actor, time.monotonic()
+        resume = actor.discard_open()
+        for other in actor.parts:
+            if other is part:
+                continue
+            if other.state == BUSY:
+                other.rewind = True  # a step in progress: its results belong to no rollout
+                other.seq, other.t, other.last_for = resume, 0, None
+            else:  # its worker holds its current observation: the resumed rollout's first
+                other.ready_at(resume, 0, None, now)
+        part.worker.restart()
+        part.worker.send(RESET)
+        part.state, part.rewind = BUSY, False
+        part.seq, part.t, part.last_for = resume, 0, None
+        part.heartbeat.enter("env worker restart", part.steps)
+        self.restarts += 1
+
+    def _choose(self, now: float) -> tuple[list[tuple[Part, bool]], float | None]:
+        """(the requests to serve now, each with whether it gets an action (else only the
+        value of a rollout's last observation)), or none and how long to wait at most."""
+        s = self.settings
+        busy = any(p.state == BUSY for p in self.parts)
+        eligible: list[tuple[Part, bool]] = []
+        deadline = None
+        current = self.current
+        for part in self.parts:
+            if part.state != READY:
+                continue
+            actor = part.actor
+            act = current is not None and actor.may_open(part.seq)
+            if act and current.version < part.seq - s.max_policy_lag:
+                act = False
+                if part.blocked_since is None:
+                    part.blocked_since = now
+                if s.params_timeout_s is not None:
+                    waited = now - part.blocked_since
+                    if waited > s.params_timeout_s:
+                        raise ParamsTimeout(
+                            f"inference server {self.name}: actor {actor.actor_id}'s rollout "
+                            f"{part.seq} waited {waited:.1f}s for params version >= "
+                            f"{part.seq - s.max_policy_lag} (newest {current.version}, lag bound "
+                            f"{s.max_policy_lag}; inference.params_timeout_s "
+                            f"{s.params_timeout_s:g})"
+                        )
+                    end = part.blocked_since + s.params_timeout_s
+                    deadline = end if deadline is None else min(deadline, end)
+            if act or (current is not None and part.last_for is not None):
+                eligible.append((part, act))
+        wait = None if deadline is None else max(0.0, deadline - now) + 0.001
+        if not eligible or (s.fixed_order and busy):
+            return [], wait
+        if s.fixed_order:
+            return eligible, None
+        if len(eligible) > self.most_requests:  # the longest waiting first, in part order
+            oldest = sorted(eligible, key=lambda e: e[0].since)[: self.most_requests]
+            keep = {id(p) for p, _ in oldest}
+            return [e for e in eligible if id(e[0]) in keep], None
+        if s.max_wait_s <= 0 or not busy or len(eligible) == self.most_requests:
+            return eligible, None
+        first = min(p.since for p, _ in eligible)
+        if now >= first + s.max_wait_s:
+            return eligible, None
+        until = first + s.max_wait_s - now
+        return [], until if wait is None else min(until, wait)
+
+    def _serve(self, batch: list[tuple[Part, bool]], now: float) -> None:
+        size, current = self.part_size, self.current
+        n = len(batch)
+        bucket = next(b for b in self.buckets if b >= n)
+        obs, requests = self._obs[bucket], self._requests[bucket]
+        waited = params_waited = 0.0
+        for r, (part, act) in enumerate(batch):
+            obs[r * size : (r + 1) * size] = part.worker.buffers.obs
+            if act:
+                requests[r, :4] = part.actor.sample_keys(part.seq)[part.t]
+                if part.blocked_since is not None:
+                    params_waited = max(params_waited, now - part.blocked_since)
+            requests[r, 4] = part.rows.start
+            waited += now - part.since
+        start = time.perf_counter()
+        inputs = jax.device_put((obs, requests), self.device)
+        actions, logprobs, values = jax.device_get(self.serve_fn(current.params, *inputs))
+        inference = time.perf_counter() - start
+        version = current.version
+        for r, (part, act) in enumerate(batch):
+            rows, actor = slice(r * size, (r + 1) * size), part.actor
+            if part.last_for is not None:
+                builder = actor.builders[part.last_for]
+                if builder.finish(part.rows, obs[rows], values[rows]):
+                    actor.complete(part.last_for)
+                part.last_for = None
+            if act:
+                actor.builder(part.seq).act(
+                    part.t,
+                    part.rows,
+                    obs[rows],
+                    actions[rows],
+                    logprobs[rows],
+                    values[rows],
+                    version,
+                    ~part.prev_done,
+                )
+                part.worker.buffers.actions[...] = actions[rows]
+                part.worker.send(STEP)
+                part.state = BUSY
+                part.blocked_since = None
+                part.heartbeat.enter("env.step", part.steps)
+            elif part.seq >= actor.end:
+                part.state = DONE
+        self.batches += 1
+        self.control.record(
+            {
+                "server/batch_envs": n * size,
+                "server/batch_requests": n,
+                "server/queue_wait": waited / n,
+                "server/params_wait": params_waited,
+                "server/inference": inference,
+            }
+        )
+
+    def close(self) -> None:
+        """Release the wake-up pipe (after the server's thread has returned)."""
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._wake_r = self._wake_w = -1
+
+
+__all__ = ["InferenceServer", "ParamsTimeout", "ServerSettings", "request_buckets"]
