@@ -207,6 +207,7 @@ def factory_run(tmp_path: Path, factory, **changes) -> Path:
     return podrace.train(cfg, env_factory=factory).run_dir
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_run_trained_with_an_env_factory_resumes_from_the_cli_on_that_factorys_envs(
     capsys, tmp_path
