@@ -793,6 +793,7 @@ def test_a_full_disk_under_the_metrics_and_the_last_checkpoint_is_one_line(
     assert list((run_dir / "checkpoints").iterdir()) == []  # the failed write gave its space back
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_run_directory_deleted_while_the_run_trains_ends_it_in_one_line(tmp_path):
     """The run went on training into the deleted directory (its metrics into the unlinked
