@@ -38,6 +38,13 @@ os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
 _config = None
 
 
+@pytest.fixture(autouse=True)
+def _record_threads_at_start():
+    from tests import threads
+
+    threads.record()
+
+
 def pytest_configure(config):
     global _config
     _config = config

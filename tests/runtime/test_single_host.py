@@ -1,7 +1,6 @@
 """End-to-end checks of the single-host thread runtime (small CartPole runs)."""
 
 import dataclasses
-import threading
 import time
 
 import jax
@@ -12,6 +11,7 @@ from podrace.config import ConfigError, replace
 from podrace.control import ComponentError
 from podrace.presets import PRESETS
 from podrace.runtime.run import prepare, train
+from tests import threads
 
 
 def small(tmp_path, **changes):
@@ -34,9 +34,8 @@ def small(tmp_path, **changes):
 
 
 def podrace_threads():
-    return [
-        t for t in threading.enumerate() if t.name.startswith(("actor-", "learner", "evaluator"))
-    ]
+    """The run threads this test started that are still alive."""
+    return threads.started_since("actor-", "learner", "evaluator")
 
 
 def record_batches(run):
