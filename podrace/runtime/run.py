@@ -375,12 +375,12 @@ class Run:
         count carried into this run; the topology says where its actors start. (The
         learner was built from the restored state: `build_learner`'s `restore`.)"""
         actors = self.topology.actors_start(self, restored)
+        m = self.metrics
+        m.set("version", self.learner.version)  # every metrics line names a version
         if restored is not None:
-            m = self.metrics
             m.count("env_steps", restored.env_steps)
             m.count("episodes", restored.episodes)
             m.count("learner/skipped_nonfinite", restored.skipped_updates)
-            m.set("version", restored.version)
             self.learner.skipped = restored.skipped_updates
             self.time_offset = restored.time_s
         return RunState(

@@ -91,3 +91,14 @@ def test_slow_learner_shows_in_timers_and_run_completes(tmp_path):
     # Actors are visibly held back by the slow learner: by the lag bound or the full queue.
     waits = [ln.get("actor/params_wait", 0) + ln.get("actor/queue_put_wait", 0) for ln in lines]
     assert max(waits) > 0.02
+
+
+@pytest.mark.timeout(90)
+def test_lines_written_before_the_first_update_name_version_0(tmp_path):
+    run = prepare(
+        small(tmp_path, **{"log.interval_s": 0.05}), faults=FaultPlan(slow={"learner_step": 0.5})
+    )
+    run.run()
+    lines = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    versions = [line["version"] for line in lines]
+    assert versions[0] == 0 and versions == sorted(versions) and versions[-1] == run.learner.version
