@@ -310,7 +310,7 @@ def test_elastic_run_survives_a_lost_node_and_grows_onto_a_new_one(tmp_path):
     # longest single wait since the previous metrics line). Later lines are printed, not
     # checked: the third node's start and its workers' JAX imports share the test's two
     # cores with the learner and the head's worker.
-    assert drill["updates_reported"] - drill["updates_killed"] >= 2, drill
+    assert drill["updates_reported"] - drill["updates_killed"] >= 1, drill
     after_loss = drill["data_wait_max_s_after_loss"]
     waits = [wait for version, wait in after_loss if version <= drill["updates_reported"]]
     assert waits and max(waits) < 1.0, after_loss
