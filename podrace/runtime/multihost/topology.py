@@ -65,9 +65,11 @@ from podrace.runtime.threads.topology import ThreadTopology
 
 log = logging.getLogger(__name__)
 
-HUB_EXIT_WAIT_S = 5.0
+HUB_EXIT_WAIT_S = 30.0
 """Process 0, leaving after a loss or a stop, waits this long for the others to exit first
-(`PeerLink.wait_others_gone`)."""
+(`PeerLink.wait_others_gone`; a process that exits is seen at once): its leaving ends the
+coordination service, and a process still polling it then aborts (exit -6) instead of
+exiting with its own code."""
 COLLECTIVE_GRACE_S = 5.0
 """After a failed collective, seconds the learner waits for the peer link to say which
 process was lost (the link hears of a killed process at once)."""
