@@ -67,6 +67,13 @@ CLOSE_GRACE_S = 2.0
 _ALIGN = 64
 
 
+def restarted(spec, first_seed: int, restarts: int):
+    """`spec` for a worker's `restarts`-th restart: its envs seeded from the first seed and
+    the number of restarts (fresh episodes, reproducibly)."""
+    seed = np.random.SeedSequence([first_seed, restarts]).generate_state(1)[0]
+    return dataclasses.replace(spec, seed=int(seed) & 0x7FFFFFFF)
+
+
 class EnvWorkerError(ExplainedError, RuntimeError):
     """An env in a worker raised; the message names the worker, the command and the error."""
 
@@ -267,8 +274,7 @@ class EnvWorker:
         from the first seed and the number of restarts (fresh episodes, reproducibly)."""
         self._end_process(kill=True)
         self.restarts += 1
-        seed = np.random.SeedSequence([self._first_seed, self.restarts]).generate_state(1)[0]
-        self._worker_spec = dataclasses.replace(self._worker_spec, seed=int(seed) & 0x7FFFFFFF)
+        self._worker_spec = restarted(self._worker_spec, self._first_seed, self.restarts)
         self.start()
 
     def wait_started(self, timeout: float = START_TIMEOUT_S) -> None:
@@ -561,6 +567,7 @@ __all__ = [
     "StepBuffers",
     "WorkerEnv",
     "check_sendable",
+    "restarted",
     "split_envs",
     "wait_readable",
     "worker_main",

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import os
 import queue
 import threading
@@ -38,6 +37,7 @@ from podrace.envs.workers import (
     EnvWorkerError,
     StepBuffers,
     WorkerSpec,
+    restarted,
     wait_readable,
 )
 from podrace.runtime.ray import cluster as ray_cluster
@@ -116,8 +116,7 @@ class RayEnvLink:
     def restart(self) -> None:
         self._kill()
         self.restarts += 1
-        seed = np.random.SeedSequence([self._first_seed, self.restarts]).generate_state(1)[0]
-        self._worker_spec = dataclasses.replace(self._worker_spec, seed=int(seed) & 0x7FFFFFFF)
+        self._worker_spec = restarted(self._worker_spec, self._first_seed, self.restarts)
         self.start()
 
     def wait_started(self, timeout: float | None = None) -> None:
