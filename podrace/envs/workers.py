@@ -38,6 +38,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import dataclasses
+import logging
 import mmap
 import os
 import pickle
@@ -65,6 +66,9 @@ START_TIMEOUT_S = 120.0
 CLOSE_GRACE_S = 2.0
 """Seconds a worker gets to close its envs and exit before it is killed."""
 _ALIGN = 64
+
+
+log = logging.getLogger(__name__)
 
 
 def restarted(spec, first_seed: int, restarts: int):
@@ -350,13 +354,15 @@ class EnvWorker:
                 try:
                     process.wait(timeout=grace)
                 except subprocess.TimeoutExpired:
-                    pass
+                    pass  # killed below
             if process.poll() is None:
                 process.kill()
                 try:
                     process.wait(timeout=grace)
-                except subprocess.TimeoutExpired:
-                    pass
+                except subprocess.TimeoutExpired:  # in the kernel's hands: say so, go on
+                    log.warning(
+                        "%s: pid %d not gone %gs after SIGKILL", self.name, process.pid, grace
+                    )
         for fd in (self._cmd_w, self._reply_r):
             if fd >= 0:
                 try:
