@@ -267,11 +267,12 @@ class MultiHostTopology(ThreadTopology):
         The learner's update is one collective, so the processes' newest recorded versions
         differ by at most one (a process stopped between an update and its record keeps
         the one before); each process keeps its last two recorded states and saves the
-        agreed one. A lost process, or one that does not answer within the peer timeout
-        (it counts as lost then), means no last save (the last periodic checkpoint stands)."""
+        agreed one. A failure, here or in another process (which the others see as a lost
+        process and do not save after), or a process that does not answer within the peer
+        timeout (it counts as lost then), means no last save: the last periodic checkpoint
+        stands. A stop told by another process (PeerStopped) still saves."""
         failure = run.lifetime.failure
-        lost = failure is not None and isinstance(failure.error, PeerLost)
-        if lost and not isinstance(failure.error, PeerStopped):  # a stopped peer still saves
+        if failure is not None and not isinstance(failure.error, PeerStopped):
             run.checkpoints.abandon()  # a write in progress waits for the lost process
             return None
         if not self.shared:
