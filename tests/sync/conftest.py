@@ -97,7 +97,29 @@ def ray_session():
         warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
+    close_ray_subscribers()
     ray.shutdown()
+
+
+def close_ray_subscribers(timeout_s: float = 30.0) -> None:
+    """Close every RaySubscriber this process still holds and wait for their fetch threads
+    to end: a fetch thread still inside `ray.get` when Ray shuts down aborts the process
+    (Ray's C++ core worker is torn down under it), tests later in the suite included."""
+    import gc
+    import threading
+
+    from podrace.sync.ray_transport import RaySubscriber
+    from tests.waiting import wait_until
+
+    for obj in gc.get_objects():
+        if isinstance(obj, RaySubscriber):
+            obj.close()
+    fetching = [t for t in threading.enumerate() if t.name.startswith("podrace-ray-fetch-")]
+    wait_until(
+        lambda: not any(t.is_alive() for t in fetching),
+        timeout_s,
+        lambda: f"ray fetch threads still alive: {[t.name for t in fetching if t.is_alive()]}",
+    )
 
 
 def _ray_harness(request: pytest.FixtureRequest) -> Harness:

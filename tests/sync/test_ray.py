@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from podrace.sync.base import ChannelClosed, SyncError
+from podrace.sync.base import ChannelClosed
 from tests.sync import workers
 from tests.waiting import calling, wait_until
 
@@ -304,38 +304,62 @@ def test_a_subscriber_dropped_without_close_stops_fetching(ray_session):
     pub.close()
 
 
+AFTER_SHUTDOWN = """
+import gc, os, sys, time
+import ray
+from podrace.sync.base import SyncError
+from podrace.sync.ray_transport import RayPublisher
+from tests.sync import workers
+
+ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+pub = RayPublisher()
+kept, dropped = pub.subscribe(name="kept"), pub.subscribe(name="dropped")
+pub.publish(workers.stamped_params(0, 8))
+assert kept.get(0, timeout=30).version == 0 and dropped.get(0, timeout=30).version == 0
+ray.shutdown()
+del dropped
+gc.collect()  # its finalizer tells the board it is gone: not with Ray shut down
+try:
+    kept.get(1, timeout=10)  # its fetch thread sees Ray is gone and ends
+    raise AssertionError("kept.get after shutdown returned")
+except SyncError:
+    pass
+pub.publish(workers.stamped_params(1, 8))
+try:
+    pub.flush(timeout=10)
+    raise AssertionError("flush after shutdown returned")
+except SyncError:
+    pass
+kept.close()
+pub.close()
+pub.metrics()
+# A fetch thread may still sit in a call Ray never answers: nothing marks the end of the
+# time in which a late caller could start a Ray. A loaded machine can only make this pass
+# vacuously.
+time.sleep(1.0)
+if ray.is_initialized():
+    print("initialized", flush=True)
+    ray.shutdown()  # the Ray that should not have started
+else:
+    print("not initialized", flush=True)
+os._exit(0)  # threads left in a call to the shut-down Ray must not run at exit
+"""
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_nothing_starts_a_new_ray_after_shutdown(ray_session):
+def test_nothing_starts_a_new_ray_after_shutdown():
     """After ray.shutdown(), neither a subscriber collected, closed or still fetching nor a
-    publisher publishing or closing auto-starts a fresh local Ray in the process."""
-    import gc
+    publisher publishing or closing auto-starts a fresh local Ray in the process.
 
-    from podrace.sync.ray_transport import RayPublisher
-
-    pub = RayPublisher()
-    kept, dropped = pub.subscribe(name="kept"), pub.subscribe(name="dropped")
-    pub.publish(workers.stamped_params(0, 8))
-    assert kept.get(0, timeout=30).version == 0 and dropped.get(0, timeout=30).version == 0
-    ray_session.shutdown()
-    try:
-        del dropped
-        gc.collect()  # its finalizer tells the board it is gone: not with Ray shut down
-        with pytest.raises(SyncError):
-            kept.get(1, timeout=10)  # its fetch thread sees Ray is gone and ends
-        pub.publish(workers.stamped_params(1, 8))
-        with pytest.raises(SyncError):
-            pub.flush(timeout=10)
-        kept.close()
-        pub.close()
-        pub.metrics()
-        # A fetch thread may still sit in a call Ray never answers: nothing marks the end of
-        # the time in which a late caller could start a Ray. A loaded machine can only make
-        # this pass vacuously.
-        time.sleep(1.0)
-        assert not ray_session.is_initialized()
-    finally:
-        if not ray_session.is_initialized():  # the module's other tests need their Ray back
-            ray_session.init(
-                num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False
-            )
+    In a process of its own: the fetch threads left in calls to the shut-down Ray may abort
+    whatever process holds them later on."""
+    done = subprocess.run(
+        [sys.executable, "-c", AFTER_SHUTDOWN],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        cwd=os.getcwd(),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "not initialized", done.stdout
