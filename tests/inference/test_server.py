@@ -173,8 +173,8 @@ def test_a_rollout_beyond_the_lag_bound_waits_for_params():
 
 @pytest.mark.slow
 def test_a_rollout_beyond_the_lag_bound_fails_after_the_params_timeout():
-    def learner():  # never publishes a newer version
-        holder[0].finished.wait()
+    def learner():  # never publishes a newer version; returns once the run stops
+        holder[0].lifetime.wait()
 
     holder = []
     with Served(
