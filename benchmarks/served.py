@@ -12,6 +12,10 @@ Suites (one invocation measures one suite's variants together):
   cartpole  `cartpole-ppo` with the Gymnasium backend (pure-Python CartPole, 64 envs):
             today's one actor thread, two actor threads of 32 envs, and one actor whose
             envs step in 2 worker processes with its own inference thread;
+  acrobot   the same variants on `Acrobot-v1` (Gymnasium backend), a pure-Python env whose
+            step (an RK4 integration, ~5x CartPole's) is the acting side's main cost, and
+            its 2 worker processes served by an inference server thread (which infers for
+            one worker's envs while the other's step);
   cartpole_envpool  the preset as it is (envpool, whose rollouts compile into XLA calls)
             against its envs in 2 worker processes;
   atari     `atari-impala` (envpool Breakout, IMPALA ResNet, 2 actors x 64 envs): today's
@@ -47,6 +51,26 @@ SUITES = {
             "threads_1x64": [],
             "threads_2x32": ["--layout.actors-per-device", "2", "--env.num-envs", "32"],
             "workers_2_actor": ["--env.workers", "2"],
+        },
+    },
+    "acrobot": {
+        "preset": "cartpole-ppo",
+        "common": [
+            "--env.id",
+            "Acrobot-v1",
+            "--env.backend",
+            "gymnasium",
+            "--eval.episodes",
+            "2",
+            "--eval.num-envs",
+            "2",
+        ],
+        "steps": {"e2e": 100_000, "actor-only": 100_000},
+        "variants": {
+            "threads_1x64": [],
+            "threads_2x32": ["--layout.actors-per-device", "2", "--env.num-envs", "32"],
+            "workers_2_actor": ["--env.workers", "2"],
+            "workers_2_server": ["--env.workers", "2", "--layout.inference", "server"],
         },
     },
     "cartpole_envpool": {
