@@ -43,7 +43,7 @@ class _StderrThatDropsWhatItCannotWrite:
         try:
             self._stream.flush()
         except (OSError, ValueError):
-            pass
+            pass  # a gone reader or a full disk refuses it: the run does not depend on it
 
     def __getattr__(self, name: str):
         return getattr(self._stream, name)

@@ -350,7 +350,7 @@ class EnvWorker:
                 try:
                     os.write(self._cmd_w, CLOSE)
                 except OSError:
-                    pass
+                    pass  # its pipe is gone: the process is dead or dying, reaped below
                 try:
                     process.wait(timeout=grace)
                 except subprocess.TimeoutExpired:
@@ -368,7 +368,7 @@ class EnvWorker:
                 try:
                     os.close(fd)
                 except OSError:
-                    pass
+                    pass  # already closed: nothing is left to release
         self._cmd_w = self._reply_r = -1
         self._sent.clear()
 
