@@ -724,7 +724,10 @@ def test_a_save_cut_by_the_exit_grace_is_named_in_the_one_stop_line(capsys):
         "podrace: SIGTERM received, stopped; checkpoint 5 did not finish writing in time and is "
         "discarded; checkpoint 3 is the latest"
     ]
-    training.run.checkpoints.writing = None
+    training = Training([], signals)
+    training.run = SimpleNamespace(
+        run_dir="runs/r", root="runs/r", checkpoints=SimpleNamespace(latest=3, writing=None)
+    )
     training.stopped()
     assert capsys.readouterr().err.splitlines() == [
         "podrace: SIGTERM received, stopped cleanly; checkpoint 3 saved "

@@ -122,7 +122,8 @@ def supervise(training, signals: Signals) -> int:
                 faulthandler.dump_traceback_later(training.starved_exit_s, exit=True, file=2)
                 armed = time.monotonic()
             worker.join(0.05)
-            deadline = _act_on_signals(training, signals, worker, deadline)
+            if signals.received:
+                deadline = _act_on_signals(training, signals, worker, deadline)
     finally:
         faulthandler.cancel_dump_traceback_later()
     outcome = training.outcome[0]
@@ -147,18 +148,35 @@ def supervise(training, signals: Signals) -> int:
     return outcome
 
 
-def _act_on_signals(training, signals: Signals, worker: threading.Thread, deadline: float | None):
+class _ExitDeadline:
+    """When a stopping run's process exits regardless: `grace_s` after the signal; while the
+    run saves its last checkpoint, up to LAST_SAVE_S later, and then `grace_s` after the
+    save for the rest of the stop (joining threads, closing envs, the last line)."""
+
+    def __init__(self, grace_s: float) -> None:
+        self.grace_s = grace_s
+        self.at = time.monotonic() + grace_s
+        self.last_save_until = self.at + LAST_SAVE_S
+
+    def passed(self, run) -> bool:
+        now = time.monotonic()
+        if run is not None and run.saving_last and now < self.last_save_until:
+            self.at = max(self.at, now + self.grace_s)
+            return False
+        return now > self.at
+
+
+def _act_on_signals(
+    training, signals: Signals, worker: threading.Thread, deadline: _ExitDeadline | None
+) -> _ExitDeadline:
     """Stop the run on the first signal; exit once its grace period is over. Returns the
-    exit deadline (None until a signal came)."""
-    if signals.received and deadline is None:
+    exit deadline."""
+    if deadline is None:
         if training.lifetime is None:  # still parsing and validating: nothing written yet
             exit_now(training.stopped())
-        deadline = time.monotonic() + training.grace_s
+        deadline = _ExitDeadline(training.grace_s)
         training.lifetime.stop(f"{signals.name} received")
-    if deadline is not None and worker.is_alive() and time.monotonic() > deadline:
-        run = training.run
-        if run is not None and run.saving_last and time.monotonic() < deadline + LAST_SAVE_S:
-            return deadline  # the last checkpoint is what the signal asked for
+    if worker.is_alive() and deadline.passed(training.run):
         # e.g. still compiling: leave no config-only run behind
         training.discard_untrained_run_dir()
         if training.distributed:  # the others were told to stop a grace period ago

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import re
 import sys
+import threading
 import traceback
 from collections.abc import Sequence
 
@@ -137,6 +138,8 @@ class Training:
         self.leave_together = False
         """Multi-host: every process ends the same way (finished, or refused the run), so
         this one can wait for the others at jax.distributed's shutdown barrier."""
+        self._stopped_line = threading.Lock()
+        self._stopped_line_written = False
 
     def __call__(self) -> None:
         try:
@@ -275,7 +278,10 @@ class Training:
             line = f"stopped; threads still busy in native code are left behind{saved}"
         else:
             line = f"stopped cleanly{saved}"
-        print(f"podrace: {self.signals.name} received, {line}", file=sys.stderr)
+        with self._stopped_line:  # once: the run's thread and the main thread's exit may race
+            if not self._stopped_line_written:
+                print(f"podrace: {self.signals.name} received, {line}", file=sys.stderr)
+                self._stopped_line_written = True
         return 128 + self.signals.received
 
 
