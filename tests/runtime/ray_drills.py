@@ -5,7 +5,8 @@ ADDRESS TEMP_DIR ACTOR_NODE RUN_DIR OUT`. The result is JSON in OUT; the test as
 node-loss: an elastic run with `--ray.num-workers auto` on a head (1 CPU) and a node with
 the `actor_node` resource (2 CPUs); after 20 updates the node's raylet is SIGKILLed (its
 workers die with it, Ray reports them seconds later), then a third node (3 CPUs) is
-started: the lost workers restart on it and `auto` adds a fourth worker there.
+started: the lost workers restart on it and `auto` adds a fourth worker there; 10 updates
+later the drill stops the run.
 """
 
 from __future__ import annotations
@@ -77,6 +78,10 @@ def _start_node(address: str, temp_dir: str, resources: str, cpus: int) -> None:
     )
 
 
+AFTER_GROWTH = 10
+"""Updates the grown cluster trains before the drill stops the run."""
+
+
 def node_loss(address: str, temp_dir: str, actor_node: str, run_dir: str, out: str) -> None:
     from podrace.config import replace
     from podrace.presets import PRESETS
@@ -146,8 +151,14 @@ def node_loss(address: str, temp_dir: str, actor_node: str, run_dir: str, out: s
             ),
             timeout=300,
         )
-        report["updates_grown"] = run.learner.version
+        report["updates_grown"] = grown = run.learner.version
         report["worker_nodes_after_join"] = {s.worker_id: s.node for s in collector.slots}
+        # Learning goes on with the grown cluster; then the drill ends the run.
+        wait_until(
+            lambda: run.lifetime.stopping or run.learner.version >= grown + AFTER_GROWTH,
+            timeout=300,
+        )
+        run.lifetime.stop("drill done")
 
     thread = threading.Thread(target=drill, daemon=True)
     thread.start()
@@ -163,7 +174,7 @@ def node_loss(address: str, temp_dir: str, actor_node: str, run_dir: str, out: s
     report.update(
         updates=result.updates,
         num_updates=cfg.num_updates,
-        final_eval=result.final_eval.mean_return,
+        returns=[line["episode/return"] for line in lines if "episode/return" in line],
         failures=failures,
         rollouts_per_node=per_node,
         data_wait_max_s_after_loss=[

@@ -83,6 +83,9 @@ def test_cli_rejects_bad_distributed_flags_in_one_line(capsys, tmp_path):
             "5",
             "--distributed.coordinator",
             "127.0.0.1:1",
+            # how long it tries to tell process 0's meeting, which never answers here
+            "--distributed.init-timeout-s",
+            "1",
         ]
     )
     err = capsys.readouterr().err

@@ -22,7 +22,7 @@ from podrace.config import ConfigError, replace
 from podrace.control import ComponentError
 from podrace.presets import PRESETS
 from podrace.runtime.ray.cluster import process_tree
-from tests.runtime import ray_helpers
+from tests.runtime import ray_drills, ray_helpers
 from tests.runtime.test_ray_runtime import assert_consumed_once, last_line, small
 from tests.waiting import wait_until
 
@@ -159,7 +159,6 @@ def test_an_elastic_run_fails_once_no_worker_has_been_alive_for_the_timeout(tmp_
     from podrace.envs import EnvSource
     from podrace.runtime.ray.collector import NoWorkers
     from podrace.runtime.run import prepare
-    from tests.runtime import ray_drills
 
     flag = tmp_path / "no-more-workers"
     monkeypatch.setenv(ray_drills.DIES_IF_FLAGGED, str(flag))
@@ -272,8 +271,8 @@ def test_elastic_run_survives_a_lost_node_and_grows_onto_a_new_one(tmp_path):
     the second node. SIGKILL the second node's raylet mid-run: the learner goes on with the
     head's worker before Ray even reports the loss (it never waits a second for a batch),
     and the lost workers wait for resources. Start a third node: the lost workers restart
-    on it and `auto` adds a fourth there. The run finishes and solves CartPole, no stamp is
-    consumed twice, each update takes its 3 rollouts.
+    on it and `auto` adds a fourth there. The run learns on, no stamp is consumed twice,
+    each update takes its 3 rollouts; 10 updates after the growth the drill stops it.
 
     The run is a child process (`tests/runtime/ray_drills.py`): Ray reads the cluster's
     token when it is imported, so the driver must start with it in its environment."""
@@ -300,8 +299,9 @@ def test_elastic_run_survives_a_lost_node_and_grows_onto_a_new_one(tmp_path):
     drill = json.loads(out.read_text())
     print(json.dumps({k: v for k, v in drill.items() if k != "batches"}, indent=1))
     batches = drill["batches"]
-    assert drill["updates"] == drill["num_updates"] == len(batches)
-    assert drill["final_eval"] >= 475, drill["final_eval"]
+    assert drill["updates"] == len(batches) >= drill["updates_grown"] + ray_drills.AFTER_GROWTH
+    # Learning went on through the loss and the growth (random play scores ~20).
+    assert max(drill["returns"][-5:]) >= 400, drill["returns"]
     stamps = [tuple(s) for b in batches for s in b]
     assert len(set(stamps)) == len(stamps) and all(len(b) == 3 for b in batches)
     assert drill["workers_on_actor_node"] == 2 and drill["workers_at_start"] == 3
