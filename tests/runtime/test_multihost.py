@@ -552,8 +552,8 @@ def test_while_process_1_waits_for_process_0s_final_evaluation(tmp_path, event):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_cartpole_ppo_learns_over_two_processes(tmp_path):
-    """The single-host learning test's run (2 actors x 8 envs), one actor per process, for
-    half its steps (seed 1 evaluates 500 after 60k steps, 309 after 40k)."""
+    """The single-host learning test's run (2 actors x 8 envs), one actor per process
+    (seed 1 evaluates 500 after these 60k steps, 309 after 40k)."""
     port = free_port()
     flags = (
         "--log.run-dir",

@@ -75,8 +75,7 @@ def test_two_ray_workers_learn_cartpole(tmp_path, monkeypatch):
     wandb.runs = []
     wandb.init = lambda **kwargs: wandb.runs.append(FakeRun(**kwargs)) or wandb.runs[-1]
     monkeypatch.setitem(sys.modules, "wandb", wandb)
-    # The thread runtime's learning run and threshold, for half its steps (seed 1
-    # evaluates 500 after 60k steps).
+    # The thread runtime's learning run and threshold (seed 1 evaluates 500 here too).
     cfg = small(
         tmp_path,
         total_steps=60_000,

@@ -146,9 +146,10 @@ def test_impossible_layouts_are_config_errors(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_cartpole_ppo_learns(tmp_path):
+    """Seed 1 evaluates 500 after these 60k steps; random play scores ~20."""
     cfg = small(
         tmp_path,
-        total_steps=120_000,
+        total_steps=60_000,
         rollout_length=32,
         seed=1,
         **{"eval.episodes": 8, "eval.num_envs": 8},
