@@ -158,6 +158,7 @@ def node_loss(address: str, temp_dir: str, actor_node: str, run_dir: str, out: s
             lambda: run.lifetime.stopping or run.learner.version >= grown + AFTER_GROWTH,
             timeout=300,
         )
+        report["updates_stopped"] = run.learner.version
         run.lifetime.stop("drill done")
 
     thread = threading.Thread(target=drill, daemon=True)
@@ -170,7 +171,9 @@ def node_loss(address: str, temp_dir: str, actor_node: str, run_dir: str, out: s
         for key, value in line.items():
             if key.startswith("ray/node/"):
                 per_node[key.split("/")[2]] = value
-    last = lines[-2]  # the last line before the final one (workers still alive)
+    # The last line written before the drill stopped the run (workers and relays alive).
+    stopped = report.get("updates_stopped", result.updates + 1)
+    last = [line for line in lines if line.get("version", 0) < stopped][-1]
     report.update(
         updates=result.updates,
         num_updates=cfg.num_updates,
