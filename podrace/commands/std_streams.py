@@ -108,4 +108,4 @@ def flush_std_streams() -> None:
             if stream is not None:
                 stream.flush()
         except (OSError, ValueError):
-            pass
+            pass  # refused (see above): what is left of it is lost with the stream

@@ -54,6 +54,7 @@ import numpy as np
 
 from podrace.config import ConfigError
 from podrace.control import ExplainedError
+from podrace.envs.closing import close_envs
 from podrace.envs.source import EnvSource
 from podrace.types import EnvSpec, EnvStep
 
@@ -421,11 +422,7 @@ def wait_readable(fds: list[int], timeout: float | None) -> list[int]:
     for fd in fds:
         poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
     ms = None if timeout is None else max(0, int(timeout * 1000))
-    while True:
-        try:
-            return [fd for fd, _ in poller.poll(ms)]
-        except InterruptedError:
-            continue
+    return [fd for fd, _ in poller.poll(ms)]  # retried on EINTR by Python itself (PEP 475)
 
 
 # The worker process ---------------------------------------------------------------------
@@ -438,7 +435,7 @@ def _die_with_parent() -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
-        pass
+        pass  # then the command pipe's EOF ends it, between env calls
 
 
 def worker_main() -> None:
@@ -499,10 +496,8 @@ def worker_main() -> None:
                 continue
             os.write(reply_fd, OK)
     finally:
-        try:
-            env.close()
-        except Exception:  # noqa: BLE001, S110 - the process is ending; the run has its result
-            pass
+        if env is not None:  # a close that raises is a warning on stderr, as in an actor thread
+            close_envs([(f"env worker (pid {os.getpid()})", env)])
 
 
 # One actor's workers as a BatchedEnv ------------------------------------------------------

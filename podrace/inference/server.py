@@ -207,7 +207,7 @@ class InferenceServer:
                     while os.read(self._wake_r, 4096):
                         pass
                 except BlockingIOError:
-                    pass
+                    pass  # drained: the wake-up pipe is non-blocking
             else:
                 self._reply(busy[fd])
 

@@ -102,6 +102,31 @@ def test_an_env_error_is_one_line_naming_the_worker_and_the_worker_goes_on():
         w.close()
 
 
+class CloseRaises(fake_envs.CheckedEnvs):
+    """CheckedEnvs whose close() raises."""
+
+    def __call__(self, num_envs: int, seed: int):
+        envs = super().__call__(num_envs, seed)
+
+        def close():
+            raise RuntimeError("cannot close")
+
+        envs.close = close
+        return envs
+
+
+def test_an_env_close_that_raises_in_a_worker_is_a_warning_naming_it(capfd):
+    """As in an actor thread (envs.closing): the run's results stand, the failure is said."""
+    w = worker(CloseRaises())
+    try:
+        w.wait_started()
+        pid = w.process.pid
+    finally:
+        w.close()
+    err = capfd.readouterr().err
+    assert f"env worker (pid {pid}): env.close() raised RuntimeError: cannot close" in err, err
+
+
 def _raises_config_error(num_envs, seed):
     raise ConfigError("this env cannot be made here")
 
