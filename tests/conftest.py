@@ -9,13 +9,19 @@ import pytest
 
 from tests.xla_flags import DEVICE_COUNT
 
-# Four CPU devices; and LLVM's optimization level 0 for the suite's programs: most tests
-# spend their time compiling small programs once, and at -O0 the compile-heavy files run
-# about a quarter faster (tests/algos, test_learner, test_single_host: 319 s -> 235 s on
-# 2 cores; whole suite 1397 s -> 1198 s). XLA:CPU uses no fast-math at either level, and
-# the whole suite passes at both. Subprocesses inherit both flags; the multi-process and
-# resume tests drop only the device count.
-for _flag in (f"{DEVICE_COUNT}=4", "--xla_backend_optimization_level=0"):
+# Four CPU devices, and two settings that make XLA:CPU compile the suite's many small
+# programs faster, at the cost of slower code that no test measures: LLVM's optimization
+# level 0, and XLA's older loop emitters instead of its fusion emitters. Most tests spend
+# their time compiling programs once; on 2 cores tests/algos/test_sharding.py and
+# test_updates.py took 127 core-s with only -O0 and 61 with both. XLA:CPU uses no
+# fast-math under either setting, and the whole suite passes with and without them.
+# Subprocesses inherit the flags; the multi-process and resume tests drop only the
+# device count.
+for _flag in (
+    f"{DEVICE_COUNT}=4",
+    "--xla_backend_optimization_level=0",
+    "--xla_cpu_use_fusion_emitters=false",
+):
     if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")

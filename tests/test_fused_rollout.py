@@ -138,10 +138,18 @@ def test_fused_rollouts_equal_step_by_step_rollouts(env_id, num_envs, T, network
     ends = 0
     for a, b in zip(fused, stepped):
         ta, tb = jax.device_get(a.trajectory), jax.device_get(b.trajectory)
+        # Continuous actions are sampled by two XLA programs (the fused scan and the policy
+        # step) that need not round alike: bit for bit equal under XLA's default emitters,
+        # ~1e-6 apart under the suite's (tests/conftest.py). The env feeds the difference
+        # back into the observations and rewards, so those are compared to a tolerance.
+        continuous = np.issubdtype(ta.actions.dtype, np.floating)
         for name in ("obs", "actions", "rewards", "terminated", "truncated", "valid", "last_obs"):
             x, y = getattr(ta, name), getattr(tb, name)
             assert x.dtype == y.dtype and x.shape == y.shape, name
-            np.testing.assert_array_equal(x, y, err_msg=name)
+            if continuous and np.issubdtype(x.dtype, np.floating):
+                np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5, err_msg=name)
+            else:
+                np.testing.assert_array_equal(x, y, err_msg=name)
         for name in ("logprobs", "values", "last_value"):
             np.testing.assert_allclose(
                 getattr(ta, name), getattr(tb, name), rtol=1e-5, atol=1e-5, err_msg=name
