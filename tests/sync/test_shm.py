@@ -89,6 +89,9 @@ def test_acks_reach_the_publisher_metrics():
     pub.publish(workers.stamped_params(0, 8))
     subs[0].get(0, timeout=10)
     wait_until(lambda: pub.metrics().get("subscriber/a0/acked_version") == 0, 10, pub.metrics)
+    # A subscriber can read a version a moment before the publisher's delivery thread
+    # records it as visible; flush() returns once it has.
+    pub.flush(timeout=10)
     m = pub.metrics()
     assert m["subscriber/a1/acked_version"] == -1 and m["visible/seconds/count"] == 1
     assert subs[0].metrics()["read/seconds/count"] == 1
