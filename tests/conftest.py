@@ -14,9 +14,9 @@ from tests.xla_flags import DEVICE_COUNT
 # level 0, and XLA's older loop emitters instead of its fusion emitters. Most tests spend
 # their time compiling programs once; on 2 cores tests/algos/test_sharding.py and
 # test_updates.py took 127 core-s with only -O0 and 61 with both. XLA:CPU uses no
-# fast-math under either setting, and the whole suite passes with and without them.
-# Subprocesses inherit the flags; the multi-process and resume tests drop only the
-# device count.
+# fast-math under either setting; the digests of tests/test_feedforward_unchanged.py are
+# recorded under exactly these flags. Subprocesses inherit the flags; the multi-process
+# and resume tests drop only the device count.
 for _flag in (
     f"{DEVICE_COUNT}=4",
     "--xla_backend_optimization_level=0",
