@@ -177,7 +177,11 @@ def node_loss(address: str, temp_dir: str, actor_node: str, run_dir: str, out: s
     report.update(
         updates=result.updates,
         num_updates=cfg.num_updates,
-        returns=[line["episode/return"] for line in lines if "episode/return" in line],
+        returns=[
+            (line.get("version", 0), line["episode/return"])
+            for line in lines
+            if "episode/return" in line
+        ],
         failures=failures,
         rollouts_per_node=per_node,
         data_wait_max_s_after_loss=[
