@@ -374,12 +374,12 @@ class InferenceServer:
 
     def close(self) -> None:
         """Release the wake-up pipe (after the server's thread has returned)."""
-        for fd in (self._wake_r, self._wake_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        # -1 first: a late wake() then fails on fd -1 instead of writing into a reused fd.
+        fds = (self._wake_r, self._wake_w)
         self._wake_r = self._wake_w = -1
+        for fd in fds:
+            if fd >= 0:  # a second close() closes nothing
+                os.close(fd)
 
 
 __all__ = ["InferenceServer", "ParamsTimeout", "ServerSettings", "request_buckets"]
