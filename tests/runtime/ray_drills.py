@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from tests.runtime import ray_helpers
@@ -112,8 +113,12 @@ def node_loss(address: str, temp_dir: str, actor_node: str, run_dir: str, out: s
     batches: list[list[tuple[int, int, int]]] = []
     next_batch = run.pipeline.next_batch
 
+    waits: list[tuple[int, float, float]] = []
+
     def recording(version):
+        start = time.monotonic()
         rollouts, stats = next_batch(version)
+        waits.append((version, start, time.monotonic()))
         batches.append([(r.actor_id, r.restart, r.seq) for r in rollouts])
         return rollouts, stats
 
@@ -136,9 +141,21 @@ def node_loss(address: str, temp_dir: str, actor_node: str, run_dir: str, out: s
         report["workers_on_actor_node"] = sum(s.node == actor_node for s in collector.slots)
         wait_until(lambda: run.lifetime.stopping or run.learner.version >= 20, timeout=300)
         report["updates_killed"] = run.learner.version
-        os.kill(_raylet(temp_dir, b"actor_node"), signal.SIGKILL)
+        # The pipeline's pace at the kill: the silence after which it stops waiting for a
+        # lost worker, and the usual seconds between one worker's rollouts.
+        pipeline = run.pipeline
+        with pipeline._cond:
+            typical = pipeline._typical_interval()
+            report["suspect_after_s"] = max(
+                pipeline._suspect_after(s, typical) or 0.0 for s in pipeline._workers.values()
+            )
+            report["typical_interval_s"] = typical
+        raylet = _raylet(temp_dir, b"actor_node")
+        report["killed_at"] = time.monotonic()
+        os.kill(raylet, signal.SIGKILL)
         lost = report["workers_on_actor_node"]
         wait_until(lambda: run.lifetime.stopping or len(failures) >= lost, timeout=120)
+        report["reported_at"] = time.monotonic()
         report["updates_reported"] = run.learner.version
         _start_node(address, temp_dir, '{"third_node": 1}', 3)
         report["updates_third_started"] = run.learner.version
@@ -184,11 +201,7 @@ def node_loss(address: str, temp_dir: str, actor_node: str, run_dir: str, out: s
         ],
         failures=failures,
         rollouts_per_node=per_node,
-        data_wait_max_s_after_loss=[
-            (line.get("version"), line["ray/data_wait_max_s"])
-            for line in lines
-            if line.get("version", 0) > report.get("updates_killed", 10**9)
-        ],
+        waits=waits,
         dropped=result.ray.dropped_rollouts,
         lost_credits=result.ray.lost_credits,
         restarts=result.ray.restarts,

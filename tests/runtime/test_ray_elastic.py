@@ -297,8 +297,9 @@ def test_elastic_run_survives_a_lost_node_and_grows_onto_a_new_one(tmp_path):
         )
         assert done.returncode == 0, done.stderr[-4000:]
     drill = json.loads(out.read_text())
-    print(json.dumps({k: v for k, v in drill.items() if k != "batches"}, indent=1))
-    batches = drill["batches"]
+    print(json.dumps({k: v for k, v in drill.items() if k not in ("batches", "waits")}))
+    # The drill's stop may come between a batch's arrival and its update.
+    batches = drill["batches"][: drill["updates"]]
     assert drill["updates"] == len(batches) >= drill["updates_grown"] + ray_drills.AFTER_GROWTH
     # Learning went on through the loss and the growth (random play scores ~20, ~100-150
     # at the kill). Not the last lines' returns: how many updates the loss and the growth
@@ -310,15 +311,21 @@ def test_elastic_run_survives_a_lost_node_and_grows_onto_a_new_one(tmp_path):
     stamps = [tuple(s) for b in batches for s in b]
     assert len(set(stamps)) == len(stamps) and all(len(b) == 3 for b in batches)
     assert drill["workers_on_actor_node"] == 2 and drill["workers_at_start"] == 3
-    # Learning went on before Ray reported the lost workers (seconds after the kill), and
-    # meanwhile the learner never waited a second for a batch (`ray/data_wait_max_s`, the
-    # longest single wait since the previous metrics line). Later lines are printed, not
-    # checked: the third node's start and its workers' JAX imports share the test's two
-    # cores with the learner and the head's worker.
+    # The learner did not wait for Ray to report the lost workers (seconds after the kill).
+    # Their credits count against the limit until they have been silent for the pipeline's
+    # suspicion time (4 times a worker's usual interval, read at the kill); then the head's
+    # worker gets them and makes the batch. So no wait for a batch between the kill and the
+    # report lasts longer than that suspicion time plus three usual intervals, with 1 s to
+    # spare. Both scale with the machine's load, which Ray's report does not; a learner that
+    # waited for the report would wait it almost out. Later waits (the third node's start
+    # and its workers' JAX imports share the test's two cores with the learner) are not
+    # checked.
     assert drill["updates_reported"] - drill["updates_killed"] >= 1, drill
-    after_loss = drill["data_wait_max_s_after_loss"]
-    waits = [wait for version, wait in after_loss if version <= drill["updates_reported"]]
-    assert waits and max(waits) < 1.0, after_loss
+    killed, reported = drill["killed_at"], drill["reported_at"]
+    waits = [(end - max(start, killed), start < reported) for _, start, end in drill["waits"]]
+    until_report = [wait for wait, before in waits if wait > 0 and before]
+    bound = drill["suspect_after_s"] + 3 * drill["typical_interval_s"] + 1.0
+    assert max(until_report) < bound, (bound, reported - killed, until_report)
     third = set(drill["rollouts_per_node"]) - {cluster.actor_node, cluster.head_node}
     assert len(third) == 1 and drill["rollouts_per_node"][min(third)] > 0, drill
     # The joined node holds the two restarted workers and the one `auto` added.
