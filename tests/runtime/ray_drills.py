@@ -176,6 +176,10 @@ def node_loss(address: str, temp_dir: str, actor_node: str, run_dir: str, out: s
             timeout=300,
         )
         report["updates_stopped"] = run.learner.version
+        # Read before the stop, which kills the relays: a metrics line that names a version
+        # before the stop may still be written after it.
+        relays = collector.relays
+        report["relays_at_stop"] = len(relays.handles) if relays is not None else 0
         run.lifetime.stop("drill done")
 
     thread = threading.Thread(target=drill, daemon=True)
@@ -188,7 +192,7 @@ def node_loss(address: str, temp_dir: str, actor_node: str, run_dir: str, out: s
         for key, value in line.items():
             if key.startswith("ray/node/"):
                 per_node[key.split("/")[2]] = value
-    # The last line written before the drill stopped the run (workers and relays alive).
+    # The last line that names a version before the drill stopped the run.
     stopped = report.get("updates_stopped", result.updates + 1)
     last = [line for line in lines if line.get("version", 0) < stopped][-1]
     report.update(
@@ -206,7 +210,7 @@ def node_loss(address: str, temp_dir: str, actor_node: str, run_dir: str, out: s
         lost_credits=result.ray.lost_credits,
         restarts=result.ray.restarts,
         relay_subscribers=[k for k in last if k.startswith("sync/subscriber/relay@")],
-        relays_at_end=last.get("ray/relays", 0),
+        relays_at_end=report.get("relays_at_stop", 0),
         weight_bytes_out_per_version=last.get("ray/weight_bytes_out_per_version"),
         learn_s=result.learn_s,
         batches=batches,
