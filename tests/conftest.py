@@ -29,15 +29,15 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # pytest's faulthandler, as the podrace command prevents too: an abort of the suite's
 # process would then print nothing at all (exit 134, no stack).
 os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
-# `podrace train` and its Ray workers turn JAX's persistent compilation cache on; the suite
-# must neither write into the user's cache nor depend on what an earlier run left there. So
-# it shares one cache of its own, empty at the start and deleted at the end: the many
-# `podrace train` processes and Ray workers it starts with the same preset then load most of
-# their programs instead of compiling them again. The process that creates the cache names
-# it in PODRACE_SUITE_XLA_CACHE; xdist's workers and every subprocess inherit that and share
-# it. A size bound makes JAX lock the directory around each read and write, so no process
-# reads an entry that another is still writing. tests/runtime/test_xla_setup.py sets its
-# own cache, in a temporary directory, for the tests of the cache.
+# `podrace train` turns JAX's persistent compilation cache on; the suite must neither write
+# into the user's cache nor depend on what an earlier run left there. So it shares one
+# cache of its own, empty at the start and deleted at the end: the many `podrace train`
+# processes it starts with the same preset then load most of their programs instead of
+# compiling them again. The process that creates the cache names it in
+# PODRACE_SUITE_XLA_CACHE; xdist's workers and every subprocess inherit that and share it.
+# A size bound makes JAX lock the directory around each read and write, so no process reads
+# an entry that another is still writing. tests/runtime/test_xla_setup.py sets its own
+# cache, in a temporary directory, for the tests of the cache.
 _CACHE = os.environ.get("PODRACE_SUITE_XLA_CACHE")
 if _CACHE is None:
     _CACHE = os.environ["PODRACE_SUITE_XLA_CACHE"] = tempfile.mkdtemp(prefix="podrace-suite-xla-")
