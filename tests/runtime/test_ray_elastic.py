@@ -297,10 +297,13 @@ def test_elastic_run_survives_a_lost_node_and_grows_onto_a_new_one(tmp_path):
         )
         assert done.returncode == 0, done.stderr[-4000:]
     drill = json.loads(out.read_text())
-    print(json.dumps({k: v for k, v in drill.items() if k not in ("batches", "waits")}))
+    summary = {k: v for k, v in drill.items() if k not in ("batches", "waits", "returns")}
+    assert "drill_error" not in drill, summary
     # The drill's stop may come between a batch's arrival and its update.
     batches = drill["batches"][: drill["updates"]]
-    assert drill["updates"] == len(batches) >= drill["updates_grown"] + ray_drills.AFTER_GROWTH
+    assert drill["updates"] == len(batches) >= drill["updates_grown"] + ray_drills.AFTER_GROWTH, (
+        summary
+    )
     # Learning went on through the loss and the growth (random play scores ~20, ~100-150
     # at the kill). Not the last lines' returns: how many updates the loss and the growth
     # take depends on the machine's load, and a long PPO run on CartPole dips from 500 to
