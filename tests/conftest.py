@@ -9,18 +9,22 @@ import pytest
 
 from tests.xla_flags import DEVICE_COUNT
 
-# Four CPU devices, and two settings that make XLA:CPU compile the suite's many small
+# Four CPU devices, and three settings that make XLA:CPU compile the suite's many small
 # programs faster, at the cost of slower code that no test measures: LLVM's optimization
-# level 0, and XLA's older loop emitters instead of its fusion emitters. Most tests spend
-# their time compiling programs once; on 2 cores tests/algos/test_sharding.py and
-# test_updates.py took 127 core-s with only -O0 and 61 with both. XLA:CPU uses no
-# fast-math under either setting; the digests of tests/test_feedforward_unchanged.py are
-# recorded under exactly these flags. Subprocesses inherit the flags; the multi-process
-# and resume tests drop only the device count.
+# level 0, XLA's older loop emitters instead of its fusion emitters, and each program's
+# code generated as one LLVM module instead of split for parallel compilation. Most tests
+# spend their time compiling programs once; on 2 cores tests/algos/test_sharding.py and
+# test_updates.py took 127 core-s with only -O0 and 61 with the loop emitters too; on a
+# later day one module per program took them from 77 to 64 core-s, and the whole suite
+# from 1712 to 1638. XLA:CPU uses no fast-math under any of
+# them; the digests of tests/test_feedforward_unchanged.py are recorded under exactly these
+# flags. Subprocesses inherit the flags; the multi-process and resume tests drop only the
+# device count.
 for _flag in (
     f"{DEVICE_COUNT}=4",
     "--xla_backend_optimization_level=0",
     "--xla_cpu_use_fusion_emitters=false",
+    "--xla_cpu_parallel_codegen_split_count=1",
 ):
     if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()

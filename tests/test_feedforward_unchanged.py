@@ -32,7 +32,7 @@ CANARY = "30195a69cf01ce47d3d57706d928d8acc972f4427bf09e9b048661c443733cb6"
 RUNS = {
     "ppo-envpool-fused": "525cc8dc68a58a2e4c9c106f98bdf03ed90d8022319aa4c2716bde37359018d9",
     "impala-gymnasium-two-learners-normalized": (
-        "a0e6ae3b0cfba126bbd37d5e6b47efaa3476b62a5522f72e3a52468f67434c1f"
+        "6237b6978e536d5361c527b1ee9110c950efbf65255b638f5303a56ac213b55b"
     ),
 }
 CHANGES = {
