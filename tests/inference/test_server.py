@@ -39,13 +39,13 @@ def consumed_stamps(served: Served) -> list[tuple[int, int]]:
     ids=["greedy", "max-wait", "max-batch", "fixed-order"],
 )
 def test_every_worker_gets_the_actions_for_its_own_observations(settings):
-    """Three actors of two workers each, half of the workers slow: every action reaches
-    the worker whose observation chose it (the env raises otherwise), and each rollout
-    holds each env's own steps in order."""
+    """Two actors of two workers each, half of the workers slow: every action reaches the
+    worker whose observation chose it (the env raises otherwise), and each rollout holds
+    each env's own steps in order."""
     factory = fake_envs.CheckedEnvs(slow_s=0.003)
-    with Served(actors=3, parts=2, envs=4, length=6, rollouts=4, factory=factory, **settings) as s:
+    with Served(actors=2, parts=2, envs=4, length=6, rollouts=4, factory=factory, **settings) as s:
         s.start().wait()
-        assert consumed_stamps(s) == [(a, q) for q in range(4) for a in range(3)]
+        assert consumed_stamps(s) == [(a, q) for q in range(4) for a in range(2)]
         for sink in s.sinks:
             for rollout in sink.rollouts:
                 check_rollout(rollout, 6)

@@ -47,14 +47,16 @@ def record_rollouts(run):
     return seen
 
 
-# Tiny sizes: 2 actor threads x 2 envs x 16 steps, 4 updates; a 40-step time limit makes
-# every env end an episode (truncated) so that returns are reported. The algorithm settings are the
-# preset's own (minibatches, epochs, unrolling, network).
+# Tiny sizes: 2 actor threads x 2 envs x 8 steps, 4 updates; a 20-step time limit makes
+# every env end an episode (truncated) so that returns are reported. The algorithm settings
+# are the preset's own (minibatches, epochs, unrolling, network). Under the suite's XLA
+# flags (LLVM at -O0) running the preset's networks takes most of these tests' time, so the
+# rollouts are short.
 TINY = {
-    "total_steps": 2 * 2 * 16 * 4,
-    "rollout_length": 16,
+    "total_steps": 2 * 2 * 8 * 4,
+    "rollout_length": 8,
     "env.num_envs": 2,
-    "env.max_episode_steps": 40,
+    "env.max_episode_steps": 20,
     "eval.every_updates": 0,
     "eval.episodes": 2,
     "eval.num_envs": 2,

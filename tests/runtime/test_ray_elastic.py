@@ -190,13 +190,16 @@ def test_an_elastic_run_fails_once_no_worker_has_been_alive_for_the_timeout(tmp_
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_an_elastic_run_trains_a_recurrent_policy(tmp_path):
-    """An LSTM policy in the elastic order: every rollout carries the core state its first
-    step started from (the learner unrolls each column from its own rollout's state), and
-    every update takes its rollouts once."""
+@pytest.mark.timeout(420)
+def test_a_stopped_elastic_run_resumes_with_new_incarnations(tmp_path):
+    """An elastic run of an LSTM policy stopped at update 5 resumes from the learner's
+    state: its workers start beyond every incarnation before (new stamps), nothing is
+    consumed twice across the two parts, and the resumed part takes exactly the updates
+    left. Every rollout of either part carries the core state its first step started from
+    (the learner unrolls each column from its own rollout's state)."""
     import jax
 
+    from podrace.checkpoints.resume import Resume
     from podrace.runtime.run import prepare
 
     cfg = replace(
@@ -204,7 +207,7 @@ def test_an_elastic_run_trains_a_recurrent_policy(tmp_path):
         runtime="ray",
         seed=3,
         **{
-            "total_steps": 2 * 16 * 8 * 10,
+            "total_steps": 2 * 16 * 8 * 12,
             "rollout_length": 16,
             "env.num_envs": 8,
             "ray.data_order": "elastic",
@@ -214,37 +217,24 @@ def test_an_elastic_run_trains_a_recurrent_policy(tmp_path):
             "eval.num_envs": 2,
             "log.console": "none",
             "log.run_dir": str(tmp_path),
+            "log.run_name": "r",
             "log.interval_s": 0.2,
         },
     )
-    run = prepare(cfg)
     states: list[int] = []
-    next_batch = run.pipeline.next_batch
 
-    def recording(version):
-        rollouts, stats = next_batch(version)
-        states.extend(len(jax.tree.leaves(r.trajectory.core_state)) for r in rollouts)
-        return rollouts, stats
+    def record_core_states(run) -> None:
+        next_batch = run.pipeline.next_batch
 
-    run.pipeline.next_batch = recording
-    result = run.run()
-    assert result.updates == cfg.num_updates == 10
-    assert len(result.ray.stamps) == len(set(result.ray.stamps)) == 20
-    assert len(states) == 20 and min(states) > 0  # an LSTM's (c, h) on every rollout
-    assert not process_tree(run.topology.cluster.temp_dir)
+        def recording(version):
+            rollouts, stats = next_batch(version)
+            states.extend(len(jax.tree.leaves(r.trajectory.core_state)) for r in rollouts)
+            return rollouts, stats
 
+        run.pipeline.next_batch = recording
 
-@pytest.mark.slow
-@pytest.mark.timeout(420)
-def test_a_stopped_elastic_run_resumes_with_new_incarnations(tmp_path):
-    """An elastic run stopped at update 5 resumes from the learner's state: its workers
-    start beyond every incarnation before (new stamps), nothing is consumed twice across
-    the two parts, and the resumed part takes exactly the updates left."""
-    from podrace.checkpoints.resume import Resume
-    from podrace.runtime.run import prepare
-
-    cfg = elastic(tmp_path, **{"log.run_name": "r"})
     run = prepare(cfg)
+    record_core_states(run)
     after = run.learner.on_update
 
     def stop_after_5(version: int) -> None:
@@ -255,13 +245,17 @@ def test_a_stopped_elastic_run_resumes_with_new_incarnations(tmp_path):
     run.learner.on_update = stop_after_5
     first = run.run()
     assert (first.updates, first.checkpoint) == (5, 5)
+    assert not process_tree(run.topology.cluster.temp_dir)
     resumed = prepare(None, resume=Resume(tmp_path / "r"))
+    record_core_states(resumed)
     second = resumed.run()
     assert (second.updates, second.checkpoint) == (12, 12)
     assert len(first.ray.stamps) == 5 * 2 and len(second.ray.stamps) == 7 * 2
+    assert len(set(first.ray.stamps)) == 10 and len(set(second.ray.stamps)) == 14
     assert not set(first.ray.stamps) & set(second.ray.stamps)
     assert min(r for _, r, _ in second.ray.stamps) > max(r for _, r, _ in first.ray.stamps)
     assert second.env_steps == 12 * 2 * 8 * 16
+    assert len(states) == 24 and min(states) > 0  # an LSTM's (c, h) on every rollout
 
 
 @pytest.mark.slow

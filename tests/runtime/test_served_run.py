@@ -57,39 +57,18 @@ def test_deterministic_runs_learn_the_same_with_workers_or_without(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_a_served_run_trains_checkpoints_and_resumes(tmp_path):
-    """Two actors behind one server: consumed once each, lag within the bound, server
-    metrics in the lines; the checkpoint resumes with workers again."""
+def test_a_stopped_served_run_resumes_to_its_end_consuming_every_rollout_once(tmp_path):
+    """Two actors behind one server: consumed in order, lag within the bound, server metrics
+    in the lines. A stop (as by SIGTERM) mid-run ends it within seconds with its last state
+    saved and its worker processes gone; the resumed run starts new workers at the
+    checkpoint's next seqs: across both parts every (actor, seq) is consumed exactly once."""
     from podrace.checkpoints.resume import Resume
-    from podrace.runtime.run import train
 
     cfg = gym(
         tmp_path,
         **{"env.workers": 2, "layout.inference": "server", "log.run_name": "r"},
-        **{"checkpoint.every_updates": 4, "inference.max_wait_ms": 1.0},
+        **{"inference.max_wait_ms": 1.0},
     )
-    run = prepare(cfg)
-    result = run.run()
-    assert result.updates == cfg.num_updates == 12
-    stamps = run.pipeline.consumed.stamps()
-    assert stamps == [(a, 0, s) for s in range(12) for a in range(2)]
-    assert result.max_policy_lag <= 1
-    lines = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
-    assert any("server/batch_envs" in line for line in lines)
-    assert lines[-1]["env/worker_restarts"] == 0
-    longer = cfg.__class__(**{**cfg.__dict__, "total_steps": cfg.total_steps + 4 * 256})
-    resumed = train(longer, resume=Resume(tmp_path / "r"))
-    assert resumed.updates == 16
-
-
-@pytest.mark.timeout(300)
-def test_a_stopped_served_run_resumes_to_its_end_consuming_every_rollout_once(tmp_path):
-    """A stop (as by SIGTERM) mid-run ends it within seconds with its last state saved and
-    its worker processes gone; the resumed run starts new workers at the checkpoint's next
-    seqs: across both parts every (actor, seq) is consumed exactly once."""
-    from podrace.checkpoints.resume import Resume
-
-    cfg = gym(tmp_path, **{"env.workers": 2, "layout.inference": "server", "log.run_name": "r"})
     run = prepare(cfg)
     after, stopped = run.learner.on_update, []
 
@@ -105,6 +84,11 @@ def test_a_stopped_served_run_resumes_to_its_end_consuming_every_rollout_once(tm
     elapsed = time.monotonic() - stopped[0][0]
     assert (first.updates, first.checkpoint) == (5, 5)
     assert elapsed <= EXIT_SLACK_S, elapsed
+    assert run.pipeline.consumed.stamps() == [(a, 0, s) for s in range(5) for a in range(2)]
+    assert first.max_policy_lag <= 1
+    lines = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert any("server/batch_envs" in line for line in lines)
+    assert lines[-1]["env/worker_restarts"] == 0
     wait_until(lambda: not any(alive(p) for p in stopped[0][1]), 10)
 
     resumed = prepare(None, resume=Resume(tmp_path / "r"))
