@@ -258,6 +258,49 @@ def test_a_stopped_elastic_run_resumes_with_new_incarnations(tmp_path):
     assert len(states) == 24 and min(states) > 0  # an LSTM's (c, h) on every rollout
 
 
+def check_a_run_pinned_to_the_second_node(cluster: ray_helpers.TwoNodes, tmp_path) -> None:
+    args = [
+        sys.executable,
+        "-m",
+        "podrace.cli",
+        "train",
+        "cartpole-ppo",
+        "--runtime",
+        "ray",
+        "--ray.address",
+        cluster.address,
+        "--ray.worker-resources",
+        "actor_node=1",
+        "--ray.num-workers",
+        "2",
+        "--total-steps",
+        str(2 * 8 * 16 * 6),
+        "--rollout-length",
+        "16",
+        "--env.num-envs",
+        "8",
+        "--eval.episodes",
+        "2",
+        "--eval.num-envs",
+        "2",
+        "--log.console",
+        "none",
+        "--log.run-dir",
+        str(tmp_path),
+        "--log.run-name",
+        "two-nodes",
+    ]
+    done = subprocess.run(args, env=cluster.env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = last_line(tmp_path / "two-nodes")
+    nodes = {k.split("/")[2]: v for k, v in line.items() if k.startswith("ray/node/")}
+    assert nodes == {cluster.actor_node: 2 * 6}, (nodes, cluster)
+    tree = process_tree(cluster.temp_dir)
+    assert tree, "podrace stopped a cluster it only joined"
+    titles = [open(f"/proc/{p}/cmdline", "rb").read() for p in tree if os.path.exists(f"/proc/{p}")]
+    assert not [t for t in titles if t.startswith(b"ray::RolloutWorker")], titles
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_elastic_run_survives_a_lost_node_and_grows_onto_a_new_one(tmp_path):
@@ -269,9 +312,14 @@ def test_elastic_run_survives_a_lost_node_and_grows_onto_a_new_one(tmp_path):
     each update takes its 3 rollouts; 10 updates after the growth the drill stops it.
 
     The run is a child process (`tests/runtime/ray_drills.py`): Ray reads the cluster's
-    token when it is imported, so the driver must start with it in its environment."""
+    token when it is imported, so the driver must start with it in its environment.
+
+    Before the drill, on the same two nodes (one cluster start for both), `podrace train`
+    joins with `--ray.worker-resources actor_node=1`: both its workers run on the second
+    node, and the joined cluster keeps running without any worker of the finished run."""
     out = tmp_path / "drill.json"
     with ray_helpers.two_node_cluster() as cluster:
+        check_a_run_pinned_to_the_second_node(cluster, tmp_path)
         done = subprocess.run(
             [
                 sys.executable,
