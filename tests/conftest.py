@@ -16,10 +16,9 @@ from tests.xla_flags import DEVICE_COUNT
 # spend their time compiling programs once; on 2 cores tests/algos/test_sharding.py and
 # test_updates.py took 127 core-s with only -O0 and 61 with the loop emitters too; on a
 # later day one module per program took them from 77 to 64 core-s, and the whole suite
-# from 1712 to 1638. XLA:CPU uses no fast-math under any of
-# them; the digests of tests/test_feedforward_unchanged.py are recorded under exactly these
-# flags. Subprocesses inherit the flags; the multi-process and resume tests drop only the
-# device count.
+# from 1712 to 1638. XLA:CPU uses no fast-math under any of them; the digests of
+# tests/test_feedforward_unchanged.py are recorded under exactly these flags. Subprocesses
+# inherit the flags; the multi-process and resume tests drop only the device count.
 for _flag in (
     f"{DEVICE_COUNT}=4",
     "--xla_backend_optimization_level=0",

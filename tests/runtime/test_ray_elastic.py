@@ -23,7 +23,7 @@ from podrace.control import ComponentError
 from podrace.presets import PRESETS
 from podrace.runtime.ray.cluster import process_tree
 from tests.runtime import ray_drills, ray_helpers
-from tests.runtime.test_ray_runtime import assert_consumed_once, last_line, small
+from tests.runtime.test_ray_runtime import assert_consumed_once, last_line, ray_cli_run, small
 from tests.waiting import wait_until
 
 ray = pytest.importorskip("ray")
@@ -259,37 +259,13 @@ def test_a_stopped_elastic_run_resumes_with_new_incarnations(tmp_path):
 
 
 def check_a_run_pinned_to_the_second_node(cluster: ray_helpers.TwoNodes, tmp_path) -> None:
-    args = [
-        sys.executable,
-        "-m",
-        "podrace.cli",
-        "train",
-        "cartpole-ppo",
-        "--runtime",
-        "ray",
-        "--ray.address",
-        cluster.address,
-        "--ray.worker-resources",
-        "actor_node=1",
-        "--ray.num-workers",
-        "2",
-        "--total-steps",
-        str(2 * 8 * 16 * 6),
-        "--rollout-length",
-        "16",
-        "--env.num-envs",
-        "8",
-        "--eval.episodes",
-        "2",
-        "--eval.num-envs",
-        "2",
-        "--log.console",
-        "none",
-        "--log.run-dir",
-        str(tmp_path),
-        "--log.run-name",
+    args = ray_cli_run(
+        tmp_path,
         "two-nodes",
-    ]
+        *("--ray.address", cluster.address, "--ray.worker-resources", "actor_node=1"),
+        *("--ray.num-workers", "2", "--total-steps", str(2 * 8 * 16 * 6)),
+        *("--eval.episodes", "2", "--eval.num-envs", "2"),
+    )
     done = subprocess.run(args, env=cluster.env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     line = last_line(tmp_path / "two-nodes")

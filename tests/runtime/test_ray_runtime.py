@@ -171,8 +171,8 @@ def test_crash_loop_fails_naming_the_worker_and_leaves_nothing(tmp_path):
     assert not process_tree(run.topology.cluster.temp_dir) and not ray.is_initialized()
 
 
-def ray_cli_run(tmp_path, name: str, workers: int) -> list[str]:
-    """`podrace train` on a private local Ray, with a budget no test reaches."""
+def ray_cli_run(tmp_path, name: str, *flags: str) -> list[str]:
+    """`podrace train` of the Ray runtime's small CartPole run, named `name`, with `flags`."""
     return [
         sys.executable,
         "-m",
@@ -181,10 +181,6 @@ def ray_cli_run(tmp_path, name: str, workers: int) -> list[str]:
         "cartpole-ppo",
         "--runtime",
         "ray",
-        "--ray.num-workers",
-        str(workers),
-        "--total-steps",
-        "10000000",
         "--rollout-length",
         "16",
         "--env.num-envs",
@@ -195,9 +191,12 @@ def ray_cli_run(tmp_path, name: str, workers: int) -> list[str]:
         str(tmp_path),
         "--log.run-name",
         name,
-        "--log.interval-s",
-        "0.2",
+        *flags,
     ]
+
+
+ENDLESS = ("--total-steps", "10000000", "--log.interval-s", "0.2")
+"""A budget no test reaches, and metrics lines often enough to wait for."""
 
 
 def wait_for_two_lines(metrics, proc) -> None:
@@ -218,7 +217,9 @@ def test_a_sigkilled_drivers_ray_is_swept_by_the_next_start_whose_sigterm_leaves
     marker = ray_helpers.short_tmpdir()
     env = ray_helpers.base_env(marker)
     killed = subprocess.Popen(
-        ray_cli_run(tmp_path, "killed", 1), env=env, stderr=subprocess.DEVNULL
+        ray_cli_run(tmp_path, "killed", "--ray.num-workers", "1", *ENDLESS),
+        env=env,
+        stderr=subprocess.DEVNULL,
     )
     stopped = None
     try:
@@ -234,7 +235,10 @@ def test_a_sigkilled_drivers_ray_is_swept_by_the_next_start_whose_sigterm_leaves
         assert ray_helpers.alive(orphans), "nothing was left behind: the test proves nothing"
 
         stopped = subprocess.Popen(
-            ray_cli_run(tmp_path, "stopped", 2), env=env, stderr=subprocess.PIPE, text=True
+            ray_cli_run(tmp_path, "stopped", "--ray.num-workers", "2", *ENDLESS),
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         wait_for_two_lines(tmp_path / "stopped" / "metrics.jsonl", stopped)
         # The run swept the orphaned Ray as it started: its processes and its temp dir.
