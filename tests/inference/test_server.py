@@ -112,25 +112,33 @@ def _wrong_rows(serve_fn):
 
 
 def test_a_push_mid_rollout_shows_in_the_per_step_versions():
-    """Lag bound 1: the learner publishes version 1 while rollout 0 is being collected; the
-    steps after it carry version 1 (their values say so too), those before version 0, and
-    the rollout is stamped with the oldest."""
-    pushed = threading.Event()
+    """Lag bound 1: version 1 is published during the third policy call of rollout 0 and
+    reaches the server before the call returns; the steps served after it carry version 1
+    (their values say so too), those before version 0, and the rollout is stamped with the
+    oldest."""
+    holder: list[Served] = []
+
+    def publish_during_third_call(serve_fn):
+        def serve(params, obs, requests):
+            s = holder[0]
+            if s.server.batches == 2:
+                s.publisher.publish(fake_envs.params(1))
+                wait_until(lambda: s.server._incoming is not None, 30)
+            return serve_fn(params, obs, requests)
+
+        return serve
 
     def learner():
         s = holder[0]
-        wait_until(lambda: s.server.batches >= 3, 30)
-        s.publisher.publish(fake_envs.params(1))
-        pushed.set()
         for version in range(1, s.rollouts_each + 1):
             batch, _ = s.pipeline.next_batch(version)
             s.consumed.append(batch)
             s.publisher.publish(fake_envs.params(version + 1))
         s.finished.set()
 
-    holder = []
     with Served(actors=1, parts=2, envs=4, length=12, rollouts=2, learner=learner) as s:
         holder.append(s)
+        s.server.serve_fn = publish_during_third_call(s.server.serve_fn)
         s.start().wait()
         first = s.sinks[0].rollouts[0]
         check_rollout(first, 12)
@@ -139,6 +147,7 @@ def test_a_push_mid_rollout_shows_in_the_per_step_versions():
         # Per env, versions never go back in time within the rollout.
         assert (np.diff(versions, axis=0) >= 0).all()
         assert first.policy_version == 0
+        assert s.sinks[0].rollouts[1].policy_version >= 1
 
 
 def test_a_rollout_beyond_the_lag_bound_waits_for_params():
