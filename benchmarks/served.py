@@ -16,6 +16,10 @@ Suites (one invocation measures one suite's variants together):
             step (an RK4 integration, ~5x CartPole's) is the acting side's main cost, and
             its 2 worker processes served by an inference server thread (which infers for
             one worker's envs while the other's step);
+  acrobot_x4, acrobot_x16  Acrobot integrated in 4 or 16 RK4 steps per env step
+            (`benchmarks/python_envs.py`): a pure-Python env whose step costs about 4 or
+            16 times Acrobot's, as a user's own simulator may; one actor thread against 2
+            env worker processes;
   cartpole_envpool  the preset as it is (envpool, whose rollouts compile into XLA calls)
             against its envs in 2 worker processes;
   atari     `atari-impala` (envpool Breakout, IMPALA ResNet, 2 actors x 64 envs): today's
@@ -65,13 +69,34 @@ SUITES = {
             "--eval.num-envs",
             "2",
         ],
-        "steps": {"e2e": 100_000, "actor-only": 100_000},
+        "steps": {"e2e": 300_000, "actor-only": 300_000},
         "variants": {
             "threads_1x64": [],
             "threads_2x32": ["--layout.actors-per-device", "2", "--env.num-envs", "32"],
             "workers_2_actor": ["--env.workers", "2"],
             "workers_2_server": ["--env.workers", "2", "--layout.inference", "server"],
         },
+    },
+    **{
+        f"acrobot_x{substeps}": {
+            "preset": "cartpole-ppo",
+            "common": [
+                "--env.id",
+                f"benchmarks.python_envs:AcrobotSubsteps{substeps}-v1",
+                "--env.backend",
+                "gymnasium",
+                "--eval.episodes",
+                "2",
+                "--eval.num-envs",
+                "2",
+            ],
+            "steps": {"e2e": steps, "actor-only": steps},
+            "variants": {
+                "threads_1x64": [],
+                "workers_2_actor": ["--env.workers", "2"],
+            },
+        }
+        for substeps, steps in ((4, 100_000), (16, 30_000))
     },
     "cartpole_envpool": {
         "preset": "cartpole-ppo",
