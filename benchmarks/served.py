@@ -25,7 +25,8 @@ Suites (one invocation measures one suite's variants together):
   atari     `atari-impala` (envpool Breakout, IMPALA ResNet, 2 actors x 64 envs): today's
             actor threads (compiled envpool rollouts), and the same actors' envs in worker
             processes (1 per actor) served by one inference server on the actor device.
-Each child reports its process CPU seconds; `load_avg` says how loaded the machine was.
+Each child reports its process CPU seconds and peak resident memory; `load_avg` says how
+loaded the machine was.
 
     python benchmarks/served.py --suite cartpole [--repeats 3] [--out FILE] [flags...]
 
@@ -125,6 +126,14 @@ def cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime + children.ru_utime + children.ru_stime
 
 
+def max_rss_mb() -> dict[str, float]:
+    """Peak resident memory of this process and of its largest reaped child (workers)."""
+    return {
+        who: resource.getrusage(which).ru_maxrss / 1024  # kB on Linux
+        for who, which in (("self", resource.RUSAGE_SELF), ("child", resource.RUSAGE_CHILDREN))
+    }
+
+
 def child(mode: str, preset: str, flags: list[str]) -> dict:
     from podrace.commands.train import parse_train
     from podrace.config import replace
@@ -151,6 +160,7 @@ def child(mode: str, preset: str, flags: list[str]) -> dict:
         "env_steps": result.env_steps,
         "sps": result.env_steps / result.learn_s,
         "cpu_s": cpu_s() - cpu0,
+        "max_rss_mb": max_rss_mb(),
         "final_eval": None if result.final_eval is None else result.final_eval.mean_return,
         "load_avg_1min": os.getloadavg()[0],
     }
