@@ -1,7 +1,7 @@
 """Pure-Python envs whose step costs more than classic control's, for `served.py`.
 
 A user's own env (a game, a simulator written in Python) usually spends far longer per step
-than CartPole (~10 us) or Acrobot (~35 us): that is where env workers pay. `AcrobotSubsteps`
+than CartPole (~10 us) or Acrobot (~25 us): that is where env workers pay. `AcrobotSubsteps`
 is Gymnasium's Acrobot integrated in `substeps` RK4 steps of `dt / substeps` per env step
 (the same dynamics, integrated more finely), so its step costs about `substeps` times
 Acrobot's. Registered as `AcrobotSubsteps4-v1` and `AcrobotSubsteps16-v1` (500 steps per
