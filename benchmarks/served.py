@@ -47,10 +47,13 @@ import tempfile
 import time
 from pathlib import Path
 
+GYMNASIUM = ["--env.backend", "gymnasium", "--eval.episodes", "2", "--eval.num-envs", "2"]
+"""The flags every pure-Python suite shares: Gymnasium's envs, a short final evaluation."""
+
 SUITES = {
     "cartpole": {
         "preset": "cartpole-ppo",
-        "common": ["--env.backend", "gymnasium", "--eval.episodes", "2", "--eval.num-envs", "2"],
+        "common": GYMNASIUM,
         "steps": {"e2e": 200_000, "actor-only": 200_000},
         "variants": {
             "threads_1x64": [],
@@ -60,16 +63,7 @@ SUITES = {
     },
     "acrobot": {
         "preset": "cartpole-ppo",
-        "common": [
-            "--env.id",
-            "Acrobot-v1",
-            "--env.backend",
-            "gymnasium",
-            "--eval.episodes",
-            "2",
-            "--eval.num-envs",
-            "2",
-        ],
+        "common": ["--env.id", "Acrobot-v1", *GYMNASIUM],
         "steps": {"e2e": 300_000, "actor-only": 300_000},
         "variants": {
             "threads_1x64": [],
@@ -84,12 +78,7 @@ SUITES = {
             "common": [
                 "--env.id",
                 f"benchmarks.python_envs:AcrobotSubsteps{substeps}-v1",
-                "--env.backend",
-                "gymnasium",
-                "--eval.episodes",
-                "2",
-                "--eval.num-envs",
-                "2",
+                *GYMNASIUM,
             ],
             "steps": {"e2e": steps, "actor-only": steps},
             "variants": {
