@@ -31,12 +31,15 @@ uses its own processes.
 The worker ignores SIGINT (a Ctrl-C reaches the whole process group; the run decides how to
 stop) and exits when its command pipe closes (the parent exited or was killed) or, on
 Linux, when the parent process dies (PR_SET_PDEATHSIG).
+
+This module is the parent's side (`EnvWorker`, `WorkerEnv`); the process itself is
+`podrace.envs.worker_process`, and what both share (commands, replies, `WorkerSpec`,
+`StepBuffers`) is `podrace.envs.worker_protocol`.
 """
 
 from __future__ import annotations
 
 import collections
-import ctypes
 import dataclasses
 import logging
 import mmap
@@ -47,26 +50,28 @@ import signal
 import struct
 import subprocess
 import sys
-import tempfile
-from dataclasses import dataclass
 
 import numpy as np
 
 from podrace.config import ConfigError
 from podrace.control import ExplainedError
-from podrace.envs.closing import close_envs
 from podrace.envs.source import EnvSource
+from podrace.envs.worker_protocol import (
+    CLOSE,
+    OK,
+    RESET,
+    STEP,
+    StepBuffers,
+    WorkerSpec,
+    read_exact,
+    shared_fd,
+)
 from podrace.types import EnvSpec, EnvStep
 
-RESET, STEP, CLOSE = b"r", b"s", b"c"
-"""Commands, one byte each."""
-OK, ERROR = b"k", b"e"
-"""Replies: one byte, or ERROR followed by a length-prefixed message."""
 START_TIMEOUT_S = 120.0
 """Seconds a worker may take to start and build its envs (imports included)."""
 CLOSE_GRACE_S = 2.0
 """Seconds a worker gets to close its envs and exit before it is killed."""
-_ALIGN = 64
 
 
 log = logging.getLogger(__name__)
@@ -87,18 +92,6 @@ class EnvWorkerDied(ExplainedError, RuntimeError):
     """A worker process ended without being asked to (killed, crashed)."""
 
 
-@dataclass(frozen=True)
-class WorkerSpec:
-    """What a worker process builds: envs `part` of an actor's `num_envs`, seeded `seed`."""
-
-    source: EnvSource
-    num_envs: int
-    seed: int
-    part: range
-    threads: int | None
-    expect: EnvSpec
-
-
 def split_envs(num_envs: int, workers: int) -> list[range]:
     """The envs each of `workers` workers steps: consecutive, equal parts."""
     if workers <= 0 or num_envs % workers:
@@ -108,91 +101,6 @@ def split_envs(num_envs: int, workers: int) -> list[range]:
         )
     size = num_envs // workers
     return [range(i * size, (i + 1) * size) for i in range(workers)]
-
-
-class StepBuffers:
-    """One worker's shared arrays: observations, actions and step results of its envs."""
-
-    def __init__(self, buffer, spec: EnvSpec, num_envs: int) -> None:
-        self.spec, self.num_envs = spec, num_envs
-        offset = 0
-        for name, shape, dtype in self.fields(spec, num_envs):
-            dtype = np.dtype(dtype)
-            offset = -(-offset // _ALIGN) * _ALIGN
-            size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            view = np.ndarray(shape, dtype, buffer=buffer, offset=offset)
-            setattr(self, name, view)
-            offset += size
-
-    obs: np.ndarray
-    actions: np.ndarray
-    reward: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-    episode_done: np.ndarray
-    episode_return: np.ndarray
-    episode_length: np.ndarray
-
-    @staticmethod
-    def fields(spec: EnvSpec, n: int) -> list[tuple[str, tuple[int, ...], object]]:
-        action = np.int32 if spec.discrete else np.float32
-        return [
-            ("obs", (n, *spec.obs_shape), spec.obs_dtype),
-            ("actions", (n, *spec.action_shape), action),
-            ("reward", (n,), np.float32),
-            ("terminated", (n,), bool),
-            ("truncated", (n,), bool),
-            ("episode_done", (n,), bool),
-            ("episode_return", (n,), np.float64),
-            ("episode_length", (n,), np.int64),
-        ]
-
-    @classmethod
-    def size(cls, spec: EnvSpec, n: int) -> int:
-        offset = 0
-        for _, shape, dtype in cls.fields(spec, n):
-            offset = -(-offset // _ALIGN) * _ALIGN
-            offset += int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        return max(offset, 1)
-
-    def write(self, step: EnvStep) -> None:
-        self.obs[...] = step.obs
-        self.reward[...] = step.reward
-        self.terminated[...] = step.terminated
-        self.truncated[...] = step.truncated
-        self.episode_done[...] = step.episode_done
-        self.episode_return[...] = step.episode_return
-        self.episode_length[...] = step.episode_length
-
-
-def _shared_fd(size: int) -> int:
-    """A file descriptor of `size` zeroed bytes of shared memory that has no name: freed
-    when the last process holding it is gone, whatever ends them."""
-    if hasattr(os, "memfd_create"):
-        fd = os.memfd_create("podrace-env-worker", 0)
-    else:  # an unlinked file, in RAM where the system has /dev/shm
-        where = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        handle, path = tempfile.mkstemp(prefix="podrace-env-worker-", dir=where)
-        os.unlink(path)
-        fd = handle
-    os.ftruncate(fd, size)
-    return fd
-
-
-def _read_exact(fd: int, n: int) -> bytes:
-    parts, left = [], n
-    while left:
-        chunk = os.read(fd, left)
-        if not chunk:
-            raise EOFError
-        parts.append(chunk)
-        left -= len(chunk)
-    return b"".join(parts)
-
-
-def _error_message(error: BaseException) -> bytes:
-    text = f"{type(error).__name__}: {error}".strip().splitlines()
-    return pickle.dumps((type(error).__name__, text[0] if text else type(error).__name__))
 
 
 def _died(returncode: int | None) -> str:
@@ -231,7 +139,7 @@ class EnvWorker:
         self._worker_spec = WorkerSpec(source, num_envs, seed, part, threads, spec)
         self._first_seed = seed
         size = StepBuffers.size(spec, len(part))
-        self._shm_fd = _shared_fd(size)
+        self._shm_fd = shared_fd(size)
         self._map = mmap.mmap(self._shm_fd, size)
         self.buffers = StepBuffers(self._map, spec, len(part))
         self.process: subprocess.Popen | None = None
@@ -254,7 +162,7 @@ class EnvWorker:
                 [
                     sys.executable,
                     "-c",
-                    "from podrace.envs.workers import worker_main; worker_main()",
+                    "from podrace.envs.worker_process import worker_main; worker_main()",
                     str(cmd_r),
                     str(reply_w),
                     str(self._shm_fd),
@@ -311,11 +219,11 @@ class EnvWorker:
         raised: one line), ConfigError (its envs cannot be built) or EnvWorkerDied."""
         command = self._sent.popleft() if self._sent else b"?"
         try:
-            reply = _read_exact(self._reply_r, 1)
+            reply = read_exact(self._reply_r, 1)
             if reply == OK:
                 return command
-            (length,) = struct.unpack("<I", _read_exact(self._reply_r, 4))
-            kind, message = pickle.loads(_read_exact(self._reply_r, length))
+            (length,) = struct.unpack("<I", read_exact(self._reply_r, 4))
+            kind, message = pickle.loads(read_exact(self._reply_r, length))
         except (EOFError, OSError):
             raise EnvWorkerDied(self.death()) from None
         what = {b"start": "building its envs", RESET: "env.reset", STEP: "env.step"}
@@ -425,81 +333,6 @@ def wait_readable(fds: list[int], timeout: float | None) -> list[int]:
     return [fd for fd, _ in poller.poll(ms)]  # retried on EINTR by Python itself (PEP 475)
 
 
-# The worker process ---------------------------------------------------------------------
-def _die_with_parent() -> None:
-    """Linux: SIGKILL this process when its parent dies (a parent killed with SIGKILL never
-    closes anything; the command pipe's EOF would only be seen between env calls)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass  # then the command pipe's EOF ends it, between env calls
-
-
-def worker_main() -> None:
-    """Entry point of a worker process: argv = command fd, reply fd, shared-memory fd."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_with_parent()
-    cmd_fd, reply_fd, shm_fd = (int(a) for a in sys.argv[1:4])
-    if os.getppid() == 1:  # the parent died before PR_SET_PDEATHSIG took effect
-        return
-
-    def reply_error(error: BaseException) -> None:
-        message = _error_message(error)
-        os.write(reply_fd, ERROR + struct.pack("<I", len(message)) + message)
-
-    env = None
-    try:
-        (length,) = struct.unpack("<I", _read_exact(cmd_fd, 4))
-        message = _read_exact(cmd_fd, length)
-    except EOFError:
-        return
-    try:
-        spec: WorkerSpec = pickle.loads(message)
-        env = spec.source.make_part(spec.num_envs, spec.seed, spec.part, spec.threads)
-        got, want = env.spec, spec.expect
-        if (tuple(got.obs_shape), np.dtype(got.obs_dtype), got.action_shape) != (
-            tuple(want.obs_shape),
-            np.dtype(want.obs_dtype),
-            want.action_shape,
-        ):
-            raise RuntimeError(f"its envs have spec {got}, the run expects {want}")
-        size = StepBuffers.size(want, len(spec.part))
-        buffers = StepBuffers(mmap.mmap(shm_fd, size), want, len(spec.part))
-    except BaseException as error:  # noqa: BLE001 - reported to the parent, which decides
-        reply_error(error)
-        return
-    os.write(reply_fd, OK)
-    try:
-        while True:
-            try:
-                command = os.read(cmd_fd, 1)
-            except OSError:
-                return
-            if command in (b"", CLOSE):
-                return
-            try:
-                if command == RESET:
-                    buffers.obs[...] = env.reset()
-                    for name in ("reward", "episode_return", "episode_length"):
-                        getattr(buffers, name)[...] = 0
-                    for name in ("terminated", "truncated", "episode_done"):
-                        getattr(buffers, name)[...] = False
-                elif command == STEP:
-                    buffers.write(env.step(np.array(buffers.actions)))
-                else:
-                    raise RuntimeError(f"unknown command {command!r}")
-            except Exception as error:  # noqa: BLE001 - reported to the parent, which fails the run
-                reply_error(error)
-                continue
-            os.write(reply_fd, OK)
-    finally:
-        if env is not None:  # a close that raises is a warning on stderr, as in an actor thread
-            close_envs([(f"env worker (pid {os.getpid()})", env)])
-
-
 # One actor's workers as a BatchedEnv ------------------------------------------------------
 class WorkerEnv:
     """`num_envs` envs stepped by `workers` worker processes in lockstep: a BatchedEnv.
@@ -559,17 +392,12 @@ class WorkerEnv:
 
 
 __all__ = [
-    "CLOSE",
-    "RESET",
-    "STEP",
     "EnvWorker",
     "EnvWorkerDied",
     "EnvWorkerError",
-    "StepBuffers",
     "WorkerEnv",
     "check_sendable",
     "restarted",
     "split_envs",
     "wait_readable",
-    "worker_main",
 ]

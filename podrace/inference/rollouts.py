@@ -29,7 +29,8 @@ import numpy as np
 
 from podrace.actor import ActorSettings, RolloutSink, sampling_key
 from podrace.control import Control, Heartbeat
-from podrace.envs.workers import EnvWorker, StepBuffers
+from podrace.envs.worker_protocol import StepBuffers
+from podrace.envs.workers import EnvWorker
 from podrace.types import EnvSpec, Rollout, Trajectory
 
 BUSY, READY, DONE = "busy", "ready", "done"

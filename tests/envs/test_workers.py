@@ -16,9 +16,8 @@ import pytest
 
 from podrace.config import ConfigError, EnvConfig
 from podrace.envs import EnvSource
+from podrace.envs.worker_protocol import RESET, STEP
 from podrace.envs.workers import (
-    RESET,
-    STEP,
     EnvWorker,
     EnvWorkerDied,
     EnvWorkerError,

@@ -30,16 +30,8 @@ import numpy as np
 
 from podrace.config import ConfigError, TrainConfig
 from podrace.envs.source import EnvSource
-from podrace.envs.workers import (
-    RESET,
-    STEP,
-    EnvWorkerDied,
-    EnvWorkerError,
-    StepBuffers,
-    WorkerSpec,
-    restarted,
-    wait_readable,
-)
+from podrace.envs.worker_protocol import RESET, STEP, StepBuffers, WorkerSpec
+from podrace.envs.workers import EnvWorkerDied, EnvWorkerError, restarted, wait_readable
 from podrace.runtime.ray import cluster as ray_cluster
 from podrace.runtime.threads.served import ServedActors
 from podrace.runtime.threads.topology import ThreadTopology
