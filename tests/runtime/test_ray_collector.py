@@ -4,79 +4,20 @@ out of the learner's node."""
 
 from __future__ import annotations
 
-import itertools
 from types import SimpleNamespace
 
 import pytest
 
-from podrace.config import RayConfig, TrainConfig
+from tests.runtime.fake_ray import FakeRay, Worker, fake_run, make_collector, node
 
 ray = pytest.importorskip("ray")
 
 
-class FakeCall:
-    """What `handle.method.remote(...)` returns: a unique object ref stand-in."""
-
-    ids = itertools.count()
-
-    def __init__(self, name: str):
-        self.name, self.id = name, next(self.ids)
-
-
-class FakeHandle:
-    def __init__(self):
-        self.start = SimpleNamespace(remote=lambda: FakeCall("start"))
-        self.next = SimpleNamespace(remote=lambda: FakeCall("next"))
-        self.wait_stopped = SimpleNamespace(remote=lambda: FakeCall("wait_stopped"))
-        self.fetched = SimpleNamespace(remote=lambda: FakeCall("fetched"))
-
-
-class FakeRemote:
-    def __init__(self):
-        self.launched: list[FakeHandle] = []
-
-    def options(self, **_):
-        return self
-
-    def remote(self, *_):
-        self.launched.append(FakeHandle())
-        return self.launched[-1]
-
-
-def fake_ray(nodes: list[dict]):
-    return SimpleNamespace(
-        nodes=lambda: nodes,
-        exceptions=ray.exceptions,
-        kill=lambda handle, no_restart: None,
-        remote=lambda cls: FakeRemote(),
-        get_runtime_context=lambda: SimpleNamespace(get_node_id=lambda: "head"),
-    )
-
-
-def node(node_id: str, cpus: float, alive: bool = True) -> dict:
-    return {"NodeID": node_id, "Alive": alive, "Resources": {"CPU": cpus}}
-
-
 def collector_for(nodes: list[dict], **ray_cfg):
-    from podrace.runtime.ray.collector import Collector
-
-    cfg = TrainConfig(
-        runtime="ray",
-        ray=RayConfig(num_workers="auto", data_order="elastic", rollouts_per_update=2, **ray_cfg),
-    )
-    counts: dict[str, float] = {}
-    run = SimpleNamespace(
-        cfg=cfg,
-        lifetime=SimpleNamespace(stopping=False),
-        metrics=SimpleNamespace(count=lambda k, n=1: counts.__setitem__(k, counts.get(k, 0) + n)),
-    )
+    run = fake_run(num_workers="auto", data_order="elastic", rollouts_per_update=2, **ray_cfg)
     order = SimpleNamespace(started=lambda slot: None, lost=lambda slot: None)
     order.wanted = lambda slot: False
-    remote = FakeRemote()
-    collector = Collector(
-        fake_ray(nodes), run, remote, lambda slot: None, order, relays=None, elastic=True
-    )
-    return collector, remote
+    return make_collector(run, order, FakeRay(nodes))
 
 
 def start(slot, node_id: str) -> None:
@@ -129,7 +70,7 @@ def test_relays_count_one_fetch_per_node_and_version_across_their_replacements()
     from podrace.runtime.ray.relays import Relays
 
     head, a, b = "0" * 55 + "1", "a" * 56, "b" * 56  # Ray node ids are 56 hex digits
-    relays = Relays(fake_ray([]), board=None, channel="c" * 32, learner_node=head)
+    relays = Relays(FakeRay(), board=None, channel="c" * 32, learner_node=head)
     assert relays.place(head) is None  # the learner's node reads the learner's board
     _, first = relays.place(a)
     assert relays.place(a) is None and set(relays.handles) == {a}
@@ -143,3 +84,128 @@ def test_relays_count_one_fetch_per_node_and_version_across_their_replacements()
     assert relays.fetched == {a: 7} and relays.fetches_out() == 7
     relays.kill()
     assert relays.place(b) is None and not relays.handles
+
+
+HEAD, NODE_A = "0" * 55 + "1", "a" * 56  # Ray node ids are 56 hex digits
+
+
+def collector_with_relays(**ray_cfg):
+    """A collector with two worker slots, relays, and a cluster of the learner's node and
+    node A: its first look at the cluster places a relay on A."""
+    from podrace.runtime.ray.collector import Slot
+    from podrace.runtime.ray.relays import Relays
+
+    fake = FakeRay([node(HEAD, 1), node(NODE_A, 2)], node_id=HEAD)
+    relays = Relays(fake, board=None, channel="c" * 32, learner_node=HEAD)
+    order = SimpleNamespace(started=lambda slot: None, lost=lambda slot: None)
+    order.wanted = lambda slot: False
+    run = fake_run(num_workers=2, **ray_cfg)
+    collector, remote = make_collector(run, order, fake, relays)
+    collector.slots = [Slot(0), Slot(1)]
+    return collector, relays
+
+
+def count_reply(relay, fetched: int, collector) -> None:
+    """`relay` answers the collector's question of how many versions it pulled."""
+    (call,) = relay.pending("fetched")
+    call.resolve(fetched)
+    collector.step(0)
+
+
+@pytest.mark.timeout(60)
+def test_a_late_stop_notice_of_a_replaced_relay_leaves_the_new_one_in_place_and_counting():
+    collector, relays = collector_with_relays()
+    collector.look_at_cluster()
+    first = relays.handles[NODE_A]
+    count_reply(first, 3, collector)
+    collector.look_at_cluster()
+    # Node A is lost: the count call fails first; the collector forgets the relay and the
+    # next look places a new one.
+    first.pending("fetched")[0].fail(ray.exceptions.ActorDiedError())
+    collector.step(0)
+    assert NODE_A not in relays.handles and first.killed
+    collector.look_at_cluster()
+    second = relays.handles[NODE_A]
+    assert second is not first
+    # Then Ray's notice that the first relay stopped arrives: it is about the first only.
+    first.pending("wait_stopped")[0].fail(ray.exceptions.ActorDiedError())
+    collector.step(0)
+    assert relays.handles.get(NODE_A) is second and not second.killed
+    count_reply(second, 2, collector)
+    assert relays.fetched == {NODE_A: 5} and collector.fetches_out() == 5
+
+
+@pytest.mark.timeout(60)
+def test_a_replaced_relays_count_call_still_in_flight_does_not_stop_the_new_one_counting():
+    collector, relays = collector_with_relays()
+    collector.look_at_cluster()
+    first = relays.handles[NODE_A]
+    count_reply(first, 3, collector)
+    collector.look_at_cluster()  # asks the first relay again; no answer yet
+    # The first relay stops (its subscription failed): it is killed and replaced while its
+    # count call is still in flight.
+    first.pending("wait_stopped")[0].resolve("RuntimeError: lost the learner's board")
+    collector.step(0)
+    assert NODE_A not in relays.handles and first.killed
+    collector.look_at_cluster()
+    second = relays.handles[NODE_A]
+    assert second is not first and second.pending("fetched"), "the new relay is never asked"
+    count_reply(second, 2, collector)
+    # The first relay's late answer counts nothing, and leaves the new relay in place.
+    first.pending("fetched")[0].resolve(9)
+    collector.step(0)
+    assert relays.handles.get(NODE_A) is second
+    collector.look_at_cluster()
+    count_reply(second, 4, collector)
+    assert relays.fetched == {NODE_A: 7} and collector.fetches_out() == 7
+
+
+@pytest.mark.timeout(60)
+def test_weight_bytes_out_counts_only_the_versions_that_leave_the_learners_node():
+    """`weight_bytes_out` is `fetches_out()` copies of the params: 0 while every worker
+    runs on the learner's node, then one per (other node, version), however many workers
+    there pull it and whether directly or through the node's relay."""
+    from podrace.runtime.ray.collector import Slot
+    from podrace.runtime.ray.relays import Relays
+
+    nodes = [node(HEAD, 4)]
+    fake = FakeRay(nodes, node_id=HEAD)
+    relays = Relays(fake, board=None, channel="c" * 32, learner_node=HEAD)
+    order = SimpleNamespace(started=lambda slot: None, lost=lambda slot: None)
+    order.received, order.wanted = (lambda slot, shipment: None), (lambda slot: True)
+    collector, remote = make_collector(fake_run(num_workers=3), order, fake, relays)
+    collector.add([Slot(0), Slot(1), Slot(2)])
+    workers = [Worker(handle) for handle in remote.launched]
+    for worker in workers:
+        worker.start(HEAD)
+    collector.step(0)
+    collector.look_at_cluster()
+    assert not relays.handles  # the learner's node reads the learner's board
+    for version in range(3):
+        for worker in workers:
+            worker.deliver(version, fetched=(version,))
+        collector.step(0)
+    assert collector.fetches_out() == 0
+
+    # Node A joins; workers 1 and 2 restart there and pull versions 2-4 from the learner's
+    # board before their node's relay is up: each version leaves once.
+    nodes.append(node(NODE_A, 2))
+    for worker in workers[1:]:
+        worker.die()
+    collector.step(0)
+    moved = [Worker(handle) for handle in remote.launched[3:]]
+    for worker in moved:
+        worker.start(NODE_A)
+    collector.step(0)
+    assert set(relays.handles) == {NODE_A}
+    moved[0].deliver(3, fetched=(2, 3))
+    moved[1].deliver(3, fetched=(3,))
+    workers[0].deliver(3, fetched=(3,))
+    collector.step(0)
+    moved[0].deliver(4, fetched=(4,))
+    collector.step(0)
+    assert collector.fetches_out() == 3
+    # The relay pulls the versions from then on: 2 more.
+    collector.look_at_cluster()
+    count_reply(relays.handles[NODE_A], 2, collector)
+    assert collector.fetches_out() == 5

@@ -395,9 +395,11 @@ class Collector:
             wanted = sorted(hosts, key=lambda node: (node not in busy, node))
             for node in wanted[: max(len(self.slots), 1)]:
                 self._place_relay(node)
-            asked = {what[0] for kind, what in self._refs.values() if kind == "relay-fetched"}
+            # One count call in flight per relay: a replaced relay's call (its node gone,
+            # Ray not yet saying so) does not hold back the new relay's.
+            asked = [what[1] for kind, what in self._refs.values() if kind == "relay-fetched"]
             for node, handle in list(self.relays.handles.items()):
-                if node not in asked:
+                if not any(handle is other for other in asked):
                     self._refs[handle.fetched.remote()] = ("relay-fetched", (node, handle))
         if cfg.ray.num_workers == "auto":
             target = sum(hosts.values())
