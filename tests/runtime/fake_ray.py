@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from podrace.config import RayConfig, TrainConfig
+from podrace.config import RayConfig, TrainConfig, replace
 from podrace.control import Lifetime
 from podrace.types import Rollout
 
@@ -128,17 +128,19 @@ class FakeMetrics:
         pass
 
 
-def fake_run(**ray_cfg: Any) -> Any:
-    """A run as the collector sees it: config, lifetime, metrics (placement: as is)."""
+def fake_run(pipeline: Any = None, changes: dict | None = None, **ray_cfg: Any) -> Any:
+    """A run as the collector and the data orders see it: config (`ray_cfg`, then the
+    dotted `changes`), lifetime, metrics, `pipeline`; placement leaves arrays as they are."""
     import jax
 
-    cfg = TrainConfig(runtime="ray", ray=RayConfig(**ray_cfg))
+    cfg = replace(TrainConfig(runtime="ray", ray=RayConfig(**ray_cfg)), **(changes or {}))
     return SimpleNamespace(
         cfg=cfg,
         lifetime=Lifetime(),
         metrics=FakeMetrics(),
         placement=SimpleNamespace(place=lambda x: x),
         devices=SimpleNamespace(learners=jax.devices("cpu")),
+        pipeline=pipeline,
     )
 
 
@@ -180,6 +182,12 @@ class Worker:
     @property
     def next_seq(self) -> int:
         return self.spec.first_seq + self.made
+
+    @property
+    def credits(self) -> int:
+        """Elastic order: rollouts the learner let it make and it has not made."""
+        granted = sum(c.args[0] for c in self.handle.calls if c.name == "grant")
+        return granted - self.made
 
     def start(self, node_id: str = "head", pid: int = 1) -> None:
         (call,) = self.handle.pending("start")
