@@ -126,3 +126,52 @@ def test_elastic_order_a_worker_lost_with_finished_rollouts_waiting_for_the_lear
     pairs = collections.Counter((actor, seq) for actor, _, seq in stamps)
     assert all(n == 1 for n in pairs.values()), pairs
     assert pipeline.dropped == 0 and run.metrics.total("ray/restarts") == 1
+
+
+def test_elastic_replacements_that_die_before_delivering_use_up_max_restarts():
+    """A worker that delivered may be lost any number of times (its node preempted), but
+    replacements that keep dying before they deliver anything are a crash loop: the run
+    fails once they die more often than `ray.max_restarts`, though an earlier incarnation
+    of the worker delivered."""
+    from podrace.runtime.ray.collector import RunFails, Slot, WorkerCrashLoop
+
+    run = fake_run(changes=run_changes(), num_workers=1, data_order="elastic", max_restarts=2)
+    order = SimpleNamespace(started=lambda slot: None, lost=lambda slot: None)
+    order.received, order.wanted = (lambda slot, shipment: None), (lambda slot: True)
+    collector, remote = make_collector(run, order, FakeRay())
+    collector.add([Slot(0)])
+
+    def incarnation() -> Worker:
+        return Worker(remote.launched[-1])
+
+    worker = incarnation()
+    worker.start()
+    collector.step(0)
+    for _ in range(2):
+        worker.deliver()
+        collector.step(0)
+    for _ in range(3):  # lost after delivering: restarted, whatever the limit
+        worker.die()
+        collector.step(0)
+        worker = incarnation()
+        worker.start()
+        collector.step(0)
+        worker.deliver()
+        collector.step(0)
+    worker.die()
+    collector.step(0)
+    # From here on the replacements die before delivering: starting, or started.
+    incarnation().die_starting()
+    collector.step(0)
+    worker = incarnation()
+    worker.start()
+    collector.step(0)
+    worker.die()
+    collector.step(0)
+    assert len(remote.launched) == 7 and run.metrics.total("ray/restarts") == 6
+    incarnation().die_starting()
+    with pytest.raises(RunFails) as failed:
+        collector.step(0)
+    assert isinstance(failed.value.error, WorkerCrashLoop), failed.value.error
+    assert "failed 3 time(s), restart limit 2" in str(failed.value.error)
+    assert failed.value.component == "ray-worker-0" and len(remote.launched) == 7
