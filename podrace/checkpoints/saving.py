@@ -10,6 +10,7 @@ ahead of its version, and saving those would break "params version = updates app
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from pathlib import Path
@@ -104,16 +105,23 @@ class RunCheckpoints:
                 lifetime.fail("checkpoint", error)
                 raise Stopped("checkpoint failed") from error
 
-    def save_final(self, lifetime: Lifetime, version: int) -> None:
+    def save_final(
+        self, lifetime: Lifetime, version: int, actor_restarts: tuple[int, ...] | None = None
+    ) -> None:
         """Start saving the recorded state of `version` (unless already saved, or the run's
-        start); `close` waits for it."""
+        start); `close` waits for it. `actor_restarts`, the actors' restart counts now,
+        replace the recorded ones: an actor restarted since that update is an incarnation
+        a resumed run must start beyond."""
         if self._checkpointer is None or version <= self._first_version:
             return
         kept = [p for p in (self.point, self.previous) if p is not None and p.version == version]
         if not kept:
             log.warning("no last checkpoint: version %d is no longer held", version)
             return
-        self._guarded(lifetime, self._save, kept[0])
+        point = kept[0]
+        if actor_restarts is not None:
+            point = dataclasses.replace(point, actor_restarts=tuple(actor_restarts))
+        self._guarded(lifetime, self._save, point)
 
     def _save(self, point: RunState) -> None:
         with self._save_lock:  # the learner thread's last save may meet the main thread's

@@ -432,7 +432,7 @@ class Run:
             learned.append(time.perf_counter() - train_start)
             # The last update's state is saved now, in every process at once (a
             # multi-process save is collective), and written while the final evaluation runs.
-            self.checkpoints.save_final(lifetime, self.learner.version)
+            self._save_last(self.learner.version)
             self._saved_last = True
             if self.evaluator is not None:
                 final.append(self.evaluator.evaluate_final(self.learner.version))
@@ -558,7 +558,13 @@ class Run:
             return
         version = self.topology.final_version(self, returned=not learner[0].is_alive())
         if version is not None:
-            self.checkpoints.save_final(self.lifetime, version)
+            self._save_last(version)
+
+    def _save_last(self, version: int) -> None:
+        """Start the last save: the recorded state of `version`, with the actors' restarts
+        as they are now (a Ray worker restarted after that update is an incarnation too)."""
+        restarts = self.topology.actors_saved(self, version)["actor_restarts"]
+        self.checkpoints.save_final(self.lifetime, version, restarts)
 
     def _line_extras(self) -> dict[str, float]:
         extras = {f"sync/{k}": v for k, v in self.publisher.metrics().items()}

@@ -258,6 +258,39 @@ def test_a_stopped_elastic_run_resumes_with_new_incarnations(tmp_path):
     assert len(states) == 24 and min(states) > 0  # an LSTM's (c, h) on every rollout
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_a_resumed_elastic_run_starts_beyond_a_restart_made_after_its_last_update(tmp_path):
+    """Worker 0 is lost after the learner's last update before a stop and restarted
+    (incarnation 1) before the stop, so no update recorded the restart: the resumed run's
+    workers still start beyond it (incarnation 2: fresh seeds, new stamps)."""
+    from podrace.checkpoints.resume import Resume
+    from podrace.runtime.run import prepare
+
+    cfg = elastic(tmp_path, total_steps=2 * 8 * 16 * 6, **{"log.run_name": "r"})
+    run = prepare(cfg)
+    slot0, after = run.topology.slots[0], run.learner.on_update
+
+    def lose_worker_0_then_stop(version: int) -> None:
+        after(version)
+        if version == 3:
+            wait_until(lambda: run.lifetime.stopping or slot0.ready, timeout=120)
+            os.kill(slot0.pid, signal.SIGKILL)
+            wait_until(lambda: run.lifetime.stopping or slot0.restarts == 1, timeout=120)
+            run.lifetime.stop("SIGTERM received")
+
+    run.learner.on_update = lose_worker_0_then_stop
+    first = run.run()
+    assert (first.updates, first.checkpoint, first.ray.restarts) == (3, 3, 1)
+    resumed = prepare(None, resume=Resume(tmp_path / "r"))
+    started = [slot.restarts for slot in resumed.topology.slots]
+    second = resumed.run()  # (run before asserting: it releases the resumed run's Ray)
+    assert started == [2, 2]
+    assert (second.updates, second.checkpoint) == (6, 6)
+    assert min(r for _, r, _ in second.ray.stamps) == 2
+    assert not process_tree(resumed.topology.cluster.temp_dir)
+
+
 def check_a_run_pinned_to_the_second_node(cluster: ray_helpers.TwoNodes, tmp_path) -> None:
     args = ray_cli_run(
         tmp_path,
