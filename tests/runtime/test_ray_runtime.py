@@ -133,6 +133,9 @@ def test_sigkilled_worker_is_restarted_and_nothing_is_consumed_twice(tmp_path):
     )  # the new worker filled the rest
     assert all(r == 0 for w, r, _ in result.ray.stamps if w == 1)
     assert run.topology.worker_pids()[0] != victim
+    # One node: no weights left the learner's node, the restarted worker's pulls included.
+    line = last_line(result.run_dir)
+    assert result.ray.weight_bytes_out == line["ray/weight_bytes_out_per_version"] == 0, line
     assert not process_tree(run.topology.cluster.temp_dir)
 
 
