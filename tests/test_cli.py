@@ -570,7 +570,7 @@ def signalled_before_the_command():
     time.sleep(30)  # a hang: the signal must end it
     yield
 
-def fails(run_dirs):
+def fails(run_dirs, references=()):
     raise ConfigError("nothing to plot")
 
 podrace.metrics.plot.plot_runs = fails

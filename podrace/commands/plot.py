@@ -1,5 +1,6 @@
-"""`podrace plot RUN_DIR [RUN_DIR ...] -o out.png`: learning curves and time breakdowns
-(drawn by `podrace.metrics.plot`) written to one image."""
+"""`podrace plot RUN_DIR [RUN_DIR ...] -o out.png [--reference VALUE:LABEL ...]`: learning
+curves (seeds of one configuration as mean and range), published figures as lines, and
+time breakdowns (drawn by `podrace.metrics.plot`) written to one image."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def plot_command(args: Sequence[str]) -> int:
     try:
         opts = parse(lambda: tyro.cli(PlotOptions, prog="podrace plot", args=list(args)))
         check_output(opts.output)
-        save_figure(plot_runs(opts.run_dirs), opts.output)
+        save_figure(plot_runs(opts.run_dirs, opts.references()), opts.output)
     except ConfigError as error:
         return print_error(str(error))
     return print_result(f"wrote {opts.output}")

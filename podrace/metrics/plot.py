@@ -5,10 +5,16 @@ means of per-rollout (actor) and per-update (learner) timers, so the seconds a c
 took over a line's interval are its mean times the updates in that interval; summed over
 the run that is the time one actor thread, or the learner thread, spent in it.
 `actor/params_wait` is left out: it is a mean over waits only, not over rollouts.
+
+Runs that differ only in their seed (and where they log, checkpoint and how often they
+evaluate) are drawn as one curve: the mean over seeds with their range shaded
+(`podrace.metrics.seed_curves`). `--reference VALUE:LABEL` adds a published figure as a
+horizontal line.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -25,6 +31,14 @@ from matplotlib.ticker import FuncFormatter
 from podrace import json_text
 from podrace.config import ConfigError, TrainConfig
 from podrace.config_dict import config_from_dict
+from podrace.metrics.seed_curves import (
+    Reference,
+    draw_band,
+    draw_references,
+    mean_and_spread,
+    parse_reference,
+)
+from podrace.metrics.ticks import SpacedLocator
 
 FIGSIZE = (12.0, 9.0)
 DPI = 100
@@ -60,6 +74,14 @@ class PlotOptions:
     """Run directories written by `podrace train`."""
     output: Annotated[Path, tyro.conf.arg(aliases=("-o",))]
     """Image to write (.png, .pdf, .svg, ...); replaced if it exists."""
+    reference: Annotated[
+        tuple[str, ...], tyro.conf.UseAppendAction, tyro.conf.arg(metavar="VALUE:LABEL")
+    ] = ()
+    """A published figure drawn as a horizontal line on the return axes, e.g.
+    --reference 17.5:"Young & Tian AC(lambda) at 5M"; repeat for several."""
+
+    def references(self) -> list[Reference]:
+        return [parse_reference(text) for text in self.reference]
 
 
 @dataclass(frozen=True)
@@ -231,8 +253,57 @@ def _title(runs: Sequence[RunData]) -> str:
     return " · ".join(kinds[0]) if len(kinds) == 1 else "; ".join(" · ".join(k) for k in kinds)
 
 
-def plot_runs(run_dirs: Sequence[Path]) -> Figure:
-    """The figure `podrace plot` saves: returns vs env steps and vs wall-clock, time bars."""
+SEED_INDEPENDENT = ("seed", "log", "checkpoint", "safety", "eval")
+"""Config sections that do not change what a run learns: runs that differ only in these are
+seeds of one configuration."""
+
+
+def _learning_config(cfg: TrainConfig) -> str:
+    fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in SEED_INDEPENDENT}
+    return json.dumps(fields, sort_keys=True, default=str)
+
+
+def seed_groups(runs: Sequence[RunData]) -> list[list[RunData]]:
+    """The runs in order, those of one configuration with distinct seeds (two or more)
+    together; every other run alone (the same seed twice is two runs, not a spread)."""
+    by_config: dict[str, list[RunData]] = {}
+    for run in runs:
+        by_config.setdefault(_learning_config(run.cfg), []).append(run)
+    groups: list[list[RunData]] = []
+    for members in by_config.values():
+        seeds = [run.cfg.seed for run in members]
+        if len(members) > 1 and len(set(seeds)) == len(seeds):
+            groups.append(members)
+        else:
+            groups.extend([run] for run in members)
+    return sorted(groups, key=lambda group: runs.index(group[0]))
+
+
+def _draw_run(by_steps, by_time, run: RunData, color: str, label: str) -> None:
+    steps, times, returns = return_curve(run)
+    e_steps, e_times, e_returns = eval_curve(run)
+    single = "o" if len(steps) == 1 else None  # a line of one point draws nothing
+    by_steps.plot(steps, returns, color=color, label=label, marker=single)
+    by_time.plot(times, returns, color=color, label=label, marker=single)
+    by_steps.plot(e_steps, e_returns, color=color, linestyle="--", marker="o", markersize=4)
+    by_time.plot(e_times, e_returns, color=color, linestyle="--", marker="o", markersize=4)
+
+
+def _draw_seeds(by_steps, by_time, group: list[RunData], color: str, label: str) -> None:
+    """The group's mean training and evaluation curves, each seed's range shaded."""
+    train, evals = [return_curve(r) for r in group], [eval_curve(r) for r in group]
+    for ax, x in ((by_steps, 0), (by_time, 1)):
+        labelled = False
+        for curves, style in ((train, "-"), (evals, "--")):
+            band = mean_and_spread([(curve[x], curve[2]) for curve in curves])
+            if band is not None:
+                draw_band(ax, band, color, None if labelled else label, style)
+                labelled = True
+
+
+def plot_runs(run_dirs: Sequence[Path], references: Sequence[Reference] = ()) -> Figure:
+    """The figure `podrace plot` saves: returns vs env steps and vs wall-clock, time bars;
+    seeds of one configuration as their mean and range, `references` as horizontal lines."""
     if not run_dirs:
         raise ConfigError("name at least one run directory to plot")
     runs = [load_run(d) for d in run_dirs]
@@ -254,16 +325,17 @@ def plot_runs(run_dirs: Sequence[Path]) -> Figure:
     fig.suptitle(_title(runs), fontsize=14)
     label_kind = len({(r.cfg.env.id, r.cfg.algo) for r in runs}) > 1
 
-    for i, run in enumerate(runs):
-        color = f"C{i % 10}"
-        label = f"{run.name} ({run.cfg.env.id}, {run.cfg.algo})" if label_kind else run.name
-        steps, times, returns = return_curve(run)
-        e_steps, e_times, e_returns = eval_curve(run)
-        single = "o" if len(steps) == 1 else None  # a line of one point draws nothing
-        by_steps.plot(steps, returns, color=color, label=label, marker=single)
-        by_time.plot(times, returns, color=color, label=label, marker=single)
-        by_steps.plot(e_steps, e_returns, color=color, linestyle="--", marker="o", markersize=4)
-        by_time.plot(e_times, e_returns, color=color, linestyle="--", marker="o", markersize=4)
+    for i, group in enumerate(seed_groups(runs)):
+        color, first = f"C{i % 10}", group[0]
+        kind = f" ({first.cfg.env.id}, {first.cfg.algo})" if label_kind else ""
+        if len(group) == 1:
+            _draw_run(by_steps, by_time, first, color, first.name + kind)
+        else:
+            seeds = ", ".join(str(run.cfg.seed) for run in group)
+            label = f"{first.cfg.name}{kind}: mean of seeds {seeds}, range shaded"
+            _draw_seeds(by_steps, by_time, group, color, label)
+    for ax in (by_steps, by_time):
+        draw_references(ax, references)
 
     style = [
         Line2D([], [], color="grey", label="training episodes"),
@@ -287,6 +359,7 @@ def plot_runs(run_dirs: Sequence[Path]) -> Figure:
         ax.grid(alpha=0.3)
         _thousands(ax.xaxis)
         _thousands(ax.yaxis)
+        ax.xaxis.set_major_locator(SpacedLocator())
         handles, _ = ax.get_legend_handles_labels()
         ax.legend(handles=handles + style, fontsize=8, loc="best")
 

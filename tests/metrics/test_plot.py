@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -14,41 +13,11 @@ from PIL import Image
 
 from podrace.cli import main
 from podrace.commands.plot import check_output, save_figure
-from podrace.config import ConfigError, TrainConfig, replace
+from podrace.config import ConfigError
 from podrace.metrics.plot import DPI, FIGSIZE, load_run, plot_runs, time_breakdown
+from tests.metrics.synthetic_runs import synthetic_run
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def synthetic_run(run_dir: Path, env_id: str = "CartPole-v1", scale: float = 1.0) -> TrainConfig:
-    """A run directory as `podrace train` writes it: 3 metric lines, 10 updates apart."""
-    cfg = replace(TrainConfig(), **{"env.id": env_id})
-    run_dir.mkdir(parents=True)
-    (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
-    lines = []
-    for i, version in enumerate((10, 20, 30)):
-        lines.append(
-            {
-                "version": version,
-                "env_steps": float(version * cfg.steps_per_update),
-                "time_s": 1.5 * (i + 1),
-                "episode/return": scale * 100.0 * (i + 1),
-                "eval/return": scale * 50.0,  # the same evaluation is repeated until a new one
-                "eval/version": 10,
-                "actor/env_step": 0.01,
-                "actor/inference": 0.02,
-                "actor/device_to_host": 0.001,
-                "actor/to_learner": 0.004,
-                "actor/rollout": 0.04,
-                "actor/queue_put_wait": 0.003,
-                "learner/step": 0.1,
-                "learner/queue_get_wait": 0.02,
-                "learner/publish": 0.001,
-            }
-        )
-    lines[-1]["eval/version"], lines[-1]["eval/return"] = 30, scale * 400.0
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    return cfg
 
 
 @pytest.mark.timeout(60)
