@@ -187,6 +187,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--results", default=str(RESULTS), help="parent of the suites' result JSONs")
     p.add_argument("--report", action="store_true", help="write docs/results.md and figures")
     p.add_argument("--check", action="store_true", help="with --report: only compare")
+    p.add_argument("--docs", default=str(REPO / "docs"), help="with --report: the docs folder")
     return p
 
 
@@ -201,7 +202,7 @@ def main(argv: list[str]) -> int:
         if options.report:
             from learning_report import report
 
-            return report(Path(options.results), check=options.check)
+            return report(Path(options.results), options.check, Path(options.docs))
         if options.suite is None:
             p.error("give --suite (or --report)")
         if options.seeds < 1:
