@@ -66,10 +66,27 @@ class Stop:
             self.child.send_signal(signal.SIGINT)
 
 
-def schedule_for(spec: RunSpec, extra: list[str]) -> runs_mod.Schedule:
-    """Eval and checkpoint intervals from the preset's updates at the suite's budget."""
-    from podrace.commands.train import parse_train
+SET_BY_THE_SUITE = ("--env.id", "--seed", "--total-steps", "--log.run-dir", "--log.run-name")
+"""`podrace train` flags the runner sets for every run; extra flags may not change them."""
 
+
+def check_extra(extra: list[str]) -> None:
+    for arg in extra:
+        if arg.partition("=")[0] in SET_BY_THE_SUITE:
+            raise ConfigError(f"{arg.partition('=')[0]} is set by the suite for every run")
+
+
+def schedule_for(spec: RunSpec, extra: list[str]) -> runs_mod.Schedule:
+    """Eval and checkpoint intervals from the preset's updates at the suite's budget; a
+    ConfigError (one line) for a preset or flag `podrace train` does not take."""
+    from podrace.commands.train import parse_train
+    from podrace.presets import PRESETS
+
+    if spec.preset not in PRESETS:
+        raise ConfigError(
+            f"preset {spec.preset!r} is not in this checkout of podrace "
+            f"(presets: {', '.join(sorted(PRESETS))})"
+        )
     cfg = parse_train(
         [spec.preset, "--env.id", spec.task, "--total-steps", str(spec.suite.total_steps), *extra]
     )
@@ -109,18 +126,18 @@ def run_one(
     extra: list[str],
     runner_command: list[str],
     stop: Stop,
+    schedule: runs_mod.Schedule,
 ) -> str:
     """Take one run as far as it goes: done, stopped or failed."""
     where = runs_mod.state(spec, runs, results)
     if where == "done":
         return "done (skipped)"
-    schedule = schedule_for(spec, extra)
-    fresh = runs_mod.train_args(spec, runs, schedule, extra)
     if where in ("new", "abandoned", "stopped"):
         if where == "abandoned":
-            moved = runs_mod.set_aside(spec.run_dir(runs))
+            moved = runs_mod.set_aside(spec, runs)
             print(f"  {spec.run_dir(runs)} had no checkpoint: moved to {moved.name}", flush=True)
         stopped = where == "stopped"
+        fresh = runs_mod.train_args(spec, runs, schedule, extra)
         args = runs_mod.resume_args(spec, runs) if stopped else fresh
         from_update = runs_mod.checkpoint_steps(spec.run_dir(runs))[-1] if stopped else 0
         print(f"  {'resume from update ' + str(from_update) if stopped else 'start'}", flush=True)
@@ -134,12 +151,13 @@ def run_one(
                 "wall_s": round(wall_s, 1),
                 "from_update": from_update,
                 "exit_code": code,
+                "command": runs_mod.command_line(args),
             },
         )
         if code != 0 or not runs_mod.reached_the_end(spec.run_dir(runs)):
             outcome = "stopped" if stop.signum is not None else "failed"
             return f"{outcome} (exit {code}; see {runs_mod.relative(spec.log_path(runs))})"
-    data = runs_mod.result(spec, runs, fresh, runner_command)
+    data = runs_mod.result(spec, runs, runner_command)
     runs_mod.write_json(spec.result_path(results), data)
     write_summary(spec.suite, results)
     final = data["final_return"]
@@ -156,6 +174,11 @@ def run_grid(options: argparse.Namespace, extra: list[str]) -> int:
             where = runs_mod.state(spec, runs, results)
             print(f"{spec.name}: {where}  ({runs_mod.relative(spec.result_path(results))})")
         return 0
+    check_extra(extra)
+    schedules: dict[tuple[str, str], runs_mod.Schedule] = {}
+    for spec in specs:  # every preset and flag checked before the first run starts
+        if (spec.preset, spec.task) not in schedules:
+            schedules[spec.preset, spec.task] = schedule_for(spec, extra)
     runner_command = ["python", "benchmarks/learning.py", *sys.argv[1:]]
     stop = Stop()
     stop.install()
@@ -164,7 +187,8 @@ def run_grid(options: argparse.Namespace, extra: list[str]) -> int:
         if stop.signum is not None:
             break
         print(f"[{i}/{len(specs)}] {spec.task} {spec.preset} seed {spec.seed}", flush=True)
-        outcome = run_one(spec, runs, results, extra, runner_command, stop)
+        schedule = schedules[spec.preset, spec.task]
+        outcome = run_one(spec, runs, results, extra, runner_command, stop, schedule)
         failed += outcome.startswith("failed")
         print(f"  {outcome}", flush=True)
     if stop.signum is not None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from learning_env import hardware, versions
 from learning_suites import REPO, RunSpec
 
+from podrace.config import ConfigError
 from podrace.config_dict import config_from_dict
 from podrace.metrics.plot import eval_curve, load_run, return_curve
 
@@ -94,9 +95,10 @@ def checkpoint_steps(run_dir: Path) -> list[int]:
 
 def reached_the_end(run_dir: Path) -> bool:
     """Whether the run's metrics hold its final line at its last update."""
-    if not (run_dir / "metrics.jsonl").is_file():
+    try:
+        run = load_run(run_dir)
+    except ConfigError:  # no metrics yet (killed while starting), or no run directory
         return False
-    run = load_run(run_dir)
     last = run.lines[-1]
     return bool(last.get("final")) and last.get("version", 0) >= run.cfg.num_updates
 
@@ -113,11 +115,15 @@ def state(spec: RunSpec, runs: Path, results: Path) -> str:
     return "stopped" if checkpoint_steps(run_dir) else "abandoned"
 
 
-def set_aside(run_dir: Path) -> Path:
-    """Move a run directory without a checkpoint out of the way (kept, never deleted)."""
+def set_aside(spec: RunSpec, runs: Path) -> Path:
+    """Move a run directory without a checkpoint, and the record of its launches, out of the
+    way (kept, never deleted): the run starts over, its wall time from zero."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    run_dir, segments = spec.run_dir(runs), spec.segments_path(runs)
     target = run_dir.with_name(f"{run_dir.name}.abandoned-{stamp}")
     run_dir.rename(target)
+    if segments.is_file():
+        segments.rename(target.with_name(f"{target.name}.segments.json"))
     return target
 
 
@@ -148,10 +154,13 @@ def _thin(points: list[list[float]], most: int) -> list[list[float]]:
     return [points[round(i * step)] for i in range(most)]
 
 
-def result(
-    spec: RunSpec, runs: Path, schedule_command: list[str], runner_command: list[str]
-) -> dict:
-    """The result JSON of a finished run, from its run directory and its segments."""
+def command_line(args: list[str]) -> str:
+    return shlex.join(podrace_command() + args)
+
+
+def result(spec: RunSpec, runs: Path, runner_command: list[str]) -> dict:
+    """The result JSON of a finished run, from its run directory and its segments (the
+    first of which started it: its command reproduces the run)."""
     run_dir = spec.run_dir(runs)
     run = load_run(run_dir)
     config = config_from_dict(json.loads((run_dir / "config.json").read_text()))
@@ -186,7 +195,7 @@ def result(
         "segments": segments,
         "hardware": hardware(),
         "versions": versions(),
-        "command": shlex.join(podrace_command() + schedule_command),
+        "command": segments[0]["command"] if segments else None,
         "runner_command": shlex.join(runner_command),
         "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }

@@ -1,5 +1,6 @@
 """`benchmarks/learning.py`: the grid runner end to end on its smoke suite (CartPole, 100k
-steps), stopped by a signal after its first checkpoint, resumed, then skipped as done."""
+steps): a run directory left without a checkpoint is set aside, the run is stopped by a
+signal after its first checkpoint, resumed, then skipped as done."""
 
 from __future__ import annotations
 
@@ -51,6 +52,10 @@ def test_a_stopped_run_resumes_from_its_checkpoint_and_a_finished_one_is_skipped
     run_dir = tmp_path / "runs" / "smoke" / RUN
     result = tmp_path / "results" / "smoke" / f"{RUN}.json"
     log = tmp_path / "runs" / "smoke" / f"{RUN}.log"
+    segments = run_dir.parent / f"{RUN}.segments.json"
+    run_dir.mkdir(parents=True)  # a launch killed before its first checkpoint
+    (run_dir / "config.json").write_text("{}")
+    segments.write_text(json.dumps([{"wall_s": 1000.0, "from_update": 0, "exit_code": -9}]))
 
     first = subprocess.Popen(
         runner(tmp_path), env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -60,8 +65,11 @@ def test_a_stopped_run_resumes_from_its_checkpoint_and_a_finished_one_is_skipped
     assert wait_for_exit(first, 120) == 128 + signal.SIGTERM, first.communicate()[0]
     assert "podrace: SIGINT received, stopped cleanly; checkpoint" in log.read_text()
     assert not result.exists()
-    [stopped] = json.loads((run_dir.parent / f"{RUN}.segments.json").read_text())
+    [stopped] = json.loads(segments.read_text())
     assert stopped["exit_code"] == 128 + signal.SIGINT
+    [aside] = [p.name for p in run_dir.parent.iterdir() if ".abandoned-" in p.name and p.is_dir()]
+    assert (run_dir.parent / aside / "config.json").read_text() == "{}"
+    assert json.loads((run_dir.parent / f"{aside}.segments.json").read_text())[0]["wall_s"] == 1000
 
     second = subprocess.run(
         runner(tmp_path), env=env(), capture_output=True, text=True, timeout=500
@@ -84,6 +92,7 @@ def test_a_stopped_run_resumes_from_its_checkpoint_and_a_finished_one_is_skipped
     assert data["final_return"] == pytest.approx(sum(r for _, r in curve[-3:]) / len(curve[-3:]))
     assert data["command"].startswith("python -m podrace.cli train cartpole-ppo --env.id")
     assert "--checkpoint.every-updates" in data["command"]
+    assert data["segments"][1]["command"].startswith("python -m podrace.cli train --resume")
     assert data["versions"]["jax"] and data["hardware"]["cores"]
     summary = json.loads((result.parent / "summary.json").read_text())
     assert summary["rows"][0]["final_returns"] == [data["final_return"]]
@@ -111,3 +120,17 @@ def test_a_task_not_in_the_suite_is_one_line_and_exit_2(tmp_path):
     assert proc.stderr == (
         "learning: error: task 'Pong-v5' is not in suite 'smoke' (CartPole-v1)\n"
     )
+
+
+@pytest.mark.timeout(60)
+def test_an_extra_flag_the_suite_sets_is_refused_before_any_run(tmp_path):
+    proc = subprocess.run(
+        runner(tmp_path, "--", "--total-steps", "5000"),
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr == "learning: error: --total-steps is set by the suite for every run\n"
+    assert not (tmp_path / "runs").exists()
