@@ -79,8 +79,9 @@ def suite_section(suite: Suite, results: list[dict], references: dict, figure: b
         f"Budget: {suite.budget} per run. The whole suite: "
         f"`python benchmarks/learning.py --suite {suite.name} --seeds {seeds}`.",
         "",
-        "| Task | Preset | Budget | Seeds | Mean ± std | Each seed | Target | Met | Published |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| Task | Preset | Budget | Seeds | Mean ± std | Each seed | Target | Met "
+        "| Training return | Published |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in table:
         ref = refs.get(row["task"], {})
@@ -97,7 +98,7 @@ def suite_section(suite: Suite, results: list[dict], references: dict, figure: b
             mean, each, count = "not run yet", "—", "0"
         out.append(
             f"| {row['task']} | {row['preset']} | {suite.budget} | {count} | {mean} | {each} "
-            f"| {target_text(target)} | {met(target, row['mean'])} "
+            f"| {target_text(target)} | {met(target, row['mean'])} | {_fmt(row['train_mean'])} "
             f"| {published_text(ref.get('published', []))} |"
         )
     if refs.get("note"):
@@ -145,6 +146,9 @@ def markdown(results_root: Path, references: dict) -> str:
         f"- **Mean ± std**: over seeds, {STD_RULE}.",
         "- **Met**: whether the mean over seeds reaches the target (issue 48's, from the "
         "published figure in the Published column).",
+        "- **Training return**: the mean over seeds of the training-episode return (stochastic "
+        "policy) over each run's last 5% of env steps: the measure of the published "
+        "training-return curves (Young & Tian, CleanRL).",
         "- **Published**: [chart] read off a published plot (±5-10% of its axis), [R] read in "
         "the source's table.",
         "- **Figures**: per task, the mean evaluation return over seeds with the range from "

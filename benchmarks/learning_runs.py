@@ -34,6 +34,11 @@ FINAL_EVALS = 3
 FINAL_RETURN_RULE = (
     f"mean of the last {FINAL_EVALS} evaluations (deterministic policy), the final one included"
 )
+FINAL_TRAIN_SHARE = 0.05
+FINAL_TRAIN_RETURN_RULE = (
+    "mean of the training-episode returns (stochastic policy) of the metric lines in the "
+    f"last {FINAL_TRAIN_SHARE:.0%} of env steps, as the published training-return curves"
+)
 TRAIN_POINTS = 200
 """Training-return points kept in a result JSON (the curve, evenly thinned)."""
 
@@ -171,6 +176,7 @@ def result(spec: RunSpec, runs: Path, runner_command: list[str]) -> dict:
     wall_s = sum(s["wall_s"] for s in segments)
     steps = int(last.get("env_steps", 0))
     final = e_returns[-FINAL_EVALS:]
+    late = [r for s, r in zip(t_steps, t_returns) if s >= (1 - FINAL_TRAIN_SHARE) * steps]
     return {
         "suite": spec.suite.name,
         "preset": spec.preset,
@@ -182,6 +188,8 @@ def result(spec: RunSpec, runs: Path, runner_command: list[str]) -> dict:
         "updates": int(last.get("version", 0)),
         "final_return": statistics.fmean(final) if final else None,
         "final_return_rule": FINAL_RETURN_RULE,
+        "final_train_return": statistics.fmean(late) if late else None,
+        "final_train_return_rule": FINAL_TRAIN_RETURN_RULE,
         "eval_episodes": config.eval.episodes,
         "eval_curve": [[int(s), r] for s, r in zip(e_steps, e_returns)],
         "train_curve": _thin(

@@ -36,6 +36,8 @@ def rows(suite: Suite, results: list[dict]) -> list[dict]:
                 key=lambda r: r["seed"],
             )
             finals = [r["final_return"] for r in found if r["final_return"] is not None]
+            trained = [r.get("final_train_return") for r in found]
+            trained = [v for v in trained if v is not None]
             table.append(
                 {
                     "task": task,
@@ -44,6 +46,8 @@ def rows(suite: Suite, results: list[dict]) -> list[dict]:
                     "final_returns": [r["final_return"] for r in found],
                     "mean": statistics.fmean(finals) if finals else None,
                     "std": statistics.pstdev(finals) if finals else None,
+                    "final_train_returns": [r.get("final_train_return") for r in found],
+                    "train_mean": statistics.fmean(trained) if trained else None,
                     "wall_s": [r["wall_s"] for r in found],
                     "steps_per_s": [r["steps_per_s"] for r in found],
                 }
@@ -59,6 +63,7 @@ def summary(suite: Suite, results: Path) -> dict:
         "total_steps": suite.total_steps,
         "budget": suite.budget,
         "final_return_rule": found[0]["final_return_rule"] if found else None,
+        "final_train_return_rule": found[0].get("final_train_return_rule") if found else None,
         "std_rule": STD_RULE,
         "rows": rows(suite, found),
     }

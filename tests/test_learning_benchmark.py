@@ -90,6 +90,7 @@ def test_a_stopped_run_resumes_from_its_checkpoint_and_a_finished_one_is_skipped
     curve = data["eval_curve"]
     assert curve and curve[-1][0] == data["steps"]  # the final evaluation is the last point
     assert data["final_return"] == pytest.approx(sum(r for _, r in curve[-3:]) / len(curve[-3:]))
+    assert data["final_train_return"] > 0  # CartPole pays 1 per step
     assert data["command"].startswith("python -m podrace.cli train cartpole-ppo --env.id")
     assert "--checkpoint.every-updates" in data["command"]
     assert data["segments"][1]["command"].startswith("python -m podrace.cli train --resume")
