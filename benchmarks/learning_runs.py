@@ -23,7 +23,6 @@ from learning_env import hardware, versions
 from learning_suites import REPO, RunSpec
 
 from podrace.config import ConfigError
-from podrace.config_dict import config_from_dict
 from podrace.metrics.plot import eval_curve, load_run, return_curve
 
 EVALS_PER_RUN = 25
@@ -168,7 +167,6 @@ def result(spec: RunSpec, runs: Path, runner_command: list[str]) -> dict:
     first of which started it: its command reproduces the run)."""
     run_dir = spec.run_dir(runs)
     run = load_run(run_dir)
-    config = config_from_dict(json.loads((run_dir / "config.json").read_text()))
     e_steps, _, e_returns = eval_curve(run)
     t_steps, _, t_returns = return_curve(run)
     last = run.lines[-1]
@@ -190,7 +188,7 @@ def result(spec: RunSpec, runs: Path, runner_command: list[str]) -> dict:
         "final_return_rule": FINAL_RETURN_RULE,
         "final_train_return": statistics.fmean(late) if late else None,
         "final_train_return_rule": FINAL_TRAIN_RETURN_RULE,
-        "eval_episodes": config.eval.episodes,
+        "eval_episodes": run.cfg.eval.episodes,
         "eval_curve": [[int(s), r] for s, r in zip(e_steps, e_returns)],
         "train_curve": _thin(
             [[int(s), r] for s, r in zip(t_steps, t_returns) if math.isfinite(r)], TRAIN_POINTS
