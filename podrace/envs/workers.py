@@ -50,12 +50,13 @@ import signal
 import struct
 import subprocess
 import sys
+from typing import Any
 
 import numpy as np
 
 from podrace.config import ConfigError
 from podrace.control import ExplainedError
-from podrace.envs.source import EnvSource
+from podrace.envs.source import EnvSource, factory_name
 from podrace.envs.worker_protocol import (
     CLOSE,
     OK,
@@ -294,34 +295,52 @@ class EnvWorker:
         os.close(self._shm_fd)
 
 
-def _dumps(spec: WorkerSpec) -> bytes:
-    """`spec` pickled for a worker process. With cloudpickle installed, a factory that
-    cannot be imported by its name there (a closure, a lambda, one defined in the script
-    run as `__main__`) goes by value; without it, only an importable one can go."""
-    try:
-        import cloudpickle
-    except ImportError:
-        cloudpickle = None
+ENV_WORKERS = "env worker processes"
+
+
+def _dumps(
+    spec: WorkerSpec,
+    to: str = ENV_WORKERS,
+    instead: str = "use --env.workers 0",
+    pickler: Any = None,
+) -> bytes:
+    """`spec` pickled for the processes `to` (named in the error), by `pickler` (a module
+    with `dumps`: the one the transport uses). By default cloudpickle when installed: a
+    factory that cannot be imported by its name there (a closure, a lambda, one defined in
+    the script run as `__main__`) goes by value; without it, only an importable one can go."""
     factory = spec.source.factory
-    if cloudpickle is None and getattr(factory, "__module__", None) == "__main__":
-        raise ConfigError(
-            "the env factory is defined in the script run as __main__, which env worker "
-            "processes cannot import: define it in a module, install cloudpickle, or use "
-            "--env.workers 0"
-        )
+    if pickler is None:
+        try:
+            import cloudpickle as pickler
+        except ImportError:
+            if getattr(factory, "__module__", None) == "__main__":
+                raise ConfigError(
+                    "the env factory is defined in the script run as __main__, which "
+                    f"{to} cannot import: define it in a module, install cloudpickle, or "
+                    f"{instead}"
+                ) from None
+            pickler = pickle
     try:
-        return (cloudpickle or pickle).dumps(spec)
+        return pickler.dumps(spec)
     except Exception as error:  # noqa: BLE001 - any pickling failure is the user's factory
+        lines = str(error).strip().splitlines()
         raise ConfigError(
-            f"the env factory cannot be sent to env worker processes ({type(error).__name__}: "
-            f"{error}); define it at module level, or use --env.workers 0"
+            f"the env factory {factory_name(factory)!r} cannot be sent to {to} "
+            f"({type(error).__name__}: {lines[0] if lines else ''}); define it at module "
+            f"level, or {instead}"
         ) from None
 
 
-def check_sendable(source: EnvSource) -> None:
-    """ConfigError now (before anything starts) if `source` cannot reach a worker process."""
+def check_sendable(
+    source: EnvSource,
+    to: str = ENV_WORKERS,
+    instead: str = "use --env.workers 0",
+    pickler: Any = None,
+) -> None:
+    """ConfigError now (before anything starts) if `source` cannot reach the processes
+    `to` (see `_dumps`; `instead`: what the user can do otherwise)."""
     if source.factory is not None:
-        _dumps(WorkerSpec(source, 1, 0, range(1), None, None))
+        _dumps(WorkerSpec(source, 1, 0, range(1), None, None), to, instead, pickler)
 
 
 def wait_readable(fds: list[int], timeout: float | None) -> list[int]:

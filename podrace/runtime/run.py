@@ -194,6 +194,8 @@ def prepare(
         cfg = resolved(cfg)  # what `deterministic` implies, shorthands written out
         topology = topology or topology_for(cfg)
         topology.check(cfg)
+        if envs is not None:
+            topology.check_envs(envs)
     except BaseException as error:
         if lock is not None:
             lock.release()

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from podrace.checkpoints.state import RunState
     from podrace.config import TrainConfig
     from podrace.control import Lifetime
+    from podrace.envs.source import EnvSource
     from podrace.pipeline import Pipeline
     from podrace.runtime.devices import Devices
     from podrace.runtime.run import Run
@@ -61,6 +62,10 @@ class Topology:
     # Preparing ---------------------------------------------------------------------------
     def check(self, cfg: TrainConfig) -> None:
         """What must hold before anything starts (a missing dependency): ConfigError."""
+
+    def check_envs(self, envs: EnvSource) -> None:
+        """What must hold of a caller's envs before anything starts (a factory this
+        topology sends to other processes must pickle): ConfigError."""
 
     def join(self, cfg: TrainConfig, lifetime: Lifetime, resuming: bool) -> TrainConfig:
         """Join the run's other processes or cluster; returns the config this process runs

@@ -23,6 +23,7 @@ import types
 
 import pytest
 
+import podrace
 from podrace.config import ConfigError, replace
 from podrace.control import ComponentError
 from podrace.envs import EnvSource
@@ -568,3 +569,30 @@ def test_podrace_train_runs_the_ray_topology(tmp_path):
     assert (result.topology, result.updates) == ("ray", 4)
     assert_consumed_once(result.ray.stamps, 2, 4)
     assert result.final_eval is not None and not ray.is_initialized()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "changes", [{}, {"layout.inference": "server", "env.workers": 1}], ids=["actors", "served"]
+)
+def test_an_unpicklable_env_factory_is_one_line_before_ray_starts(tmp_path, monkeypatch, changes):
+    from podrace.runtime.ray import cluster as ray_cluster
+
+    def connect(*args, **kwargs):
+        raise AssertionError("Ray was started before the factory was checked")
+
+    monkeypatch.setattr(ray_cluster, "connect", connect)
+    lock = threading.Lock()
+
+    def holds_a_lock(num_envs, seed):
+        with lock:
+            return ray_helpers.make_env(ray_helpers.EnvConfig(), num_envs, seed)
+
+    with pytest.raises(ConfigError) as caught:
+        podrace.train(small(tmp_path, **changes), holds_a_lock)
+    assert str(caught.value).startswith(
+        "the env factory 'test_an_unpicklable_env_factory_is_one_line_before_ray_starts."
+        "<locals>.holds_a_lock' cannot be sent to Ray workers (TypeError: cannot pickle "
+    ), caught.value
+    assert "\n" not in str(caught.value)
+    assert not ray.is_initialized() and not list(tmp_path.iterdir())

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from podrace.config import ConfigError, RayConfig
+from podrace.envs.source import EnvSource
+from podrace.envs.workers import check_sendable
 from podrace.validation import worker_resources
 
 
@@ -50,6 +52,13 @@ def check_auth_not_disabled() -> None:
             "RAY_AUTH_MODE=disabled: podrace keeps Ray's token authentication on; unset it "
             "(and see docs/guides/ray.md for clusters started with `ray start`)"
         )
+
+
+def check_envs_sendable(envs: EnvSource) -> None:
+    """ConfigError (before Ray starts) unless a caller's env factory pickles as Ray sends
+    it to its workers (Ray's cloudpickle)."""
+    ray = import_ray()
+    check_sendable(envs, "Ray workers", "use --runtime threads", pickler=ray.cloudpickle)
 
 
 @dataclass(frozen=True)

@@ -235,6 +235,9 @@ class RayServedTopology(ThreadTopology):
         ray_cluster.import_ray()
         ray_cluster.check_auth_not_disabled()
 
+    def check_envs(self, envs: EnvSource) -> None:
+        ray_cluster.check_envs_sendable(envs)
+
     def join(self, cfg: TrainConfig, lifetime, resuming: bool) -> TrainConfig:
         import ray
 

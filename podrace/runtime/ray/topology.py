@@ -50,6 +50,7 @@ import numpy as np
 
 from podrace.checkpoints.state import RunState
 from podrace.config import ConfigError, TrainConfig
+from podrace.envs.source import EnvSource
 from podrace.pipeline import ElasticPipeline, PlacingSink
 from podrace.runtime.build import dummy_trajectory
 from podrace.runtime.ray import cluster as ray_cluster
@@ -196,6 +197,9 @@ class RayTopology(Topology):
         os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
         ray_cluster.import_ray()  # a missing Ray is a one-line error before JAX starts
         ray_cluster.check_auth_not_disabled()
+
+    def check_envs(self, envs: EnvSource) -> None:
+        ray_cluster.check_envs_sendable(envs)
 
     def join(self, cfg: TrainConfig, lifetime, resuming: bool) -> TrainConfig:
         import ray
