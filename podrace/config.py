@@ -60,9 +60,9 @@ class EnvConfig:
     noop_max: int = 30
     """Atari: up to this many no-op actions after reset."""
     obs_indices: tuple[int, ...] | None = None
-    """Keep only these entries of each observation, in this order (a vector observation; any
-    env, either backend); None keeps it whole. Hides part of the state to make an env
-    partially observed: `--env.obs-indices 0 2` leaves CartPole's cart position and pole
+    """Keep only these entries of each observation, in this order, each once (a vector
+    observation; any env, either backend); None keeps it whole. Hides part of the state to
+    make an env partially observed: `--env.obs-indices 0 2` leaves CartPole's cart position and pole
     angle and removes both velocities (the `cartpole-po-*` presets)."""
 
 

@@ -279,6 +279,12 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(
             f"env.obs_indices must name at least one entry, each >= 0, got {list(indices)}"
         )
+    if indices is not None and len(set(indices)) < len(indices):
+        twice = next(i for i in indices if indices.count(i) > 1)
+        raise ConfigError(
+            f"env.obs_indices names entry {twice} twice, got {list(indices)}: each entry is kept "
+            "once"
+        )
     _validate_algos(cfg)
     _validate_sizes(cfg)
     _validate_workers(cfg)

@@ -33,6 +33,7 @@ def run_cli(capsys, *args):
         (["--total-steps", "10"], "less than one update"),
         # unchecked, "" would silently be the working directory
         (["--log.run-dir", ""], "log.run_dir must name a folder"),
+        (["--env.obs-indices", "1", "1"], "env.obs_indices names entry 1 twice"),
     ],
 )
 def test_bad_config_is_one_line_and_exit_2(capsys, tmp_path, flags, message):

@@ -152,6 +152,7 @@ RECURRENT = [
     ({"network.core": "lstm", "network.core_size": 0}, "network.core_size must be positive"),
     ({"env.obs_indices": ()}, "env.obs_indices must name at least one entry, each >= 0, got []"),
     ({"env.obs_indices": (0, -1)}, "env.obs_indices must name at least one entry"),
+    ({"env.obs_indices": (2, 0, 2)}, "env.obs_indices names entry 2 twice, got [2, 0, 2]"),
     ({"env.obs_indices": [0, 2]}, "env.obs_indices must be tuple[int, ...] | None"),
     # TrainConfig(): 2 actors x 8 envs on one learner, rollouts of 32
     (
