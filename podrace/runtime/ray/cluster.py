@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,13 +71,22 @@ class Cluster:
     """Private temp dir of a local Ray (its session, sockets and logs), else None."""
 
 
-def _not_about_sigterm(record: logging.LogRecord) -> bool:
-    return "SIGTERM handler" not in record.getMessage()  # podrace handles signals itself
+QUIETED = {
+    "ray._private.worker": "SIGTERM handler",  # podrace handles signals itself
+    # podrace keeps token authentication on and refuses RAY_AUTH_MODE=disabled
+    "ray._private.authentication.authentication_token_setup": "RAY_AUTH_MODE=disabled to opt out",
+}
+"""Ray's loggers -> a part of the one message of each that `ray.init` is kept from printing."""
+
+
+def _quieted(text: str) -> Callable[[logging.LogRecord], bool]:
+    return lambda record: text not in record.getMessage()
 
 
 def _quiet_init(ray: Any, **kwargs: Any) -> None:
-    logger = logging.getLogger("ray._private.worker")
-    logger.addFilter(_not_about_sigterm)
+    filters = [(logging.getLogger(name), _quieted(text)) for name, text in QUIETED.items()]
+    for logger, keep in filters:
+        logger.addFilter(keep)
     try:
         with (
             warnings.catch_warnings()
@@ -85,7 +94,8 @@ def _quiet_init(ray: Any, **kwargs: Any) -> None:
             warnings.filterwarnings("ignore", message=".*os.fork.*")
             ray.init(log_to_driver=False, configure_logging=False, **kwargs)
     finally:
-        logger.removeFilter(_not_about_sigterm)
+        for logger, keep in filters:
+            logger.removeFilter(keep)
 
 
 @contextlib.contextmanager
