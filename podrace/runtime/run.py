@@ -48,7 +48,7 @@ from podrace.control import (
     Watchdog,
     raise_stopped_if_stopping,
 )
-from podrace.envs import EnvSource, closing
+from podrace.envs import EnvSource, closing, env_warnings_silenced
 from podrace.envs.closing import close_envs
 from podrace.envs.source import factory_record
 from podrace.evaluate import EvalResult, make_greedy_policy
@@ -66,6 +66,7 @@ from podrace.runtime.threads.group import ThreadGroup
 from podrace.runtime.topology import Topology
 from podrace.runtime.xla_setup import deterministic_gpu_ops
 from podrace.sync.base import ChannelClosed
+from podrace.sync.versions import finish_releases
 from podrace.validation import check_types, validate
 
 FINAL_SAVE_WAIT_S = 1.0
@@ -148,14 +149,18 @@ def run_to_end(
 ) -> TrainResult:
     """`train` for a caller that watches signals itself (`interrupted()`: the signal
     received so far)."""
-    run = prepare(cfg, lifetime, envs, resume, faults=faults)
-    ok = False
-    try:
-        result = run.run()
-        run.topology.leave(interrupted)
-        ok = not interrupted()
-    finally:
-        run.topology.shutdown(ok)
+    with env_warnings_silenced():  # as the CLI does
+        try:
+            run = prepare(cfg, lifetime, envs, resume, faults=faults)
+            ok = False
+            try:
+                result = run.run()
+                run.topology.leave(interrupted)
+                ok = not interrupted()
+            finally:
+                run.topology.shutdown(ok)
+        finally:
+            finish_releases()  # the caller's process keeps no thread of the run
     return result
 
 

@@ -7,9 +7,9 @@ computed once, by the first thread that needs it, and shared by everyone after.
 
 from __future__ import annotations
 
+import collections
 import logging
 import operator
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -174,28 +174,53 @@ class _Reaper:
     """Drops references on a background thread.
 
     Evicting an old version can free hundreds of MB (its placed copies); doing that inside
-    `publish` would make the learner pay for it, so evicted versions are handed here.
+    `publish` would make the learner pay for it, so evicted versions are handed here. The
+    thread lingers `LINGER_S` for more, then ends (a new one starts with the next release);
+    `finish` ends it at once, so a finished run leaves no thread in the caller's process.
     """
 
+    LINGER_S = 1.0
+
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._lock = threading.Lock()
+        self._items: collections.deque[Any] = collections.deque()
+        self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._finishing = 0
 
     def release(self, obj: Any) -> None:
-        if self._thread is None:
-            with self._lock:
-                if self._thread is None:
-                    self._thread = threading.Thread(
-                        target=self._run, name="podrace-sync-reaper", daemon=True
-                    )
-                    self._thread.start()
-        self._queue.put(obj)
+        with self._cond:
+            self._items.append(obj)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="podrace-sync-reaper", daemon=True
+                )
+                self._thread.start()
+            else:
+                self._cond.notify()
 
     def _run(self) -> None:
         while True:
-            obj = self._queue.get()
+            with self._cond:
+                if not self._items and not self._finishing:
+                    self._cond.wait(self.LINGER_S)
+                if not self._items:
+                    self._thread = None
+                    return
+                obj = self._items.popleft()
             del obj  # the last reference: memory is freed on this thread
+
+    def finish(self) -> None:
+        """Free what is queued and end the thread (until the next release)."""
+        with self._cond:
+            thread = self._thread
+            self._finishing += 1
+            self._cond.notify_all()
+        try:
+            if thread is not None:
+                thread.join()
+        finally:
+            with self._cond:
+                self._finishing -= 1
 
 
 _reaper = _Reaper()
@@ -204,3 +229,8 @@ _reaper = _Reaper()
 def release_later(obj: Any) -> None:
     """Free `obj` (once the caller has dropped its own references) off the caller's thread."""
     _reaper.release(obj)
+
+
+def finish_releases() -> None:
+    """Free everything `release_later` was given and end its thread (a run is over)."""
+    _reaper.finish()
