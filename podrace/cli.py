@@ -34,21 +34,24 @@ class _LineFormatter(logging.Formatter):
 
 @contextmanager
 def podrace_log_lines() -> Iterator[None]:
-    """While a command runs, podrace's log records are `podrace: warning: ...` lines on
-    stderr, like its errors, whatever handlers a dependency gave the root logger (one of
-    them makes them `WARNING:podrace.evaluate:...`). Undone afterwards: a library user's
-    logging is theirs."""
+    """While a command runs, podrace's log records from INFO up are `podrace: info: ...`
+    and `podrace: warning: ...` lines on stderr, like its errors, whatever handlers a
+    dependency gave the root logger (one of them makes them `WARNING:podrace.evaluate:...`).
+    INFO: events of a run worth a line (a Ray worker restarted or joined). Undone
+    afterwards: a library user's logging is theirs."""
     logger = logging.getLogger("podrace")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_LineFormatter())
-    propagate = logger.propagate
+    propagate, level = logger.propagate, logger.level
     logger.addHandler(handler)
     logger.propagate = False
+    logger.setLevel(logging.INFO)
     try:
         yield
     finally:
         logger.removeHandler(handler)
         logger.propagate = propagate
+        logger.setLevel(level)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

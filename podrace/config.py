@@ -259,6 +259,12 @@ class RayConfig:
     """Restarts allowed per worker; one more failure stops the run with that worker's error."""
     start_timeout_s: float = 120.0
     """Seconds a worker may take to be placed on a node and compile its policy."""
+    log_to_console: bool = False
+    """Print Ray's own output on the console: its workers' logs and the messages its
+    daemons send the driver (a raylet's report of a killed worker, with its state dump).
+    Off: the messages go to `ray.log` in the run directory and a local Ray's logs are
+    copied to its `ray-logs/` when the run ends; podrace prints one line of its own per
+    worker lost, restarted or joined."""
 
 
 @dataclass(frozen=True)

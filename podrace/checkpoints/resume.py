@@ -51,6 +51,7 @@ RESUMABLE = (
     "ray.max_workers",
     "ray.no_workers_timeout_s",
     "ray.node_relay",
+    "ray.log_to_console",
     "distributed.coordinator",
     "distributed.process_id",
     "distributed.init_timeout_s",

@@ -35,6 +35,7 @@ takes longer than the watchdog allows does too (each part's step is a heartbeat)
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -50,6 +51,8 @@ from podrace.envs.workers import EnvWorkerDied, wait_readable
 from podrace.inference.rollouts import BUSY, DONE, READY, Part, ServedActor
 from podrace.sync.base import Snapshot
 from podrace.sync.placement import place
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -256,6 +259,13 @@ class InferenceServer:
                 else "restarts are off"
             )
             raise EnvWorkerDied(f"{death}; {why} (env.worker_restarts {allowed})")
+        log.warning(
+            "%s; restarting it with fresh seeds, restart %d of %d (--env.worker-restarts, "
+            "per worker)",
+            death,
+            part.worker.restarts + 1,
+            allowed,
+        )
         actor, now = part.actor, time.monotonic()
         resume = actor.discard_open()
         for other in actor.parts:

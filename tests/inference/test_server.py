@@ -61,10 +61,10 @@ def test_every_worker_gets_the_actions_for_its_own_observations(settings):
 
 
 @pytest.mark.slow
-def test_a_worker_killed_mid_request_is_restarted_and_its_actors_rollout_retaken(tmp_path):
+def test_a_worker_killed_mid_request_is_restarted_and_its_actors_rollout_retaken(tmp_path, caplog):
     """The first worker to reach its 7th step SIGKILLs itself while stepping: it is
     restarted, the rollouts its actor had open are discarded (never consumed), and every
-    rollout consumed is whole, each (actor, seq) exactly once."""
+    rollout consumed is whole, each (actor, seq) exactly once. The restart is one line."""
     factory = fake_envs.CheckedEnvs(die_once=str(tmp_path / "died"), die_at=7)
     with Served(actors=2, parts=2, envs=4, length=4, rollouts=5, factory=factory) as s:
         s.start().wait()
@@ -75,6 +75,12 @@ def test_a_worker_killed_mid_request_is_restarted_and_its_actors_rollout_retaken
             for rollout in batch:
                 check_rollout(rollout, 4)
         assert sum(a.restarts for a in s.actors) == 1
+    lines = [r.getMessage() for r in caplog.records if r.name == "podrace.inference.server"]
+    assert len(lines) == 1 and lines[0].startswith("env worker a"), lines
+    assert lines[0].endswith(
+        "was killed by SIGKILL; restarting it with fresh seeds, restart 1 of 3 "
+        "(--env.worker-restarts, per worker)"
+    ), lines
 
 
 def test_a_worker_that_dies_beyond_its_restarts_fails_the_run_naming_it(tmp_path):

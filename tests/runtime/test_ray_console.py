@@ -6,10 +6,18 @@ and leaves nothing of it behind.
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
+import threading
+
 import pytest
 
-from podrace.config import RayConfig
+from podrace.config import RayConfig, replace
+from podrace.presets import PRESETS
 from podrace.runtime.ray import cluster as ray_cluster
+from podrace.runtime.ray.cluster import process_tree
+from tests.waiting import wait_until
 
 ray = pytest.importorskip("ray")
 
@@ -25,3 +33,80 @@ def test_a_private_ray_starts_without_rays_auth_opt_out_message(capfd, monkeypat
     assert not ray.is_initialized()
     out, err = capfd.readouterr()
     assert "RAY_AUTH_MODE" not in out + err, out + err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("to_console", [False, True])
+def test_rays_messages_to_the_driver_go_to_the_console_only_when_asked(tmp_path, to_console):
+    from ray._private import worker
+
+    printing = worker.print_to_stdstream
+    with ray_cluster.connect(RayConfig(num_workers=1, log_to_console=to_console), 1) as cluster:
+        assert (worker.print_to_stdstream is printing) == to_console
+        assert worker.global_worker.node is not None  # started, so Ray's threads run
+        cluster.messages.attach(tmp_path)
+        if not to_console:  # as Ray's error listener hands them over
+            worker.print_to_stdstream({"lines": ["a raylet's\nreport"], "pid": "raylet"}, False)
+    assert worker.print_to_stdstream is printing
+    if to_console:
+        assert not (tmp_path / "ray.log").exists() and not (tmp_path / "ray-logs").exists()
+    else:
+        lines = (tmp_path / "ray.log").read_text().splitlines()
+        assert [line.split(" ", 2)[2] for line in lines] == [
+            "(raylet) a raylet's",
+            "(raylet) report",
+        ]
+        assert any((tmp_path / "ray-logs").glob("raylet*"))
+
+
+def small(tmp_path, **changes):
+    """CartPole with 2 Ray workers, long enough to lose one mid-run."""
+    base = {
+        "runtime": "ray",
+        "total_steps": 2 * 8 * 16 * 24,
+        "rollout_length": 16,
+        "env.num_envs": 8,
+        "ray.num_workers": 2,
+        "ppo.num_minibatches": 4,
+        "eval.every_updates": 0,
+        "eval.episodes": 2,
+        "eval.num_envs": 2,
+        "log.console": "none",
+        "log.run_dir": str(tmp_path),
+    }
+    return replace(PRESETS["cartpole-ppo"][1], **{**base, **changes})
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_lost_worker_is_podrace_lines_and_rays_own_output_goes_to_the_run_dir(
+    tmp_path, capfd, caplog
+):
+    from podrace.runtime.run import prepare
+
+    caplog.set_level(logging.INFO, logger="podrace")
+    run = prepare(small(tmp_path))
+    victim = run.topology.worker_pids()[0]
+
+    def kill_mid_run() -> None:
+        wait_until(lambda: run.learner.version >= 3 or run.lifetime.stopping, 300)
+        if not run.lifetime.stopping:
+            os.kill(victim, signal.SIGKILL)
+
+    threading.Thread(target=kill_mid_run, daemon=True).start()
+    result = run.run()
+    assert result.ray.restarts == 1
+    out, err = capfd.readouterr()
+    assert "(raylet)" not in out + err and "RAY_AUTH_MODE" not in out + err, out + err
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("podrace.runtime.ray")]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("ray worker 0 lost on node ") and lines[0].endswith(
+        "; restarting it, restart 1 of 3 (--ray.max-restarts)"
+    ), lines
+    assert lines[1].startswith("ray worker 0 restarted on node "), lines
+    # the raylet's report of the killed worker, which Ray would print on the console
+    assert "(raylet) A worker died" in (result.run_dir / "ray.log").read_text()
+    assert (result.run_dir / "ray-logs").is_dir()  # the local Ray's logs, kept
+    assert any((result.run_dir / "ray-logs").glob("raylet*"))
+    assert not process_tree(run.topology.cluster.temp_dir) and not ray.is_initialized()

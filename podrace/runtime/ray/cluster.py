@@ -28,7 +28,10 @@ from typing import Any
 from podrace.config import ConfigError, RayConfig
 from podrace.envs.source import EnvSource
 from podrace.envs.workers import check_sendable
+from podrace.runtime.ray.messages import RayMessages, messages_to
 from podrace.validation import worker_resources
+
+log = logging.getLogger(__name__)
 
 
 def import_ray() -> Any:
@@ -69,6 +72,8 @@ class Cluster:
     local: bool
     temp_dir: str | None
     """Private temp dir of a local Ray (its session, sockets and logs), else None."""
+    messages: RayMessages
+    """Where Ray's messages to the driver go (`attach` the run directory once it exists)."""
 
 
 QUIETED = {
@@ -83,7 +88,7 @@ def _quieted(text: str) -> Callable[[logging.LogRecord], bool]:
     return lambda record: text not in record.getMessage()
 
 
-def _quiet_init(ray: Any, **kwargs: Any) -> None:
+def _quiet_init(ray: Any, log_to_driver: bool, **kwargs: Any) -> None:
     filters = [(logging.getLogger(name), _quieted(text)) for name, text in QUIETED.items()]
     for logger, keep in filters:
         logger.addFilter(keep)
@@ -92,7 +97,7 @@ def _quiet_init(ray: Any, **kwargs: Any) -> None:
             warnings.catch_warnings()
         ):  # Ray starts its daemons with fork_exec; JAX warns about forks
             warnings.filterwarnings("ignore", message=".*os.fork.*")
-            ray.init(log_to_driver=False, configure_logging=False, **kwargs)
+            ray.init(log_to_driver=log_to_driver, configure_logging=False, **kwargs)
     finally:
         for logger, keep in filters:
             logger.removeFilter(keep)
@@ -114,7 +119,11 @@ def connect(cfg: RayConfig, num_cpus: int) -> Iterator[Cluster]:
         )
     term_handler = signal.getsignal(signal.SIGTERM)
     temp_dir = None
+    messages = RayMessages()
+    quiet = contextlib.ExitStack()
     try:
+        if not cfg.log_to_console:
+            quiet.enter_context(messages_to(messages))
         if cfg.address is None:
             sweep_orphans()
             # Private (never shared with another Ray); keep TMPDIR short: Ray's unix sockets
@@ -123,6 +132,7 @@ def connect(cfg: RayConfig, num_cpus: int) -> Iterator[Cluster]:
             _write_owner(temp_dir)
             _quiet_init(
                 ray,
+                cfg.log_to_console,
                 address="local",
                 num_cpus=num_cpus,
                 _node_ip_address="127.0.0.1",
@@ -135,7 +145,7 @@ def connect(cfg: RayConfig, num_cpus: int) -> Iterator[Cluster]:
         else:
             _check_reachable(cfg.address, min(cfg.start_timeout_s, 10.0))
             try:
-                _quiet_init(ray, address=cfg.address)
+                _quiet_init(ray, cfg.log_to_console, address=cfg.address)
             except (ConnectionError, RuntimeError, ValueError) as error:
                 first = (
                     str(error).strip().splitlines()[0]
@@ -158,6 +168,7 @@ def connect(cfg: RayConfig, num_cpus: int) -> Iterator[Cluster]:
             address=ray.get_runtime_context().gcs_address,
             local=cfg.address is None,
             temp_dir=temp_dir,
+            messages=messages,
         )
         _check_resources(ray, cfg)
         yield cluster
@@ -165,11 +176,18 @@ def connect(cfg: RayConfig, num_cpus: int) -> Iterator[Cluster]:
         processes = process_tree(temp_dir) if temp_dir is not None else {}
         if ray.is_initialized():
             ray.shutdown()
+        quiet.close()  # after the shutdown, which ends Ray's thread that prints them
         if threading_main():
             signal.signal(signal.SIGTERM, term_handler)
         if temp_dir is not None:
             reap(processes)
-            shutil.rmtree(temp_dir, ignore_errors=True)
+            try:
+                if not cfg.log_to_console:
+                    messages.keep_logs(temp_dir)
+            except OSError as error:
+                log.warning("Ray's logs not kept in the run directory: %s", error)
+            finally:
+                shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 TEMP_PREFIX = "podrace-ray-"

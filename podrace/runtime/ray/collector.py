@@ -25,6 +25,7 @@ on each node that can host a worker (`podrace.runtime.ray.relays`), and with
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -35,6 +36,8 @@ from podrace.control import ComponentError, ExplainedError, Stopped
 from podrace.runtime.ray.relays import Relays
 from podrace.runtime.ray.worker import Shipment, WorkerSpec
 from podrace.validation import worker_resources
+
+log = logging.getLogger(__name__)
 
 CHECK_S = 2.0
 """Seconds between looks at the cluster (relays, new nodes) and relay reports."""
@@ -148,6 +151,8 @@ class Collector:
         """(node, version) pulls of those on nodes other than the learner's."""
         self.base_restart = 0
         """The restart count a worker added during the run starts at."""
+        self.running = False
+        """The run's loops run: a worker starting now for the first time joins it."""
 
     # Workers ---------------------------------------------------------------------------
     def add(self, slots: list[Slot]) -> None:
@@ -228,6 +233,7 @@ class Collector:
 
     def run_loop(self) -> None:
         """The collector's thread: until the run stops."""
+        self.running = True
         try:
             while True:
                 self.run.lifetime.check()
@@ -275,6 +281,22 @@ class Collector:
         self.lost_nodes.discard(slot.node)
         if self.relays is not None and slot.node not in self.relays.handles:
             self._place_relay(slot.node)  # for the node's next workers (this one reads direct)
+        if slot.restarts != slot.first_restart:
+            log.info(
+                "ray worker %d restarted on node %s (pid %d)",
+                slot.worker_id,
+                slot.node[:8],
+                slot.pid,
+            )
+        elif self.running:
+            self.run.metrics.count("ray/joins")
+            log.info(
+                "ray worker %d joined on node %s (pid %d): %d alive",
+                slot.worker_id,
+                slot.node[:8],
+                slot.pid,
+                self.alive(),
+            )
         self.order.started(slot)
         if self.order.wanted(slot):
             slot.request = slot.handle.next.remote()
@@ -337,6 +359,18 @@ class Collector:
             )
             crash.__cause__ = cause
             raise RunFails(f"ray-worker-{slot.worker_id}", crash)
+        counted = (
+            f"restart {failures} of {self.cfg.ray.max_restarts} (--ray.max-restarts)"
+            if failures
+            else "not counted against --ray.max-restarts: it had delivered"
+        )
+        log.warning(
+            "ray worker %d lost%s (%s); restarting it, %s",
+            slot.worker_id,
+            f" on node {slot.node[:8]}" if slot.node else "",
+            _one_line(cause),
+            counted,
+        )
         with self.lock:
             slot.restarts += 1
         run.metrics.count("ray/restarts")

@@ -229,6 +229,7 @@ class RayServedTopology(ThreadTopology):
         self._stack = contextlib.ExitStack()
         self._remote: Any = None
         self._cfg: TrainConfig | None = None
+        self._cluster: ray_cluster.Cluster | None = None
 
     def check(self, cfg: TrainConfig) -> None:
         os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
@@ -243,7 +244,7 @@ class RayServedTopology(ThreadTopology):
 
         lifetime.check()
         workers = cfg.num_actors * cfg.env.workers
-        self._stack.enter_context(ray_cluster.connect(cfg.ray, num_cpus=workers))
+        self._cluster = self._stack.enter_context(ray_cluster.connect(cfg.ray, num_cpus=workers))
         self._remote = ray.remote(RayEnvWorker)
         self._cfg = cfg
         return cfg
@@ -253,6 +254,7 @@ class RayServedTopology(ThreadTopology):
         return devices[actor_id * len(devices) // run.cfg.num_actors]
 
     def launch_actors(self, run) -> None:
+        self._cluster.messages.attach(run.run_dir)
         options = {
             "num_cpus": 1,
             "resources": worker_resources(run.cfg.ray),

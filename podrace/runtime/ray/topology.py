@@ -278,7 +278,7 @@ class RayTopology(Topology):
         self.start_keys = np.stack([np.asarray(jax.device_get(k)) for k in keys])
         for slot in self._slots:
             run.metrics.count(f"ray/worker-{slot.worker_id}/restarts", 0)
-        for name in ("ray/restarts", "ray/lost_rollouts"):
+        for name in ("ray/restarts", "ray/lost_rollouts", "ray/joins"):
             run.metrics.count(name, 0)
         if self.elastic(cfg):
             for name in ("ray/dropped_rollouts", "ray/lost_credits"):
@@ -313,6 +313,7 @@ class RayTopology(Topology):
 
     def launch_actors(self, run) -> None:
         self._run = run
+        self.cluster.messages.attach(run.run_dir)
         cfg = run.cfg
         self._params_bytes = sum(np.asarray(x).nbytes for x in jax.tree.leaves(run.published))
         board, channel = run.publisher.board, run.publisher.channel
