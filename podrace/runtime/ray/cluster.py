@@ -5,7 +5,8 @@ never joins or stops anyone else's Ray on the machine), node address 127.0.0.1, 
 dashboard and no job server, Ray's token authentication left as Ray sets it (on), and
 everything it started is stopped at the end. With an address it joins that cluster and
 leaves it running. Ray's own SIGTERM handler is taken back so that the CLI's clean stop
-keeps working.
+keeps working. What Ray prints for the driver goes to the run directory unless
+`--ray.log-to-console` (`podrace.runtime.ray.messages`).
 """
 
 from __future__ import annotations

@@ -43,9 +43,9 @@ class RayMessages:
         with self._lock:
             if self.run_dir is None:
                 self._held.append(text)
-                return
-            with open(self.run_dir / LOG_NAME, "a") as f:
-                f.write(text)
+            elif self.run_dir.is_dir():  # else discarded (a run stopped before its first update)
+                with open(self.run_dir / LOG_NAME, "a") as f:
+                    f.write(text)
 
     def attach(self, run_dir: Path) -> None:
         """From now on messages go to `run_dir`'s `ray.log` (the held ones first)."""
@@ -58,8 +58,8 @@ class RayMessages:
 
     def keep_logs(self, temp_dir: str) -> None:
         """Copy a local Ray's logs (`temp_dir`'s session) into the run directory."""
-        if self.run_dir is None:
-            return  # the run never got a directory: nothing to keep them with
+        if self.run_dir is None or not self.run_dir.is_dir():
+            return  # the run has no directory (never had, or discarded): nothing keeps them
         logs = Path(temp_dir) / "session_latest" / "logs"
         if logs.is_dir():
             shutil.copytree(
