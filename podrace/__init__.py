@@ -102,7 +102,8 @@ def train(cfg: TrainConfig, env_factory: EnvFactory | None = None) -> TrainResul
     replaces `cfg.env.id`: actors and the evaluator build their envs with it (see
     `podrace.envs.EnvSource`); it is called once first, as a probe, to check the spaces.
     Ray workers build their envs from it too, so it must pickle (cloudpickle takes
-    closures) and import on every node.
+    closures; one that does not is a ConfigError before Ray starts) and import on every
+    node.
 
     Ctrl-C (in the main thread, with Python's own SIGINT handling) stops the run as the CLI
     does: the last update's state is saved and the run directory released (a run stopped
