@@ -70,24 +70,34 @@ def test_config_hash_ignores_only_per_process_fields():
 
 
 @pytest.mark.slow
-def test_cli_rejects_bad_distributed_flags_in_one_line(capsys, tmp_path):
-    code = main(
-        [
-            "train",
-            "cartpole-ppo",
-            "--log.run-dir",
-            str(tmp_path),
-            "--distributed.num-processes",
-            "2",
-            "--distributed.process-id",
-            "5",
-            "--distributed.coordinator",
-            "127.0.0.1:1",
-            # how long it tries to tell process 0's meeting, which never answers here
-            "--distributed.init-timeout-s",
-            "1",
-        ]
-    )
+def test_a_process_id_outside_the_run_is_refused_at_once_without_reaching_the_meeting(
+    capsys, tmp_path
+):
+    """Process 5 of 2 has no place in the run: its one-line error comes before it tries to
+    reach process 0's meeting (which would refuse such a process anyway), so it neither
+    waits nor disturbs the meeting of the real processes."""
+    import socket
+
+    with socket.socket() as meeting:  # where process 0's meeting listens
+        meeting.bind(("127.0.0.1", 0))
+        meeting.listen(4)
+        meeting.setblocking(False)
+        code = main(
+            [
+                "train",
+                "cartpole-ppo",
+                "--log.run-dir",
+                str(tmp_path),
+                "--distributed.num-processes",
+                "2",
+                "--distributed.process-id",
+                "5",
+                "--distributed.coordinator",
+                f"127.0.0.1:{meeting.getsockname()[1]}",
+            ]
+        )
+        with pytest.raises(BlockingIOError):  # nobody connected
+            meeting.accept()
     err = capsys.readouterr().err
     assert (
         code == 2 and err.strip() == "podrace: error: distributed.process_id must be in 0..1, got 5"

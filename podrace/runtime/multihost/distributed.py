@@ -172,9 +172,12 @@ STOP_REFUSAL_WAIT_S = 1.0
 def _explicit(d: DistributedConfig) -> tuple[str, int, int] | None:
     """(coordinator, num_processes, process_id) when the flags give the count and id (the
     coordinator from its flag or JAX_COORDINATOR_ADDRESS, as JAX reads it); None when JAX
-    must detect them (SLURM, Open MPI, ...)."""
+    must detect them (SLURM, Open MPI, ...), or when the id is outside the run (no process
+    of the run waits for it: its error is enough)."""
     coordinator = d.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")
     if d.num_processes is None or d.process_id is None or not coordinator:
+        return None
+    if not 0 <= d.process_id < d.num_processes:
         return None
     if not re.fullmatch(r"[0-9]{1,5}", coordinator.rpartition(":")[2]):
         return None  # left to JAX, which names what is wrong
