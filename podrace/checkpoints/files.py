@@ -38,10 +38,10 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import jax
@@ -105,6 +105,19 @@ class Writers:
     num_processes: int = 1
     enabled: bool = True
     """False where not every process sees the run directory (no checkpoints then)."""
+    share_counters: Callable[[int, dict], list[dict] | None] | None = field(
+        default=None, compare=False
+    )
+    """How every process's counters of a save reach process 0, which writes the meta:
+    called by each process with (version, its counters), it returns every process's in
+    process order on process 0 and None elsewhere. None: one process."""
+
+    def every_process(self, version: int, counters: dict) -> list[dict] | None:
+        """The counters of every process for the save of `version` (process 0; None on the
+        others, which only hand theirs over)."""
+        if self.share_counters is None:
+            return [counters]
+        return self.share_counters(version, counters)
 
     @property
     def primary(self) -> bool:
@@ -202,16 +215,22 @@ class Checkpointer:
             "actor_restarts": [int(r) for r in state.actor_restarts],
             "saved_at": time.time(),
         }
-        self._pending = self._executor.submit(self._write, int(state.version), arrays, meta)
+        counters = {name: float(value) for name, value in state.counters.items()}
+        self._pending = self._executor.submit(
+            self._write, int(state.version), arrays, meta, counters
+        )
         self._last_version = state.version
         blocked = time.perf_counter() - start
         self.metrics.add("checkpoint/blocked_s", blocked)
         return blocked
 
-    def _write(self, step: int, arrays: dict, meta: dict) -> None:
+    def _write(self, step: int, arrays: dict, meta: dict, counters: dict) -> None:
         start = time.perf_counter()
         primary = self.writers.primary
         final, partial = self.directory / str(step), self.directory / f"{step}{PARTIAL}"
+        every = self.writers.every_process(step, counters)
+        if every is not None:
+            meta = {**meta, "counters": every}  # one entry per process, in process order
         args = ocp.args.Composite(
             arrays=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta)
         )

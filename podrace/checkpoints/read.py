@@ -216,6 +216,24 @@ def _check_meta(step_dir: Path, meta: dict) -> None:
             "'actor_restarts' must be a list of non-negative integers, one per actor, got "
             f"{json.dumps(restarts)[:80]}",
         )
+    counters = meta.get("counters", [{}])  # absent in checkpoints of older podrace
+    if not (
+        isinstance(counters, list)
+        and counters
+        and all(
+            isinstance(c, dict)
+            and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+                for v in c.values()
+            )
+            for c in counters
+        )
+    ):
+        raise problem(
+            "counters",
+            "'counters' must be a list of {name: non-negative number}, one per process, got "
+            f"{json.dumps(counters)[:80]}",
+        )
     factory = meta.get("env_factory")  # absent: envs from the config's env id
     reference = factory.get("import") if isinstance(factory, dict) else None
     if "env_factory" in meta and not (
@@ -405,4 +423,23 @@ def restore(
         time_s=float(meta.get("time_s", 0.0)),  # absent in checkpoints of older podrace
         skipped_updates=int(meta.get("skipped_updates", 0)),
         actor_restarts=tuple(meta.get("actor_restarts") or (0,) * actors),
+        counters=_counters_of(step_dir, meta, writers.process_id),
     )
+
+
+def _counters_of(step_dir: Path, meta: dict, process_id: int) -> dict[str, float]:
+    """Process `process_id`'s counters in `meta` (a checkpoint of older podrace kept only
+    the run's env steps, episodes and skipped updates: those)."""
+    if "counters" not in meta:
+        return {
+            "env_steps": float(meta["env_steps"]),
+            "episodes": float(meta["episodes"]),
+            "learner/skipped_nonfinite": float(meta.get("skipped_updates", 0)),
+        }
+    every = meta["counters"]
+    if process_id >= len(every):
+        raise ConfigError(
+            f"corrupt checkpoint: {step_dir / 'meta'}: 'counters' has {len(every)} entries, "
+            f"none for process {process_id}"
+        )
+    return {name: float(value) for name, value in every[process_id].items()}

@@ -77,7 +77,8 @@ class RunCheckpoints:
 
     @property
     def latest(self) -> int | None:
-        """Version of the last checkpoint written completely by this run."""
+        """Version of the run's latest complete checkpoint: the last written by this run,
+        else the one it resumed from (`Run` names it in the metrics at the start)."""
         version = self._metrics.last("checkpoint/version")
         return None if version is None else int(version)
 

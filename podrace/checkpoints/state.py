@@ -10,7 +10,7 @@ actors continue, the run's counters continue.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,10 @@ class RunState:
     """Updates skipped as non-finite so far (the run's skip budget spans its resumes)."""
     actor_restarts: tuple[int, ...] = ()
     """How often each actor was restarted (Ray workers; () or zeros for threads)."""
+    counters: dict[str, float] = field(default_factory=dict)
+    """This process's running totals (`Metrics.count`: env steps, episodes, restarts, lost
+    credits, ...) when the state was taken: a resumed run's continue from here. Each
+    process of a multi-host run keeps its own (`Writers.every_process`)."""
 
     def arrays(self) -> dict:
         tree = {

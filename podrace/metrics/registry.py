@@ -51,6 +51,11 @@ class Metrics:
         with self._lock:
             return self._totals.get(name, 0.0)
 
+    def totals(self) -> dict[str, float]:
+        """Every running total (`count`) so far: what a checkpoint keeps of the counters."""
+        with self._lock:
+            return dict(self._totals)
+
     def last(self, name: str, default: float | None = None) -> float | None:
         with self._lock:
             return self._last.get(name, default)

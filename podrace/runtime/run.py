@@ -94,7 +94,8 @@ class TrainResult:
     """Updates skipped as non-finite (safety.on_nonfinite=skip), the run's earlier parts
     included."""
     checkpoint: int | None = None
-    """Version of the last checkpoint this run wrote completely (None: none)."""
+    """Version of the run's latest complete checkpoint: the last this run wrote, else the
+    one it resumed from (None: none)."""
     topology: str = "threads"
     """`threads`, `ray` or `multihost`."""
     ray: Any = None
@@ -378,16 +379,18 @@ class Run:
         self.evaluator.warm_up(self.published)
 
     def _start_state(self, restored: RunState | None) -> RunState:
-        """A fresh run's first state, or a restored one with its counters, clock and skip
-        count carried into this run; the topology says where its actors start. (The
-        learner was built from the restored state: `build_learner`'s `restore`.)"""
+        """A fresh run's first state, or a restored one with this process's counters
+        (every running total: env steps, episodes, restarts, ...), clock and skip count
+        carried into this run, and the checkpoint it stands on named in the metrics; the
+        topology says where its actors start. (The learner was built from the restored
+        state: `build_learner`'s `restore`.)"""
         actors = self.topology.actors_start(self, restored)
         m = self.metrics
         m.set("version", self.learner.version)  # every metrics line names a version
         if restored is not None:
-            m.count("env_steps", restored.env_steps)
-            m.count("episodes", restored.episodes)
-            m.count("learner/skipped_nonfinite", restored.skipped_updates)
+            for name, total in restored.counters.items():
+                m.count(name, total)
+            m.set("checkpoint/version", restored.version)  # complete, and the run's latest
             self.learner.skipped = restored.skipped_updates
             self.time_offset = restored.time_s
         return RunState(
@@ -395,14 +398,15 @@ class Run:
         )
 
     def _counters(self, version: int, start: bool = False) -> dict:
-        """What a checkpoint keeps of the run itself: its version, env steps, episodes and
-        training clock."""
-        m = self.metrics
+        """What a checkpoint keeps of the run itself: its version, this process's running
+        totals (env steps and episodes among them) and training clock."""
+        totals = self.metrics.totals()
         return {
             "version": version,
-            "env_steps": int(m.total("env_steps")),
-            "episodes": int(m.total("episodes")),
+            "env_steps": int(totals.get("env_steps", 0)),
+            "episodes": int(totals.get("episodes", 0)),
             "time_s": self.time_offset if start else self._clock(),
+            "counters": totals,
         }
 
     def _clock(self) -> float:

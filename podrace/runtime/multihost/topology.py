@@ -34,6 +34,7 @@ failed waits briefly for that news so the error names the process, not the socke
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import secrets
@@ -77,6 +78,8 @@ _RUN_DIR_KEY = "podrace/run-dir"
 """Set by process 0 once it made the run directory, in which the others make their part."""
 _SHARED_KEY = "podrace/shared/{}"
 _FINAL_KEY = "podrace/final/{}"
+_COUNTERS_KEY = "podrace/counters/{}/{}"
+"""Process i's counters for the save of a version, for process 0 to put in the meta."""
 
 
 class MultiHostTopology(ThreadTopology):
@@ -244,7 +247,32 @@ class MultiHostTopology(ThreadTopology):
         return every
 
     def writer(self) -> Writers:
-        return Writers(self.process_id, self.num_processes, enabled=self.shared)
+        return Writers(
+            self.process_id, self.num_processes, self.shared, share_counters=self._share_counters
+        )
+
+    def _share_counters(self, version: int, counters: dict) -> list[dict] | None:
+        """Each process's own counters go into every checkpoint (its episodes are its own
+        actors'): the others hand theirs to process 0 through the coordination service."""
+        cluster = self.cluster
+        if cluster.process_id != 0:
+            cluster.store.key_value_set(
+                _COUNTERS_KEY.format(version, cluster.process_id), json.dumps(counters)
+            )
+            return None
+        every = [counters]
+        for process in range(1, cluster.num_processes):
+            key = _COUNTERS_KEY.format(version, process)
+            try:
+                answer = cluster.store.blocking_key_value_get(key, int(self.peer_timeout_s * 1000))
+            except Exception as error:  # noqa: BLE001 - jaxlib's own error type: no answer
+                raise TimeoutError(
+                    f"checkpoint {version}: process {process} did not hand over its counters "
+                    f"within {self.peer_timeout_s:g}s"
+                ) from error
+            cluster.store.key_value_delete(key)
+            every.append(json.loads(answer))
+        return every
 
     # Running -------------------------------------------------------------------------
     def starting(self, run) -> None:
