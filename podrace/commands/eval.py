@@ -118,7 +118,9 @@ def _check_paths(opts: EvalOptions) -> None:
 
 
 def abstract_run_state(cfg: TrainConfig, spec: EnvSpec) -> RunState:
-    """Shapes and dtypes of a run's RunState (no arrays are computed): a restore template."""
+    """Shapes and dtypes of a run's RunState (no arrays are computed): a restore template.
+    The keys and normalizer statistics are those of every process's actors and envs (a
+    multi-host checkpoint holds every process's; its stored config names the count)."""
     network = make_network(cfg.network, spec)
     obs = jax.ShapeDtypeStruct((1,) + tuple(spec.obs_shape), spec.obs_dtype)
     params = jax.eval_shape(network.init, jax.random.PRNGKey(0), obs)
@@ -127,7 +129,7 @@ def abstract_run_state(cfg: TrainConfig, spec: EnvSpec) -> RunState:
     def keys(n: int) -> jax.ShapeDtypeStruct:
         return jax.ShapeDtypeStruct((n, 2), jnp.uint32)
 
-    n = cfg.num_actors
+    n = cfg.num_actors * (cfg.distributed.num_processes or 1)
     normalizer = jax.eval_shape(
         lambda: init_normalizer(cfg.normalize, spec.obs_shape, n * cfg.env.num_envs)
     )
