@@ -40,8 +40,9 @@ class EnvConfig:
     Python env then runs on a core of its own) while an inference server chooses the
     actions (--layout.inference); 0 steps them in the actor's thread."""
     worker_restarts: int = 3
-    """Restarts allowed per env worker process that dies (fresh, derived seeds); one more
-    death fails the run, naming the worker."""
+    """How many times each env worker process may be restarted after it dies (each worker
+    counts its own; fresh, derived seeds); one more death of that worker fails the run,
+    naming it."""
     # Atari (envpool *-v5 ids); ignored by other envs.
     frame_skip: int = 4
     """Atari: emulator frames per agent step."""

@@ -484,7 +484,7 @@ def test_ray_restart_limits_explain_themselves():
     from podrace.runtime.ray.topology import WorkerCrashLoop, WorkerNotReady
 
     assert explains_itself(
-        WorkerCrashLoop("ray worker 0 failed 1 time(s), restart limit 0 (--ray.max-restarts)")
+        WorkerCrashLoop("ray worker 0 failed 1 time, restart limit 0 (--ray.max-restarts)")
     )
     assert explains_itself(WorkerNotReady("restarted worker not ready within 20s"))
 

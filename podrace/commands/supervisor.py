@@ -63,6 +63,8 @@ class Signals:
         self.before_exit: Callable[[], None] | None = None
         """Called by a second signal before the process exits (undo what a half-built run
         left: it will never run)."""
+        self.last_words: Callable[[], str] | None = None
+        """What a second signal's line adds (which checkpoint the run leaves)."""
         self._previous: dict[int, object] = {}
 
     def install(self) -> None:
@@ -75,7 +77,8 @@ class Signals:
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
         if self.received is not None:
-            _exit_on_a_second(signum, self.before_exit)
+            words = self.last_words() if self.last_words is not None else ""
+            _exit_on_a_second(signum, self.before_exit, words)
         self.received = signum
 
     @property
@@ -83,9 +86,11 @@ class Signals:
         return signal.Signals(self.received).name if self.received else ""
 
 
-def _exit_on_a_second(signum: int, before_exit: Callable[[], None] | None = None) -> None:
-    """A second signal while stopping: one line, then exit at once."""
-    write_stderr_now(f"podrace: second {signal.Signals(signum).name}, exiting now\n")
+def _exit_on_a_second(
+    signum: int, before_exit: Callable[[], None] | None = None, words: str = ""
+) -> None:
+    """A second signal while stopping: one line (ending with `words`), then exit at once."""
+    write_stderr_now(f"podrace: second {signal.Signals(signum).name}, exiting now{words}\n")
     if before_exit is not None:
         before_exit()
     os._exit(128 + signum)

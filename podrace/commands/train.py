@@ -128,6 +128,7 @@ class Training:
     def __init__(self, args: Sequence[str], signals: Signals):
         self.args, self.signals = args, signals
         signals.before_exit = self.discard_untrained_run_dir
+        signals.last_words = self.checkpoint_left
         self.lifetime = None  # the run's Lifetime, once JAX is imported
         self.grace_s = supervisor.EXIT_GRACE_S
         self.starved_exit_s = supervisor.STARVED_EXIT_S
@@ -252,6 +253,23 @@ class Training:
 
         run_dir = self.lifetime.run_dir if self.lifetime is not None else None
         discard_if_untrained(run_dir, getattr(getattr(self.run, "learner", None), "version", None))
+
+    def checkpoint_left(self) -> str:
+        """For the line of a process that exits at once (a second signal): '; ' and which
+        checkpoint is the run's latest complete one, and which write it abandons; '' before
+        the run is built."""
+        checkpoints = getattr(self.run, "checkpoints", None)
+        if checkpoints is None:
+            return ""
+        latest, writing = checkpoints.latest, checkpoints.writing
+        words = (
+            f"; checkpoint {latest} is the latest complete (podrace train --resume {self.run.root})"
+            if latest is not None
+            else "; no checkpoint is complete"
+        )
+        if writing is not None:
+            words += f"; checkpoint {writing} was being written and is discarded"
+        return words
 
     def stopped(self, left_behind: bool = False) -> int:
         """Print the line of a run stopped by a signal; its exit code. `left_behind`: the

@@ -51,6 +51,7 @@ from podrace.envs.workers import EnvWorkerDied, wait_readable
 from podrace.inference.rollouts import BUSY, DONE, READY, Part, ServedActor
 from podrace.sync.base import Snapshot
 from podrace.sync.placement import place
+from podrace.wording import times
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +255,7 @@ class InferenceServer:
         allowed = self.settings.worker_restarts
         if part.worker.restarts >= allowed:
             why = (
-                f"restarted {part.worker.restarts} times already, the limit"
+                f"restarted {times(part.worker.restarts)} already, the limit for each worker"
                 if allowed
                 else "restarts are off"
             )

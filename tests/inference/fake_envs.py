@@ -69,6 +69,8 @@ class CheckedEnv:
         if not np.array_equal(np.asarray(actions), want):
             raise AssertionError(f"envs {self.ids.tolist()} got actions {actions}, want {want}")
         self.steps += 1
+        if self.factory.die_every and self.steps == self.factory.die_at:
+            os.kill(os.getpid(), signal.SIGKILL)
         die = self.factory.die_once
         if die and self.steps == self.factory.die_at:
             try:
@@ -103,13 +105,14 @@ class CheckedEnvs:
     """The env factory: `slow_s` per step in the workers whose seed is even (every worker
     with `slow_all`); the first
     worker to reach its step `die_at` kills itself with SIGKILL (once per run: the file
-    `die_once` marks it)."""
+    `die_once` marks it); with `die_every`, every worker does, each restart included."""
 
     episode: int = 5
     slow_s: float = 0.0
     slow_all: bool = False
     die_once: str | None = None
     die_at: int = 5
+    die_every: bool = False
 
     def __call__(self, num_envs: int, seed: int) -> CheckedEnv:
         return CheckedEnv(num_envs, seed, self)

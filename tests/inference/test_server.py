@@ -96,6 +96,19 @@ def test_a_worker_that_dies_beyond_its_restarts_fails_the_run_naming_it(tmp_path
     assert "env.worker_restarts 0" in message
 
 
+def test_the_restart_limit_is_each_workers_own_and_its_message_counts_in_words():
+    """Every worker dies at its 3rd step, restarts included: with one restart allowed, the
+    run fails when a worker dies after its own restart, and says so in plain words."""
+    factory = fake_envs.CheckedEnvs(die_every=True, die_at=3)
+    with Served(actors=1, parts=2, envs=4, factory=factory, worker_restarts=1) as s:
+        with pytest.raises(ComponentError) as raised:
+            s.start().wait()
+    message = str(raised.value.error)
+    assert message.endswith(
+        "restarted 1 time already, the limit for each worker (env.worker_restarts 1)"
+    ), message
+
+
 def test_an_env_that_raises_fails_the_run_with_one_line_naming_its_worker():
     with Served(actors=1, parts=2, envs=4) as s:
         s.server.serve_fn = _wrong_rows(s.server.serve_fn)

@@ -3,6 +3,7 @@
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -132,6 +133,36 @@ def test_second_signal_exits_at_once(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_second_signal_names_the_checkpoint_the_run_leaves(tmp_path):
+    """Exiting at once on a second signal, the one line says which checkpoint is complete
+    (a save the first signal started may be cut short): the one a resume continues."""
+    proc = start(
+        tmp_path,
+        *("--total-steps", "100000000", "--checkpoint.every-updates", "2"),
+        *("--checkpoint.keep", "1000"),
+    )
+    try:
+        folder = checkpoint_dir(tmp_path / "r")
+        wait_until(lambda: checkpoint_steps(folder), 120, while_alive=proc)
+        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        proc.wait()
+    line = err.strip().splitlines()[-1]
+    said = re.fullmatch(
+        r"podrace: second SIG(INT|TERM), exiting now; checkpoint ([0-9]+) is the latest "
+        rf"complete \(podrace train --resume {re.escape(str(tmp_path / 'r'))}\)"
+        r"(; checkpoint [0-9]+ was being written and is discarded)?",
+        line,
+    )
+    assert said, err
+    assert int(said.group(2)) in checkpoint_steps(folder)
 
 
 @pytest.mark.slow

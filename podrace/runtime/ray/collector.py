@@ -36,6 +36,7 @@ from podrace.control import ComponentError, ExplainedError, Stopped
 from podrace.runtime.ray.relays import Relays
 from podrace.runtime.ray.worker import Shipment, WorkerSpec
 from podrace.validation import worker_resources
+from podrace.wording import times
 
 log = logging.getLogger(__name__)
 
@@ -353,7 +354,7 @@ class Collector:
             failures = slot.restarts - slot.first_restart + 1
         if failures > self.cfg.ray.max_restarts:
             crash = WorkerCrashLoop(
-                f"ray worker {slot.worker_id} failed {failures} time(s), restart limit "
+                f"ray worker {slot.worker_id} failed {times(failures)}, restart limit "
                 f"{self.cfg.ray.max_restarts} (--ray.max-restarts); last error: "
                 f"{_one_line(cause)}"
             )
