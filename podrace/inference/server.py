@@ -134,6 +134,8 @@ class InferenceServer:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self.restarts = 0
+        self.on_restart: Callable[[], None] = lambda: None
+        """Called after each restart of one of its workers (the run counts them)."""
         self.batches = 0
         for actor in self.actors:
             actor.key_chain = key_chain
@@ -283,6 +285,7 @@ class InferenceServer:
         part.seq, part.t, part.last_for = resume, 0, None
         part.heartbeat.enter("env worker restart", part.steps)
         self.restarts += 1
+        self.on_restart()
 
     def _choose(self, now: float) -> tuple[list[tuple[Part, bool]], float | None]:
         """(the requests to serve now, each with whether it gets an action (else only the

@@ -205,6 +205,18 @@ def test_a_sigkilled_env_worker_is_restarted_and_the_run_finishes(tmp_path):
     finally:
         os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
         proc.wait()
+    kept = len(metrics.read_text().splitlines())
+    resumed = subprocess.run(
+        [sys.executable, "-m", "podrace.cli", "train", "--resume", str(tmp_path / "r")]
+        + ["--total-steps", "65000", "--log.console", "none"],
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    after = [json.loads(x) for x in metrics.read_text().splitlines()[kept:]]
+    assert after and all(line["env/worker_restarts"] == 1 for line in after)  # counts on
 
 
 @pytest.mark.timeout(240)

@@ -131,6 +131,7 @@ class ServedActors:
             else:
                 name = f"actor-{actor.actor_id}.inference"
             groups.setdefault(name, []).append(actor)
+        run.metrics.count("env/worker_restarts", 0)  # in every line, 0 included
         for name, actors in groups.items():
             device = actors[0].device
             server = InferenceServer(
@@ -142,6 +143,8 @@ class ServedActors:
                 device,
                 run.control(name),
             )
+            # A running total: a resumed run's continues (checkpointed with the counters).
+            server.on_restart = lambda: run.metrics.count("env/worker_restarts")
             self.servers.append(server)
             lifetime.check()
             server.warm_up(run.published)
@@ -158,9 +161,6 @@ class ServedActors:
         """Each actor's workers; a worker is closed with the thread that steps it (an
         inference thread stuck in a call leaves its workers to the process's exit)."""
         return [(f"actor-{i}", WorkerGroup(workers)) for i, workers in self.workers.items()]
-
-    def line_extras(self) -> dict[str, float]:
-        return {"env/worker_restarts": float(sum(s.restarts for s in self.servers))}
 
     def close(self) -> None:
         for workers in self.workers.values():

@@ -136,9 +136,6 @@ class ThreadTopology(Topology):
             return self.served.env_owners()
         return [(f"actor-{actor.actor_id}", actor.env) for actor in self.actors]
 
-    def line_extras(self, run) -> dict[str, float]:
-        return {} if self.served is None else self.served.line_extras()
-
     def close(self) -> None:
         if self.served is not None:
             self.served.close()
