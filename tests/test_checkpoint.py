@@ -757,6 +757,14 @@ def _meta(edit: Callable[[dict], object]) -> Callable[[Path], None]:
         (_meta(lambda m: m.update(env_spec=None)), "meta: 'env_spec' must be a mapping, got null"),
         (_meta(lambda m: m.update(time_s="soon")), "meta: 'time_s' must be a non-negative number"),
         (
+            _meta(lambda m: m.update(counters=[{"episodes": -1}])),
+            "meta: 'counters' must be a list of {name: non-negative number}, one per process",
+        ),
+        (
+            _meta(lambda m: m.update(counters=[])),
+            "meta: 'counters' must be a list of {name: non-negative number}, one per process",
+        ),
+        (
             _meta(lambda m: m.update(env_factory={"name": "f", "import": "os:system; rm"})),
             'meta: \'env_factory\' must be {"name": str, "import": "module:qualname" or null}',
         ),
@@ -790,6 +798,8 @@ def _meta(edit: Callable[[dict], object]) -> Callable[[Path], None]:
         "version-type",
         "env-spec-type",
         "time-type",
+        "counters-negative",
+        "counters-empty",
         "env-factory-shape",
         "num-envs-type",
         "hidden-sizes-type",
@@ -808,6 +818,25 @@ def test_a_manifest_or_meta_of_the_wrong_shape_is_a_corrupt_checkpoint(tmp_path,
         f"corrupt checkpoint: config of checkpoint {tmp_path / '1'}"
     ), text
     assert message in text and "\n" not in text, text
+
+
+@pytest.mark.timeout(120)
+def test_every_counter_round_trips_and_an_older_checkpoint_gives_the_three_it_kept(tmp_path):
+    cfg = tiny_config()
+    counters = {"env_steps": 64.0, "episodes": 6.0, "ray/restarts": 2.0}
+    state = dataclasses.replace(fresh_state(cfg, version=2), counters=counters)
+    checkpointer = Checkpointer(tmp_path, cfg, env_spec(cfg.env))
+    try:
+        checkpointer.save(state)
+    finally:
+        checkpointer.close()
+    assert restore(tmp_path, fresh_state(cfg), env_spec(cfg.env)).counters == counters
+    _meta(lambda m: m.pop("counters"))(tmp_path / "2")  # as podrace before counters wrote it
+    assert restore(tmp_path, fresh_state(cfg), env_spec(cfg.env)).counters == {
+        "env_steps": float(state.env_steps),
+        "episodes": 6.0,
+        "learner/skipped_nonfinite": 0.0,
+    }
 
 
 @pytest.mark.timeout(120)

@@ -20,11 +20,13 @@ part.
 
 Checkpoints: written by every process together (orbax's multi-process save: each process
 writes its own shards of the learner keys, process 0 the rest, the manifest and the step's
-rename), which needs a run directory every process sees. The processes check that at the
-start: where it is not shared, a run that asks for periodic checkpoints is refused, and
-one that does not writes none (a warning says so). A stop saves the newest version every
-process has recorded (they differ by at most one update, see `final_version`); a lost
-process leaves the last periodic checkpoint, which a resume of all processes continues.
+rename; each process's counters, its actors' episodes among them, reach process 0's meta
+through the coordination service), which needs a run directory every process sees. The
+processes check that at the start: where it is not shared, a run that asks for periodic
+checkpoints is refused, and one that does not writes none (a warning says so). A stop
+saves the newest version every process has recorded (they differ by at most one update,
+see `final_version`); a lost process leaves the last periodic checkpoint, which a resume
+of all processes continues.
 
 Failure: a lost process (exit, kill, hang, error, Ctrl-C) reaches every other one through
 the peer link, which fails the local run naming that process; a learner whose collective
