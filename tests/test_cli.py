@@ -104,6 +104,17 @@ def test_help_lists_flags(capsys):
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
+def test_a_run_of_one_update_says_1_update(capsys, tmp_path):
+    code, out, err = run_cli(
+        capsys,
+        *("train", "cartpole-ppo", "--log.run-dir", str(tmp_path), "--log.console", "none"),
+        *("--total-steps", "512", "--eval.episodes", "1", "--eval.num-envs", "1"),
+    )
+    assert code == 0, err
+    assert out.startswith("done: 512 env steps, 1 update in "), out
+
+
+@pytest.mark.timeout(120)
 def test_train_runs_and_reports(capsys, tmp_path):
     code, out, err = run_cli(
         capsys,

@@ -44,6 +44,7 @@ from podrace.networks import make_network
 from podrace.types import EnvSpec
 from podrace.validation import INT32_MAX, check_seed
 from podrace.video import check_renderable, record_episode, write_video
+from podrace.wording import counted
 
 MAX_EVAL_ENVS = 16
 ROTATION_RETRIES = 5
@@ -362,12 +363,14 @@ def _write_json(result: dict, output: Path) -> None:
 
 
 def _episodes(result: dict) -> str:
-    counted, asked, filled = (
+    played, asked, filled = (
         result["episodes"],
         result["episodes_asked"],
         result["episodes_from_other_envs"],
     )
-    text = f"{counted} episodes" if counted == asked else f"{counted} of {asked} episodes"
+    text = counted(played, "episode")
+    if played != asked:
+        text = f"{played} of {counted(asked, 'episode')}"
     return text + (f" ({filled} from other envs: some never ended theirs)" if filled else "")
 
 

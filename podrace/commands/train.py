@@ -22,6 +22,7 @@ from podrace.control import ComponentError, ExplainedError
 from podrace.metrics.loggers import SinkError
 from podrace.runtime.xla_setup import set_xla_flags
 from podrace.validation import validate
+from podrace.wording import counted
 
 
 def explains_itself(error: BaseException) -> bool:
@@ -237,7 +238,7 @@ class Training:
         checkpoint = getattr(result, "checkpoint", None)
         saved = f"\ncheckpoint: update {checkpoint}" if checkpoint is not None else ""
         return print_result(
-            f"done: {result.env_steps:,} env steps, {result.updates} updates{skipped} "
+            f"done: {result.env_steps:,} env steps, {counted(result.updates, 'update')}{skipped} "
             f"in {result.train_s:.1f}s (+{result.compile_s:.1f}s compile), {evaluation}"
             f"\nrun directory: {result.run_dir}{saved}"
         )
