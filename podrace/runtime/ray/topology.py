@@ -70,7 +70,8 @@ from podrace.types import Rollout
 
 @dataclass(frozen=True)
 class RayReport:
-    """What a Ray run adds to its TrainResult."""
+    """What a Ray run adds to its TrainResult. The counts are the run's (`ray/*` totals):
+    a resumed run's include those before its checkpoint; the stamps are this part's."""
 
     restarts: int = 0
     lost_rollouts: int = 0
