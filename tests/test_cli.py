@@ -700,7 +700,7 @@ def test_podrace_warnings_are_podrace_lines_and_the_callers_logging_is_restored(
 
     import podrace.metrics.plot
 
-    def warns(run_dirs):
+    def warns(run_dirs, references=()):
         logging.getLogger("podrace.metrics.plot").warning("run %s has no metrics", run_dirs[0])
         raise podrace.metrics.plot.ConfigError("nothing to plot")
 

@@ -173,5 +173,5 @@ def test_elastic_replacements_that_die_before_delivering_use_up_max_restarts():
     with pytest.raises(RunFails) as failed:
         collector.step(0)
     assert isinstance(failed.value.error, WorkerCrashLoop), failed.value.error
-    assert "failed 3 time(s), restart limit 2" in str(failed.value.error)
+    assert "failed 3 times, restart limit 2" in str(failed.value.error)
     assert failed.value.component == "ray-worker-0" and len(remote.launched) == 7
