@@ -30,6 +30,8 @@ def spec_from_spaces(
     """
     if isinstance(obs_space, gymnasium.spaces.Box):
         obs_shape, obs_dtype = tuple(obs_space.shape), np.dtype(obs_space.dtype)
+        if obs_dtype == np.bool_:  # binary planes (MinAtar): uint8 0/1, which JAX and
+            obs_dtype = np.dtype(np.uint8)  # shared-memory buffers take as numbers
     elif isinstance(obs_space, gymnasium.spaces.Discrete):  # one-hot (OneHotObs)
         obs_shape, obs_dtype = (int(obs_space.n),), np.dtype(np.float32)
     else:

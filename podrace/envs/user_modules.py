@@ -12,6 +12,7 @@ import sys
 import traceback
 
 from podrace.config import ConfigError
+from podrace.envs.minatar import is_minatar_id, register_minatar
 
 
 def split_env_id(env_id: str) -> tuple[str | None, str]:
@@ -38,14 +39,16 @@ def import_failure(error: BaseException) -> str:
 
 
 def import_env_module(env_id: str) -> str:
-    """Import the module named by `env_id` (if any) so it can register its envs; returns the
-    id without the module part.
+    """Import the module named by `env_id` (if any) so it can register its envs, or register
+    a family podrace knows by its id (`MinAtar/...`); returns the id without the module part.
 
     A module that cannot be imported is a config error, one line: a missing module, or any
     exception the module raises (SystemExit included: it must not end podrace), named with
     the line that raised it.
     """
     module, name = split_env_id(env_id)
+    if module is None and is_minatar_id(name):
+        register_minatar(name)
     if module is not None:
         try:
             importlib.import_module(module)
