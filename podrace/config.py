@@ -71,8 +71,10 @@ class EnvConfig:
 class NetworkConfig:
     """Actor-critic network."""
 
-    torso: Literal["mlp", "nature_cnn", "impala_resnet"] = "mlp"
-    """Feature extractor shared by the policy and value heads."""
+    torso: Literal["mlp", "nature_cnn", "impala_resnet", "minatar_cnn"] = "mlp"
+    """Feature extractor shared by the policy and value heads: `nature_cnn` and
+    `impala_resnet` for envpool's [C, H, W] uint8 frames, `minatar_cnn` for MinAtar's
+    [10, 10, C] 0/1 planes."""
     hidden_sizes: tuple[int, ...] = (64, 64)
     """MLP layer widths (also the widths of the dense layer after a CNN torso)."""
     activation: Literal["tanh", "relu"] = "tanh"

@@ -5,13 +5,14 @@ from __future__ import annotations
 from podrace.config import NetworkConfig
 from podrace.networks.actor_critic import ActorCritic
 from podrace.networks.recurrent import RecurrentActorCritic, RecurrentNetwork, zero_state
-from podrace.networks.torsos import MLP, ImpalaResNet, NatureCNN
+from podrace.networks.torsos import MLP, ImpalaResNet, MinAtarCNN, NatureCNN
 from podrace.types import EnvSpec, PyTree
 
 __all__ = [
     "ActorCritic",
     "ImpalaResNet",
     "MLP",
+    "MinAtarCNN",
     "NatureCNN",
     "RecurrentActorCritic",
     "RecurrentNetwork",
@@ -30,10 +31,10 @@ def make_network(cfg: NetworkConfig, spec: EnvSpec) -> ActorCritic | RecurrentNe
     """The actor-critic for `spec`: Categorical head if discrete, Gaussian otherwise.
 
     For CNN torsos `cfg.hidden_sizes` are the dense widths after the convolutions (e.g.
-    (512,) for NatureCNN, (256,) for ImpalaResNet) and the torso is always shared; for
-    the MLP, `shared_torso=False` builds separate policy and value MLPs. With a recurrent
-    `cfg.core` the network is a `RecurrentNetwork` (torso, core and heads; torso and core
-    shared by both heads) whose `apply` is a `podrace.algos.base.RecurrentApply`.
+    (512,) for NatureCNN, (256,) for ImpalaResNet, (128,) for MinAtarCNN) and the torso is
+    always shared; for the MLP, `shared_torso=False` builds separate policy and value MLPs.
+    With a recurrent `cfg.core` the network is a `RecurrentNetwork` (torso, core and heads;
+    torso and core shared by both heads) whose `apply` is a `podrace.algos.base.RecurrentApply`.
     """
     if cfg.core != "none":
         return _recurrent_network(cfg, spec)
@@ -44,6 +45,8 @@ def make_network(cfg: NetworkConfig, spec: EnvSpec) -> ActorCritic | RecurrentNe
         torso, value_torso = NatureCNN(tuple(cfg.hidden_sizes)), None
     elif cfg.torso == "impala_resnet":
         torso, value_torso = ImpalaResNet(dense_sizes=tuple(cfg.hidden_sizes)), None
+    elif cfg.torso == "minatar_cnn":
+        torso, value_torso = MinAtarCNN(dense_sizes=tuple(cfg.hidden_sizes)), None
     else:
         raise ValueError(f"unknown torso {cfg.torso!r}")
     if spec.discrete:
@@ -66,6 +69,8 @@ def _recurrent_network(cfg: NetworkConfig, spec: EnvSpec) -> RecurrentNetwork:
         torso = NatureCNN(tuple(cfg.hidden_sizes))
     elif cfg.torso == "impala_resnet":
         torso = ImpalaResNet(dense_sizes=tuple(cfg.hidden_sizes))
+    elif cfg.torso == "minatar_cnn":
+        torso = MinAtarCNN(dense_sizes=tuple(cfg.hidden_sizes))
     else:
         raise ValueError(f"unknown torso {cfg.torso!r}")
     heads = {"num_actions": int(spec.num_actions)} if spec.discrete else {}

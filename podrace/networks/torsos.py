@@ -2,6 +2,7 @@
 
 Image torsos take envpool's uint8 [N, C, H, W] (frame stack as channels), scale to
 [0, 1] float32 and transpose to NHWC themselves, so actors can ship raw uint8 frames.
+The MinAtar torso takes [N, H, W, C] planes of 0/1 as they are (no scaling).
 Weights use orthogonal init with gain sqrt(2) and zero biases, as in CleanRL (except the
 residual branches, see ResidualBlock).
 """
@@ -117,4 +118,24 @@ class ImpalaResNet(nn.Module):
             x = ResidualBlock(channels)(x)
             x = ResidualBlock(channels)(x)
         x = nn.relu(x).reshape((x.shape[0], -1))
+        return _dense_stack(x, self.dense_sizes, nn.relu)
+
+
+class MinAtarCNN(nn.Module):
+    """The MinAtar paper's network (Young & Tian 2019): one 3x3 conv of `channels` (stride 1,
+    no padding: 10x10 -> 8x8) and relu, flatten, then dense relu layers (128 there).
+    Observations are [N, H, W, C] planes of 0/1 (uint8 or bool; floats, e.g. standardized
+    by --normalize.obs, are used as they are), channels last as the package gives them."""
+
+    channels: int = 16
+    dense_sizes: Sequence[int] = (128,)
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        if obs.ndim != 4:
+            raise ValueError(
+                f"the minatar_cnn torso expects [N, H, W, C] observations, got shape {obs.shape}"
+            )
+        x = nn.relu(_conv(self.channels, 3)(obs.astype(jnp.float32)))
+        x = x.reshape((x.shape[0], -1))
         return _dense_stack(x, self.dense_sizes, nn.relu)

@@ -8,12 +8,13 @@ import pytest
 from podrace.algos.distributions import Categorical, Gaussian
 from podrace.config import NetworkConfig
 from podrace.networks import ActorCritic, make_network
-from podrace.networks.torsos import ImpalaResNet, NatureCNN
+from podrace.networks.torsos import ImpalaResNet, MinAtarCNN, NatureCNN
 from podrace.types import EnvSpec
 
 VECTOR_DISCRETE = EnvSpec((4,), np.float32, 2, ())
 VECTOR_CONTINUOUS = EnvSpec((3,), np.float32, None, (2,))
 ATARI = EnvSpec((4, 84, 84), np.uint8, 6, ())
+MINATAR = EnvSpec((10, 10, 6), np.uint8, 4, ())
 
 
 @cache
@@ -140,3 +141,49 @@ def test_make_network_heads():
     assert make_network(NetworkConfig(), VECTOR_CONTINUOUS).action_dim == 2
     with pytest.raises(ValueError):
         make_network(NetworkConfig(), EnvSpec((3,), np.float32, None, (2, 2)))
+
+
+def _planes(batch: int, channels: int, seed: int = 0) -> jax.Array:
+    """MinAtar observations: [N, 10, 10, C] uint8 0/1."""
+    rng = np.random.default_rng(seed)
+    return jnp.asarray(rng.integers(0, 2, (batch, 10, 10, channels), dtype=np.uint8))
+
+
+def test_minatar_cnn_is_the_papers_network_on_channels_last_planes():
+    """One 3x3 conv of 16 (stride 1, no padding: 10x10 -> 8x8), 128 dense units, recomputed
+    by hand on the planes as they are (0/1, channels last, not scaled by 1/255)."""
+    obs = _planes(3, 6, seed=1)
+    module = MinAtarCNN()
+    params = jax.jit(module.init)(jax.random.PRNGKey(0), obs)["params"]
+    assert params["Conv_0"]["kernel"].shape == (3, 3, 6, 16)
+    assert params["Dense_0"]["kernel"].shape == (8 * 8 * 16, 128)
+    x = jax.lax.conv_general_dilated(
+        obs.astype(jnp.float32),
+        params["Conv_0"]["kernel"],
+        (1, 1),
+        "VALID",
+        dimension_numbers=("NHWC", "HWIO", "NHWC"),
+    )
+    x = jax.nn.relu(x + params["Conv_0"]["bias"]).reshape(3, -1)
+    expected = jax.nn.relu(x @ params["Dense_0"]["kernel"] + params["Dense_0"]["bias"])
+    features = module.apply({"params": params}, obs)
+    assert features.shape == (3, 128) and features.dtype == jnp.float32
+    np.testing.assert_allclose(features, expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        module.apply({"params": params}, obs.astype(bool)), features, rtol=1e-6
+    )
+
+
+def test_minatar_cnn_in_an_actor_critic():
+    net, params = _built(
+        NetworkConfig(torso="minatar_cnn", hidden_sizes=(128,), activation="relu"), MINATAR
+    )
+    dist, value = jax.jit(net.apply)(params, _planes(10, 6).reshape(2, 5, 10, 10, 6))
+    assert dist.logits.shape == (2, 5, 4) and value.shape == (2, 5)
+    assert dist.logits.dtype == jnp.float32 and value.dtype == jnp.float32
+    assert "value_torso" not in params["params"]
+
+
+def test_minatar_cnn_refuses_observations_without_planes():
+    with pytest.raises(ValueError, match=r"expects \[N, H, W, C\] observations"):
+        MinAtarCNN().init(jax.random.PRNGKey(0), jnp.zeros((2, 400), jnp.uint8))
