@@ -45,10 +45,12 @@ def parse_train(args: Sequence[str]) -> TrainConfig:
     import tyro
 
     from podrace.commands.arguments import parse
-    from podrace.presets import PRESETS
+    from podrace.presets import cli_presets
 
     return parse(
-        lambda: tyro.extras.overridable_config_cli(PRESETS, prog="podrace train", args=list(args))
+        lambda: tyro.extras.overridable_config_cli(
+            cli_presets(), prog="podrace train", args=list(args)
+        )
     )
 
 
