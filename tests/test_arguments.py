@@ -24,7 +24,8 @@ CASES = [
     (
         ["train"],
         "Expected one of {cartpole-ppo, pendulum-ppo, cartpole-impala, atari-ppo, atari-impala, "
-        "halfcheetah-ppo, cartpole-po-ppo-lstm, cartpole-po-ppo, atari-impala-lstm}.",
+        "mujoco-ppo, cartpole-po-ppo-lstm, cartpole-po-ppo, atari-impala-lstm, minatar-ppo, "
+        "minatar-impala, halfcheetah-ppo}.",
     ),
     (["eval"], "Missing from podrace eval: RUN_DIR (see podrace eval --help)"),
     (["plot", "--nonsense"], "Unrecognized options: --nonsense"),

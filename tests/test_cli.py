@@ -315,7 +315,7 @@ def test_a_missing_env_package_is_one_line_without_dependency_warnings_ahead(tmp
             "-m",
             "podrace.cli",
             "train",
-            "halfcheetah-ppo",
+            "mujoco-ppo",
             "--env.backend",
             "gymnasium",
             "--log.run-dir",
