@@ -1,5 +1,6 @@
 from functools import cache
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,7 +9,7 @@ import pytest
 from podrace.algos.distributions import Categorical, Gaussian
 from podrace.config import NetworkConfig
 from podrace.networks import ActorCritic, make_network
-from podrace.networks.torsos import ImpalaResNet, MinAtarCNN, NatureCNN
+from podrace.networks.torsos import ImpalaResNet, MinAtarCNN, NatureCNN, PatchConv
 from podrace.types import EnvSpec
 
 VECTOR_DISCRETE = EnvSpec((4,), np.float32, 2, ())
@@ -187,3 +188,25 @@ def test_minatar_cnn_in_an_actor_critic():
 def test_minatar_cnn_refuses_observations_without_planes():
     with pytest.raises(ValueError, match=r"expects \[N, H, W, C\] observations"):
         MinAtarCNN().init(jax.random.PRNGKey(0), jnp.zeros((2, 400), jnp.uint8))
+
+
+@pytest.mark.parametrize("shape, kernel", [((2, 10, 10, 4), 3), ((3, 7, 9, 2), 2)])
+def test_patch_conv_is_nn_conv_with_the_same_parameters(shape, kernel):
+    """Same parameter tree and initial values as flax's unpadded stride-1 `nn.Conv`, the
+    same outputs and the same gradients."""
+    x = jax.random.normal(jax.random.PRNGKey(3), shape)
+    conv = nn.Conv(
+        8, (kernel, kernel), padding="VALID", kernel_init=nn.initializers.orthogonal(np.sqrt(2))
+    )
+    patch = PatchConv(8, kernel)
+    params = conv.init(jax.random.PRNGKey(0), x)
+    assert jax.tree.map(np.shape, patch.init(jax.random.PRNGKey(0), x)) == jax.tree.map(
+        np.shape, params
+    )
+    np.testing.assert_array_equal(
+        patch.init(jax.random.PRNGKey(0), x)["params"]["kernel"], params["params"]["kernel"]
+    )
+    np.testing.assert_allclose(patch.apply(params, x), conv.apply(params, x), atol=1e-5)
+    grads = [jax.grad(lambda p, m=m: (m.apply(p, x) ** 2).sum())(params) for m in (patch, conv)]
+    for a, b in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1])):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
