@@ -1,4 +1,4 @@
-"""MuJoCo PPO benchmark: the `halfcheetah-ppo` preset (envpool HalfCheetah-v4), with and
+"""MuJoCo PPO benchmark: the `mujoco-ppo` preset (envpool HalfCheetah-v4), with and
 without observation normalization and reward scaling, one child process per (variant, seed),
 run one after the other.
 
@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-PRESET = "halfcheetah-ppo"
+PRESET = "mujoco-ppo"
 FULL_STEPS = 1_000_000
 # docs.cleanrl.dev, ppo_continuous_action.py, MuJoCo v4 table (tag pr-424): HalfCheetah-v4,
 # 1M steps, mean +- std of the final episodic return over seeds.
