@@ -236,3 +236,32 @@ def test_every_way_of_selecting_impala_gets_cleanbas_optimizer(argv):
     assert moved > 1e-3
     for g, e in zip(got, expected):
         np.testing.assert_allclose(np.asarray(g), e, rtol=1e-4, atol=2e-6)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["minatar-ppo", "minatar-impala"])
+def test_a_minatar_preset_serves_every_game_with_the_papers_network(name):
+    """One preset for the five games, at the MinAtar paper's budget, with the package's
+    dynamics (no overrides of its defaults) and the paper's network."""
+    pytest.importorskip("minatar")
+    from podrace.envs.minatar import GAMES
+    from podrace.networks import make_network
+
+    cfg = PRESETS[name][1]
+    assert (cfg.env.id, cfg.env.backend, cfg.total_steps) == (
+        "MinAtar/Breakout-v1",
+        "gymnasium",
+        5_000_000,
+    )
+    assert (cfg.network.torso, cfg.network.hidden_sizes) == ("minatar_cnn", (128,))
+    assert cfg.env.max_episode_steps is None and cfg.env.obs_indices is None
+    for game in GAMES:
+        changed = dataclasses.replace(
+            cfg, env=dataclasses.replace(cfg.env, id=f"MinAtar/{game}-v1")
+        )
+        validate(changed)
+        spec = env_spec(changed.env)
+        net = make_network(changed.network, spec)
+        obs = jnp.zeros((2, *spec.obs_shape), spec.obs_dtype)
+        dist, value = net.apply(net.init(jax.random.PRNGKey(0), obs), obs)
+        assert dist.logits.shape == (2, spec.num_actions) and value.shape == (2,)
