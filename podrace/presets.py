@@ -331,8 +331,8 @@ MINATAR_NETWORK = NetworkConfig(torso="minatar_cnn", hidden_sizes=(128,), activa
 # samples (PureJaxRL: one per 256). Measured on Breakout (seed 1, 2 shared CPU cores, mean
 # training return of the last episodes): T=128 with 2 epochs x 4 minibatches of 2048 (lr
 # 1e-3) 3.7 at 700k steps; PureJaxRL's 4 x 8 of 1024 (lr 1e-3) 3.8 at 250k; this preset at
-# lr 1e-3 3.8 and at lr 2.5e-3 (kept; PureJaxRL's 5e-3 is for a 64-unit tanh MLP) 4.3 at
-# 100k steps. Full-budget scores are in docs/results.md.
+# lr 1e-3 4.4 and at lr 2.5e-3 (kept; PureJaxRL's 5e-3 is for a 64-unit tanh MLP) 8.2 at
+# 240k steps; on SpaceInvaders 17.7-24.5 at 150k. Full-budget scores are in docs/results.md.
 PRESETS["minatar-ppo"] = (
     "PPO on MinAtar (MinAtar/Breakout-v1; --env.id for Asterix, Freeway, Seaquest or "
     "SpaceInvaders) with the MinAtar paper's network, 5M steps.",
@@ -372,7 +372,8 @@ PRESETS["minatar-ppo"] = (
 # and Cleanba's lr 6e-4 raised to 2e-3 (cartpole-impala's, whose optimizer is the same).
 # Measured on Breakout (seed 1, 2 shared CPU cores, mean training return of the last
 # episodes): Cleanba's 2 minibatches of 640 at lr 6e-4 4.4 at 1M steps; 4 minibatches at lr
-# 1e-3 3.3 and at lr 2e-3 (kept) 4.6 at 220k steps.
+# 1e-3 3.8 at 250k and at lr 2e-3 (kept) 5.5 at 470k steps; on SpaceInvaders 21-29 at
+# 130-355k.
 PRESETS["minatar-impala"] = (
     "IMPALA (V-trace) on MinAtar (MinAtar/Breakout-v1; --env.id for the other games) with the "
     "MinAtar paper's network, 5M steps.",
