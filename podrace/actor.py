@@ -10,9 +10,9 @@ observations, one jitted policy call (sampling with a cheap PRNG, see `SAMPLING_
 `device_get` of the actions, one env step, and row writes into host arrays allocated once
 per rollout (rewards, flags), moved to the device in one transfer at its end. On XLA:CPU a
 small policy's cost is per-call overhead, not arithmetic (`benchmarks/cartpole_ppo.py`).
-Where the env allows it (envpool, dtypes JAX carries, a CPU actor device) the rollout
-instead runs as XLA calls of up to 32 steps each (`podrace.fused_rollout`), with the same
-results.
+Where the env allows it (envpool, dtypes JAX carries, a CPU actor device; or envs written
+in JAX, on any actor device) the rollout instead runs as XLA calls of up to 32 steps each
+(`podrace.fused_rollout`), with the same results.
 The finished rollout (arrays on the actor's device) goes to a `RolloutSink`; where it goes
 from there (a queue in this process, the learner's mesh, another machine) is the sink's
 business, so the same loop runs in a thread or in a remote worker.

@@ -23,9 +23,12 @@ class EnvConfig:
     """Which environment, how many copies per actor thread, and backend settings."""
 
     id: str = "CartPole-v1"
-    """Environment id (envpool id or any registered Gymnasium id)."""
-    backend: Literal["auto", "envpool", "gymnasium"] = "auto"
-    """`auto` uses envpool when it knows the id, Gymnasium otherwise."""
+    """Environment id (envpool id or any registered Gymnasium id; with the jax backend
+    `gymnax:<name>`, `craftax:<name>` or `module:factory`)."""
+    backend: Literal["auto", "envpool", "gymnasium", "jax"] = "auto"
+    """`auto` uses envpool when it knows the id, Gymnasium otherwise, and `jax` for
+    `gymnax:` and `craftax:` ids; `jax`: envs written in JAX, stepped on the actor's device
+    inside its compiled rollout (docs/guides/jax-envs.md)."""
     num_envs: int = 8
     """Environments stepped together by one actor thread."""
     num_threads: int | None = None

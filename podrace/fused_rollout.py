@@ -11,8 +11,10 @@ It computes exactly what the step-by-step loop computes (same key stream, same v
 mask, same episode counting, a recurrent policy's core state carried in the scan and reset
 by the same network; `tests/test_fused_rollout.py` compares the two). Each chunk
 is one watched env call for the watchdog, and a stop is seen between chunks. Used where it
-can be: an envpool env whose dtypes JAX carries, acting on a CPU device
-(`fused_rollout_for`). The evaluator's greedy episodes run the same way (`FusedEpisodes`).
+can be: an envpool env whose dtypes JAX carries, acting on a CPU device, or envs written in
+JAX (`podrace.envs.device_env`) on any device, whose state then rides in the carry in place
+of envpool's handle (`fused_rollout_for`). The evaluator's greedy episodes run the same way
+(`FusedEpisodes`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from podrace.types import Trajectory
 class EnvCarry(NamedTuple):
     """What one rollout hands the next, kept on the actor's device."""
 
-    handle: Any  # envpool's handle (orders the custom calls)
+    handle: Any  # envpool's handle (orders the custom calls), or a JAX env's state
     obs: Any  # [B, ...] observation the next step acts on
     prev_done: Any  # [B] the last step ended (terminated or truncated): the next is an autoreset
     counts: EpisodeCounts
@@ -100,7 +102,7 @@ class FusedRollout:
     ):
         self.env, self.policy, self.device = env, policy, device
         self.lengths = chunk_lengths(rollout_length)
-        self._handle = xla_step.handle
+        self._xla_step = xla_step
         self._chunks: dict[int, Callable] = {
             n: jax.jit(_chunk_fn(policy, xla_step, n)) for n in sorted(set(self.lengths[:-1]))
         }
@@ -110,7 +112,7 @@ class FusedRollout:
     def begin(self, obs: np.ndarray, core: Any = ()) -> None:
         """After `env.reset()`: the envs' first observations, counts at zero, and a recurrent
         policy's initial core state (on the device)."""
-        self.carry = first_carry(self._handle, obs, self.device, core)
+        self.carry = first_carry(self._xla_step.handle, obs, self.device, core)
 
     def compile(self, params: Any, key: Any, obs_like: np.ndarray, core: Any = ()) -> None:
         """Compile every call for these shapes without stepping the envs (before threads start)."""
@@ -118,7 +120,7 @@ class FusedRollout:
         self.begin(obs_like, core)
         rows = []
         for n, fn in self._chunks.items():
-            self._chunks[n] = compile_uncached(fn.lower(params, key, self.carry))
+            self._chunks[n] = compile_for(self._xla_step, fn.lower(params, key, self.carry))
         for n in self.lengths[:-1]:  # the rows' shapes, from the compiled chunks' output types
             _, _, out = self._chunks[n].out_info
             rows.append(
@@ -129,8 +131,8 @@ class FusedRollout:
                     out,
                 )
             )
-        self._last = compile_uncached(
-            self._last.lower(params, key, self.carry, tuple(rows), self.carry.core)
+        self._last = compile_for(
+            self._xla_step, self._last.lower(params, key, self.carry, tuple(rows), self.carry.core)
         )
         self.carry = carry
 
@@ -255,7 +257,7 @@ class FusedEpisodes:
 
     def __init__(self, env: Any, greedy: Any, xla_step: Any, device: jax.Device):
         self.env, self.device, self._greedy = env, device, greedy
-        self._handle = xla_step.handle
+        self._xla_step = xla_step
         self._chunk: Callable = jax.jit(_greedy_chunk_fn(greedy, xla_step, CHUNK_STEPS))
         self._carry: EnvCarry | None = None
 
@@ -265,12 +267,12 @@ class FusedEpisodes:
         core = ()
         if is_recurrent_policy(self._greedy):
             core = self._greedy.initial_state(obs.shape[0])
-        self._carry = first_carry(self._handle, obs, self.device, core)
+        self._carry = first_carry(self._xla_step.handle, obs, self.device, core)
 
     def compile(self, params: Any, obs_like: np.ndarray) -> None:
         """Compile the call for these shapes without stepping the envs."""
         self.begin(obs_like)
-        self._chunk = compile_uncached(self._chunk.lower(params, self._carry))
+        self._chunk = compile_for(self._xla_step, self._chunk.lower(params, self._carry))
         self._carry = None
 
     def chunk(self, params: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -322,16 +324,26 @@ def compile_uncached(lowered: Any) -> Any:
         return lowered.compile()
 
 
+def compile_for(xla_step: Any, lowered: Any) -> Any:
+    """Compile a program with `xla_step`'s env steps: through JAX's persistent cache where
+    the step says its programs are the same in every run (`cacheable`: a JAX env's), else
+    without it (envpool's, `compile_uncached`)."""
+    return lowered.compile() if getattr(xla_step, "cacheable", False) else compile_uncached(lowered)
+
+
 def _env_xla_step(env: Any, device: jax.Device | None) -> tuple[Any, jax.Device] | None:
     """(the env's XLA step, the device) where steps can be compiled, else None: the env has
-    no XLA step (not envpool, or float64 dtypes), or the device is an accelerator
-    (envpool's custom call runs on the host).
+    no XLA step (not envpool or a JAX env, or float64 dtypes), or the device is an
+    accelerator and the step runs on the host only (envpool's custom call; a JAX env, whose
+    class says `steps_on_any_device`, steps wherever its program runs).
 
     Only an env whose own class defines `xla_step` is fused: a wrapper that forwards other
     attributes to an inner env (`__getattr__`) changes what `step` does, and fusing the
     inner env would silently bypass it."""
     device = device or jax.devices()[0]
-    if device.platform != "cpu" or getattr(type(env), "xla_step", None) is None:
+    if getattr(type(env), "xla_step", None) is None:
+        return None
+    if device.platform != "cpu" and not getattr(type(env), "steps_on_any_device", False):
         return None
     step = env.xla_step()
     return None if step is None else (step, device)

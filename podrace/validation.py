@@ -12,6 +12,7 @@ import typing
 
 from podrace.config import ConfigError, DistributedConfig, RayConfig, TrainConfig, leaves, resolved
 from podrace.config_dict import fits, type_name
+from podrace.envs.resolve import names_jax_package
 
 INT32_MAX = 2**31 - 1
 """Sizes, ids and counters end up in int32 arrays (shapes, env seeds, step counters)."""
@@ -401,6 +402,11 @@ def _validate_workers(cfg: TrainConfig) -> None:
         return
     if workers > MAX_ENV_WORKERS:
         raise ConfigError(f"env.workers must be at most {MAX_ENV_WORKERS}, got {workers}")
+    if cfg.env.backend == "jax" or names_jax_package(cfg.env.id):
+        raise ConfigError(
+            "env.workers steps host envs in processes; envs of the jax backend run on the "
+            "actor's device, in its compiled rollout: use --env.workers 0"
+        )
     if cfg.network.core != "none":
         # The inference threads' batched policy call is feed-forward: it keeps no core
         # state per env between requests.

@@ -24,6 +24,13 @@ def make_env(
     `seeds` gives each env its own seed instead (`len(seeds) == num_envs`)."""
     if num_envs <= 0:
         raise ConfigError(f"num_envs must be positive, got {num_envs}")
+    if resolve_backend(cfg) == "jax":
+        from podrace.envs.device_env import DeviceEnv
+        from podrace.envs.jax_envs import load_jax_env
+
+        if seeds is not None:
+            raise ConfigError("JAX envs take one seed for the batch, not one per env")
+        return DeviceEnv(load_jax_env(cfg), num_envs, seed)
     backend, cfg = _resolved(cfg)
     if backend == "envpool":
         from podrace.envs.envpool_backend import EnvpoolEnv
@@ -36,6 +43,10 @@ def make_env(
 
 def env_spec(cfg: EnvConfig) -> EnvSpec:
     """Shapes, dtypes and action bounds of one env of `cfg.id`, as `make_env` would build it."""
+    if resolve_backend(cfg) == "jax":
+        from podrace.envs.jax_envs import jax_env_spec, load_jax_env
+
+        return jax_env_spec(load_jax_env(cfg))
     backend, cfg = _resolved(cfg)
     if backend == "envpool":
         from podrace.envs.envpool_backend import envpool_spec

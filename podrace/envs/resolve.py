@@ -11,7 +11,16 @@ import functools
 from podrace.config import ConfigError, EnvConfig
 from podrace.envs.user_modules import import_env_module
 
-BACKENDS = ("auto", "envpool", "gymnasium")
+BACKENDS = ("auto", "envpool", "gymnasium", "jax")
+
+JAX_PACKAGES = ("gymnax", "craftax")
+"""Id prefixes naming a package of JAX envs (`podrace.envs.jax_envs`)."""
+
+
+def names_jax_package(env_id: str) -> bool:
+    """Whether `env_id` is 'gymnax:<name>' or 'craftax:<name>' (the jax backend's own ids)."""
+    module, sep, _ = env_id.partition(":")
+    return bool(sep) and module in JAX_PACKAGES
 
 
 @functools.cache
@@ -41,9 +50,14 @@ def is_envpool_atari(env_id: str) -> bool:
 
 
 def resolve_backend(cfg: EnvConfig) -> str:
-    """'envpool' or 'gymnasium' for `cfg.id`; ConfigError (one line) when neither fits."""
+    """'envpool', 'gymnasium' or 'jax' for `cfg.id`; ConfigError (one line) when none fits.
+
+    `auto` gives 'gymnax:<name>' and 'craftax:<name>' ids to the jax backend; with `jax`,
+    any 'module:factory' id is a JAX env (`podrace.envs.jax_envs`), checked when it loads."""
     if cfg.backend not in BACKENDS:
         raise ConfigError(f"env.backend must be one of {', '.join(BACKENDS)}, got {cfg.backend!r}")
+    if cfg.backend == "jax" or (cfg.backend == "auto" and names_jax_package(cfg.id)):
+        return "jax"
     env_id = import_env_module(cfg.id)
     if cfg.backend == "envpool":
         if env_id not in envpool_ids():

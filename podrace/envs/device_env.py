@@ -1,0 +1,185 @@
+"""A batch of JAX envs (gymnax's interface) with podrace's next-step autoreset, on a device.
+
+`DeviceStep` is the batched step as a JAX function of an explicit state, `(EnvHandle,
+actions) -> (EnvHandle, JaxEnvStep)`: the envs' states, the key their randomness comes from
+and which envs reset at their next step all live in the handle. An actor's compiled
+rollout (`podrace.fused_rollout`) carries the handle through its `lax.scan`, so a whole
+rollout of env and policy steps is one program on the actor's device, any platform.
+
+`DeviceEnv` is the same envs as a host `BatchedEnv` (each call jitted; arrays cross with
+explicit transfers): what the evaluator, a wrapper, or a test stepping one call at a time
+uses. Both run the same function on the same keys, so they step the same episodes.
+
+Keys: one key per batch of envs, from the env seed (itself derived from the run seed and
+the global actor id, and the resume point of a resumed run); every step splits it into the
+next key, one key per env for the step and one per env for resets. Reproducible for a
+given seed, and independent of how the steps are grouped into calls.
+
+Autoreset is next-step: the step after a terminated or truncated one resets that env with
+its reset key, ignores the action, returns reward 0 and the first observation. Resets run
+only in steps where some env needs one (`lax.cond`). Truncation is the env's
+`is_truncated(state, params)` where it has one, else gymnax's time limit (`state.time >=
+params.max_steps_in_episode`) where state and params have those fields; otherwise every
+`done` is a termination (Craftax, whose state counts `timestep`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from podrace.envs.episode_stats import EpisodeStats
+from podrace.envs.jax_envs import JaxEnv, jax_env_spec
+from podrace.types import EnvStep
+
+
+class EnvHandle(NamedTuple):
+    """What a batch of JAX envs carries from one step to the next."""
+
+    state: Any  # the envs' states, batched [B, ...]
+    key: Any  # uint32[2]: raw (threefry) key data the next step's randomness derives from
+    reset_next: Any  # bool [B]: the env's last step ended an episode, so its next one resets
+
+
+class JaxEnvStep(NamedTuple):
+    """One step inside a jitted rollout (the fields `podrace.fused_rollout` reads)."""
+
+    obs: Any
+    reward: Any
+    terminated: Any
+    truncated: Any
+    raw_reward: Any
+    episode_done: Any
+
+
+class DeviceStep:
+    """`num_envs` envs of `env`, stepped as JAX functions (`reset(key)`, `__call__`).
+
+    Read by `podrace.fused_rollout`: `handle` (the state the next rollout starts from) and
+    `cacheable` (its programs are the same in every run, so they may go to JAX's persistent
+    compile cache)."""
+
+    cacheable = True
+
+    def __init__(self, env: JaxEnv, num_envs: int, spec: Any) -> None:
+        self.env, self.num_envs, self.spec = env, num_envs, spec
+        self.current: EnvHandle | None = None
+        """The state after the last `DeviceEnv.reset` or `step` (None before a reset)."""
+        self._truncation = _truncation_fn(env)
+
+    @property
+    def handle(self) -> EnvHandle:
+        """Where a compiled rollout starts: the current state, or before any reset zeros
+        shaped like it (what programs are compiled for)."""
+        if self.current is not None:
+            return self.current
+        shapes = jax.eval_shape(self.reset, jax.ShapeDtypeStruct((2,), np.uint32))[0]
+        return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+
+    def reset(self, key: Any) -> tuple[EnvHandle, Any]:
+        """Every env reset: (handle, obs [B, ...]); `key` raw key data."""
+        key, reset_key = jax.random.split(key)
+        obs, state = self._reset_all(reset_key)
+        return EnvHandle(state, key, jnp.zeros(self.num_envs, bool)), obs
+
+    def _reset_all(self, key: Any) -> tuple[Any, Any]:
+        keys = jax.random.split(key, self.num_envs)
+        return jax.vmap(lambda k: self.env.env.reset_env(k, self.env.params))(keys)
+
+    def __call__(self, handle: EnvHandle, actions: Any) -> tuple[EnvHandle, JaxEnvStep]:
+        env, params, spec = self.env.env, self.env.params, self.spec
+        if spec.discrete:
+            actions = actions.astype(jnp.int32)
+        else:
+            actions = jnp.clip(actions, spec.action_low, spec.action_high).astype(jnp.float32)
+        key, step_key, reset_key = jax.random.split(handle.key, 3)
+        step_keys = jax.random.split(step_key, self.num_envs)
+        obs, state, reward, done, _ = jax.vmap(lambda k, s, a: env.step_env(k, s, a, params))(
+            step_keys, handle.state, actions
+        )
+        truncated = self._truncation(state) & ~handle.reset_next
+        terminated = done.astype(bool) & ~truncated & ~handle.reset_next
+        reward = jnp.where(handle.reset_next, 0.0, reward).astype(jnp.float32)
+
+        def with_resets(_):
+            first_obs, first_state = self._reset_all(reset_key)
+
+            def pick(fresh, stepped):
+                where = handle.reset_next.reshape((-1,) + (1,) * (stepped.ndim - 1))
+                return jnp.where(where, fresh, stepped)
+
+            return pick(first_obs, obs), jax.tree.map(pick, first_state, state)
+
+        obs, state = jax.lax.cond(
+            handle.reset_next.any(), with_resets, lambda _: (obs, state), None
+        )
+        ended = terminated | truncated
+        return EnvHandle(state, key, ended), JaxEnvStep(
+            obs, reward, terminated, truncated, reward, ended
+        )
+
+
+def _truncation_fn(env: JaxEnv) -> Any:
+    """state [B] -> bool [B]: which envs' last step reached their time limit."""
+    own = getattr(env.env, "is_truncated", None)
+    if callable(own):
+        return jax.vmap(lambda state: jnp.asarray(own(state, env.params), bool))
+    if hasattr(env.params, "max_steps_in_episode"):
+        limit = env.params.max_steps_in_episode
+
+        def reached(state):
+            time = getattr(state, "time", None)
+            return jnp.zeros((), bool) if time is None else time >= limit
+
+        return jax.vmap(reached)
+    return jax.vmap(lambda state: jnp.zeros((), bool))
+
+
+class DeviceEnv:
+    """`num_envs` JAX envs as a host BatchedEnv; `xla_step()` gives their step as a JAX
+    function for compiled rollouts, on any device. Deterministic given `seed`."""
+
+    steps_on_any_device = True
+
+    def __init__(self, env: JaxEnv, num_envs: int, seed: int) -> None:
+        self.spec = jax_env_spec(env)
+        self.num_envs = num_envs
+        self._step_fn = DeviceStep(env, num_envs, self.spec)
+        self._key = jax.random.key_data(jax.random.key(seed))
+        self._reset = jax.jit(self._step_fn.reset)
+        self._step = jax.jit(self._step_fn)
+        # 32-bit counts, as a compiled rollout keeps them: the same episode returns either way.
+        self._stats = EpisodeStats(num_envs, np.float32, np.int32)
+
+    def reset(self) -> np.ndarray:
+        """Every env reset with a key split from this env's own (each reset starts new
+        episodes); the compiled step's handle starts there too."""
+        self._key, key = jax.random.split(self._key)
+        self._step_fn.current, obs = self._reset(key)
+        self._stats.reset()
+        return np.asarray(jax.device_get(obs))
+
+    def step(self, actions: np.ndarray) -> EnvStep:
+        if self._step_fn.current is None:
+            raise RuntimeError("call reset() before step()")
+        self._step_fn.current, step = self._step(self._step_fn.current, jax.device_put(actions))
+        obs, reward, terminated, truncated, raw_reward, done = jax.device_get(step)
+        episode_return, episode_length = self._stats.update(raw_reward, terminated, truncated, done)
+        return EnvStep(
+            np.asarray(obs),
+            np.asarray(reward),
+            np.asarray(terminated),
+            np.asarray(truncated),
+            np.asarray(done),
+            episode_return,
+            episode_length,
+        )
+
+    def xla_step(self) -> DeviceStep:
+        return self._step_fn
+
+    def close(self) -> None:
+        self._step_fn.current = None

@@ -1,0 +1,148 @@
+"""The jax backend: ids, next-step autoreset and episode statistics, and bad input stopped
+with one line and exit 2 before any thread starts."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from podrace.cli import main
+from podrace.config import ConfigError, EnvConfig
+from podrace.envs import env_spec, make_env, resolve_backend
+from podrace.envs.device_env import DeviceEnv
+
+from .jax_user_envs import CLASSES
+
+GUESS = "tests.envs.jax_user_envs:guess"
+
+
+def cli(capsys, *args):
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(
+    "env_id,backend,expected",
+    [
+        ("gymnax:CartPole-v1", "auto", "jax"),
+        ("gymnax:CartPole-v1", "jax", "jax"),
+        ("craftax:Craftax-Classic-Symbolic-v1", "auto", "jax"),
+        (GUESS, "jax", "jax"),
+        ("CartPole-v1", "auto", "envpool"),
+    ],
+)
+def test_ids_resolve_to_the_jax_backend(env_id, backend, expected):
+    assert resolve_backend(EnvConfig(id=env_id, backend=backend)) == expected
+
+
+def test_gymnax_cartpole_spec_and_envs():
+    cfg = EnvConfig(id="gymnax:CartPole-v1")
+    spec = env_spec(cfg)
+    assert (spec.obs_shape, spec.obs_dtype, spec.num_actions) == ((4,), np.float32, 2)
+    env = make_env(cfg, 3, seed=5)
+    assert isinstance(env, DeviceEnv) and env.spec == spec
+    obs = env.reset()
+    assert obs.shape == (3, 4) and obs.dtype == np.float32
+    again = make_env(cfg, 3, seed=5).reset()
+    np.testing.assert_array_equal(obs, again)  # deterministic given the seed
+    assert not np.array_equal(obs, make_env(cfg, 3, seed=6).reset())
+
+
+def step_guess(num_envs: int, steps: int, seed: int, max_steps: int | None = None):
+    env = make_env(EnvConfig(id=GUESS, backend="jax", max_episode_steps=max_steps), num_envs, seed)
+    env.reset()
+    rng = np.random.default_rng(seed)
+    return [env.step(rng.integers(CLASSES, size=num_envs).astype(np.int32)) for _ in range(steps)]
+
+
+def test_next_step_autoreset_and_episode_statistics():
+    steps = step_guess(num_envs=6, steps=60, seed=1)
+    ended = np.zeros(6, bool)
+    running_return, running_length = np.zeros(6), np.zeros(6, int)
+    resets = 0
+    for step in steps:
+        # the step after an ended one is a reset: reward 0, nothing ends, not counted
+        assert not step.reward[ended].any()
+        assert not (step.terminated | step.truncated)[ended].any()
+        resets += ended.sum()
+        running_return = np.where(ended, 0, running_return) + step.reward
+        running_length = np.where(ended, 0, running_length) + ~ended
+        done = step.terminated | step.truncated
+        np.testing.assert_array_equal(step.episode_done, done)
+        np.testing.assert_allclose(step.episode_return[done], running_return[done])
+        np.testing.assert_array_equal(step.episode_length[done], running_length[done])
+        assert (step.episode_length[done] <= 5).all()
+        ended = done
+    assert resets > 10
+    truncated = np.array([s.truncated for s in steps])
+    terminated = np.array([s.terminated for s in steps])
+    assert truncated.any() and terminated.any()
+    assert not (truncated & terminated).any()
+
+
+def test_max_episode_steps_sets_the_time_limit():
+    steps = step_guess(num_envs=8, steps=40, seed=2, max_steps=2)
+    lengths = np.concatenate([s.episode_length[s.episode_done] for s in steps])
+    assert lengths.max() == 2 and any(s.truncated.any() for s in steps)
+
+
+def test_same_seed_same_episodes():
+    a, b = step_guess(4, 20, seed=3), step_guess(4, 20, seed=3)
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x.obs, y.obs)
+
+
+@pytest.mark.parametrize(
+    "env_id,message",
+    [
+        ("gymnax:NoSuch-v0", "gymnax has no env 'NoSuch-v0'"),
+        ("craftax:NoSuch-v0", "needs the craftax package: pip install 'podrace[craftax]'"),
+        ("tests.envs.jax_user_envs:guess_only_env", "returned Guess; expected (env, params)"),
+        ("tests.envs.jax_user_envs:not_an_env", "lacks reset_env, step_env"),
+        ("tests.envs.jax_user_envs:unjittable", "its step_env cannot be jitted"),
+        ("tests.envs.jax_user_envs:no_such_factory", "has no callable 'no_such_factory'"),
+        ("CartPole-v1", "must be 'gymnax:<name>', 'craftax:<name>' or 'module:factory'"),
+    ],
+)
+def test_bad_jax_env_is_one_line_exit_2_nothing_written(
+    capsys, monkeypatch, tmp_path, env_id, message
+):
+    monkeypatch.setitem(sys.modules, "craftax", None)  # as if not installed
+    code, out, err = cli(
+        capsys,
+        "train",
+        "cartpole-ppo",
+        "--env.backend",
+        "jax",
+        "--env.id",
+        env_id,
+        "--log.run-dir",
+        str(tmp_path / "runs"),
+    )
+    assert code == 2 and err.startswith("podrace: error: ") and message in err, err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists()
+
+
+def test_missing_gymnax_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "gymnax", None)  # import gymnax raises ImportError
+    with pytest.raises(ConfigError, match=r"needs the gymnax package: pip install 'podrace\["):
+        env_spec(EnvConfig(id="gymnax:CartPole-v1"))
+
+
+def test_env_workers_are_refused_for_jax_envs(capsys, tmp_path):
+    code, _, err = cli(
+        capsys,
+        "train",
+        "cartpole-ppo",
+        "--env.id",
+        "gymnax:CartPole-v1",
+        "--env.workers",
+        "2",
+        "--log.run-dir",
+        str(tmp_path / "runs"),
+    )
+    assert code == 2 and "env.workers" in err and "jax" in err, err

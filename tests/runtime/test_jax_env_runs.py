@@ -1,0 +1,82 @@
+"""Runs on envs written in JAX (thread topology): PPO and IMPALA with the envs on the actor's
+device, and the reset rule of a resumed run (fresh envs, keys from the resume point)."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from podrace.checkpoints.resume import Resume
+from podrace.checkpoints.state import checkpoint_dir
+from podrace.config import replace
+from podrace.envs import make_env
+from podrace.presets import PRESETS
+from podrace.runtime.build import actor_env_seed
+from podrace.runtime.run import prepare, train
+
+
+def small(tmp_path, **changes):
+    base = {
+        "total_steps": 8 * 16 * 8,
+        "rollout_length": 16,
+        "env.id": "gymnax:CartPole-v1",
+        "env.backend": "jax",
+        "env.num_envs": 8,
+        "layout.actor_device_ids": (1,),
+        "ppo.num_minibatches": 2,
+        "eval.every_updates": 0,
+        "eval.episodes": 2,
+        "eval.num_envs": 2,
+        "log.console": "none",
+        "log.run_dir": str(tmp_path),
+        "log.interval_s": 0.2,
+    }
+    base.update(changes)
+    return replace(PRESETS["cartpole-ppo"][1], **base)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"algo": "impala"},
+        {"normalize.obs": True, "network.core": "lstm", "network.core_size": 16},
+    ],
+    ids=["ppo", "impala", "ppo-obs-normalized-lstm"],
+)
+def test_jax_envs_train_on_the_actor_device(tmp_path, changes):
+    run = prepare(small(tmp_path, **changes))
+    actor = run.actors[0]
+    assert actor.fused is not None and actor.policy.device == run.devices.actors[0]
+    assert actor.policy.device.id == 1
+    result = run.run()
+    assert result.updates == 8 and result.env_steps == 8 * 8 * 16
+    assert result.final_eval is not None and len(result.final_eval.returns) == 2
+    assert result.final_eval.mean_return > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_resumed_run_resets_its_jax_envs_with_keys_of_the_resume_point(tmp_path):
+    """The checkpoint holds no env state: a resumed run's actors reset their envs with keys
+    derived from (run seed, actor, resume point), reproducibly, not the first run's."""
+    cfg = small(tmp_path, **{"log.run_name": "a", "checkpoint.every_updates": 4})
+    first = train(cfg)
+    assert first.checkpoint == 8
+    shutil.move(checkpoint_dir(first.run_dir) / "8", tmp_path / "8")
+    resumed = prepare(None, resume=Resume(first.run_dir, step=4))
+    env, first_obs = resumed.actors[0].env, []
+    reset = env.reset
+    env.reset = lambda: first_obs.append(reset()) or first_obs[-1]
+    result = resumed.run()
+    assert result.updates == 8 and len(first_obs) == 1
+
+    def reset_obs(seed):
+        return make_env(cfg.env, 8, seed).reset()
+
+    np.testing.assert_array_equal(first_obs[0], reset_obs(actor_env_seed(cfg, 0, 4)))
+    assert not np.array_equal(first_obs[0], reset_obs(actor_env_seed(cfg, 0, 0)))
