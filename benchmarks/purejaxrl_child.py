@@ -7,6 +7,9 @@ with the config of that file's `__main__` (CartPole-v1, 4 envs x 128 steps, 4 ep
 minibatches, 5e5 steps: the same 976 updates of 512 samples as the cartpole-ppo preset),
 with DEBUG off (its per-episode printing would be timed too). Prints one JSON line: import,
 compile and train seconds, and the mean episodic return of the last 20 updates.
+
+`PY benchmarks/purejaxrl_child.py DIR '{"NUM_ENVS": 64, ...}'`: that config's entries
+replaced (benchmarks/jax_envs.py gives it podrace's preset's hyperparameters).
 """
 
 import json
@@ -38,6 +41,8 @@ CONFIG = {
     "ANNEAL_LR": True,
     "DEBUG": False,
 }
+if len(sys.argv) > 2:
+    CONFIG.update(json.loads(sys.argv[2]))
 
 imported = time.perf_counter()
 train = jax.jit(ppo.make_train(CONFIG)).lower(jax.random.PRNGKey(30)).compile()
@@ -58,6 +63,7 @@ print(
             "train_s": trained - compiled,
             "child_total_s": time.perf_counter() - START,
             "updates": int(CONFIG["TOTAL_TIMESTEPS"] // (CONFIG["NUM_ENVS"] * CONFIG["NUM_STEPS"])),
+            "config": CONFIG,
             "final_return_last_20_updates": final,
         }
     )

@@ -149,7 +149,9 @@ class DeviceEnv:
         self.num_envs = num_envs
         self._step_fn = DeviceStep(env, num_envs, self.spec)
         self._key = jax.random.key_data(jax.random.key(seed))
-        self._reset = jax.jit(self._step_fn.reset)
+        # Compiled here (before any thread starts): a run's actors and evaluator reset their
+        # envs from their threads, where a compile would be counted as training time.
+        self._reset = jax.jit(_next_reset(self._step_fn)).lower(self._key).compile()
         self._step = jax.jit(self._step_fn)
         # 32-bit counts, as a compiled rollout keeps them: the same episode returns either way.
         self._stats = EpisodeStats(num_envs, np.float32, np.int32)
@@ -157,8 +159,7 @@ class DeviceEnv:
     def reset(self) -> np.ndarray:
         """Every env reset with a key split from this env's own (each reset starts new
         episodes); the compiled step's handle starts there too."""
-        self._key, key = jax.random.split(self._key)
-        self._step_fn.current, obs = self._reset(key)
+        self._key, self._step_fn.current, obs = self._reset(self._key)
         self._stats.reset()
         return np.asarray(jax.device_get(obs))
 
@@ -183,3 +184,13 @@ class DeviceEnv:
 
     def close(self) -> None:
         self._step_fn.current = None
+
+
+def _next_reset(step: DeviceStep) -> Any:
+    """own key -> (next own key, handle, obs): a reset with a key split from the env's own."""
+
+    def reset(key):
+        key, reset_key = jax.random.split(key)
+        return (key, *step.reset(reset_key))
+
+    return reset
