@@ -35,7 +35,13 @@ class _RenderEnv:
 
     def __init__(self, cfg: EnvConfig, seed: int):
         self.env_id, self.seed = cfg.id, seed
-        if resolve_backend(cfg) == "envpool":
+        backend = resolve_backend(cfg)
+        if backend == "jax":
+            raise ConfigError(
+                f"env {cfg.id!r} is written in JAX (env.backend jax): --video renders envpool "
+                "and Gymnasium envs only"
+            )
+        if backend == "envpool":
             import envpool
 
             from podrace.envs.envpool_backend import make_kwargs

@@ -146,3 +146,12 @@ def test_env_workers_are_refused_for_jax_envs(capsys, tmp_path):
         str(tmp_path / "runs"),
     )
     assert code == 2 and "env.workers" in err and "jax" in err, err
+
+
+@pytest.mark.timeout(120)
+def test_video_of_a_jax_env_is_refused_in_one_line():
+    from podrace.video import check_renderable
+
+    with pytest.raises(ConfigError, match="is written in JAX") as error:
+        check_renderable(EnvConfig(id="gymnax:CartPole-v1"), 0)
+    assert "\n" not in str(error.value)
