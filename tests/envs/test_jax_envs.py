@@ -155,3 +155,31 @@ def test_video_of_a_jax_env_is_refused_in_one_line():
     with pytest.raises(ConfigError, match="is written in JAX") as error:
         check_renderable(EnvConfig(id="gymnax:CartPole-v1"), 0)
     assert "\n" not in str(error.value)
+
+
+def test_craftax_ids_load_craftax_envs_without_autoreset(monkeypatch):
+    """Craftax's loader, with a stand-in package (craftax itself is not a test dependency):
+    `make_craftax_env_from_name(name, auto_reset=False)` and the env's default params."""
+    import types
+
+    from .jax_user_envs import Guess
+
+    asked = []
+
+    def make_craftax_env_from_name(name, auto_reset):
+        asked.append((name, auto_reset))
+        if name != "Craftax-Classic-Symbolic-v1":
+            raise ValueError(f"Unknown craftax environment: {name}")
+        return Guess()
+
+    package = types.ModuleType("craftax")
+    module = types.ModuleType("craftax.craftax_env")
+    module.make_craftax_env_from_name = make_craftax_env_from_name
+    package.craftax_env = module
+    monkeypatch.setitem(sys.modules, "craftax", package)
+    monkeypatch.setitem(sys.modules, "craftax.craftax_env", module)
+    spec = env_spec(EnvConfig(id="craftax:Craftax-Classic-Symbolic-v1"))
+    assert (spec.obs_shape, spec.num_actions) == ((CLASSES,), CLASSES)
+    assert asked == [("Craftax-Classic-Symbolic-v1", False)]
+    with pytest.raises(ConfigError, match="Unknown craftax environment: Nope"):
+        env_spec(EnvConfig(id="craftax:Nope"))
