@@ -32,7 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from podrace.envs.episode_stats import EpisodeStats
-from podrace.envs.jax_envs import JaxEnv, jax_env_spec
+from podrace.envs.jax_envs import JaxEnv, kept_observations, raw_jax_env_spec
+from podrace.envs.spaces import ObsIndices
 from podrace.types import EnvStep
 
 
@@ -64,8 +65,11 @@ class DeviceStep:
 
     cacheable = True
 
-    def __init__(self, env: JaxEnv, num_envs: int, spec: Any) -> None:
-        self.env, self.num_envs, self.spec = env, num_envs, spec
+    def __init__(
+        self, env: JaxEnv, num_envs: int, spec: Any, select: ObsIndices | None = None
+    ) -> None:
+        """`spec` as podrace sees the env; `select` keeps entries of the env's observations."""
+        self.env, self.num_envs, self.spec, self._select = env, num_envs, spec, select
         self.current: EnvHandle | None = None
         """The state after the last `DeviceEnv.reset` or `step` (None before a reset)."""
         self._truncation = _truncation_fn(env)
@@ -83,7 +87,10 @@ class DeviceStep:
         """Every env reset: (handle, obs [B, ...]); `key` raw key data."""
         key, reset_key = jax.random.split(key)
         obs, state = self._reset_all(reset_key)
-        return EnvHandle(state, key, jnp.zeros(self.num_envs, bool)), obs
+        return EnvHandle(state, key, jnp.zeros(self.num_envs, bool)), self._observed(obs)
+
+    def _observed(self, obs: Any) -> Any:
+        return obs if self._select is None else self._select.jax(obs)
 
     def _reset_all(self, key: Any) -> tuple[Any, Any]:
         keys = jax.random.split(key, self.num_envs)
@@ -118,7 +125,7 @@ class DeviceStep:
         )
         ended = terminated | truncated
         return EnvHandle(state, key, ended), JaxEnvStep(
-            obs, reward, terminated, truncated, reward, ended
+            self._observed(obs), reward, terminated, truncated, reward, ended
         )
 
 
@@ -145,9 +152,11 @@ class DeviceEnv:
     steps_on_any_device = True
 
     def __init__(self, env: JaxEnv, num_envs: int, seed: int) -> None:
-        self.spec = jax_env_spec(env)
+        raw = raw_jax_env_spec(env)
+        select = kept_observations(env, raw)
+        self.spec = raw if select is None else select.spec(raw)
         self.num_envs = num_envs
-        self._step_fn = DeviceStep(env, num_envs, self.spec)
+        self._step_fn = DeviceStep(env, num_envs, self.spec, select)
         self._key = jax.random.key_data(jax.random.key(seed))
         # Compiled here (before any thread starts): a run's actors and evaluator reset their
         # envs from their threads, where a compile would be counted as training time.

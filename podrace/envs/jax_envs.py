@@ -23,6 +23,7 @@ import jax
 import numpy as np
 
 from podrace.config import ConfigError, EnvConfig
+from podrace.envs.spaces import ObsIndices
 from podrace.envs.user_modules import import_failure, make_working_dir_importable, split_env_id
 from podrace.types import EnvSpec
 
@@ -31,11 +32,13 @@ INTERFACE = ("reset_env", "step_env", "observation_space", "action_space")
 
 
 class JaxEnv(NamedTuple):
-    """A JAX env and the params every call passes it; `name` is the id, for messages."""
+    """A JAX env and the params every call passes it; `name` is the id, for messages;
+    `obs_indices` the entries of each observation kept (`EnvConfig.obs_indices`)."""
 
     env: Any
     params: Any
     name: str
+    obs_indices: tuple[int, ...] | None = None
 
 
 def load_jax_env(cfg: EnvConfig) -> JaxEnv:
@@ -57,7 +60,7 @@ def load_jax_env(cfg: EnvConfig) -> JaxEnv:
         )
     if cfg.max_episode_steps is not None:
         params = _with_time_limit(cfg.id, params, cfg.max_episode_steps)
-    return JaxEnv(env, params, cfg.id)
+    return JaxEnv(env, params, cfg.id, cfg.obs_indices)
 
 
 def _split(env_id: str) -> tuple[str, str]:
@@ -148,6 +151,18 @@ def _traced(env: JaxEnv, what: str, fn: Any, *args: Any) -> Any:
 
 
 def jax_env_spec(env: JaxEnv) -> EnvSpec:
+    """One env's shapes, dtypes and actions as podrace sees them (`obs_indices` applied)."""
+    raw = raw_jax_env_spec(env)
+    select = kept_observations(env, raw)
+    return raw if select is None else select.spec(raw)
+
+
+def kept_observations(env: JaxEnv, raw: EnvSpec) -> ObsIndices | None:
+    """The selection of `env.obs_indices` from observations `raw` describes; None: all."""
+    return ObsIndices.of(env.obs_indices, raw, env.name)
+
+
+def raw_jax_env_spec(env: JaxEnv) -> EnvSpec:
     """One env's shapes, dtypes and actions, from its spaces and a traced reset and step."""
     key = jax.ShapeDtypeStruct((2,), np.uint32)
     obs, state = _traced(env, "reset_env", lambda k: env.env.reset_env(k, env.params), key)

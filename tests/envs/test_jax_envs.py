@@ -183,3 +183,17 @@ def test_craftax_ids_load_craftax_envs_without_autoreset(monkeypatch):
     assert asked == [("Craftax-Classic-Symbolic-v1", False)]
     with pytest.raises(ConfigError, match="Unknown craftax environment: Nope"):
         env_spec(EnvConfig(id="craftax:Nope"))
+
+
+def test_obs_indices_keep_entries_of_jax_env_observations():
+    whole = make_env(EnvConfig(id="gymnax:CartPole-v1"), 4, seed=3)
+    kept = make_env(EnvConfig(id="gymnax:CartPole-v1", obs_indices=(2, 0)), 4, seed=3)
+    assert kept.spec.obs_shape == (2,)
+    assert env_spec(EnvConfig(id="gymnax:CartPole-v1", obs_indices=(2, 0))).obs_shape == (2,)
+    np.testing.assert_array_equal(kept.reset(), whole.reset()[:, [2, 0]])
+    actions = np.ones(4, np.int32)
+    for _ in range(15):
+        a, b = kept.step(actions), whole.step(actions)
+        np.testing.assert_array_equal(a.obs, b.obs[:, [2, 0]])
+    with pytest.raises(ConfigError, match="env.obs_indices must be indices in"):
+        env_spec(EnvConfig(id="gymnax:CartPole-v1", obs_indices=(4,)))
