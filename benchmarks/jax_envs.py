@@ -220,8 +220,11 @@ def main() -> None:
         runs.update({"podrace_warm": [], "purejaxrl_warm": []})
     warm = {"podrace": tempfile.mkdtemp(), "purejaxrl": tempfile.mkdtemp()}
 
+    caches = list(warm.values())
+
     def cold() -> str:
-        return tempfile.mkdtemp(prefix="jax-cache-")
+        caches.append(tempfile.mkdtemp(prefix="jax-cache-"))
+        return caches[-1]
 
     def note(name: str, result: dict) -> None:
         runs[name].append(result)
@@ -241,6 +244,8 @@ def main() -> None:
     for _ in range(args.long_repeats):
         note("podrace_long", podrace(args.long_steps, cold()))
         note("purejaxrl_long", purejaxrl(args.long_steps, cold()))
+    for cache in caches:
+        shutil.rmtree(cache, ignore_errors=True)
     med = {name: median_run(found) for name, found in runs.items() if found}
     ratios = {
         "whole_process_podrace_over_purejaxrl": med["podrace"]["whole_process_s"]
