@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 
+import jax
 import numpy as np
 import pytest
 
@@ -55,6 +56,9 @@ def test_jax_envs_train_on_the_actor_device(tmp_path, changes):
     assert actor.policy.device.id == 1
     result = run.run()
     assert result.updates == 8 and result.env_steps == 8 * 8 * 16
+    # the envs' state lived on the actor's device, in its compiled rollout's carry
+    leaves = jax.tree.leaves(actor.fused.carry.handle)
+    assert leaves and all(leaf.devices() == {actor.policy.device} for leaf in leaves)
     assert result.final_eval is not None and len(result.final_eval.returns) == 2
     assert result.final_eval.mean_return > 0
 
