@@ -52,6 +52,14 @@ os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(8 << 30)
 _config = None
 
 
+@pytest.fixture
+def fake_wandb(monkeypatch):
+    """A fake `wandb` module for the test (tests/helpers/wandb.py)."""
+    from tests.helpers.wandb import install_fake_wandb
+
+    return install_fake_wandb(monkeypatch)
+
+
 @pytest.fixture(autouse=True)
 def _record_threads_at_start():
     from tests import threads

@@ -9,83 +9,10 @@ import pytest
 
 from podrace.actor import Actor, ActorSettings, EnvError, PolicyFns
 from podrace.control import Control, Heartbeat, Lifetime, Stopped
-from podrace.sync.base import ChannelClosed, Snapshot, Subscriber
-from podrace.types import EnvSpec, EnvStep
+from podrace.sync.base import ChannelClosed
+from tests.helpers.actors import FakeParams, ListSink, ScriptedEnv
 
-B = 2
-
-
-class ScriptedEnv:
-    """B envs whose episodes end at scripted steps, with next-step autoreset.
-
-    `ends[b]` maps a 1-based step number to "terminated" or "truncated" for env b; the step
-    after an end is the autoreset step (reward 0, first obs of the next episode).
-    """
-
-    spec = EnvSpec(obs_shape=(1,), obs_dtype=np.float32, num_actions=2, action_shape=())
-    num_envs = B
-
-    def __init__(self, ends: list[dict[int, str]], on_step=None, on_reset=None):
-        self.ends, self.on_step, self.on_reset = ends, on_step, on_reset
-        self.steps = 0
-        self.closed = False
-
-    def reset(self):
-        if self.on_reset:
-            self.on_reset()
-        return np.zeros((B, 1), np.float32)
-
-    def step(self, actions):
-        self.steps += 1
-        if self.on_step:
-            self.on_step(self.steps)
-        kind = [self.ends[b].get(self.steps) for b in range(B)]
-        terminated = np.array([k == "terminated" for k in kind])
-        truncated = np.array([k == "truncated" for k in kind])
-        done = terminated | truncated
-        return EnvStep(
-            obs=np.full((B, 1), self.steps, np.float32),
-            reward=np.ones(B, np.float32),
-            terminated=terminated,
-            truncated=truncated,
-            episode_done=done,
-            episode_return=np.where(done, float(self.steps), 0.0),
-            episode_length=np.where(done, self.steps, 0),
-        )
-
-    def close(self):
-        self.closed = True
-
-
-class FakeParams(Subscriber):
-    """Always has `version`; records the min_version of every blocking get."""
-
-    def __init__(self, version: int = 0):
-        self.version, self.gets, self.closed = version, [], False
-
-    def poll(self):
-        if self.closed:
-            raise ChannelClosed("closed")
-        return Snapshot(self.version, {"w": jnp.zeros(())})
-
-    def get(self, min_version, timeout=None):
-        if self.closed:
-            raise ChannelClosed("closed")
-        self.gets.append(min_version)
-        return Snapshot(max(self.version, min_version), {"w": jnp.zeros(())})
-
-    @property
-    def acked_version(self):
-        return self.version
-
-
-class ListSink:
-    def __init__(self):
-        self.rollouts = []
-
-    def put(self, rollout):
-        self.rollouts.append(rollout)
-        return 0.0
+B = ScriptedEnv.num_envs
 
 
 def fake_policy() -> PolicyFns:

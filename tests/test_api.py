@@ -4,19 +4,16 @@ and the mujoco-ppo preset."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import podrace
 from podrace.presets import PRESETS
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers.cli import run_python
 
 
 @pytest.mark.timeout(60)
@@ -269,14 +266,7 @@ def test_ctrl_c_of_a_library_caller_stops_the_run_cleanly_then_raises_keyboard_i
     is: inside JAX's tracing (a segfault some calls later), or in the run's cleanup on a
     second Ctrl-C (the run directory would stay locked, so its resume says "in use" in this
     process, and a run stopped before its first update would stay behind, unresumable)."""
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", CTRL_C_FROM_PYTHON, str(tmp_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=220,
-    )
+    proc = run_python("-W", "ignore", "-c", CTRL_C_FROM_PYTHON, str(tmp_path), timeout=220)
     assert proc.returncode == 0, proc.stderr[-3000:]
     preparing, twice = proc.stdout.splitlines()
     # podrace's handler while the run is prepared (the env probe saw it); Python's after
@@ -305,14 +295,7 @@ def test_a_library_run_warns_as_the_cli_does_and_leaves_no_thread_behind(tmp_pat
     """envpool's CartPole casts float64 Box bounds to float32: Gymnasium warns, in several
     lines, and the CLI silences that; so does `podrace.train`, and once it returns only the
     caller's threads remain."""
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.run(
-        [sys.executable, "-c", QUIET_LIBRARY_RUN, str(tmp_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=110,
-    )
+    proc = run_python("-c", QUIET_LIBRARY_RUN, str(tmp_path), timeout=110)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "precision lowered" not in proc.stderr and "Warning" not in proc.stderr, proc.stderr
     assert proc.stdout.strip() == "['MainThread']", proc.stdout

@@ -39,35 +39,13 @@ from podrace.checkpoints.state import RunState
 from podrace.config import ConfigError, TrainConfig, replace
 from podrace.config_dict import config_from_dict
 from podrace.envs import env_spec
-from podrace.learner_mesh import make_algorithm
-from podrace.networks import make_network
 from podrace.validation import validate
+from tests.helpers.checkpoints import fresh_state, save_versions
+from tests.helpers.cli import run_python
+from tests.helpers.configs import tiny_config
 from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def tiny_config(**changes) -> TrainConfig:
-    return replace(TrainConfig(), **{"network.hidden_sizes": (8,), "checkpoint.keep": 3, **changes})
-
-
-def fresh_state(cfg: TrainConfig, seed: int = 0, version: int = 0) -> RunState:
-    """A RunState built the way a run starts (network init, algorithm init, keys)."""
-    spec = env_spec(cfg.env)
-    network = make_network(cfg.network, spec)
-    params = network.init(jax.random.PRNGKey(seed), np.zeros((1,) + spec.obs_shape, spec.obs_dtype))
-    train_state = make_algorithm(cfg, network.apply).init(params)
-    return RunState(
-        train_state=train_state,
-        learner_keys=jax.random.split(
-            jax.random.PRNGKey(seed + 1), cfg.num_actors * cfg.env.num_envs
-        ),
-        actor_keys=np.asarray(jax.random.split(jax.random.PRNGKey(seed + 2), cfg.num_actors)),
-        actor_next_seq=tuple(range(version, version + cfg.num_actors)),
-        version=version,
-        env_steps=version * cfg.steps_per_update,
-        episodes=3 * version,
-    )
 
 
 def assert_same_arrays(a: RunState, b: RunState) -> None:
@@ -75,17 +53,6 @@ def assert_same_arrays(a: RunState, b: RunState) -> None:
     assert len(leaves_a) == len(leaves_b)
     for x, y in zip(leaves_a, leaves_b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-
-
-def save_versions(directory: Path, cfg: TrainConfig, versions) -> dict[int, RunState]:
-    states = {v: fresh_state(cfg, seed=v, version=v) for v in versions}
-    checkpointer = Checkpointer(directory, cfg, env_spec(cfg.env))
-    try:
-        for v in versions:
-            checkpointer.save(states[v])
-    finally:
-        checkpointer.close()
-    return states
 
 
 @pytest.mark.timeout(120)
@@ -334,7 +301,8 @@ KILLED_WRITER = textwrap.dedent(
     from pathlib import Path
     from orbax.checkpoint._src.path import atomicity
     from podrace.checkpoints.files import Checkpointer
-    from tests.test_checkpoint import fresh_state, tiny_config
+    from tests.helpers.checkpoints import fresh_state
+    from tests.helpers.configs import tiny_config
 
     directory, marker = Path(sys.argv[1]), Path(sys.argv[2])
     cfg = tiny_config()
@@ -425,7 +393,8 @@ STORAGE_REFUSES = textwrap.dedent(
     from pathlib import Path
     from podrace.checkpoints.files import Checkpointer
     from podrace.envs import env_spec
-    from tests.test_checkpoint import fresh_state, tiny_config
+    from tests.helpers.checkpoints import fresh_state
+    from tests.helpers.configs import tiny_config
 
     directory = Path(sys.argv[1])
     cfg = tiny_config(**{"network.hidden_sizes": (256,)})
@@ -452,15 +421,7 @@ def test_a_write_the_storage_refuses_is_one_line_without_orbaxs_tracebacks(tmp_p
     """A real refusal inside TensorStore (a file size limit; a full disk is the same path)
     is podrace's one-line error alone: no tracebacks with TensorStore's spec dump from
     orbax's threads, no "Event loop is closed" tracebacks from late callbacks."""
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", STORAGE_REFUSES, str(tmp_path)],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=100,
-    )
+    proc = run_python("-W", "ignore", "-c", STORAGE_REFUSES, str(tmp_path), cwd=REPO, timeout=100)
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
     assert len(lines) == 1 and lines[0].startswith(

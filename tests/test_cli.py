@@ -10,13 +10,16 @@ import time
 import pytest
 
 from podrace.cli import main
+from tests.helpers.cli import (
+    ENDLESS,
+    run_cli,
+    run_flags,
+    run_podrace,
+    start_train,
+    start_two_device_train,
+)
+from tests.helpers.runs import metric_lines
 from tests.waiting import wait_until
-
-
-def run_cli(capsys, *args):
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.mark.parametrize(
@@ -120,12 +123,7 @@ def test_train_runs_and_reports(capsys, tmp_path):
         capsys,
         "train",
         "cartpole-ppo",
-        "--log.run-dir",
-        str(tmp_path),
-        "--log.run-name",
-        "r",
-        "--total-steps",
-        "4096",
+        *run_flags(tmp_path, 4096),
         "--log.console",
         "none",
         "--eval.episodes",
@@ -135,9 +133,7 @@ def test_train_runs_and_reports(capsys, tmp_path):
     assert "done: 4,096 env steps" in out
     config = json.loads((tmp_path / "r" / "config.json").read_text())
     assert config["total_steps"] == 4096
-    code, out, err = run_cli(
-        capsys, "train", "cartpole-ppo", "--log.run-dir", str(tmp_path), "--log.run-name", "r"
-    )
+    code, out, err = run_cli(capsys, "train", "cartpole-ppo", *run_flags(tmp_path))
     assert code == 2 and "already exists" in err
 
 
@@ -146,29 +142,8 @@ def test_train_runs_and_reports(capsys, tmp_path):
 def test_a_training_run_outlives_the_reader_of_its_stderr(tmp_path):
     """`podrace train ... 2>&1 | head -1` trains to the end: lines nobody reads are lost, not
     the run (rich's console raises SystemExit on a broken pipe)."""
-    run = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "podrace.cli",
-            "train",
-            "cartpole-ppo",
-            "--total-steps",
-            "20480",
-            "--log.console",
-            "lines",
-            "--log.interval-s",
-            "0.05",
-            "--eval.episodes",
-            "2",
-            "--log.run-dir",
-            str(tmp_path),
-            "--log.run-name",
-            "r",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    run = start_train(
+        tmp_path, "--total-steps", "20480", "--eval.episodes", "2", console="lines", interval_s=0.05
     )
     run.stderr.close()  # the reader has gone before the first line
     out, _ = run.communicate(timeout=100)
@@ -197,27 +172,8 @@ def test_a_signal_ends_a_run_whose_stderr_reader_stopped_reading(tmp_path):
     never blocks for long in a write to it."""
     read, write = full_pipe()
     try:
-        run = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "podrace.cli",
-                "train",
-                "cartpole-ppo",
-                "--total-steps",
-                "100000000",
-                "--log.console",
-                "lines",
-                "--log.interval-s",
-                "0.05",
-                "--log.run-dir",
-                str(tmp_path),
-                "--log.run-name",
-                "r",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=write,
-            text=True,
+        run = start_train(
+            tmp_path, "--total-steps", "100000000", console="lines", interval_s=0.05, stderr=write
         )
         os.close(write)
         metrics = tmp_path / "r" / "metrics.jsonl"
@@ -289,13 +245,7 @@ def test_a_flag_error_or_help_with_stdout_closed_is_its_usual_exit(tmp_path, arg
 )
 def test_help_into_a_full_stdout_is_one_line_and_exit_1(tmp_path, args):
     with open("/dev/full", "w") as full:
-        done = subprocess.run(
-            [sys.executable, "-m", "podrace.cli", *args],
-            stdout=full,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=50,
-        )
+        done = run_podrace(*args, stdout=full, stderr=subprocess.PIPE, timeout=50)
     assert done.returncode == 1 and done.stderr.splitlines() == [
         "podrace: error: could not write to stdout (No space left on device); "
         "the command itself succeeded"
@@ -309,20 +259,13 @@ def test_a_missing_env_package_is_one_line_without_dependency_warnings_ahead(tmp
     (in a child process: pytest captures warnings in its own)."""
     if importlib.util.find_spec("mujoco") is not None:
         pytest.skip("MuJoCo is installed here: the env can be made")
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "podrace.cli",
-            "train",
-            "mujoco-ppo",
-            "--env.backend",
-            "gymnasium",
-            "--log.run-dir",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
+    done = run_podrace(
+        "train",
+        "mujoco-ppo",
+        "--env.backend",
+        "gymnasium",
+        "--log.run-dir",
+        str(tmp_path),
         timeout=50,
     )
     assert done.returncode == 2
@@ -338,28 +281,7 @@ def test_a_missing_env_package_is_one_line_without_dependency_warnings_ahead(tmp
     "signum", [signal.SIGTERM]
 )  # SIGINT: test_cli_resume's, at a random time test_signals'
 def test_signal_stops_cleanly_with_conventional_exit_code(tmp_path, signum):
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "podrace.cli",
-            "train",
-            "cartpole-ppo",
-            "--log.run-dir",
-            str(tmp_path),
-            "--log.run-name",
-            "r",
-            "--total-steps",
-            "100000000",
-            "--log.console",
-            "none",
-            "--log.interval-s",
-            "0.2",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_train(tmp_path, "--total-steps", "100000000")
     metrics = tmp_path / "r" / "metrics.jsonl"
     wait_until(
         lambda: metrics.exists() and metrics.read_text().count("\n") >= 2, 120, while_alive=proc
@@ -786,12 +708,7 @@ def test_a_full_disk_under_the_metrics_and_the_last_checkpoint_is_one_line(
         capsys,
         "train",
         "cartpole-ppo",
-        "--log.run-dir",
-        str(tmp_path),
-        "--log.run-name",
-        "r",
-        "--total-steps",
-        "100000000",
+        *run_flags(tmp_path, ENDLESS),
         "--log.console",
         "none",
         "--log.interval-s",
@@ -816,25 +733,13 @@ def test_a_run_directory_deleted_while_the_run_trains_ends_it_in_one_line(tmp_pa
     in it, which it then offered to resume."""
     import shutil
 
-    from tests.test_cli_resume import FLAGS, cli, lines_of
-
     run_dir = tmp_path / "r"
-    proc = cli(
-        "train",
-        "cartpole-ppo",
-        "--log.run-dir",
-        str(tmp_path),
-        "--log.run-name",
-        "r",
-        "--total-steps",
-        "100000000",
-        *FLAGS,
-    )
+    proc = start_two_device_train(tmp_path)
     try:
         wait_until(
             lambda: (
                 proc.poll() is not None
-                or any(line.get("version", 0) >= 1 for line in lines_of(run_dir))
+                or any(line.get("version", 0) >= 1 for line in metric_lines(run_dir))
             ),
             timeout=240,
         )

@@ -7,46 +7,35 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-import podrace
 from podrace.checkpoints.files import checkpoint_steps
 from podrace.checkpoints.read import read_config, read_meta
 from podrace.checkpoints.resume import SUPERSEDED
 from podrace.checkpoints.state import checkpoint_dir
 from podrace.config import ConfigError, replace
 from tests.envs.user_envs import CONSTANT_RETURN, constant_envs
-from tests.runtime.test_resume import fake_run, snapshot
-from tests.runtime.test_signals import EXIT_SLACK_S
-from tests.runtime.test_single_host import small
+from tests.helpers.checkpoints import fake_run, flip_a_byte, snapshot
+from tests.helpers.cli import (
+    ENDLESS,
+    EXIT_SLACK_S,
+    REPO,
+    TWO_DEVICE_FLAGS,
+    run_cli,
+    run_flags,
+    start_podrace,
+    start_two_device_train,
+)
+from tests.helpers.configs import SMALL_SPU, small
+from tests.helpers.runs import factory_run, metric_lines
 from tests.runtime.topologies import TOPOLOGIES, every_topology
-from tests.test_cli import run_cli
 from tests.waiting import wait_until
-from tests.xla_flags import without_device_count
 
-REPO = Path(__file__).resolve().parents[1]
 SPU = 64 * 8  # cartpole-ppo: env steps per update
-SMALL_SPU = 8 * 2 * 16  # tests.runtime.test_single_host.small: env steps per update
-FLAGS = [
-    "--log.console",
-    "none",
-    "--log.interval-s",
-    "0.2",
-    "--eval.episodes",
-    "2",
-    "--eval.num-envs",
-    "2",
-    "--layout.cpu-devices",
-    "2",
-    "--layout.actor-device-ids",
-    "1",
-]
 
 
 @pytest.mark.timeout(120)
@@ -105,14 +94,8 @@ def test_resume_errors_are_one_line_exit_2_and_change_nothing(capsys, tmp_path, 
         f"move it out of {in_the_way.parent}"
     ), err
     in_the_way.unlink()
-    array_file = max(
-        (p for p in (run_dir / "checkpoints" / "2").rglob("*") if p.is_file()),
-        key=lambda p: p.stat().st_size,
-    )
-    data = bytearray(array_file.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    array_file.write_bytes(bytes(data))
-    before[array_file] = bytes(data)
+    array_file = flip_a_byte(run_dir / "checkpoints" / "2")
+    before[array_file] = array_file.read_bytes()
     code, out, err = run_cli(capsys, "train", "--resume", str(run_dir), "--total-steps", "100000")
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert (
@@ -199,14 +182,6 @@ def test_a_resume_of_a_run_still_writing_is_in_use_before_its_checkpoints_are_re
         lock.release()
 
 
-def factory_run(tmp_path: Path, factory, **changes) -> Path:
-    """A run trained from Python, `podrace.train(cfg, env_factory=factory)`: 2 updates, its
-    checkpoint at the end. `cfg.env.id` keeps CartPole's id, whose spaces ConstantEnv has."""
-    base = {"log.run_name": "f", "network.hidden_sizes": (8,), "total_steps": 2 * SMALL_SPU}
-    cfg = small(tmp_path, **{**base, **changes})
-    return podrace.train(cfg, env_factory=factory).run_dir
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_run_trained_with_an_env_factory_resumes_from_the_cli_on_that_factorys_envs(
@@ -219,7 +194,7 @@ def test_a_run_trained_with_an_env_factory_resumes_from_the_cli_on_that_factorys
         capsys, "train", "--resume", str(run_dir), "--total-steps", str(4 * SMALL_SPU)
     )
     assert code == 0, err
-    lines = lines_of(run_dir)
+    lines = metric_lines(run_dir)
     assert lines[-1]["version"] == 4 and lines[-1]["eval/return"] == CONSTANT_RETURN, lines[-1]
     played = {line["episode/return"] for line in lines if "episode/return" in line}
     assert played == {CONSTANT_RETURN}, played
@@ -265,26 +240,6 @@ def test_a_run_of_an_env_factory_no_command_can_import_is_refused_with_how_to_co
     assert result.updates == 4 and result.final_eval.mean_return == CONSTANT_RETURN
 
 
-def cli(*args: str, script: str | None = None) -> subprocess.Popen:
-    """`podrace` in a subprocess, without the suite's device count: the CLI sets it from the
-    (resumed) config before JAX starts a backend, or device 1 would not exist."""
-    env = without_device_count(os.environ)
-    env["PYTHONPATH"] = str(REPO)
-    command = (
-        [sys.executable, "-c", script, *args]
-        if script
-        else [sys.executable, "-m", "podrace.cli", *args]
-    )
-    return subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO
-    )
-
-
-def lines_of(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    return [json.loads(t) for t in path.read_text().splitlines()] if path.exists() else []
-
-
 def assert_continuous(lines: list[dict], checkpoint: int, total_updates: int) -> None:
     """One stream: versions, env steps, episodes and time never go back; it reaches the end."""
     for key in ("version", "env_steps", "episodes", "time_s"):
@@ -296,7 +251,7 @@ def assert_continuous(lines: list[dict], checkpoint: int, total_updates: int) ->
 
 
 def resume_to(run_dir: Path, updates: int) -> str:
-    proc = cli(
+    proc = start_podrace(
         "train",
         "--resume",
         str(run_dir),
@@ -304,6 +259,8 @@ def resume_to(run_dir: Path, updates: int) -> str:
         str(updates * SPU),
         "--log.console",
         "none",
+        device_count=False,
+        cwd=REPO,
     )
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
@@ -315,20 +272,10 @@ def resume_to(run_dir: Path, updates: int) -> str:
 @pytest.mark.timeout(600)
 def test_sigint_saves_a_checkpoint_that_resume_continues(tmp_path):
     run_dir = tmp_path / "r"
-    proc = cli(
-        "train",
-        "cartpole-ppo",
-        "--log.run-dir",
-        str(tmp_path),
-        "--log.run-name",
-        "r",
-        "--total-steps",
-        "100000000",
-        *FLAGS,
-    )
+    proc = start_two_device_train(tmp_path)
     try:
         wait_until(
-            lambda: any(line.get("version", 0) >= 3 for line in lines_of(run_dir)),
+            lambda: any(line.get("version", 0) >= 3 for line in metric_lines(run_dir)),
             240,
             while_alive=proc,
         )
@@ -345,11 +292,11 @@ def test_sigint_saves_a_checkpoint_that_resume_continues(tmp_path):
         checkpoint_dir(run_dir)
     )  # checkpoint.every_updates 0: the stop saved it
     assert f"checkpoint {step} saved" in err and step >= 3
-    assert lines_of(run_dir)[-1]["version"] == step  # the final line and the checkpoint agree
+    assert metric_lines(run_dir)[-1]["version"] == step  # the final line and the checkpoint agree
 
     resume_to(run_dir, step + 2)
     assert checkpoint_steps(checkpoint_dir(run_dir)) == [step, step + 2]
-    assert_continuous(lines_of(run_dir), step, step + 2)
+    assert_continuous(metric_lines(run_dir), step, step + 2)
     assert read_meta(checkpoint_dir(run_dir))[1]["config"]["layout"]["actor_device_ids"] == [1]
 
 
@@ -385,28 +332,25 @@ KILLED_DURING_WRITE = textwrap.dedent(
 @pytest.mark.timeout(600)
 def test_sigkill_during_a_checkpoint_write_then_resume(tmp_path):
     run_dir, marker = tmp_path / "r", tmp_path / "marker"
-    proc = cli(
+    proc = start_podrace(
         str(marker),
         str(checkpoint_dir(run_dir)),
         "train",
         "cartpole-ppo",
-        "--log.run-dir",
-        str(tmp_path),
-        "--log.run-name",
-        "r",
-        "--total-steps",
-        "100000000",
+        *run_flags(tmp_path, ENDLESS),
         "--checkpoint.every-updates",
         "2",
-        *FLAGS,
+        *TWO_DEVICE_FLAGS,
         script=KILLED_DURING_WRITE,
+        device_count=False,
+        cwd=REPO,
     )
     try:
         wait_until(marker.exists, 240, while_alive=proc)  # checkpoint 4 is being written
         # The learner runs on past it (to 6, where it waits for that write): a metrics line
         # past 4 is written while the write is in progress.
         wait_until(
-            lambda: any(line.get("version", 0) > 4 for line in lines_of(run_dir)),
+            lambda: any(line.get("version", 0) > 4 for line in metric_lines(run_dir)),
             240,
             while_alive=proc,
         )
@@ -419,14 +363,14 @@ def test_sigkill_during_a_checkpoint_write_then_resume(tmp_path):
     assert [p for p in checkpoint_dir(run_dir).iterdir() if not p.name.isdigit()], (
         "a write was in progress"
     )
-    beyond = [line for line in lines_of(run_dir) if line.get("version", 0) > 2]
+    beyond = [line for line in metric_lines(run_dir) if line.get("version", 0) > 2]
 
     resume_to(run_dir, 5)
     assert checkpoint_steps(checkpoint_dir(run_dir)) == [2, 4, 5]
     assert [
         p.name for p in checkpoint_dir(run_dir).iterdir() if not p.name.isdigit()
     ] == []  # leftovers cleaned
-    lines = lines_of(run_dir)
+    lines = metric_lines(run_dir)
     for key in ("version", "env_steps", "time_s"):
         assert [line.get(key, 0) for line in lines] == sorted(line.get(key, 0) for line in lines), (
             key

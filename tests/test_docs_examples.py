@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.cli import run_python
 
 REPO = Path(__file__).resolve().parents[1]
 GUIDE = REPO / "docs" / "guides" / "library.md"
@@ -25,18 +24,7 @@ def library_example() -> str:
 def test_library_example_trains_beyond_random(tmp_path):
     script = tmp_path / "train_match.py"
     script.write_text(library_example())
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-    )
-    proc = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
+    proc = run_python(str(script), cwd=tmp_path, timeout=280)
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = re.search(r"final greedy return ([\d.]+) of 8", proc.stdout)
     assert found, proc.stdout

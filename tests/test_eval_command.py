@@ -6,7 +6,6 @@ import dataclasses
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,11 +22,21 @@ from podrace.checkpoints.state import RunState, checkpoint_dir
 from podrace.commands.eval import EvalOptions, evaluate_run, play_episodes, summary
 from podrace.config import ConfigError
 from podrace.envs import env_spec, make_env
-from tests.envs.user_envs import CONSTANT_RETURN, MatchEnv, constant_envs
-from tests.test_checkpoint import fresh_state, save_versions, tiny_config
-from tests.test_evaluate import FixedLengthEnv
+from tests.envs.user_envs import CONSTANT_RETURN, MatchEnv, NoFrames, constant_envs
+from tests.helpers.actors import FixedLengthEnv
+from tests.helpers.checkpoints import fresh_state, save_versions
+from tests.helpers.cli import run_podrace
+from tests.helpers.configs import tiny_config
 
-REPO = Path(__file__).resolve().parents[1]
+
+def module_in_the_working_directory(tmp_path, monkeypatch, name: str, source: str) -> None:
+    """`source` as module `name` in `tmp_path`, the working directory for the test and first
+    on sys.path, as for `python` started there."""
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(
+        sys, "path", [str(tmp_path)] + [p for p in sys.path if p not in ("", str(tmp_path))]
+    )
 
 
 def always_right(state: RunState) -> RunState:
@@ -169,16 +178,13 @@ def test_errors_come_before_anything_is_written(tmp_path):
 @pytest.mark.timeout(180)
 def test_cli_eval_prints_statistics_and_exits_2_on_errors(tmp_path):
     run = make_run(tmp_path / "run")
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    command = [sys.executable, "-m", "podrace.cli", "eval", str(run), "--episodes", "2"]
-    ok = subprocess.run(command, capture_output=True, text=True, env=env, timeout=150)
+    command = ("eval", str(run), "--episodes", "2")
+    ok = run_podrace(*command, timeout=150)
     assert ok.returncode == 0, ok.stderr
     assert "return  mean" in ok.stdout and "results: " in ok.stdout
     assert (run / "eval-3.json").exists()
 
-    bad = subprocess.run(
-        command + ["--checkpoint", "7"], capture_output=True, text=True, env=env, timeout=150
-    )
+    bad = run_podrace(*command, "--checkpoint", "7", timeout=150)
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == [
         f"podrace: error: no checkpoint for step 7 in {run / 'checkpoints'} (saved: 3)"
@@ -265,11 +271,7 @@ def test_a_run_of_an_env_from_a_module_in_the_working_directory_evaluates(tmp_pa
     """As `podrace train --env.id my_module:Env` finds my_module.py in the working directory
     (tests/envs/test_user_modules.py), so does `podrace eval` of its run."""
     env_id = "podrace_eval_user_envs:podrace-eval-user/Match-v0"
-    (tmp_path / "podrace_eval_user_envs.py").write_text(USER_MODULE)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(
-        sys, "path", [str(tmp_path)] + [p for p in sys.path if p not in ("", str(tmp_path))]
-    )
+    module_in_the_working_directory(tmp_path, monkeypatch, "podrace_eval_user_envs", USER_MODULE)
     try:
         run = make_run(tmp_path / "run", cfg=tiny_config(**{"env.id": env_id}))
         # A new process: the module not imported, the working directory not on sys.path.
@@ -331,8 +333,8 @@ def test_eval_of_a_renamed_step_folder_is_a_corrupt_checkpoint(tmp_path):
 @pytest.mark.timeout(300)
 def test_eval_of_a_run_trained_with_an_env_factory_plays_that_factorys_envs(capsys, tmp_path):
     """The run's config names CartPole (unused with a factory): eval played CartPole."""
-    from tests.test_cli import run_cli
-    from tests.test_cli_resume import factory_run
+    from tests.helpers.cli import run_cli
+    from tests.helpers.runs import factory_run
 
     run = factory_run(tmp_path, constant_envs)
     result = evaluate_run(EvalOptions(run, episodes=3))
@@ -401,18 +403,6 @@ def test_a_latest_checkpoint_deleted_before_it_is_held_is_replaced_by_the_new_la
     assert listed[0] == 3 and result["checkpoint"] == 4
 
 
-class NoFrames(MatchEnv):
-    """Takes render_mode but renders nothing (render() gives None)."""
-
-    metadata = {"render_modes": ["rgb_array"]}
-
-    def __init__(self, render_mode=None):
-        self.render_mode = render_mode
-
-    def render(self):
-        return None
-
-
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     "entry_point,message",
@@ -444,7 +434,7 @@ def test_video_of_an_env_that_cannot_render_is_refused_before_playing(
 NO_RENDERER = """
 import gymnasium
 from tests.envs.user_envs import MatchEnv
-from tests.test_eval_command import NoFrames
+from tests.envs.user_envs import NoFrames
 
 gymnasium.register("podrace-norender/NoRenderMode-v0", entry_point=MatchEnv)
 gymnasium.register("podrace-norender/NoFrames-v0", entry_point=NoFrames)
@@ -475,16 +465,8 @@ def test_the_cli_refuses_a_video_of_an_env_without_a_renderer_in_its_one_line_on
         sys.modules.pop("podrace_no_renderer", None)
         for name in ("NoRenderMode-v0", "NoFrames-v0"):
             gymnasium.registry.pop(f"podrace-norender/{name}", None)
-    environ = {**os.environ, "PYTHONPATH": str(REPO)}
     video = tmp_path / "episode.gif"
-    proc = subprocess.run(
-        [sys.executable, "-m", "podrace.cli", "eval", "run", "--video", str(video)],
-        cwd=tmp_path,
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=150,
-    )
+    proc = run_podrace("eval", "run", "--video", str(video), cwd=tmp_path, timeout=150)
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
     assert proc.stderr.startswith(f"podrace: error: env {env_id!r} {message}"), proc.stderr
     assert not video.exists() and sorted(p.name for p in run.iterdir()) == [
@@ -510,11 +492,7 @@ gymnasium.register("podrace-dying/Render-v0", entry_point=DyingRender)
 @pytest.mark.timeout(120)
 def test_a_renderer_that_ends_its_process_is_a_one_line_error_before_playing(tmp_path, monkeypatch):
     env_id = "podrace_dying_render:podrace-dying/Render-v0"
-    (tmp_path / "podrace_dying_render.py").write_text(DYING_RENDER)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(
-        sys, "path", [str(tmp_path)] + [p for p in sys.path if p not in ("", str(tmp_path))]
-    )
+    module_in_the_working_directory(tmp_path, monkeypatch, "podrace_dying_render", DYING_RENDER)
     try:
         run = make_run(tmp_path / "run", cfg=tiny_config(**{"env.id": env_id}))
         monkeypatch.setattr(podrace.commands.eval, "make_env", fail_if_called("make_env"))

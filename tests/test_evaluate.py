@@ -10,8 +10,7 @@ import pytest
 from podrace.control import Control, Heartbeat, Lifetime, Stopped
 from podrace.evaluate import STUCK_EPISODE_STEPS, EpisodeTally, Evaluator, run_episodes
 from podrace.metrics.registry import Metrics
-from podrace.types import EnvSpec, EnvStep
-from tests.test_actor import FakeParams, ScriptedEnv
+from tests.helpers.actors import FakeParams, FixedLengthEnv, ScriptedEnv
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -30,30 +29,6 @@ def test_run_episodes_returns_exactly_the_episodes_asked_for():
     returns, lengths = run_episodes(env, jax.jit(policy), None, jax.devices()[0], 1, control())
     assert env.steps == 2  # two episodes ended together; one was asked for
     assert returns.tolist() == [2.0] and lengths.tolist() == [2]
-
-
-class FixedLengthEnv:
-    """Env i ends an episode every lengths[i] steps, with return = its length."""
-
-    def __init__(self, lengths):
-        self.lengths = np.asarray(lengths)
-        self.num_envs = len(lengths)
-        self.spec = EnvSpec((1,), np.dtype(np.float32), 2, ())
-        self.t = np.zeros(self.num_envs, int)
-
-    def reset(self):
-        return np.zeros((self.num_envs, 1), np.float32)
-
-    def step(self, actions):
-        self.t += 1
-        done = self.t % self.lengths == 0
-        zeros = np.zeros(self.num_envs)
-        return EnvStep(
-            self.reset(), zeros, done, done & False, done, self.lengths.astype(float), self.lengths
-        )
-
-    def close(self):
-        pass
 
 
 def test_each_env_counts_its_own_share_so_short_episodes_are_not_over_counted():

@@ -30,9 +30,8 @@ import numpy as np
 import optax
 import pytest
 
-from podrace.config import replace
-from podrace.presets import PRESETS
 from podrace.runtime.run import prepare
+from tests.helpers.configs import small
 
 DIGESTS = {
     # canary of the machine -> digest of each run there
@@ -100,24 +99,6 @@ CHANGES = {
 }
 
 
-def small(tmp_path, **changes):
-    """A short deterministic cartpole-ppo run: 12 updates of 2 actors x 8 envs x 16 steps."""
-    base = {
-        "total_steps": 8 * 2 * 16 * 12,
-        "rollout_length": 16,
-        "env.num_envs": 8,
-        "layout.actors_per_device": 2,
-        "ppo.num_minibatches": 4,
-        "eval.every_updates": 0,
-        "eval.episodes": 2,
-        "eval.num_envs": 2,
-        "log.console": "none",
-        "log.run_dir": str(tmp_path),
-        "deterministic": True,
-    }
-    return replace(PRESETS["cartpole-ppo"][1], **{**base, **changes})
-
-
 def digest(*trees) -> str:
     """sha256 of every leaf's dtype, shape and bytes."""
     h = hashlib.sha256()
@@ -161,7 +142,9 @@ def canary() -> str:
 
 def run_result(tmp_path, name: str) -> tuple:
     """(final params, final evaluation's returns) of run `name`."""
-    cfg = small(tmp_path, **{"log.run_name": name}, **CHANGES[name])
+    # deterministic; metrics every 2 s (the preset's), as when the digests were recorded
+    deterministic = {"deterministic": True, "log.interval_s": 2.0, "log.run_name": name}
+    cfg = small(tmp_path, **{**deterministic, **CHANGES[name]})
     run = prepare(cfg)
     result = run.run()
     return jax.device_get(run.learner.state.params), np.asarray(result.final_eval.returns)

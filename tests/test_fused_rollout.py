@@ -13,65 +13,7 @@ from podrace.control import Control, Heartbeat, Lifetime
 from podrace.envs.envpool_backend import EnvpoolEnv
 from podrace.fused_rollout import fused_rollout_for
 from podrace.networks import make_network
-from podrace.sync.base import Snapshot, Subscriber
-
-ROLLOUTS = 4
-
-
-class FixedParams(Subscriber):
-    def __init__(self, params):
-        self.snapshot = Snapshot(0, params)
-
-    def poll(self):
-        return None
-
-    def get(self, min_version, timeout=None):
-        return self.snapshot
-
-    @property
-    def acked_version(self):
-        return 0
-
-
-class ListSink:
-    def __init__(self):
-        self.rollouts = []
-
-    def put(self, rollout):
-        self.rollouts.append(rollout)
-        return 0.0
-
-
-def run_actor(
-    env_id: str, num_envs: int, T: int, fused: bool, network: NetworkConfig, **env_kwargs
-):
-    env = EnvpoolEnv(EnvConfig(id=env_id, **env_kwargs), num_envs, seed=7)
-    net = make_network(network, env.spec)
-    device = jax.devices("cpu")[0]
-    params = jax.device_put(
-        net.init(jax.random.PRNGKey(1), np.zeros((1,) + env.spec.obs_shape, env.spec.obs_dtype)),
-        device,
-    )
-    policy = make_policy_fns(net.apply).on(device)
-    settings = ActorSettings(0, T, ROLLOUTS, max_policy_lag=1, key=jax.random.PRNGKey(3))
-    sink = ListSink()
-    lifetime = Lifetime()
-    actor = Actor(
-        settings,
-        env,
-        policy,
-        FixedParams(params),
-        sink,
-        Control(lifetime, Heartbeat("actor-0"), lambda _: None),
-    )
-    assert (actor.fused is not None) == fused or fused is False
-    if not fused:
-        actor.fused = None
-    actor.warm_up(params)
-    with jax.transfer_guard("disallow"):
-        actor.run()
-    env.close()
-    return sink.rollouts
+from tests.helpers.actors import ROLLOUTS, FixedParams, ListSink, run_actor
 
 
 @pytest.mark.slow

@@ -5,28 +5,21 @@ from typing import NamedTuple
 import jax
 import numpy as np
 import pytest
-from jax.sharding import PartitionSpec as P
 
 from podrace.algos.normalization import RunningStats
 from podrace.algos.normalizer import Normalizer
 from podrace.config import EnvConfig, LayoutConfig, NetworkConfig, PPOConfig, TrainConfig
 from podrace.control import Lifetime
-from podrace.envs import env_spec
 from podrace.learner import Learner, LearnerSettings, NonFiniteUpdate, TooManySkippedUpdates
-from podrace.learner_mesh import (
-    LearnerPlacement,
-    env_keys,
-    make_algorithm,
-    make_mesh,
-    make_update_fn,
-    trajectory_shardings,
-)
+from podrace.learner_mesh import env_keys
 from podrace.metrics.registry import Metrics
-from podrace.networks import make_network
 from podrace.pipeline import Pipeline
 from podrace.sync.local import LocalPublisher
 from podrace.types import Rollout
-from tests.test_learner_mesh import B, T, random_trajectory
+from tests import trajectories
+from tests.helpers.learners import sharded_update
+
+T, B = trajectories.ROLLOUT_LENGTH, trajectories.ENVS
 
 
 class FakeState(NamedTuple):
@@ -150,29 +143,21 @@ def test_learner_advances_its_keys_between_updates():
         rollout_length=T,
         total_steps=T * B * 10,
     )
-    spec = env_spec(cfg.env)
-    network = make_network(cfg.network, spec)
-    mesh = make_mesh(jax.devices()[:2])
-    replicated = jax.sharding.NamedSharding(mesh, P())
-    params = jax.jit(network.init, out_shardings=replicated)(
-        jax.random.PRNGKey(0), np.zeros((1, 4), np.float32)
-    )
-    algo = make_algorithm(cfg, network.apply)
-    update = make_update_fn(algo, mesh, 1)
+    sharded = sharded_update(cfg, jax.devices()[:2], 1)
     used = []
 
     def recording(state, trajs, keys):
         used.append(np.asarray(jax.device_get(keys)))
-        return update(state, trajs, keys)
+        return sharded.update(state, trajs, keys)
 
     learner, pipeline, _ = fake_learner(
-        recording,
-        state=jax.jit(algo.init, out_shardings=replicated)(params),
-        keys=env_keys(jax.random.PRNGKey(1), 1, B, mesh),
+        recording, state=sharded.state, keys=env_keys(jax.random.PRNGKey(1), 1, B, sharded.mesh)
     )
-    placement = LearnerPlacement(*trajectory_shardings(mesh))
-    traj = placement.place(
-        jax.device_put(random_trajectory(np.random.default_rng(0), spec), jax.devices()[0])
+    traj = sharded.placement.place(
+        jax.device_put(
+            trajectories.actor_trajectory(np.random.default_rng(0), sharded.spec),
+            jax.devices()[0],
+        )
     )
     for seq in range(3):
         pipeline.put(stamped(0, seq, max(seq - 1, 0), traj=traj))

@@ -19,21 +19,15 @@ from podrace.learner_mesh import (
     AXIS,
     LearnerPlacement,
     env_keys,
-    make_algorithm,
     make_mesh,
-    make_update_fn,
     trajectory_shardings,
 )
-from podrace.networks import initial_core_state, make_network
+from podrace.networks import make_network
 from podrace.types import Trajectory
 from tests import trajectories
+from tests.helpers.learners import sharded_update
 
-T, B, ACTORS = 8, 8, 2
-
-
-def random_trajectory(rng, spec, network: NetworkConfig | None = None):
-    core = initial_core_state(network or NetworkConfig(), B)
-    return trajectories.random_trajectory(rng, spec, T, B, core)
+T, B, ACTORS = trajectories.ROLLOUT_LENGTH, trajectories.ENVS, 2
 
 
 def fields(traj):
@@ -44,20 +38,10 @@ def fields(traj):
 
 
 def one_update(cfg, num_learners, host_trajs):
-    devices = jax.devices()[:num_learners]
-    spec = env_spec(cfg.env)
-    network = make_network(cfg.network, spec)
-    mesh = make_mesh(devices)
-    replicated = jax.sharding.NamedSharding(mesh, P())
-    params = jax.jit(network.init, out_shardings=replicated)(
-        jax.random.PRNGKey(0), np.zeros((1, 4), np.float32)
-    )
-    algo = make_algorithm(cfg, network.apply)
-    state = jax.jit(algo.init, out_shardings=replicated)(params)
-    placement = LearnerPlacement(*trajectory_shardings(mesh))
-    trajs = tuple(placement.place(jax.device_put(t, jax.devices()[0])) for t in host_trajs)
-    update = make_update_fn(algo, mesh, ACTORS)
-    new_state, _, metrics = update(state, trajs, env_keys(jax.random.PRNGKey(1), ACTORS, B, mesh))
+    sharded = sharded_update(cfg, jax.devices()[:num_learners], ACTORS)
+    trajs = tuple(sharded.placement.place(jax.device_put(t, jax.devices()[0])) for t in host_trajs)
+    keys = env_keys(jax.random.PRNGKey(1), ACTORS, B, sharded.mesh)
+    new_state, _, metrics = sharded.update(sharded.state, trajs, keys)
     if num_learners > 1:  # one learner device takes a rollout made there as it is
         assert trajs[0].obs.sharding.spec == P(None, AXIS)
     assert len(trajs[0].obs.addressable_shards) == num_learners
@@ -83,7 +67,7 @@ def test_four_learner_devices_match_one(algo, core):
     )
     rng = np.random.default_rng(0)
     spec = env_spec(cfg.env)
-    host = [random_trajectory(rng, spec, cfg.network) for _ in range(ACTORS)]
+    host = [trajectories.actor_trajectory(rng, spec, cfg.network) for _ in range(ACTORS)]
     params_1, metrics_1 = one_update(cfg, 1, host)
     params_4, metrics_4 = one_update(cfg, 4, host)
     for a, b in zip(jax.tree.leaves(params_1), jax.tree.leaves(params_4)):
@@ -150,7 +134,7 @@ def test_impala_minibatches_of_several_actors_do_not_depend_on_the_learner_count
         total_steps=T * B * ACTORS * 10,
     )
     rng = np.random.default_rng(1)
-    host = [random_trajectory(rng, env_spec(cfg.env)) for _ in range(ACTORS)]
+    host = [trajectories.actor_trajectory(rng, env_spec(cfg.env)) for _ in range(ACTORS)]
     params_1, metrics_1 = one_update(cfg, 1, host)
     for learners in (2, 4):
         params_n, metrics_n = one_update(cfg, learners, host)
@@ -164,7 +148,7 @@ def test_placement_gives_each_learner_device_its_slice_of_the_envs():
     mesh = make_mesh(jax.devices()[:4])
     placement = LearnerPlacement(*trajectory_shardings(mesh))
     spec = env_spec(EnvConfig(id="CartPole-v1", num_envs=B))
-    host = random_trajectory(np.random.default_rng(0), spec, NetworkConfig(core="lstm"))
+    host = trajectories.actor_trajectory(np.random.default_rng(0), spec, NetworkConfig(core="lstm"))
     placed = placement.place(jax.device_put(host, jax.devices()[0]))
     assert len(fields(placed)) == len(fields(host)) == 12  # the LSTM's state: 2 arrays
     for (name, global_array), (_, expected_whole) in zip(fields(placed), fields(host)):
@@ -180,7 +164,7 @@ def test_placement_gives_each_learner_device_its_slice_of_the_envs():
 def test_one_learner_device_takes_a_rollout_made_there_as_it_is_and_moves_others():
     learner_device, other = jax.devices()[:2]
     placement = LearnerPlacement(*trajectory_shardings(make_mesh([learner_device])))
-    host = random_trajectory(
+    host = trajectories.actor_trajectory(
         np.random.default_rng(0),
         env_spec(EnvConfig(id="CartPole-v1", num_envs=B)),
         NetworkConfig(core="gru"),

@@ -6,21 +6,10 @@ import pytest
 from podrace.control import Lifetime, Stopped
 from podrace.pipeline import BoundedQueue, LagExceeded, Pipeline, PlacingSink
 from podrace.types import Rollout
+from tests.helpers.rollouts import empty_rollout
 from tests.waiting import calling, wait_until
 
 pytestmark = pytest.mark.timeout(30)
-
-
-def rollout(actor_id, seq, version):
-    return Rollout(
-        actor_id,
-        seq,
-        version,
-        trajectory=None,
-        episode_returns=np.zeros(0),
-        episode_lengths=np.zeros(0),
-        timings={},
-    )
 
 
 def test_queue_blocks_when_full_and_times_the_wait():
@@ -61,8 +50,8 @@ def test_stop_wakes_blocked_put_and_get():
 
 def test_pipeline_takes_actors_in_order_and_measures_lag():
     pipe = Pipeline(num_actors=2, capacity=2, max_policy_lag=1, lifetime=Lifetime())
-    pipe.put(rollout(1, 0, 0))
-    pipe.put(rollout(0, 0, 0))
+    pipe.put(empty_rollout(1, 0, 0))
+    pipe.put(empty_rollout(0, 0, 0))
     batch, stats = pipe.next_batch(learner_version=1)
     assert [r.actor_id for r in batch] == [0, 1]
     assert stats["lag_max"] == 1 and stats["lag_min"] == 1
@@ -70,14 +59,14 @@ def test_pipeline_takes_actors_in_order_and_measures_lag():
 
 def test_pipeline_rejects_rollout_over_lag_bound():
     pipe = Pipeline(num_actors=1, capacity=1, max_policy_lag=1, lifetime=Lifetime())
-    pipe.put(rollout(0, 0, 0))
+    pipe.put(empty_rollout(0, 0, 0))
     with pytest.raises(LagExceeded, match="lag 2, bound 1"):
         pipe.next_batch(learner_version=2)
 
 
 def test_pipeline_rejects_out_of_sequence_rollout():
     pipe = Pipeline(num_actors=1, capacity=1, max_policy_lag=1, lifetime=Lifetime())
-    pipe.put(rollout(0, 1, 0))
+    pipe.put(empty_rollout(0, 1, 0))
     with pytest.raises(RuntimeError, match="expected 0"):
         pipe.next_batch(learner_version=0)
 
@@ -86,7 +75,7 @@ def test_pipeline_rejects_out_of_sequence_rollout():
 def test_pipeline_rejects_rollout_newer_than_the_learner():
     """A behaviour policy newer than the learner's params (negative lag) is a broken contract."""
     pipe = Pipeline(num_actors=1, capacity=1, max_policy_lag=1, lifetime=Lifetime())
-    pipe.put(rollout(0, 0, 3))
+    pipe.put(empty_rollout(0, 0, 3))
     with pytest.raises(LagExceeded, match="lag -1"):
         pipe.next_batch(learner_version=2)
 
@@ -112,8 +101,8 @@ def test_placing_sink_places_then_queues_and_times_it():
 def test_pipeline_resumes_at_first_seq():
     """After a checkpoint, actors continue at `first_seq`; a rollout from before it is stale."""
     pipe = Pipeline(num_actors=1, capacity=2, max_policy_lag=1, lifetime=Lifetime(), first_seq=7)
-    pipe.put(rollout(0, 7, 5))
-    pipe.put(rollout(0, 9, 5))
+    pipe.put(empty_rollout(0, 7, 5))
+    pipe.put(empty_rollout(0, 9, 5))
     (got,), _ = pipe.next_batch(learner_version=5)
     assert got.seq == 7
     with pytest.raises(RuntimeError, match="actor 0 sent rollout 9, expected 8"):
@@ -123,6 +112,6 @@ def test_pipeline_resumes_at_first_seq():
 def test_lag_statistics_cover_every_actor():
     pipe = Pipeline(num_actors=3, capacity=1, max_policy_lag=2, lifetime=Lifetime())
     for actor_id, version in enumerate([4, 2, 3]):
-        pipe.put(rollout(actor_id, 0, version))
+        pipe.put(empty_rollout(actor_id, 0, version))
     _, stats = pipe.next_batch(learner_version=4)
     assert stats["lag_min"] == 0 and stats["lag_max"] == 2 and stats["lag_mean"] == 1.0

@@ -15,8 +15,8 @@ from podrace.algos.ppo import PPOBatch, ppo_loss
 from podrace.config import ImpalaConfig, NetworkConfig, PPOConfig
 from podrace.control import Control, Heartbeat, Lifetime
 from podrace.networks import make_network
-from podrace.types import EnvSpec, EnvStep
-from tests.test_fused_rollout import FixedParams, ListSink
+from podrace.types import EnvSpec
+from tests.helpers.actors import FixedParams, ListSink, ScriptedEnv
 
 T, ROLLOUTS, B = 4, 3, 3
 # 1-based step numbers at which each env's episodes end. Row r of the run (0-based, rollout
@@ -29,41 +29,22 @@ ENDS = [
 ]
 
 
-class ScriptedEnv:
-    """B envs whose episodes end at scripted steps (next-step autoreset), with observations
-    that differ at every step and env, so the core's state carries information."""
+class VaryingObsEnv(ScriptedEnv):
+    """B envs whose episodes end at the steps of ENDS (next-step autoreset), with
+    observations that differ at every step and env, so the core's state carries information."""
 
     spec = EnvSpec(obs_shape=(2,), obs_dtype=np.float32, num_actions=2, action_shape=())
     num_envs = B
 
     def __init__(self):
-        self.steps = 0
+        super().__init__(ENDS)
 
-    def _obs(self):
+    def observe(self):
         t = np.full(B, self.steps, np.float32)
         return np.stack([np.sin(t + np.arange(B)), np.cos(0.5 * t)], axis=1).astype(np.float32)
 
     def reset(self):
-        return self._obs()
-
-    def step(self, actions):
-        self.steps += 1
-        kind = [ENDS[b].get(self.steps) for b in range(B)]
-        terminated = np.array([k == "terminated" for k in kind])
-        truncated = np.array([k == "truncated" for k in kind])
-        done = terminated | truncated
-        return EnvStep(
-            obs=self._obs(),
-            reward=np.ones(B, np.float32),
-            terminated=terminated,
-            truncated=truncated,
-            episode_done=done,
-            episode_return=np.where(done, float(self.steps), 0.0),
-            episode_length=np.where(done, self.steps, 0),
-        )
-
-    def close(self):
-        pass
+        return self.observe()
 
 
 def autoreset_rows(b: int) -> list[int]:
@@ -72,14 +53,14 @@ def autoreset_rows(b: int) -> list[int]:
 
 def network():
     net = make_network(
-        NetworkConfig(hidden_sizes=(16,), core="lstm", core_size=8), ScriptedEnv.spec
+        NetworkConfig(hidden_sizes=(16,), core="lstm", core_size=8), VaryingObsEnv.spec
     )
     params = jax.jit(net.init)(jax.random.PRNGKey(2), jnp.zeros((1, 2)))
     return net, params
 
 
 def run_recording_actor(net, params):
-    """The step-by-step actor on ScriptedEnv; every policy step's (valid, state in, state
+    """The step-by-step actor on VaryingObsEnv; every policy step's (valid, state in, state
     out) recorded, host side."""
     policy = make_policy_fns(net.apply).on(jax.devices()[0])
     steps = []
@@ -93,7 +74,7 @@ def run_recording_actor(net, params):
     sink = ListSink()
     actor = Actor(
         settings,
-        ScriptedEnv(),
+        VaryingObsEnv(),
         dataclasses.replace(policy, step=recording_step),
         FixedParams(params),
         sink,

@@ -18,7 +18,7 @@ from podrace.actor import SAMPLING_PRNG, sampling_key
 from podrace.config import EnvConfig, NetworkConfig
 from podrace.envs.envpool_backend import EnvpoolEnv
 from podrace.networks import make_network
-from tests.test_fused_rollout import ROLLOUTS, run_actor
+from tests.helpers.actors import ROLLOUTS, run_actor
 
 NUM_ENVS, T = 8, 40  # a fused rollout of 40 steps runs as two calls (32 + 8)
 

@@ -17,3 +17,8 @@ def record() -> None:
 def started_since(*prefixes: str) -> list[threading.Thread]:
     """Threads alive now, started since the test began, whose names start with `prefixes`."""
     return [t for t in threading.enumerate() if t not in at_start and t.name.startswith(prefixes)]
+
+
+def podrace_threads() -> list[threading.Thread]:
+    """The run threads (actors, learner, evaluator) this test started that are still alive."""
+    return started_since("actor-", "learner", "evaluator")

@@ -3,7 +3,12 @@
 import jax
 import numpy as np
 
+from podrace.config import NetworkConfig
+from podrace.networks import initial_core_state
 from podrace.types import Trajectory
+
+ROLLOUT_LENGTH, ENVS = 8, 8
+"""The shape of `actor_trajectory`'s rollouts: steps, envs."""
 
 
 def random_trajectory(
@@ -25,3 +30,12 @@ def random_trajectory(
         last_value=rng.normal(size=(envs,)).astype(np.float32),
         core_state=jax.tree.map(lambda x: rng.normal(size=x.shape).astype(np.float32), core_state),
     )
+
+
+def actor_trajectory(
+    rng: np.random.Generator, spec, network: NetworkConfig | None = None
+) -> Trajectory:
+    """A random rollout of one actor: ROLLOUT_LENGTH steps of ENVS envs, with the initial
+    state of `network`'s core (the default network: none)."""
+    core = initial_core_state(network or NetworkConfig(), ENVS)
+    return random_trajectory(rng, spec, ROLLOUT_LENGTH, ENVS, core)

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from podrace.algos.base import is_recurrent
+from podrace.algos.ppo import PPOBatch
 from podrace.config import NetworkConfig
 from podrace.networks import make_network
 from podrace.types import EnvSpec, Trajectory
@@ -91,4 +92,19 @@ def random_trajectory(
         last_obs=jnp.asarray(last_obs),
         last_value=jnp.asarray(last_value + lag_noise * rng.normal(size=(B,)), jnp.float32),
         core_state=jax.tree.map(jnp.asarray, core_state),
+    )
+
+
+def ppo_minibatch(traj: Trajectory, rng: np.random.Generator) -> PPOBatch:
+    """All of `traj` as one flat PPO minibatch, with random advantages and returns."""
+    n = traj.valid.size
+    flat = lambda x: jnp.reshape(x, (n,) + x.shape[2:])  # noqa: E731
+    return PPOBatch(
+        obs=flat(traj.obs),
+        actions=flat(traj.actions),
+        logprobs=flat(traj.logprobs),
+        values=flat(traj.values),
+        advantages=jnp.asarray(rng.normal(1.0, 2.0, size=n), jnp.float32),
+        returns=flat(traj.values) + jnp.asarray(rng.normal(size=n), jnp.float32),
+        valid=flat(traj.valid),
     )

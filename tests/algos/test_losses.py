@@ -8,10 +8,10 @@ import pytest
 
 from podrace.algos.advantages import vtrace
 from podrace.algos.impala import impala_loss
-from podrace.algos.ppo import PPOBatch, ppo_loss
+from podrace.algos.ppo import ppo_loss
 from podrace.config import ImpalaConfig, PPOConfig
 from tests.algos import numpy_reference as ref
-from tests.algos.helpers import random_trajectory, small_network
+from tests.algos.helpers import ppo_minibatch, random_trajectory, small_network
 
 
 def _np(x):
@@ -55,26 +55,12 @@ def _outputs(net, params, obs, actions):
     return logp, value, dist.entropy()
 
 
-def _ppo_minibatch(traj, rng):
-    n = traj.valid.size
-    flat = lambda x: jnp.reshape(x, (n,) + x.shape[2:])  # noqa: E731
-    return PPOBatch(
-        obs=flat(traj.obs),
-        actions=flat(traj.actions),
-        logprobs=flat(traj.logprobs),
-        values=flat(traj.values),
-        advantages=jnp.asarray(rng.normal(1.0, 2.0, size=n), jnp.float32),
-        returns=flat(traj.values) + jnp.asarray(rng.normal(size=n), jnp.float32),
-        valid=flat(traj.valid),
-    )
-
-
 @pytest.mark.parametrize("discrete", [True, False])
 @pytest.mark.parametrize("norm_adv,clip_value_loss", [(True, True), (False, False)])
 def test_ppo_loss_matches_numpy(discrete, norm_adv, clip_value_loss):
     net, params = small_network(discrete)
     traj = random_trajectory(net, params, discrete, T=6, B=8, seed=0)
-    mb = _ppo_minibatch(traj, np.random.default_rng(0))
+    mb = ppo_minibatch(traj, np.random.default_rng(0))
     cfg = dataclasses.replace(
         PPOConfig(), norm_adv=norm_adv, clip_value_loss=clip_value_loss, ent_coef=0.05
     )

@@ -207,7 +207,8 @@ def test_checkpoint_keeps_the_normalizer_and_eval_acts_with_its_statistics(tmp_p
     )
     from podrace.envs import env_spec, make_env
     from podrace.networks import make_network
-    from tests.test_checkpoint import fresh_state, tiny_config
+    from tests.helpers.checkpoints import fresh_state
+    from tests.helpers.configs import tiny_config
 
     cfg = tiny_config(**{"normalize.obs": True, "normalize.reward": True})
     spec = env_spec(cfg.env)

@@ -17,7 +17,7 @@ from podrace.algos.impala import make_impala
 from podrace.algos.ppo import make_ppo, ppo_loss
 from podrace.config import ImpalaConfig, PPOConfig
 from podrace.types import Trajectory
-from tests.algos.helpers import random_trajectory, small_network
+from tests.algos.helpers import ppo_minibatch, random_trajectory, small_network
 
 AXIS = "learner"
 TRAJ_SPEC = Trajectory(
@@ -109,6 +109,31 @@ def test_four_shards_equal_one_device(algo_name, num_minibatches, discrete, chec
         )
 
 
+def _updates_on_one_and_many(algo, params, traj, num_shards):
+    """The update of `traj` on 1 learner device and on `num_shards`, with the same env keys:
+    ((state, metrics) on one, (state, metrics) on many, how far one's update moved the
+    params)."""
+    state = algo.init(params)
+    keys = jax.random.split(jax.random.PRNGKey(9), 8)
+    one = _sharded_update(algo, 1)(state, traj, keys)
+    many = _sharded_update(algo, num_shards)(state, traj, keys)
+    moved = max(
+        np.abs(np.asarray(a) - np.asarray(b)).max()
+        for a, b in zip(jax.tree.leaves(one[0].params), jax.tree.leaves(params))
+    )
+    return one, many, moved
+
+
+def _assert_same_update(one, many) -> None:
+    """The same params (within summation order) and metrics from 1 device and from many."""
+    (one_state, metrics1), (many_state, metrics_n) = one, many
+    _assert_trees_close(many_state.params, one_state.params, atol=1e-5)
+    for name in metrics1:
+        np.testing.assert_allclose(
+            metrics_n[name], metrics1[name], rtol=1e-4, atol=1e-5, err_msg=name
+        )
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(
     "num_shards,num_minibatches",
@@ -121,25 +146,12 @@ def test_impala_learner_count_does_not_change_the_update(num_shards, num_minibat
     net, params = small_network(True)
     traj = random_trajectory(net, params, True, T=6, B=8, seed=4)
     algo = _make("impala", net, num_minibatches=num_minibatches, learning_rate=1e-2)
-    state = algo.init(params)
-    keys = jax.random.split(jax.random.PRNGKey(9), 8)
-
-    one, metrics1 = _sharded_update(algo, 1)(state, traj, keys)
-    many, metrics_n = _sharded_update(algo, num_shards)(state, traj, keys)
-
-    moved = max(
-        np.abs(np.asarray(a) - np.asarray(b)).max()
-        for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(params))
-    )
+    one, many, moved = _updates_on_one_and_many(algo, params, traj, num_shards)
     assert moved > 1e-3
     # Shards sum the gradient in another order; RMSProp's first step divides by the
     # gradient's own size, so an element whose gradient is near 0 moves ~1e-6 apart on some
     # CPUs (seen on an AMD EPYC). A wrong reduction (pmean for psum) moves them 2e-3 apart.
-    _assert_trees_close(many.params, one.params, atol=1e-5)
-    for name in metrics1:
-        np.testing.assert_allclose(
-            metrics_n[name], metrics1[name], rtol=1e-4, atol=1e-5, err_msg=name
-        )
+    _assert_same_update(one, many)
 
 
 @pytest.mark.slow
@@ -154,22 +166,9 @@ def test_recurrent_learner_count_does_not_change_the_update(algo_name, num_shard
     assert not np.asarray(traj.valid).all()  # resets inside the sequences
     rates = {"ppo": 1e-3, "impala": 1e-2}
     algo = _make(algo_name, net, num_minibatches=num_minibatches, learning_rate=rates[algo_name])
-    state = algo.init(params)
-    keys = jax.random.split(jax.random.PRNGKey(9), 8)
-
-    one, metrics1 = _sharded_update(algo, 1)(state, traj, keys)
-    many, metrics_n = _sharded_update(algo, num_shards)(state, traj, keys)
-
-    moved = max(
-        np.abs(np.asarray(a) - np.asarray(b)).max()
-        for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(params))
-    )
+    one, many, moved = _updates_on_one_and_many(algo, params, traj, num_shards)
     assert moved > 1e-4
-    _assert_trees_close(many.params, one.params, atol=1e-5)
-    for name in metrics1:
-        np.testing.assert_allclose(
-            metrics_n[name], metrics1[name], rtol=1e-4, atol=1e-5, err_msg=name
-        )
+    _assert_same_update(one, many)
 
 
 def test_shards_receive_different_keys():
@@ -230,10 +229,8 @@ def test_update_shuffles_with_each_shards_own_key(algo_name):
 def test_ppo_loss_uses_global_statistics_under_shard_map():
     net, params = small_network(True)
     traj = random_trajectory(net, params, True, T=4, B=8, seed=6)
-    from tests.algos.test_losses import _ppo_minibatch
-
     # Keep the [T, B] layout so the env axis can be sharded; uneven valid counts per shard.
-    mb = _ppo_minibatch(traj, np.random.default_rng(1))
+    mb = ppo_minibatch(traj, np.random.default_rng(1))
     mb = jax.tree.map(lambda x: x.reshape((4, 8) + x.shape[1:]), mb)
     cfg = PPOConfig()
 

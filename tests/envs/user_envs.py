@@ -41,6 +41,18 @@ if MATCH_ID not in gymnasium.registry:
     gymnasium.register(MATCH_ID, entry_point=MatchEnv)
 
 
+class NoFrames(MatchEnv):
+    """Takes render_mode but renders nothing (render() gives None)."""
+
+    metadata = {"render_modes": ["rgb_array"]}
+
+    def __init__(self, render_mode=None):
+        self.render_mode = render_mode
+
+    def render(self):
+        return None
+
+
 class ConstantEnv(gymnasium.Env):
     """CartPole's spaces, a different game: 0.5 per step, every episode CONSTANT_LENGTH steps,
     so its episode return (CONSTANT_RETURN) tells which envs a run played."""

@@ -77,7 +77,10 @@ def run_loops(lifetime, loops, consumed, actors):
         assert group.join(5.0) == []
 
 
-def actor_loop_rollouts(cfg: TrainConfig, actors: int) -> list:
+def parts(cfg: TrainConfig, actors: int) -> tuple:
+    """What both ways of stepping share: the env source and its spec, the network and its
+    params' versions (the first published), a lifetime, metrics, a watchdog, the publisher
+    and a pipeline for `actors` actors."""
     source = EnvSource(cfg.env)
     spec = source.spec()
     network, params = versions(cfg, spec)
@@ -86,6 +89,13 @@ def actor_loop_rollouts(cfg: TrainConfig, actors: int) -> list:
     publisher = LocalPublisher()
     publisher.publish(params[0])
     pipeline = Pipeline(actors, 1, 0, lifetime)
+    return source, spec, network, params, lifetime, metrics, watchdog, publisher, pipeline
+
+
+def actor_loop_rollouts(cfg: TrainConfig, actors: int) -> list:
+    source, spec, network, params, lifetime, metrics, watchdog, publisher, pipeline = parts(
+        cfg, actors
+    )
     fns = make_policy_fns(network.apply).on(jax.devices("cpu")[0])
     consumed: list = []
     built = []
@@ -106,14 +116,9 @@ def actor_loop_rollouts(cfg: TrainConfig, actors: int) -> list:
 
 
 def served_rollouts(cfg: TrainConfig, actors: int, workers: int) -> list:
-    source = EnvSource(cfg.env)
-    spec = source.spec()
-    network, params = versions(cfg, spec)
-    lifetime, metrics = Lifetime(), Metrics()
-    watchdog = Watchdog(lifetime, 60)
-    publisher = LocalPublisher()
-    publisher.publish(params[0])
-    pipeline = Pipeline(actors, 1, 0, lifetime)
+    source, spec, network, params, lifetime, metrics, watchdog, publisher, pipeline = parts(
+        cfg, actors
+    )
     device = jax.devices("cpu")[0]
     consumed: list = []
     B = cfg.env.num_envs

@@ -5,7 +5,6 @@ import errno
 import io
 import json
 import sys
-import types
 
 import pytest
 from rich.console import Console
@@ -103,34 +102,6 @@ def test_progress_falls_back_to_whole_plain_lines_without_a_terminal():
 def test_summary_shows_skipped_updates_only_when_there_are_some():
     assert "skipped" not in summary({**LINE, "learner/skipped_nonfinite": 0.0})
     assert "skipped 7" in summary({**LINE, "learner/skipped_nonfinite": 7.0})
-
-
-class FakeRun:
-    def __init__(self, **init):
-        self.init, self.logged, self.step_metrics, self.finished = init, [], [], False
-
-    def define_metric(self, name, step_metric):
-        self.step_metrics.append((name, step_metric))
-
-    def log(self, values):
-        self.logged.append(values)
-
-    def finish(self):
-        self.finished = True
-
-
-@pytest.fixture
-def fake_wandb(monkeypatch):
-    module = types.ModuleType("wandb")
-    module.runs = []
-
-    def init(**kwargs):
-        module.runs.append(FakeRun(**kwargs))
-        return module.runs[-1]
-
-    module.init = init
-    monkeypatch.setitem(sys.modules, "wandb", module)
-    return module
 
 
 @pytest.mark.timeout(30)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,9 +14,8 @@ from podrace.cli import main
 from podrace.commands.plot import check_output, save_figure
 from podrace.config import ConfigError
 from podrace.metrics.plot import DPI, FIGSIZE, load_run, plot_runs, time_breakdown
+from tests.helpers.cli import run_podrace
 from tests.metrics.synthetic_runs import synthetic_run
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.timeout(60)
@@ -153,31 +151,17 @@ def test_a_killed_runs_truncated_last_line_is_skipped_but_damage_elsewhere_is_an
 def test_cli_plot_writes_the_image_and_exits_2_on_errors(tmp_path):
     synthetic_run(tmp_path / "a")
     synthetic_run(tmp_path / "b", scale=2.0)
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    command = [
-        sys.executable,
-        "-m",
-        "podrace.cli",
-        "plot",
-        str(tmp_path / "a"),
-        str(tmp_path / "b"),
-    ]
-    ok = subprocess.run(
-        command + ["-o", str(tmp_path / "out.png")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=100,
-    )
+    command = ("plot", str(tmp_path / "a"), str(tmp_path / "b"))
+    ok = run_podrace(*command, "-o", str(tmp_path / "out.png"), timeout=100)
     assert ok.returncode == 0, ok.stderr
     assert Image.open(tmp_path / "out.png").format == "PNG"
     with open("/dev/full", "w") as full:  # the image is written; its line cannot be
-        refused = subprocess.run(
-            command + ["-o", str(tmp_path / "again.png")],
+        refused = run_podrace(
+            *command,
+            "-o",
+            str(tmp_path / "again.png"),
             stdout=full,
             stderr=subprocess.PIPE,
-            text=True,
-            env=env,
             timeout=100,
         )
     assert refused.returncode == 1 and refused.stderr.splitlines() == [
@@ -186,13 +170,7 @@ def test_cli_plot_writes_the_image_and_exits_2_on_errors(tmp_path):
     ]
     assert Image.open(tmp_path / "again.png").format == "PNG"
 
-    bad = subprocess.run(
-        command + ["-o", str(tmp_path / "out.xyz")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=100,
-    )
+    bad = run_podrace(*command, "-o", str(tmp_path / "out.xyz"), timeout=100)
     assert bad.returncode == 2
     assert len(bad.stderr.strip().splitlines()) == 1 and bad.stderr.startswith(
         "podrace: error: cannot write"
@@ -332,15 +310,8 @@ def test_values_too_extreme_to_draw_are_left_out_with_one_warning_and_the_rest_i
     assert list(evaluation.get_xdata()) == []
     assert bars.patches[-3].get_height() == pytest.approx(0.1 * 20)  # learner step: lines 0, 1
 
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     output = tmp_path / "out.png"
-    proc = subprocess.run(
-        [sys.executable, "-m", "podrace.cli", "plot", str(tmp_path / "run"), "-o", str(output)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=100,
-    )
+    proc = run_podrace("plot", str(tmp_path / "run"), "-o", str(output), timeout=100)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.splitlines() == [
         f"podrace: warning: {tmp_path / 'run'}: 5 metric values of magnitude beyond 1e+100 "

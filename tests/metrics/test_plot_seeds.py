@@ -3,11 +3,6 @@ reference lines, and x tick labels that never overlap."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -19,9 +14,8 @@ from podrace.config import ConfigError
 from podrace.metrics.plot import plot_runs
 from podrace.metrics.seed_curves import Reference, mean_and_spread, parse_reference
 from podrace.metrics.ticks import SpacedLocator, label_overlaps
+from tests.helpers.cli import run_podrace
 from tests.metrics.synthetic_runs import synthetic_run
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_mean_and_range_are_taken_where_every_seed_has_a_value():
@@ -99,24 +93,16 @@ def test_a_reference_keeps_colons_in_its_label():
 @pytest.mark.timeout(120)
 def test_cli_reference_draws_and_a_bad_one_is_one_line_exit_2(tmp_path):
     synthetic_run(tmp_path / "run")
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    command = [sys.executable, "-m", "podrace.cli", "plot", str(tmp_path / "run")]
-    ok = subprocess.run(
-        command
-        + ["-o", str(tmp_path / "out.png"), "--reference", "17.5:Y&T", "--reference", "45:DQN"],
-        capture_output=True,
-        text=True,
-        env=env,
+    command = ("plot", str(tmp_path / "run"))
+    ok = run_podrace(
+        *command,
+        *("-o", str(tmp_path / "out.png"), "--reference", "17.5:Y&T", "--reference", "45:DQN"),
         timeout=100,
     )
     assert ok.returncode == 0, ok.stderr
     assert Image.open(tmp_path / "out.png").format == "PNG"
-    bad = subprocess.run(
-        command + ["-o", str(tmp_path / "bad.png"), "--reference", "seventeen"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=100,
+    bad = run_podrace(
+        *command, "-o", str(tmp_path / "bad.png"), "--reference", "seventeen", timeout=100
     )
     assert bad.returncode == 2 and bad.stderr.splitlines() == [
         "podrace: error: --reference takes VALUE:LABEL "

@@ -12,12 +12,14 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.xla_flags import without_device_count
+from tests.helpers.cli import REPO, podrace_command, podrace_env
+from tests.waiting import wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 
 
 def free_port() -> int:
@@ -27,10 +29,8 @@ def free_port() -> int:
 
 
 def env() -> dict:
-    out = without_device_count(os.environ)  # each process forces its own device count
-    out["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), out.get("PYTHONPATH")]))
-    out["JAX_PLATFORMS"] = "cpu"
-    return out
+    """The environment of a process of the run: each forces its own device count."""
+    return podrace_env(device_count=False, JAX_PLATFORMS="cpu")
 
 
 @contextmanager
@@ -72,11 +72,33 @@ def finish(procs, timeout: float) -> list[tuple[int, str, str]]:
     return results
 
 
+SMALL_FLAGS = (
+    "--layout.actors-per-device",
+    "1",
+    "--env.num-envs",
+    "8",
+    "--rollout-length",
+    "16",
+    "--network.hidden-sizes",
+    "16",
+    "--ppo.num-minibatches",
+    "2",
+    "--eval.episodes",
+    "2",
+    "--eval.num-envs",
+    "2",
+    "--log.interval-s",
+    "0.2",
+)
+"""A small CartPole run in each process: 1 actor x 8 envs x 16 steps, 2-episode evaluations."""
+SMALL_SPU = 2 * 1 * 8 * 16
+"""Env steps per update of SMALL_FLAGS' run: processes x actors x envs x rollout length."""
+
+
 def podrace_train(process: int, port: int, *flags: str, processes: int = 2) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "podrace.cli",
+    """`podrace train cartpole-ppo` as process `process` of `processes`, the coordinator on
+    this machine at `port`, with `flags`."""
+    return podrace_command(
         "train",
         "cartpole-ppo",
         "--distributed.coordinator",
@@ -90,4 +112,58 @@ def podrace_train(process: int, port: int, *flags: str, processes: int = 2) -> l
         "--log.console",
         "none",
         *flags,
+    )
+
+
+def wait_for_metrics(path: Path, procs, lines: int = 2, timeout: float = 150) -> None:
+    """Until `path` (a process's metrics.jsonl) has `lines` lines, while `procs` live."""
+    wait_until(
+        lambda: path.exists() and path.read_text().count("\n") >= lines,
+        timeout,
+        lambda: "training never started",
+        while_alive=procs,
+    )
+
+
+def service_child(pid: int) -> int | None:
+    """The pid of `pid`'s coordination-service child (process 0, during and after
+    jax.distributed.initialize), if it has one yet."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = open(f"/proc/{entry}/stat").read()
+            cmdline = open(f"/proc/{entry}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if int(stat.rpartition(")")[2].split()[1]) == pid and b"coordination_service" in cmdline:
+            return int(entry)
+    return None
+
+
+def both_processes(port: int, *flags: str) -> list[list[str]]:
+    """The commands of processes 0 and 1 of a two-process `podrace train ... flags`."""
+    return [podrace_train(p, port, *flags) for p in range(2)]
+
+
+def worker_commands(port: int, *args: str, after: Sequence[str] = ()) -> list[list[str]]:
+    """The commands of processes 0 and 1 of tests/runtime/multihost_worker.py: `args`, the
+    process id, the process count and the coordinator at `port`, then `after`."""
+    return [
+        [
+            sys.executable,
+            "-m",
+            "tests.runtime.multihost_worker",
+            *args,
+            str(p),
+            "2",
+            f"127.0.0.1:{port}",
+            *after,
+        ]
+        for p in range(2)
     ]
+
+
+def last_line_starting(err: str, prefix: str = "podrace:") -> str:
+    """The last line of a process's stderr `err` that starts with `prefix`."""
+    return [line for line in err.splitlines() if line.startswith(prefix)][-1]

@@ -7,6 +7,7 @@ every Ray on the machine.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -23,6 +24,7 @@ from pathlib import Path
 from podrace.config import EnvConfig
 from podrace.envs import make_env
 from podrace.runtime.ray.cluster import alive, process_tree, reap
+from tests.helpers.cli import podrace_command
 
 ROOT = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -203,3 +205,32 @@ def two_node_cluster() -> Iterator[TwoNodes]:
     finally:
         _stop(temp_dir)
         subprocess.run(["rm", "-rf", temp_dir], check=False)
+
+
+def assert_consumed_once(stamps, workers: int, updates: int) -> None:
+    """Every (worker, rollout sequence) stamp of `updates` rollouts per worker was consumed
+    exactly once."""
+    pairs = collections.Counter((w, s) for w, _, s in stamps)
+    assert all(n == 1 for n in pairs.values()), [p for p, n in pairs.items() if n > 1]
+    assert set(pairs) == {(w, s) for w in range(workers) for s in range(updates)}
+
+
+def ray_cli_run(tmp_path, name: str, *flags: str) -> list[str]:
+    """`podrace train` of the Ray runtime's small CartPole run, named `name`, with `flags`."""
+    return podrace_command(
+        "train",
+        "cartpole-ppo",
+        "--runtime",
+        "ray",
+        "--rollout-length",
+        "16",
+        "--env.num-envs",
+        "8",
+        "--log.console",
+        "none",
+        "--log.run-dir",
+        str(tmp_path),
+        "--log.run-name",
+        name,
+        *flags,
+    )

@@ -15,7 +15,7 @@ from podrace.runtime.multihost.coordination_service import (
     HostedService,
     stop_hosted_service,
 )
-from tests.runtime.test_multihost import free_port, processes, service_child
+from tests.runtime.multihost_processes import free_port, processes, service_child
 from tests.waiting import wait_until
 
 JOIN = """

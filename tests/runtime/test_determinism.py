@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from podrace.runtime.run import prepare
-from tests.runtime.test_single_host import small
+from tests.helpers.configs import small
 
 
 def final_params(tmp_path, name, **changes):

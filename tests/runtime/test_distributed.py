@@ -116,7 +116,7 @@ def test_a_process_stopped_before_its_hello_tells_the_meeting_so_no_one_waits_fo
     from podrace.control import Stopped
     from podrace.runtime.multihost.distributed import meet
     from podrace.runtime.multihost.rendezvous import rendezvous
-    from tests.runtime.test_multihost import free_port
+    from tests.runtime.multihost_processes import free_port
     from tests.waiting import wait_until
 
     coordinator = f"127.0.0.1:{free_port()}"

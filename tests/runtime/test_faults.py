@@ -10,7 +10,8 @@ from podrace.control import ComponentError, HangDetected
 from podrace.learner import NonFiniteUpdate
 from podrace.runtime.faults import FaultPlan, InjectedFault
 from podrace.runtime.run import prepare
-from tests.runtime.test_single_host import podrace_threads, small
+from tests.helpers.configs import small
+from tests.threads import podrace_threads
 
 BOUND_S = 30
 

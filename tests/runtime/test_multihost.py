@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -16,13 +15,17 @@ import jax
 import numpy as np
 import pytest
 
-from tests.runtime.multihost_processes import (  # noqa: F401 - used by other modules
-    ROOT,
-    env,
+from tests.helpers.cli import ENDLESS, run_flags
+from tests.runtime.multihost_processes import (
+    both_processes,
     finish,
     free_port,
+    last_line_starting,
     podrace_train,
     processes,
+    service_child,
+    wait_for_metrics,
+    worker_commands,
 )
 from tests.waiting import wait_until
 
@@ -37,19 +40,7 @@ def test_two_processes_compute_the_updates_of_one_with_two_learner_devices(tmp_p
 
     port = free_port()
     out = str(tmp_path / "params")
-    commands = [
-        [
-            sys.executable,
-            "-m",
-            "tests.runtime.multihost_worker",
-            out,
-            str(p),
-            "2",
-            f"127.0.0.1:{port}",
-            *(["normalize"] if normalize else []),
-        ]
-        for p in range(2)
-    ]
+    commands = worker_commands(port, out, after=["normalize"] if normalize else [])
     with processes(commands) as procs:
         results = finish(procs, 200)
     for code, _, err in results:
@@ -65,6 +56,11 @@ def test_two_processes_compute_the_updates_of_one_with_two_learner_devices(tmp_p
     assert max(float(np.abs(np.asarray(a) - b).max()) for a, b in zip(initial, reference)) > 0
 
 
+def short_run(tmp_path) -> tuple[str, ...]:
+    """Flags of a run of 4096 env steps under `tmp_path` (for runs the processes refuse)."""
+    return ("--log.run-dir", str(tmp_path), "--total-steps", "4096")
+
+
 def one_line_error(err: str) -> str:
     lines = [line for line in err.strip().splitlines() if line.strip()]
     assert len(lines) == 1, err[-3000:]
@@ -74,7 +70,7 @@ def one_line_error(err: str) -> str:
 @pytest.mark.timeout(180)
 def test_config_mismatch_is_one_line_and_exit_2_on_every_process(tmp_path):
     port = free_port()
-    base = ("--log.run-dir", str(tmp_path), "--total-steps", "4096")
+    base = short_run(tmp_path)
     commands = [
         podrace_train(0, port, *base),
         podrace_train(1, port, *base, "--env.num-envs", "16"),
@@ -119,14 +115,7 @@ def test_an_invalid_config_on_process_1_refuses_the_run_on_every_process_at_once
     """Process 1 exits 2 at once, and so does process 0: it does not wait out
     --distributed.init-timeout-s for process 1 and then blame the coordinator address."""
     port = free_port()
-    base = (
-        "--log.run-dir",
-        str(tmp_path),
-        "--total-steps",
-        "4096",
-        "--distributed.init-timeout-s",
-        "100",
-    )
+    base = (*short_run(tmp_path), "--distributed.init-timeout-s", "100")
     commands = [podrace_train(0, port, *base), podrace_train(1, port, *base, "--env.num-envs", "0")]
     start = time.monotonic()
     with processes(commands) as procs:
@@ -145,14 +134,7 @@ def test_an_invalid_config_on_process_1_refuses_the_run_on_every_process_at_once
 @pytest.mark.timeout(180)
 def test_a_layout_error_on_one_process_stops_every_process_with_exit_2(tmp_path):
     port = free_port()
-    base = (
-        "--log.run-dir",
-        str(tmp_path),
-        "--total-steps",
-        "4096",
-        "--layout.learner-device-ids",
-        "1",
-    )
+    base = (*short_run(tmp_path), "--layout.learner-device-ids", "1")
     # Process 1 has the second CPU device the layout names; process 0 does not.
     commands = [
         podrace_train(0, port, *base),
@@ -166,32 +148,11 @@ def test_a_layout_error_on_one_process_stops_every_process_with_exit_2(tmp_path)
     assert "process 0" in one_line_error(results[1][2])
 
 
-def wait_for_metrics(path: Path, procs, lines: int = 2, timeout: float = 150) -> None:
-    wait_until(
-        lambda: path.exists() and path.read_text().count("\n") >= lines,
-        timeout,
-        lambda: "training never started",
-        while_alive=procs,
-    )
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_an_error_in_process_1_fails_process_0_naming_it(tmp_path):
     port = free_port()
-    commands = [
-        [
-            sys.executable,
-            "-m",
-            "tests.runtime.multihost_worker",
-            "fault",
-            str(tmp_path),
-            str(p),
-            "2",
-            f"127.0.0.1:{port}",
-        ]
-        for p in range(2)
-    ]
+    commands = worker_commands(port, "fault", str(tmp_path))
     with processes(commands) as procs:
         (code0, _, err0), (code1, _, err1) = finish(procs, 240)
     assert (
@@ -202,7 +163,7 @@ def test_an_error_in_process_1_fails_process_0_naming_it(tmp_path):
     # does not wait the peer timeout for an agreement on a last checkpoint.
     assert "no last checkpoint" not in err1, err1[-3000:]
     assert code0 == 1, err0[-3000:]
-    last = [line for line in err0.splitlines() if line.startswith("podrace: error:")][-1]
+    last = last_line_starting(err0, "podrace: error:")
     assert last.startswith(
         "podrace: error: process-1 failed: PeerLost: process 1 failed: actor-0 failed: EnvError"
     ), last
@@ -221,18 +182,13 @@ def test_a_signal_to_one_process_stops_every_process(tmp_path, signum, both):
     SIGINT to one process: test_while_process_1_waits_for_process_0s_final_evaluation."""
     port = free_port()
     flags = (
-        "--log.run-dir",
-        str(tmp_path),
-        "--log.run-name",
-        "r",
-        "--total-steps",
-        "100000000",
+        *run_flags(tmp_path, ENDLESS),
         "--log.interval-s",
         "0.2",
         "--layout.actors-per-device",
         "1",
     )
-    with processes([podrace_train(0, port, *flags), podrace_train(1, port, *flags)]) as procs:
+    with processes(both_processes(port, *flags)) as procs:
         wait_for_metrics(tmp_path / "r" / "metrics.jsonl", procs)
         procs[1].send_signal(signum)
         if both:
@@ -274,14 +230,11 @@ def test_ctrl_c_before_the_first_update_leaves_no_run_directory(tmp_path, stoppe
     holder of JAX's coordination service, exited before it."""
     port = free_port()
     flags = (
-        "--log.run-dir",
-        str(tmp_path),
-        "--log.run-name",
-        "r",
+        *run_flags(tmp_path),
         "--layout.actors-per-device",
         "1",
     )
-    with processes([podrace_train(0, port, *flags), podrace_train(1, port, *flags)]) as procs:
+    with processes(both_processes(port, *flags)) as procs:
         wait_until((tmp_path / "r" / "process-1" / "config.json").exists, 120, while_alive=procs)
         procs[stopped].send_signal(signal.SIGINT)
         results = finish(procs, 60)
@@ -296,22 +249,6 @@ def test_ctrl_c_before_the_first_update_leaves_no_run_directory(tmp_path, stoppe
     wait_for_port_freed(port, 3.0)  # process 0 stopped its coordination service as it left
 
 
-def service_child(pid: int) -> int | None:
-    """The pid of `pid`'s coordination-service child (process 0, during and after
-    jax.distributed.initialize), if it has one yet."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = open(f"/proc/{entry}/stat").read()
-            cmdline = open(f"/proc/{entry}/cmdline", "rb").read()
-        except OSError:
-            continue
-        if int(stat.rpartition(")")[2].split()[1]) == pid and b"coordination_service" in cmdline:
-            return int(entry)
-    return None
-
-
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("killed", [0, 1])
 def test_a_process_killed_while_joining_jax_distributed_ends_the_other_with_one_line(
@@ -323,14 +260,11 @@ def test_a_process_killed_while_joining_jax_distributed_ends_the_other_with_one_
     does not leave process 0 waiting for JAX's heartbeat (100 s)."""
     port = free_port()
     flags = (
-        "--log.run-dir",
-        str(tmp_path),
-        "--log.run-name",
-        "r",
+        *run_flags(tmp_path),
         "--layout.actors-per-device",
         "1",
     )
-    with processes([podrace_train(0, port, *flags), podrace_train(1, port, *flags)]) as procs:
+    with processes(both_processes(port, *flags)) as procs:
         wait_until(lambda: service_child(procs[0].pid), 120, while_alive=procs)
         os.killpg(procs[killed].pid, signal.SIGKILL)
         sent = time.monotonic()
@@ -339,7 +273,7 @@ def test_a_process_killed_while_joining_jax_distributed_ends_the_other_with_one_
         waited = time.monotonic() - sent
         _, err = survivor.communicate()
     assert survivor.returncode == 1 and waited < 10, (survivor.returncode, waited, err[-3000:])
-    last = [line for line in err.splitlines() if line.startswith("podrace:")][-1]
+    last = last_line_starting(err)
     assert last.startswith(
         f"podrace: error: process-{killed} failed: PeerLost: process {killed} closed"
     ), last
@@ -356,19 +290,7 @@ def test_ctrl_c_on_process_1_once_process_0_trains_but_before_any_update_leaves_
     """The stop reaches process 0 after its preparation (threads running, no update yet: its
     env steps take 2 s here): its run directory goes too."""
     port = free_port()
-    commands = [
-        [
-            sys.executable,
-            "-m",
-            "tests.runtime.multihost_worker",
-            "slow",
-            str(tmp_path),
-            str(p),
-            "2",
-            f"127.0.0.1:{port}",
-        ]
-        for p in range(2)
-    ]
+    commands = worker_commands(port, "slow", str(tmp_path))
     with processes(commands) as procs:
         # process 0's run has started
         wait_until((tmp_path / "r" / "metrics.jsonl").exists, 120, while_alive=procs)
@@ -401,12 +323,7 @@ def test_while_process_1_waits_for_process_0s_final_evaluation(tmp_path, event):
     trace)."""
     port = free_port()
     flags = (
-        "--log.run-dir",
-        str(tmp_path),
-        "--log.run-name",
-        "r",
-        "--total-steps",
-        "4096",
+        *run_flags(tmp_path, 4096),
         "--eval.episodes",
         "200000",
         "--eval.num-envs",
@@ -416,7 +333,7 @@ def test_while_process_1_waits_for_process_0s_final_evaluation(tmp_path, event):
         "--layout.actors-per-device",
         "1",
     )
-    with processes([podrace_train(0, port, *flags), podrace_train(1, port, *flags)]) as procs:
+    with processes(both_processes(port, *flags)) as procs:
         wait_for_final_line(tmp_path / "r" / "process-1" / "metrics.jsonl", procs)
         # Nothing outside marks process 1's wait: the half second lets it get there. Landing
         # earlier on a loaded machine, the event meets the same end of the run, as expected.
@@ -435,7 +352,7 @@ def test_while_process_1_waits_for_process_0s_final_evaluation(tmp_path, event):
     assert waited < 10, waited
     if event == "SIGKILL of process 1":  # after it said done: process 0 still evaluated
         assert code0 == 1, err0[-3000:]
-        last = [line for line in err0.splitlines() if line.startswith("podrace:")][-1]
+        last = last_line_starting(err0)
         assert last.startswith(
             "podrace: error: process-1 failed: PeerLost: process 1 closed its connection"
         ), last
@@ -444,7 +361,7 @@ def test_while_process_1_waits_for_process_0s_final_evaluation(tmp_path, event):
         assert code0 == 130 and "process 1 received SIGINT" in err0, err0[-3000:]
     else:
         assert code1 == 1, err1[-3000:]
-        last = [line for line in err1.splitlines() if line.startswith("podrace:")][-1]
+        last = last_line_starting(err1)
         assert last.startswith(
             "podrace: error: process-0 failed: PeerLost: process 0 closed its connection"
         ), last
@@ -457,12 +374,7 @@ def test_cartpole_ppo_learns_over_two_processes(tmp_path):
     (seed 1 evaluates 500 after these 60k steps, 309 after 40k)."""
     port = free_port()
     flags = (
-        "--log.run-dir",
-        str(tmp_path),
-        "--log.run-name",
-        "r",
-        "--total-steps",
-        "60000",
+        *run_flags(tmp_path, 60_000),
         "--rollout-length",
         "32",
         "--seed",
@@ -478,7 +390,7 @@ def test_cartpole_ppo_learns_over_two_processes(tmp_path):
         "--eval.num-envs",
         "8",
     )
-    with processes([podrace_train(0, port, *flags), podrace_train(1, port, *flags)]) as procs:
+    with processes(both_processes(port, *flags)) as procs:
         results = finish(procs, 850)
     for code, _, err in results:
         assert code == 0, err[-3000:]

@@ -17,46 +17,27 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.runtime.test_multihost import (
+from tests.helpers.cli import podrace_command, run_flags
+from tests.runtime.multihost_processes import (
+    SMALL_FLAGS,
+    SMALL_SPU,
+    both_processes,
     finish,
     free_port,
-    podrace_train,
+    last_line_starting,
     processes,
     wait_for_metrics,
 )
 from tests.waiting import wait_until
 
-SPU = 2 * 1 * 8 * 16  # processes x actors x envs x rollout length
-FLAGS = (
-    "--layout.actors-per-device",
-    "1",
-    "--env.num-envs",
-    "8",
-    "--rollout-length",
-    "16",
-    "--network.hidden-sizes",
-    "16",
-    "--ppo.num-minibatches",
-    "2",
-    "--eval.episodes",
-    "2",
-    "--eval.num-envs",
-    "2",
-    "--log.interval-s",
-    "0.2",
-)
-
 
 def train_both(port: int, *flags: str) -> list[list[str]]:
-    return [podrace_train(p, port, *FLAGS, *flags) for p in range(2)]
+    return both_processes(port, *SMALL_FLAGS, *flags)
 
 
 def resume_both(port: int, run_dir: Path, *flags: str) -> list[list[str]]:
     return [
-        [
-            sys.executable,
-            "-m",
-            "podrace.cli",
+        podrace_command(
             "train",
             "--resume",
             str(run_dir),
@@ -67,7 +48,7 @@ def resume_both(port: int, run_dir: Path, *flags: str) -> list[list[str]]:
             "--distributed.process-id",
             str(p),
             *flags,
-        ]
+        )
         for p in range(2)
     ]
 
@@ -117,7 +98,7 @@ def test_sigterm_to_both_saves_the_state_a_straight_run_has_and_both_resume_to_t
     bit for bit the state a straight run of v updates saves (a constant learning rate: an
     annealed one depends on the run's length); resuming both processes then trains to the
     full step count, from the checkpoint's version on."""
-    total = 200 * SPU
+    total = 200 * SMALL_SPU
     flags = (
         "--deterministic",
         "--ppo.no-anneal-lr",
@@ -145,7 +126,7 @@ def test_sigterm_to_both_saves_the_state_a_straight_run_has_and_both_resume_to_t
             free_port(),
             *flags[:4],
             "--total-steps",
-            str(version * SPU),
+            str(version * SMALL_SPU),
             "--log.run-name",
             "straight",
         )
@@ -172,17 +153,17 @@ def test_sigterm_to_both_saves_the_state_a_straight_run_has_and_both_resume_to_t
             "--log.console",
             "none",
             "--total-steps",
-            str(end * SPU),
+            str(end * SMALL_SPU),
         )
     ) as procs:
         results = finish(procs, 300)
     assert [code for code, _, _ in results] == [0, 0], results[0][2][-3000:] + results[1][2][-3000:]
     for line in done_lines(results):
-        assert line.startswith(f"done: {end * SPU:,} env steps, {end} updates"), line
+        assert line.startswith(f"done: {end * SMALL_SPU:,} env steps, {end} updates"), line
     lines = [
         json.loads(x) for x in (tmp_path / "stopped" / "metrics.jsonl").read_text().splitlines()
     ]
-    assert lines[-1]["version"] == end and lines[-1]["env_steps"] == end * SPU
+    assert lines[-1]["version"] == end and lines[-1]["env_steps"] == end * SMALL_SPU
     versions = [x["version"] for x in lines]
     assert versions == sorted(versions)
     assert checkpoints(tmp_path / "stopped")[-1] == end
@@ -194,12 +175,9 @@ def test_sigkill_of_process_1_then_a_resume_of_both_continues_from_the_last_peri
     tmp_path,
 ):
     flags = (
-        "--log.run-dir",
-        str(tmp_path),
-        "--log.run-name",
-        "r",
+        *run_flags(tmp_path),
         "--total-steps",
-        str(10**6 * SPU),  # never reached: process 1 is killed long before
+        str(10**6 * SMALL_SPU),  # never reached: process 1 is killed long before
         "--checkpoint.every-updates",
         "4",
     )
@@ -217,14 +195,14 @@ def test_sigkill_of_process_1_then_a_resume_of_both_continues_from_the_last_peri
         elapsed = time.monotonic() - killed
     # Process 0 fails naming process 1, without waiting for JAX's heartbeat timeout (100 s).
     assert code0 == 1 and elapsed < 60, (elapsed, err0[-3000:])
-    last_error = [line for line in err0.splitlines() if line.startswith("podrace: error:")][-1]
+    last_error = last_line_starting(err0, "podrace: error:")
     assert "process-1 failed: PeerLost: process 1 closed its connection" in last_error, err0[-3000:]
     last = checkpoints(run_dir)[-1]
     assert last % 4 == 0 and last >= 8
 
     shutil.copytree(run_dir, tmp_path / "copy")
     end = last + 16  # the resume trains 16 more updates
-    total = end * SPU
+    total = end * SMALL_SPU
     resume = resume_both(free_port(), run_dir, "--log.console", "none", "--total-steps", str(total))
     with processes(resume) as procs:
         results = finish(procs, 400)

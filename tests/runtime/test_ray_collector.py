@@ -112,13 +112,20 @@ def count_reply(relay, fetched: int, collector) -> None:
     collector.step(0)
 
 
-@pytest.mark.timeout(60)
-def test_a_late_stop_notice_of_a_replaced_relay_leaves_the_new_one_in_place_and_counting():
+def a_relay_that_counted_3():
+    """A collector whose relay on node A answered that it pulled 3 versions, and has been
+    asked again: (collector, relays, that relay)."""
     collector, relays = collector_with_relays()
     collector.look_at_cluster()
     first = relays.handles[NODE_A]
     count_reply(first, 3, collector)
     collector.look_at_cluster()
+    return collector, relays, first
+
+
+@pytest.mark.timeout(60)
+def test_a_late_stop_notice_of_a_replaced_relay_leaves_the_new_one_in_place_and_counting():
+    collector, relays, first = a_relay_that_counted_3()
     # Node A is lost: the count call fails first; the collector forgets the relay and the
     # next look places a new one.
     first.pending("fetched")[0].fail(ray.exceptions.ActorDiedError())
@@ -137,11 +144,7 @@ def test_a_late_stop_notice_of_a_replaced_relay_leaves_the_new_one_in_place_and_
 
 @pytest.mark.timeout(60)
 def test_a_replaced_relays_count_call_still_in_flight_does_not_stop_the_new_one_counting():
-    collector, relays = collector_with_relays()
-    collector.look_at_cluster()
-    first = relays.handles[NODE_A]
-    count_reply(first, 3, collector)
-    collector.look_at_cluster()  # asks the first relay again; no answer yet
+    collector, relays, first = a_relay_that_counted_3()  # asked again; no answer yet
     # The first relay stops (its subscription failed): it is killed and replaced while its
     # count call is still in flight.
     first.pending("wait_stopped")[0].resolve("RuntimeError: lost the learner's board")

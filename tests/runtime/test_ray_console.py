@@ -13,10 +13,10 @@ import threading
 
 import pytest
 
-from podrace.config import RayConfig, replace
-from podrace.presets import PRESETS
+from podrace.config import RayConfig
 from podrace.runtime.ray import cluster as ray_cluster
 from podrace.runtime.ray.cluster import process_tree
+from tests.helpers.configs import SMALL_SPU, small_ray
 from tests.waiting import wait_until
 
 ray = pytest.importorskip("ray")
@@ -60,24 +60,6 @@ def test_rays_messages_to_the_driver_go_to_the_console_only_when_asked(tmp_path,
         assert any((tmp_path / "ray-logs").glob("raylet*"))
 
 
-def small(tmp_path, **changes):
-    """CartPole with 2 Ray workers, long enough to lose one mid-run."""
-    base = {
-        "runtime": "ray",
-        "total_steps": 2 * 8 * 16 * 24,
-        "rollout_length": 16,
-        "env.num_envs": 8,
-        "ray.num_workers": 2,
-        "ppo.num_minibatches": 4,
-        "eval.every_updates": 0,
-        "eval.episodes": 2,
-        "eval.num_envs": 2,
-        "log.console": "none",
-        "log.run_dir": str(tmp_path),
-    }
-    return replace(PRESETS["cartpole-ppo"][1], **{**base, **changes})
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_lost_worker_is_podrace_lines_and_rays_own_output_goes_to_the_run_dir(
@@ -86,7 +68,8 @@ def test_a_lost_worker_is_podrace_lines_and_rays_own_output_goes_to_the_run_dir(
     from podrace.runtime.run import prepare
 
     caplog.set_level(logging.INFO, logger="podrace")
-    run = prepare(small(tmp_path))
+    # 24 updates: long enough to lose a worker mid-run
+    run = prepare(small_ray(tmp_path, total_steps=24 * SMALL_SPU, **{"log.interval_s": 2.0}))
     victim = run.topology.worker_pids()[0]
 
     def kill_mid_run() -> None:

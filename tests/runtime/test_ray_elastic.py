@@ -22,8 +22,10 @@ from podrace.config import ConfigError, replace
 from podrace.control import ComponentError
 from podrace.presets import PRESETS
 from podrace.runtime.ray.cluster import process_tree
+from tests.helpers.cli import run_podrace
+from tests.helpers.configs import small_ray
+from tests.helpers.runs import last_line, record_batches, stop_after
 from tests.runtime import ray_drills, ray_helpers
-from tests.runtime.test_ray_runtime import assert_consumed_once, last_line, ray_cli_run, small
 from tests.waiting import wait_until
 
 ray = pytest.importorskip("ray")
@@ -32,21 +34,14 @@ pytestmark = pytest.mark.filterwarnings("ignore:os.fork", "ignore::UserWarning")
 
 
 def elastic(tmp_path, **changes):
-    return small(tmp_path, **{"ray.data_order": "elastic", **changes})
+    return small_ray(tmp_path, **{"ray.data_order": "elastic", **changes})
 
 
-def record_batches(run) -> list[list[tuple[int, int, int]]]:
+def record_stamps(run) -> list[list[tuple[int, int, int]]]:
     """The stamps of every batch the learner takes, in order (appended as it takes them)."""
-    batches: list[list[tuple[int, int, int]]] = []
-    next_batch = run.pipeline.next_batch
-
-    def recording(version):
-        rollouts, stats = next_batch(version)
-        batches.append([(r.actor_id, r.restart, r.seq) for r in rollouts])
-        return rollouts, stats
-
-    run.pipeline.next_batch = recording
-    return batches
+    return record_batches(
+        run, lambda _, rollouts: [(r.actor_id, r.restart, r.seq) for r in rollouts]
+    )
 
 
 @pytest.mark.slow
@@ -58,7 +53,7 @@ def test_fixed_order_worker_killed_with_finished_rollouts_waiting(tmp_path):
     consumed once), and its replacement starts at the seq after its last finished one."""
     from podrace.runtime.run import prepare
 
-    cfg = small(tmp_path, total_steps=2 * 8 * 16 * 12, **{"layout.max_policy_lag": 4})
+    cfg = small_ray(tmp_path, total_steps=2 * 8 * 16 * 12, **{"layout.max_policy_lag": 4})
     run = prepare(cfg)
     update, calls, hold = run.learner.update_fn, [], threading.Event()
 
@@ -89,7 +84,7 @@ def test_fixed_order_worker_killed_with_finished_rollouts_waiting(tmp_path):
     killer.join(10)
     assert seen["produced_until"] == 8 and seen["waiting"], seen
     assert result.updates == 12 and result.ray.restarts == 1
-    assert_consumed_once(result.ray.stamps, 2, 12)
+    ray_helpers.assert_consumed_once(result.ray.stamps, 2, 12)
     first_life = sorted(s for w, r, s in result.ray.stamps if (w, r) == (0, 0))
     assert first_life == list(range(8))  # every rollout it finished was consumed
     replacement = [s for w, r, s in result.ray.stamps if (w, r) == (0, 1)]
@@ -109,7 +104,7 @@ def test_elastic_order_learns_through_a_killed_worker_without_waiting_for_it(tmp
 
     cfg = elastic(tmp_path, total_steps=2 * 8 * 16 * 40)
     run = prepare(cfg)
-    batches = record_batches(run)
+    batches = record_stamps(run)
     slot0, killed_at, back_at = run.topology.slots[0], [], []
 
     def kill_mid_run() -> None:
@@ -235,14 +230,7 @@ def test_a_stopped_elastic_run_resumes_with_new_incarnations(tmp_path):
 
     run = prepare(cfg)
     record_core_states(run)
-    after = run.learner.on_update
-
-    def stop_after_5(version: int) -> None:
-        after(version)
-        if version == 5:
-            run.lifetime.stop("SIGTERM received")
-
-    run.learner.on_update = stop_after_5
+    stop_after(run, 5, "SIGTERM received")
     first = run.run()
     assert (first.updates, first.checkpoint) == (5, 5)
     assert not process_tree(run.topology.cluster.temp_dir)
@@ -292,7 +280,7 @@ def test_a_resumed_elastic_run_starts_beyond_a_restart_made_after_its_last_updat
 
 
 def check_a_run_pinned_to_the_second_node(cluster: ray_helpers.TwoNodes, tmp_path) -> None:
-    args = ray_cli_run(
+    args = ray_helpers.ray_cli_run(
         tmp_path,
         "two-nodes",
         *("--ray.address", cluster.address, "--ray.worker-resources", "actor_node=1"),
@@ -436,13 +424,15 @@ def test_cli_refuses_nonsense_elastic_flags_in_one_line(tmp_path):
         (["--ray.data-order", "random"], "--ray.data-order"),
         (["--ray.num-workers", "-3"], "ray.num_workers must be positive"),
     ]:
-        done = subprocess.run(
-            [sys.executable, "-m", "podrace.cli", "train", "cartpole-ppo", "--runtime", "ray"]
-            + args
-            + ["--log.run-dir", str(tmp_path)],
+        done = run_podrace(
+            "train",
+            "cartpole-ppo",
+            "--runtime",
+            "ray",
+            *args,
+            "--log.run-dir",
+            str(tmp_path),
             env=ray_helpers.base_env("/tmp"),
-            capture_output=True,
-            text=True,
             timeout=100,
         )
         assert done.returncode == 2, done.stderr

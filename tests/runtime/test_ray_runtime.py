@@ -8,9 +8,7 @@ short and timeouts generous.
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -19,7 +17,6 @@ import subprocess
 import sys
 import threading
 import time
-import types
 
 import pytest
 
@@ -29,6 +26,9 @@ from podrace.control import ComponentError
 from podrace.envs import EnvSource
 from podrace.presets import PRESETS
 from podrace.runtime.ray.cluster import process_tree
+from tests.helpers.cli import run_podrace
+from tests.helpers.configs import LEARNS, small_ray
+from tests.helpers.runs import last_line, stop_after
 from tests.runtime import ray_helpers
 from tests.waiting import wait_until
 
@@ -37,54 +37,14 @@ ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.filterwarnings("ignore:os.fork", "ignore::UserWarning")
 
 
-def small(tmp_path, **changes):
-    """The thread runtime tests' CartPole run, with 2 Ray workers instead of 2 threads."""
-    base = {
-        "runtime": "ray",
-        "total_steps": 8 * 2 * 16 * 12,
-        "rollout_length": 16,
-        "env.num_envs": 8,
-        "ray.num_workers": 2,
-        "ppo.num_minibatches": 4,
-        "eval.every_updates": 0,
-        "eval.episodes": 2,
-        "eval.num_envs": 2,
-        "log.console": "none",
-        "log.run_dir": str(tmp_path),
-        "log.interval_s": 0.5,
-    }
-    base.update(changes)
-    return replace(PRESETS["cartpole-ppo"][1], **base)
-
-
-def last_line(run_dir) -> dict:
-    return json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
-
-
-def assert_consumed_once(stamps, workers: int, updates: int) -> None:
-    pairs = collections.Counter((w, s) for w, _, s in stamps)
-    assert all(n == 1 for n in pairs.values()), [p for p, n in pairs.items() if n > 1]
-    assert set(pairs) == {(w, s) for w in range(workers) for s in range(updates)}
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(420)
-def test_two_ray_workers_learn_cartpole(tmp_path, monkeypatch):
+def test_two_ray_workers_learn_cartpole(tmp_path, fake_wandb):
     from podrace.runtime.run import prepare
-    from tests.metrics.test_loggers import FakeRun
 
-    wandb = types.ModuleType("wandb")  # the runtime's lines also reach every other sink
-    wandb.runs = []
-    wandb.init = lambda **kwargs: wandb.runs.append(FakeRun(**kwargs)) or wandb.runs[-1]
-    monkeypatch.setitem(sys.modules, "wandb", wandb)
+    # the runtime's lines also reach every other sink: log.wandb is on, to a fake
     # The thread runtime's learning run and threshold (seed 1 evaluates 500 here too).
-    cfg = small(
-        tmp_path,
-        total_steps=60_000,
-        rollout_length=32,
-        seed=1,
-        **{"eval.episodes": 8, "eval.num_envs": 8, "log.wandb": True},
-    )
+    cfg = small_ray(tmp_path, **LEARNS, **{"log.wandb": True})
     run = prepare(cfg)
     temp_dir, pids = run.topology.cluster.temp_dir, run.topology.worker_pids()
     result = run.run()
@@ -97,8 +57,8 @@ def test_two_ray_workers_learn_cartpole(tmp_path, monkeypatch):
     assert 0 <= result.ray.object_store_bytes < 64 << 20, (
         result.ray.object_store_bytes
     )  # bounded, no backlog
-    assert_consumed_once(result.ray.stamps, 2, updates)
-    (wandb_run,) = wandb.runs
+    ray_helpers.assert_consumed_once(result.ray.stamps, 2, updates)
+    (wandb_run,) = fake_wandb.runs
     assert wandb_run.logged[-1]["final"] == 1 and wandb_run.finished
     assert wandb_run.logged[-1]["ray/worker-0/rollouts"] == updates
     assert len(set(pids)) == 2 and os.getpid() not in pids
@@ -111,7 +71,7 @@ def test_two_ray_workers_learn_cartpole(tmp_path, monkeypatch):
 def test_sigkilled_worker_is_restarted_and_nothing_is_consumed_twice(tmp_path):
     from podrace.runtime.run import prepare
 
-    cfg = small(tmp_path, total_steps=2 * 8 * 16 * 24)
+    cfg = small_ray(tmp_path, total_steps=2 * 8 * 16 * 24)
     run = prepare(cfg)
     victim = run.topology.worker_pids()[0]
     killed = threading.Event()
@@ -127,7 +87,7 @@ def test_sigkilled_worker_is_restarted_and_nothing_is_consumed_twice(tmp_path):
     assert killed.is_set()
     assert result.updates == cfg.num_updates == 24
     assert result.ray.restarts == 1 and last_line(result.run_dir)["ray/worker-0/restarts"] == 1
-    assert_consumed_once(result.ray.stamps, 2, 24)
+    ray_helpers.assert_consumed_once(result.ray.stamps, 2, 24)
     restarts_of_0 = [r for w, r, _ in result.ray.stamps if w == 0]
     assert (
         restarts_of_0 == sorted(restarts_of_0) and restarts_of_0[-1] == 1
@@ -148,7 +108,7 @@ def test_a_worker_killed_while_it_starts_is_restarted(tmp_path, monkeypatch):
     from podrace.runtime.run import prepare
 
     monkeypatch.setenv(ray_helpers.DIES_ONCE, str(tmp_path / "died"))
-    cfg = small(tmp_path, **{"ray.num_workers": 1})
+    cfg = small_ray(tmp_path, **{"ray.num_workers": 1})
     run = prepare(cfg, envs=EnvSource(cfg.env, ray_helpers.dies_once_while_starting))
     result = run.run()
     assert (tmp_path / "died").exists()
@@ -161,7 +121,7 @@ def test_a_worker_killed_while_it_starts_is_restarted(tmp_path, monkeypatch):
 def test_crash_loop_fails_naming_the_worker_and_leaves_nothing(tmp_path):
     from podrace.runtime.run import prepare
 
-    cfg = small(tmp_path, **{"ray.num_workers": 1, "ray.max_restarts": 1})
+    cfg = small_ray(tmp_path, **{"ray.num_workers": 1, "ray.max_restarts": 1})
     run = prepare(cfg, envs=EnvSource(cfg.env, ray_helpers.raising_env))
     start = time.monotonic()
     with pytest.raises(ComponentError) as caught:
@@ -173,30 +133,6 @@ def test_crash_loop_fails_naming_the_worker_and_leaves_nothing(tmp_path):
     assert "EnvExploded: boom" in message and "\n" not in message
     assert elapsed < 240  # bounded: two failures and one restart, not a hang
     assert not process_tree(run.topology.cluster.temp_dir) and not ray.is_initialized()
-
-
-def ray_cli_run(tmp_path, name: str, *flags: str) -> list[str]:
-    """`podrace train` of the Ray runtime's small CartPole run, named `name`, with `flags`."""
-    return [
-        sys.executable,
-        "-m",
-        "podrace.cli",
-        "train",
-        "cartpole-ppo",
-        "--runtime",
-        "ray",
-        "--rollout-length",
-        "16",
-        "--env.num-envs",
-        "8",
-        "--log.console",
-        "none",
-        "--log.run-dir",
-        str(tmp_path),
-        "--log.run-name",
-        name,
-        *flags,
-    ]
 
 
 ENDLESS = ("--total-steps", "10000000", "--log.interval-s", "0.2")
@@ -221,7 +157,7 @@ def test_a_sigkilled_drivers_ray_is_swept_by_the_next_start_whose_sigterm_leaves
     marker = ray_helpers.short_tmpdir()
     env = ray_helpers.base_env(marker)
     killed = subprocess.Popen(
-        ray_cli_run(tmp_path, "killed", "--ray.num-workers", "1", *ENDLESS),
+        ray_helpers.ray_cli_run(tmp_path, "killed", "--ray.num-workers", "1", *ENDLESS),
         env=env,
         stderr=subprocess.DEVNULL,
     )
@@ -239,7 +175,7 @@ def test_a_sigkilled_drivers_ray_is_swept_by_the_next_start_whose_sigterm_leaves
         assert ray_helpers.alive(orphans), "nothing was left behind: the test proves nothing"
 
         stopped = subprocess.Popen(
-            ray_cli_run(tmp_path, "stopped", "--ray.num-workers", "2", *ENDLESS),
+            ray_helpers.ray_cli_run(tmp_path, "stopped", "--ray.num-workers", "2", *ENDLESS),
             env=env,
             stderr=subprocess.PIPE,
             text=True,
@@ -345,23 +281,15 @@ def test_cli_without_ray_or_with_auth_disabled_is_a_one_line_error(tmp_path):
     cli = ["train", "cartpole-ppo", "--runtime", "ray", "--log.run-dir", str(tmp_path)]
     no_ray = (
         "import sys; sys.modules['ray'] = None; from podrace.cli import main; "
-        f"sys.exit(main({cli!r}))"
+        "sys.exit(main(sys.argv[1:]))"
     )
     env = ray_helpers.base_env("/tmp")
-    done = subprocess.run(
-        [sys.executable, "-c", no_ray], env=env, capture_output=True, text=True, timeout=100
-    )
+    done = run_podrace(*cli, script=no_ray, env=env, timeout=100)
     assert done.returncode == 2 and done.stderr.strip() == (
         "podrace: error: --runtime ray needs Ray: pip install 'podrace[ray]'"
     ), done.stderr
     env["RAY_AUTH_MODE"] = "disabled"
-    done = subprocess.run(
-        [sys.executable, "-m", "podrace.cli", *cli],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=100,
-    )
+    done = run_podrace(*cli, env=env, timeout=100)
     assert done.returncode == 2 and done.stderr.startswith(
         "podrace: error: RAY_AUTH_MODE=disabled"
     ), done.stderr
@@ -373,7 +301,7 @@ def test_cli_without_ray_or_with_auth_disabled_is_a_one_line_error(tmp_path):
 def test_learner_error_stops_every_worker(tmp_path):
     from podrace.runtime.run import prepare
 
-    run = prepare(small(tmp_path))
+    run = prepare(small_ray(tmp_path))
     update, calls = run.learner.update_fn, []
 
     def failing_update(state, trajs, keys):
@@ -533,16 +461,9 @@ def test_a_stopped_ray_run_resumes_to_its_end_consuming_every_rollout_once(tmp_p
     from podrace.checkpoints.resume import Resume
     from podrace.runtime.run import prepare
 
-    cfg = small(tmp_path, **{"log.run_name": "r"})
+    cfg = small_ray(tmp_path, **{"log.run_name": "r"})
     run = prepare(cfg)
-    after = run.learner.on_update
-
-    def stop_after_5(version: int) -> None:
-        after(version)
-        if version == 5:
-            run.lifetime.stop("SIGTERM received")
-
-    run.learner.on_update = stop_after_5
+    stop_after(run, 5, "SIGTERM received")
     first = run.run()
     assert (first.updates, first.checkpoint, first.topology) == (5, 5, "ray")
 
@@ -551,7 +472,7 @@ def test_a_stopped_ray_run_resumes_to_its_end_consuming_every_rollout_once(tmp_p
     assert (second.updates, second.checkpoint) == (cfg.num_updates, cfg.num_updates) == (12, 12)
     assert second.env_steps == 12 * 2 * 8 * 16
     stamps = first.ray.stamps + second.ray.stamps
-    assert_consumed_once(stamps, 2, 12)
+    ray_helpers.assert_consumed_once(stamps, 2, 12)
     assert len(set(stamps)) == len(stamps)
     assert {r for _, r, _ in first.ray.stamps} == {0} and {r for _, r, _ in second.ray.stamps} == {
         1
@@ -565,9 +486,9 @@ def test_a_stopped_ray_run_resumes_to_its_end_consuming_every_rollout_once(tmp_p
 def test_podrace_train_runs_the_ray_topology(tmp_path):
     import podrace
 
-    result = podrace.train(small(tmp_path, total_steps=2 * 8 * 16 * 4))
+    result = podrace.train(small_ray(tmp_path, total_steps=2 * 8 * 16 * 4))
     assert (result.topology, result.updates) == ("ray", 4)
-    assert_consumed_once(result.ray.stamps, 2, 4)
+    ray_helpers.assert_consumed_once(result.ray.stamps, 2, 4)
     assert result.final_eval is not None and not ray.is_initialized()
 
 
@@ -589,7 +510,7 @@ def test_an_unpicklable_env_factory_is_one_line_before_ray_starts(tmp_path, monk
             return ray_helpers.make_env(ray_helpers.EnvConfig(), num_envs, seed)
 
     with pytest.raises(ConfigError) as caught:
-        podrace.train(small(tmp_path, **changes), holds_a_lock)
+        podrace.train(small_ray(tmp_path, **changes), holds_a_lock)
     assert str(caught.value).startswith(
         "the env factory 'test_an_unpicklable_env_factory_is_one_line_before_ray_starts."
         "<locals>.holds_a_lock' cannot be sent to Ray workers (TypeError: cannot pickle "

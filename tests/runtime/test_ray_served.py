@@ -12,12 +12,12 @@ import jax
 import numpy as np
 import pytest
 
-from podrace.config import replace
 from podrace.control import ComponentError
-from podrace.presets import PRESETS
 from podrace.runtime.ray.served import RayServedTopology
 from podrace.runtime.run import prepare
-from tests.runtime.test_served_run import EXIT_SLACK_S
+from tests.helpers.cli import EXIT_SLACK_S
+from tests.helpers.configs import SMALL_SPU, small
+from tests.helpers.runs import final_params, stop_after
 from tests.waiting import wait_until
 
 ray = pytest.importorskip("ray")
@@ -28,30 +28,18 @@ pytestmark = [
 ]
 
 
-def small(tmp_path, **changes):
+def served(tmp_path, **changes):
+    """`small` for 6 updates with one actor a device, whose envs step in an env worker
+    (gymnasium) and whose actions an inference server picks."""
     base = {
-        "total_steps": 8 * 2 * 16 * 6,
-        "rollout_length": 16,
-        "env.num_envs": 8,
+        "total_steps": 6 * SMALL_SPU,
         "env.backend": "gymnasium",
         "env.workers": 1,
         "layout.inference": "server",
-        "ppo.num_minibatches": 4,
-        "eval.every_updates": 0,
-        "eval.episodes": 2,
-        "eval.num_envs": 2,
-        "log.console": "none",
-        "log.run_dir": str(tmp_path),
+        "layout.actors_per_device": 1,
         "log.interval_s": 0.5,
     }
-    base.update(changes)
-    return replace(PRESETS["cartpole-ppo"][1], **base)
-
-
-def final_params(cfg):
-    run = prepare(cfg)
-    result = run.run()
-    return jax.device_get(run.learner.state.params), result, run
+    return small(tmp_path, **{**base, **changes})
 
 
 @pytest.mark.timeout(420)
@@ -60,12 +48,12 @@ def test_ray_env_workers_learn_exactly_what_env_processes_do(tmp_path):
     process's device, end with the params of the same run with env worker processes."""
     det = {"deterministic": True}
     ray_params, result, run = final_params(
-        small(tmp_path, runtime="ray", **{"ray.num_workers": 2, "log.run_name": "ray"}, **det)
+        served(tmp_path, runtime="ray", **{"ray.num_workers": 2, "log.run_name": "ray"}, **det)
     )
     assert result.topology == "ray" and result.updates == 6
     assert run.pipeline.consumed.stamps() == [(a, 0, s) for s in range(6) for a in range(2)]
     local, _, _ = final_params(
-        small(tmp_path, **{"layout.actors_per_device": 2, "log.run_name": "threads"}, **det)
+        served(tmp_path, **{"layout.actors_per_device": 2, "log.run_name": "threads"}, **det)
     )
     for a, b in zip(jax.tree.leaves(ray_params), jax.tree.leaves(local)):
         np.testing.assert_array_equal(a, b)
@@ -74,7 +62,7 @@ def test_ray_env_workers_learn_exactly_what_env_processes_do(tmp_path):
 
 @pytest.mark.timeout(420)
 def test_a_killed_ray_env_worker_is_restarted(tmp_path):
-    cfg = small(
+    cfg = served(
         tmp_path,
         runtime="ray",
         total_steps=8 * 2 * 16 * 40,
@@ -111,7 +99,7 @@ def gone(pids: list[int]) -> bool:
 def test_a_ray_env_worker_killed_past_its_restarts_fails_the_run_naming_it(tmp_path):
     """Restarts off: the run fails with one line naming the dead worker, within the thread
     runtime's seconds, and leaves neither Ray nor a worker behind."""
-    cfg = small(
+    cfg = served(
         tmp_path,
         runtime="ray",
         total_steps=8 * 2 * 16 * 400,
@@ -148,17 +136,14 @@ def test_a_stopped_ray_served_run_resumes_to_its_end_consuming_every_rollout_onc
     seqs: across both parts every (actor, seq) is consumed exactly once."""
     from podrace.checkpoints.resume import Resume
 
-    cfg = small(tmp_path, runtime="ray", **{"ray.num_workers": 2, "log.run_name": "r"})
+    cfg = served(tmp_path, runtime="ray", **{"ray.num_workers": 2, "log.run_name": "r"})
     run = prepare(cfg)
-    after, stopped = run.learner.on_update, []
+    stopped = []
 
-    def stop_after_3(version: int) -> None:
-        after(version)
-        if version == 3:
-            stopped.append((time.monotonic(), worker_pids(run)))
-            run.lifetime.stop("SIGTERM received")
+    def note_the_workers() -> None:
+        stopped.append((time.monotonic(), worker_pids(run)))
 
-    run.learner.on_update = stop_after_3
+    stop_after(run, 3, "SIGTERM received", first=note_the_workers)
     first = run.run()
     elapsed = time.monotonic() - stopped[0][0]
     assert (first.updates, first.checkpoint) == (3, 3)

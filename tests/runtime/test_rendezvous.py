@@ -10,7 +10,7 @@ import pytest
 
 from podrace.config import ConfigError
 from podrace.runtime.multihost.rendezvous import rendezvous
-from tests.runtime.test_multihost import free_port
+from tests.runtime.multihost_processes import free_port
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)

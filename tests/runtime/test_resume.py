@@ -30,9 +30,10 @@ from podrace.commands.eval import abstract_run_state
 from podrace.config import ConfigError, replace
 from podrace.envs import env_spec
 from podrace.runtime.run import prepare
-from tests.runtime.test_single_host import small
+from tests.helpers.checkpoints import fake_run, flip_a_byte, metrics_line, snapshot
+from tests.helpers.configs import small
+from tests.helpers.runs import metric_lines, stop_after
 from tests.runtime.topologies import TOPOLOGIES, every_topology
-from tests.test_checkpoint import save_versions
 from tests.waiting import wait_until
 
 N = 3
@@ -58,22 +59,6 @@ def record_learning_rates(run) -> list[float]:
 
     run.learner.update_fn = recording
     return rates
-
-
-def stop_after(run, version: int) -> None:
-    """Stop the run right after update `version` (as a signal would, but at a known update)."""
-    after = run.learner.on_update
-
-    def hook(v: int) -> None:
-        after(v)
-        if v == version:
-            run.lifetime.stop("test: stop")
-
-    run.learner.on_update = hook
-
-
-def metric_lines(run_dir) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.slow
@@ -264,18 +249,14 @@ def test_the_final_metrics_line_names_the_final_checkpoint(tmp_path, monkeypatch
     assert last["final"] == 1 and last["checkpoint/version"] == (12 if waited else 10)
 
 
-def line(version, env_steps, time_s, **more) -> str:
-    return json.dumps({"version": version, "env_steps": env_steps, "time_s": time_s, **more})
-
-
 @pytest.mark.timeout(30)
 def test_metric_lines_after_the_checkpoint_are_superseded_not_lost(tmp_path):
     lines = [
         json.dumps({"time_s": 0.1}),  # before the first update: no version yet
-        line(1, 10, 0.5),
-        line(2, 10, 1.0),
-        line(2, 20, 1.5),
-        line(3, 30, 2.0, final=1),
+        metrics_line(1, 10, 0.5),
+        metrics_line(2, 10, 1.0),
+        metrics_line(2, 20, 1.5),
+        metrics_line(3, 30, 2.0, final=1),
         '{"version": 3, "env_st',  # cut by a kill
     ]
     kept, superseded = split_metrics(lines, version=2, env_steps=20)
@@ -315,22 +296,6 @@ class Obs(gym.Env):
 
     def step(self, action):
         return np.zeros(Obs.size, np.float32), 0.0, False, False, {}
-
-
-def snapshot(directory) -> dict:
-    return {p: p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
-
-
-def fake_run(tmp_path, cfg, versions=(2,)):
-    """A run directory as `podrace train` leaves it, without training (config, lines,
-    checkpoints)."""
-    run_dir = tmp_path / cfg.log.run_name
-    run_dir.mkdir()
-    (run_dir / "config.json").write_text(json.dumps({}))
-    (run_dir / "metrics.jsonl").write_text(line(1, 256, 0.5) + "\n" + line(3, 768, 1.5) + "\n")
-    if versions:
-        save_versions(checkpoint_dir(run_dir), cfg, versions)
-    return run_dir
 
 
 @pytest.mark.timeout(120)
@@ -389,14 +354,8 @@ def test_resume_errors_name_the_problem_and_change_nothing(tmp_path, topology):
         ConfigError, match=f"cannot resume {empty}: {empty / 'checkpoints'} is not a directory"
     ):
         prepare(None, resume=Resume(empty))
-    array_file = max(
-        (p for p in (run_dir / "checkpoints" / "2").rglob("*") if p.is_file()),
-        key=lambda p: p.stat().st_size,
-    )
-    data = bytearray(array_file.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    array_file.write_bytes(bytes(data))
-    before[array_file] = bytes(data)
+    array_file = flip_a_byte(run_dir / "checkpoints" / "2")
+    before[array_file] = array_file.read_bytes()
     with pytest.raises(
         ConfigError,
         match=re.escape(f"corrupt checkpoint: {array_file} differs from what was written"),
@@ -413,7 +372,7 @@ def test_a_full_disk_while_updating_the_run_directory_leaves_no_temp_file(tmp_pa
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "config.json").write_text("{}\n")
-    (run_dir / "metrics.jsonl").write_text(line(1, 10, 0.5) + "\n")
+    (run_dir / "metrics.jsonl").write_text(metrics_line(1, 10, 0.5) + "\n")
     tmp = run_dir / ".config.json.resume-tmp"
     tmp.symlink_to("/dev/full")
     stored = small(tmp_path, **{"log.run_name": "run"})

@@ -4,42 +4,15 @@ multi-host one, where each process keeps its own, is in test_multihost_resume.py
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from podrace.checkpoints.resume import Resume
 from podrace.config import replace
-from podrace.presets import PRESETS
 from podrace.runtime.run import prepare
+from tests.helpers.configs import SMALL_SPU as SPU
+from tests.helpers.configs import small
+from tests.helpers.runs import metric_lines
 from tests.runtime.topologies import TOPOLOGIES
-
-SPU = 2 * 8 * 16  # actors x envs x rollout length
-
-
-def small(tmp_path, topology: str, updates: int):
-    return replace(
-        PRESETS["cartpole-ppo"][1],
-        **TOPOLOGIES[topology],
-        **{
-            "total_steps": SPU * updates,
-            "rollout_length": 16,
-            "env.num_envs": 8,
-            "layout.actors_per_device": 2,
-            "ppo.num_minibatches": 4,
-            "eval.every_updates": 0,
-            "eval.episodes": 2,
-            "eval.num_envs": 2,
-            "log.console": "none",
-            "log.run_dir": str(tmp_path),
-            "log.run_name": "r",
-            "log.interval_s": 0.2,
-        },
-    )
-
-
-def metric_lines(run_dir) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.slow
@@ -50,7 +23,9 @@ def test_every_counter_and_the_checkpoint_continue_across_a_resume(tmp_path, top
     restart counts them) are where the resumed run's counting starts, as are env steps
     and episodes; every line of the resumed run names a complete checkpoint, the one it
     resumed from until it writes the next."""
-    first = prepare(small(tmp_path, topology, 3))
+    first = prepare(
+        small(tmp_path, **TOPOLOGIES[topology], total_steps=SPU * 3, **{"log.run_name": "r"})
+    )
     first.metrics.count("ray/restarts", 3)
     first.metrics.count("ray/lost_credits", 5)
     first.run()

@@ -12,7 +12,7 @@ from podrace.checkpoints.resume import Resume
 from podrace.config import ConfigError, replace
 from podrace.runtime.run import prepare
 from podrace.runtime.run_lock import RunLock
-from tests.runtime.test_single_host import small
+from tests.helpers.configs import small
 
 HOLDER = textwrap.dedent("""
     import sys, time

@@ -17,23 +17,22 @@ import numpy as np
 import pytest
 
 from podrace.runtime.run import prepare
-from tests.runtime.test_single_host import small
+from tests.helpers.cli import (
+    EXIT_SLACK_S,
+    group_killed_at_the_end,
+    podrace_env,
+    run_podrace,
+    start_train,
+)
+from tests.helpers.configs import small
+from tests.helpers.runs import final_params, stop_after
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow  # each trains a run, most in a subprocess
 
-REPO = Path(__file__).resolve().parents[2]
-EXIT_SLACK_S = 5.0  # as tests/runtime/test_signals.py: 2 s target, slack for a loaded machine
-
 
 def gym(tmp_path, **changes):
     return small(tmp_path, **{"env.backend": "gymnasium", "eval.episodes": 2, **changes})
-
-
-def final_params(cfg):
-    run = prepare(cfg)
-    result = run.run()
-    return jax.device_get(run.learner.state.params), result, run
 
 
 @pytest.mark.timeout(300)
@@ -70,16 +69,13 @@ def test_a_stopped_served_run_resumes_to_its_end_consuming_every_rollout_once(tm
         **{"inference.max_wait_ms": 1.0},
     )
     run = prepare(cfg)
-    after, stopped = run.learner.on_update, []
+    stopped = []
 
-    def stop_after_5(version: int) -> None:
-        after(version)
-        if version == 5:
-            pids = [w.process.pid for ws in run.topology.served.workers.values() for w in ws]
-            stopped.append((time.monotonic(), pids))
-            run.lifetime.stop("SIGTERM received")
+    def note_the_workers() -> None:
+        pids = [w.process.pid for ws in run.topology.served.workers.values() for w in ws]
+        stopped.append((time.monotonic(), pids))
 
-    run.learner.on_update = stop_after_5
+    stop_after(run, 5, "SIGTERM received", first=note_the_workers)
     first = run.run()
     elapsed = time.monotonic() - stopped[0][0]
     assert (first.updates, first.checkpoint) == (5, 5)
@@ -100,31 +96,14 @@ def test_a_stopped_served_run_resumes_to_its_end_consuming_every_rollout_once(tm
 
 
 def start(tmp_path, *flags) -> subprocess.Popen:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "podrace.cli",
-            "train",
-            "cartpole-ppo",
-            "--env.backend",
-            "gymnasium",
-            "--env.workers",
-            "2",
-            "--log.run-dir",
-            str(tmp_path),
-            "--log.run-name",
-            "r",
-            "--log.console",
-            "lines",
-            "--log.interval-s",
-            "0.2",
-            *flags,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    return start_train(
+        tmp_path,
+        "--env.backend",
+        "gymnasium",
+        "--env.workers",
+        "2",
+        *flags,
+        console="lines",
         start_new_session=True,  # its own process group: Ctrl-C is sent to the group
     )
 
@@ -169,8 +148,9 @@ def test_ctrl_c_stops_within_seconds_and_leaves_no_worker(tmp_path, inference):
     """SIGINT to the whole process group (a terminal's Ctrl-C reaches the workers too):
     exit 130 within seconds, a final line, no traceback, and every worker process gone.
     (A stop that comes during a slow batched call: tests/inference/test_server.py.)"""
-    proc = start(tmp_path, "--total-steps", "100000000", "--layout.inference", inference)
-    try:
+    with group_killed_at_the_end(
+        start(tmp_path, "--total-steps", "100000000", "--layout.inference", inference)
+    ) as proc:
         metrics = tmp_path / "r" / "metrics.jsonl"
         training(proc, metrics, steps=512)
         workers = children(proc.pid)
@@ -184,15 +164,11 @@ def test_ctrl_c_stops_within_seconds_and_leaves_no_worker(tmp_path, inference):
         assert json.loads(metrics.read_text().splitlines()[-1])["final"] == 1
         assert elapsed <= EXIT_SLACK_S, (elapsed, err)
         wait_until(lambda: not any(alive(w) for w in workers), 10)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
-        proc.wait()
 
 
 @pytest.mark.timeout(240)
 def test_a_sigkilled_env_worker_is_restarted_and_the_run_finishes(tmp_path):
-    proc = start(tmp_path, "--total-steps", "60000")
-    try:
+    with group_killed_at_the_end(start(tmp_path, "--total-steps", "60000")) as proc:
         metrics = tmp_path / "r" / "metrics.jsonl"
         training(proc, metrics, steps=2048)
         first = children(proc.pid)
@@ -202,16 +178,15 @@ def test_a_sigkilled_env_worker_is_restarted_and_the_run_finishes(tmp_path):
         last = json.loads(metrics.read_text().splitlines()[-1])
         assert last["env/worker_restarts"] == 1
         assert out.startswith("done: 59,904 env steps"), out
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
-        proc.wait()
     kept = len(metrics.read_text().splitlines())
-    resumed = subprocess.run(
-        [sys.executable, "-m", "podrace.cli", "train", "--resume", str(tmp_path / "r")]
-        + ["--total-steps", "65000", "--log.console", "none"],
-        env=dict(os.environ, PYTHONPATH=str(REPO)),
-        capture_output=True,
-        text=True,
+    resumed = run_podrace(
+        "train",
+        "--resume",
+        str(tmp_path / "r"),
+        "--total-steps",
+        "65000",
+        "--log.console",
+        "none",
         timeout=120,
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -221,8 +196,9 @@ def test_a_sigkilled_env_worker_is_restarted_and_the_run_finishes(tmp_path):
 
 @pytest.mark.timeout(240)
 def test_a_killed_env_worker_past_its_restarts_fails_the_run_in_one_line(tmp_path):
-    proc = start(tmp_path, "--total-steps", "100000000", "--env.worker-restarts", "0")
-    try:
+    with group_killed_at_the_end(
+        start(tmp_path, "--total-steps", "100000000", "--env.worker-restarts", "0")
+    ) as proc:
         training(proc, tmp_path / "r" / "metrics.jsonl", steps=512)
         workers = children(proc.pid)
         os.kill(workers[1], signal.SIGKILL)
@@ -237,9 +213,6 @@ def test_a_killed_env_worker_past_its_restarts_fails_the_run_in_one_line(tmp_pat
             "(env.worker_restarts 0)"
         ), err
         wait_until(lambda: not any(alive(w) for w in workers), 10)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
-        proc.wait()
 
 
 @pytest.mark.timeout(240)
@@ -261,7 +234,7 @@ def test_a_factory_of_the_script_run_as_main_reaches_the_workers(tmp_path):
     done = subprocess.run(
         [sys.executable, str(script)],
         cwd=tmp_path,
-        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        env=podrace_env(),
         capture_output=True,
         text=True,
         timeout=200,

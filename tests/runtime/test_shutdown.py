@@ -10,7 +10,8 @@ from podrace.checkpoints.files import Checkpointer
 from podrace.control import ComponentError, HangDetected, Lifetime
 from podrace.runtime.faults import STUCK, FaultPlan
 from podrace.runtime.run import prepare
-from tests.runtime.test_single_host import podrace_threads, small
+from tests.helpers.configs import small
+from tests.threads import podrace_threads
 from tests.waiting import wait_until
 
 

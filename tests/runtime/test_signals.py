@@ -1,12 +1,9 @@
 """`podrace train` under SIGINT/SIGTERM: never lost, never an abort, out within seconds."""
 
 import json
-import os
 import random
 import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,36 +11,8 @@ import pytest
 
 from podrace.checkpoints.files import checkpoint_steps
 from podrace.checkpoints.state import checkpoint_dir
+from tests.helpers.cli import EXIT_SLACK_S, podrace_env, start_podrace, start_train
 from tests.waiting import wait_until
-
-REPO = Path(__file__).resolve().parents[2]
-EXIT_SLACK_S = 5.0  # target: 2 s after the signal; slack for a loaded machine
-
-
-def start(tmp_path, *flags):
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "podrace.cli",
-            "train",
-            "cartpole-ppo",
-            "--log.run-dir",
-            str(tmp_path),
-            "--log.run-name",
-            "r",
-            "--log.console",
-            "none",
-            "--log.interval-s",
-            "0.2",
-            *flags,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
 
 
 def handlers_installed(pid: int) -> bool:
@@ -81,7 +50,7 @@ def test_early_signals_are_never_lost_nor_abort(tmp_path):
     delays = [rng.uniform(0, 2) for _ in range(4)] + [rng.uniform(2, 8) for _ in range(4)]
     for i, delay in enumerate(delays):
         signum = (signal.SIGINT, signal.SIGTERM)[i % 2]
-        proc = start(tmp_path / str(i), "--total-steps", "100000000")
+        proc = start_train(tmp_path / str(i), "--total-steps", "100000000")
         try:
             wait_until(lambda p=proc: handlers_installed(p.pid), 30, while_alive=proc)
             time.sleep(delay)  # the signal lands at a random moment: the point of the test
@@ -103,7 +72,7 @@ def wait_for_line(proc, metrics: Path, ok, timeout=120):
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_stop_during_a_long_evaluation(tmp_path):
-    proc = start(
+    proc = start_train(
         tmp_path, "--total-steps", "4096", "--eval.episodes", "100000000", "--eval.num-envs", "1"
     )
     try:
@@ -121,7 +90,7 @@ def test_stop_during_a_long_evaluation(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_second_signal_exits_at_once(tmp_path):
-    proc = start(tmp_path, "--total-steps", "100000000")
+    proc = start_train(tmp_path, "--total-steps", "100000000")
     try:
         metrics = tmp_path / "r" / "metrics.jsonl"
         wait_for_line(proc, metrics, lambda line: line.get("env_steps", 0) > 0)
@@ -140,7 +109,7 @@ def test_second_signal_exits_at_once(tmp_path):
 def test_a_second_signal_names_the_checkpoint_the_run_leaves(tmp_path):
     """Exiting at once on a second signal, the one line says which checkpoint is complete
     (a save the first signal started may be cut short): the one a resume continues."""
-    proc = start(
+    proc = start_train(
         tmp_path,
         *("--total-steps", "100000000", "--checkpoint.every-updates", "2"),
         *("--checkpoint.keep", "1000"),
@@ -183,13 +152,7 @@ def test_signal_during_a_compile_longer_than_the_grace_leaves_no_run_dir(tmp_pat
         f"sys.exit(main(['train', 'cartpole-ppo', '--log.run-dir', {str(tmp_path)!r}, "
         "'--log.run-name', 'r', '--log.console', 'none']))\n"
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=dict(os.environ, PYTHONPATH=str(REPO)),
-    )
+    proc = start_podrace(script=code)
     try:
         wait_until(compiling.exists, 90, while_alive=proc)
         stop_and_check(proc, signal.SIGINT, tmp_path / "r" / "metrics.jsonl")
@@ -245,29 +208,22 @@ def test_a_native_call_holding_the_gil_cannot_keep_the_process_forever(tmp_path)
         "sys.exit(main(sys.argv[1:]))\n"
     )
     mark = tmp_path / "held"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            code,
-            "train",
-            "cartpole-ppo",
-            "--env.id",
-            "gilenv:GilHolding-v0",
-            "--env.num-envs",
-            "2",
-            "--log.run-dir",
-            str(tmp_path / "runs"),
-            "--log.console",
-            "none",
-            "--safety.watchdog-s",
-            "1",
-        ],
+    proc = start_podrace(
+        "train",
+        "cartpole-ppo",
+        "--env.id",
+        "gilenv:GilHolding-v0",
+        "--env.num-envs",
+        "2",
+        "--log.run-dir",
+        str(tmp_path / "runs"),
+        "--log.console",
+        "none",
+        "--safety.watchdog-s",
+        "1",
+        script=code,
         cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=dict(os.environ, PYTHONPATH=str(REPO), HELD_MARK=str(mark)),
+        env=podrace_env(HELD_MARK=str(mark)),
     )
     try:
         wait_until(mark.exists, 90, while_alive=proc)

@@ -11,45 +11,14 @@ from podrace.config import ConfigError, replace
 from podrace.control import ComponentError
 from podrace.presets import PRESETS
 from podrace.runtime.run import prepare, train
-from tests import threads
+from tests.helpers.configs import LEARNS, small
+from tests.helpers.runs import record_batches
+from tests.threads import podrace_threads
 
 
-def small(tmp_path, **changes):
-    cfg = PRESETS["cartpole-ppo"][1]
-    base = {
-        "total_steps": 8 * 2 * 16 * 12,
-        "rollout_length": 16,
-        "env.num_envs": 8,
-        "layout.actors_per_device": 2,
-        "ppo.num_minibatches": 4,
-        "eval.every_updates": 0,
-        "eval.episodes": 2,
-        "eval.num_envs": 2,
-        "log.console": "none",
-        "log.run_dir": str(tmp_path),
-        "log.interval_s": 0.2,
-    }
-    base.update(changes)
-    return replace(cfg, **base)
-
-
-def podrace_threads():
-    """The run threads this test started that are still alive."""
-    return threads.started_since("actor-", "learner", "evaluator")
-
-
-def record_batches(run):
-    """Wrap the pipeline to record (learner version, behaviour versions) of every batch."""
-    seen = []
-    next_batch = run.pipeline.next_batch
-
-    def recording(version):
-        batch, stats = next_batch(version)
-        seen.append((version, [r.policy_version for r in batch]))
-        return batch, stats
-
-    run.pipeline.next_batch = recording
-    return seen
+def record_versions(run) -> list[tuple[int, list[int]]]:
+    """(learner version, behaviour versions) of every batch the run's learner takes."""
+    return record_batches(run, lambda version, batch: (version, [r.policy_version for r in batch]))
 
 
 @pytest.mark.slow
@@ -74,7 +43,7 @@ def test_lag_bound_holds_for_every_consumed_rollout(tmp_path, lag, synchronous):
         **{"layout.max_policy_lag": lag, "layout.synchronous": synchronous, "layout.queue_size": 3},
     )
     run = prepare(cfg)
-    seen = record_batches(run)
+    seen = record_versions(run)
     run.run()
     bound = 0 if synchronous else lag
     lags = [version - v for version, versions in seen for v in versions]
@@ -147,13 +116,7 @@ def test_impossible_layouts_are_config_errors(tmp_path):
 @pytest.mark.timeout(300)
 def test_cartpole_ppo_learns(tmp_path):
     """Seed 1 evaluates 500 after these 60k steps; random play scores ~20."""
-    cfg = small(
-        tmp_path,
-        total_steps=60_000,
-        rollout_length=32,
-        seed=1,
-        **{"eval.episodes": 8, "eval.num_envs": 8},
-    )
+    cfg = small(tmp_path, **LEARNS)
     result = train(cfg)
     assert result.final_eval.mean_return >= 150, result.final_eval
 
@@ -175,7 +138,7 @@ def test_continuous_actions_run_end_to_end(tmp_path):
         },
     )
     run = prepare(cfg)
-    batches = record_batches(run)
+    batches = record_versions(run)
     result = run.run()
     assert result.updates == 3 and len(batches) == 3
     assert np.isfinite(result.final_eval.mean_return)

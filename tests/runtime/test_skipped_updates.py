@@ -10,7 +10,7 @@ import pytest
 from podrace.control import ComponentError
 from podrace.learner import TooManySkippedUpdates
 from podrace.runtime.run import prepare
-from tests.runtime.test_single_host import small
+from tests.helpers.configs import small
 
 
 def poison_updates(run, count: int) -> None:
@@ -83,7 +83,7 @@ def test_a_resumed_run_keeps_its_skip_count_and_its_budget_over_all_its_updates(
     from podrace.checkpoints.read import read_meta
     from podrace.checkpoints.resume import Resume
     from podrace.checkpoints.state import checkpoint_dir
-    from tests.runtime.test_resume import stop_after
+    from tests.helpers.runs import stop_after
 
     cfg = small(
         tmp_path,

@@ -4,10 +4,9 @@ import sys
 
 import pytest
 
-TRAIN = [
-    sys.executable,
-    "-m",
-    "podrace.cli",
+from tests.helpers.cli import run_flags, run_podrace
+
+TRAIN = (
     "train",
     "cartpole-ppo",
     "--total-steps",
@@ -16,17 +15,16 @@ TRAIN = [
     "2",
     "--log.console",
     "none",
-]
+)
 
 
 def _train(tmp_path, name: str, cache: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
     env.update(XDG_CACHE_HOME=str(tmp_path / "xdg"), JAX_ENABLE_COMPILATION_CACHE=cache)
-    done = subprocess.run(
-        TRAIN + ["--log.run-dir", str(tmp_path / "runs"), "--log.run-name", name],
+    done = run_podrace(
+        *TRAIN,
+        *run_flags(tmp_path / "runs", name=name),
         env=env,
-        capture_output=True,
-        text=True,
         timeout=150,
     )
     assert done.returncode == 0, done.stderr
@@ -99,7 +97,7 @@ def test_a_deterministic_run_from_python_asks_for_the_kernels_before_its_devices
 ):
     from podrace.runtime import devices as device_module
     from podrace.runtime import run as runs
-    from tests.runtime.test_single_host import small
+    from tests.helpers.configs import small
 
     class Enough(Exception):
         pass

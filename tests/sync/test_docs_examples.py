@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 
 import pytest
+
+from tests.helpers.cli import run_python
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -29,16 +29,6 @@ def test_the_guide_has_three_examples():
 def test_example_runs(index, tmp_path):
     script = tmp_path / f"example_{index}.py"
     script.write_text(_examples()[index])
-    env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
-    )
-    out = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=150,
-    )
+    out = run_python(str(script), cwd=REPO, timeout=150)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "version" in out.stdout

@@ -7,14 +7,13 @@ import os
 import subprocess
 import sys
 import threading
-import time
 
 import numpy as np
 import pytest
 
-from podrace.sync.base import ChannelClosed
 from tests.sync import workers
-from tests.waiting import calling, wait_until
+from tests.sync.readers import wake_of_a_waiting_reader
+from tests.waiting import wait_until
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.timeout(120)
@@ -64,21 +63,8 @@ def test_publisher_death_wakes_readers(ray_session):
     sub = ray.get(learner.subscriber.remote())
     ray.get(learner.publish.remote(0))
     assert workers.stamp_of(sub.get(0, timeout=30).params) == 0
-    errors = []
-
-    def wait_for_more() -> None:
-        try:
-            sub.get(1, timeout=60)
-        except ChannelClosed as exc:
-            errors.append((time.monotonic(), exc))
-
-    waiter = threading.Thread(target=wait_for_more)
-    waiter.start()
-    wait_until(lambda: calling(waiter, "get"))  # it waits for version 1
-    killed = time.monotonic()
-    ray.kill(learner, no_restart=True)
-    waiter.join(30)
-    assert errors and errors[0][0] - killed < 15, errors
+    errors = wake_of_a_waiting_reader(sub, lambda: ray.kill(learner, no_restart=True), 30)
+    assert errors and errors[0][0] < 15, errors
     assert "went away" in str(errors[0][1])
 
 

@@ -17,7 +17,8 @@ import pytest
 from podrace.sync.base import ChannelClosed, SnapshotMismatch, SyncError
 from podrace.sync.shm import ShmPublisher, ShmSubscriber
 from tests.sync import workers
-from tests.waiting import calling, wait_until
+from tests.sync.readers import wake_of_a_waiting_reader
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 ctx = mp.get_context("spawn")
@@ -125,21 +126,8 @@ def test_publisher_process_death_wakes_readers():
     name = names.get(timeout=60)
     sub = ShmSubscriber(name)
     assert workers.stamp_of(sub.get(0, timeout=10).params) == 0
-    errors = []
-
-    def wait_for_more() -> None:
-        try:
-            sub.get(1, timeout=60)
-        except ChannelClosed as exc:
-            errors.append((time.monotonic(), exc))
-
-    waiter = threading.Thread(target=wait_for_more)
-    waiter.start()
-    wait_until(lambda: calling(waiter, "get"))  # it waits for version 1
-    killed = time.monotonic()
-    proc.kill()
-    waiter.join(10)
-    assert errors and errors[0][0] - killed < 5 and "went away" in str(errors[0][1])
+    errors = wake_of_a_waiting_reader(sub, proc.kill, 10)
+    assert errors and errors[0][0] < 5 and "went away" in str(errors[0][1])
     sub.close()
     proc.join(10)
     from multiprocessing import shared_memory
