@@ -279,7 +279,7 @@ def test_a_missing_env_package_is_one_line_without_dependency_warnings_ahead(tmp
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(
     "signum", [signal.SIGTERM]
-)  # SIGINT: test_cli_resume's, at a random time test_signals'
+)  # SIGINT: tests/commands/test_train_resume.py's, at a random time test_signals'
 def test_signal_stops_cleanly_with_conventional_exit_code(tmp_path, signum):
     proc = start_train(tmp_path, "--total-steps", "100000000")
     metrics = tmp_path / "r" / "metrics.jsonl"

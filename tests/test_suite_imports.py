@@ -1,6 +1,7 @@
 """The suite's own structure: a test module takes what it shares from helper modules
 (tests/helpers/, conftest.py fixtures, the non-test modules beside it), never from another
-test module, whose import would also collect and run that module's tests' setup again."""
+test module, so that a test module can be moved, split or changed without breaking
+another."""
 
 from __future__ import annotations
 
@@ -57,10 +58,11 @@ def test_no_test_module_imports_another_test_module():
     [
         "from tests.runtime.test_single_host import small\n",
         "def f():\n    from tests.test_cli import run_cli\n",
-        "import tests.test_checkpoint\n",
+        "import tests.commands.test_eval\n",
         "from tests.runtime import test_multihost\n",
-        'SCRIPT = """\nfrom tests.test_checkpoint import fresh_state\n"""\n',
+        'SCRIPT = """\nfrom tests.checkpoints.test_files import fresh_state\n"""\n',
     ],
+    ids=["from-module", "inside-a-function", "import-module", "from-package", "in-a-script"],
 )
 def test_every_form_of_such_an_import_is_found(source):
     assert imports_of_test_modules(source)

@@ -176,7 +176,7 @@ MUTANTS: list[Mutant] = [
         "podrace/commands/arguments.py",
         "elif not text.startswith(_DROPPED):",
         "else:",
-        ("tests/test_arguments.py",),
+        ("tests/commands/test_arguments.py",),
     ),
     # --- pipeline.py -----------------------------------------------------------------------
     Mutant(
@@ -774,14 +774,14 @@ MUTANTS: list[Mutant] = [
         "podrace/checkpoints/files.py",
         "                if not free:\n",
         "                if False:\n",
-        ("tests/test_checkpoint.py", "-k", "rotation"),
+        ("tests/checkpoints/test_files.py", "-k", "rotation"),
     ),
     Mutant(
         "eval_reads_without_holding_the_step",
         "podrace/commands/eval.py",
         "            with step_lock(directory / str(step), shared=True):",
         '            with step_lock(directory / "no such step", shared=True):',
-        ("tests/test_eval_command.py", "-k", "rotating"),
+        ("tests/commands/test_eval.py", "-k", "rotating"),
     ),
     Mutant(
         "no_last_rotation_at_close",
@@ -790,14 +790,14 @@ MUTANTS: list[Mutant] = [
         "            if self.writers.primary:\n"
         "                self.rotate()\n",
         "            self.wait()\n",
-        ("tests/test_checkpoint.py", "-k", "last_save"),
+        ("tests/checkpoints/test_files.py", "-k", "last_save"),
     ),
     Mutant(
         "step_appears_before_its_manifest",
         "podrace/checkpoints/files.py",
         "                write_manifest(partial)\n                os.rename(partial, final)",
         "                os.rename(partial, final)\n                write_manifest(final)",
-        ("tests/test_checkpoint.py", "-k", "appears_only_with_its_manifest"),
+        ("tests/checkpoints/test_files.py", "-k", "appears_only_with_its_manifest"),
     ),
     Mutant(
         "rotation_deletes_a_step_in_place",
@@ -805,21 +805,21 @@ MUTANTS: list[Mutant] = [
         "                    os.rename(step_dir, doomed)\n"
         "                    shutil.rmtree(doomed)",
         "                    shutil.rmtree(step_dir)",
-        ("tests/test_checkpoint.py", "-k", "rotated_step"),
+        ("tests/checkpoints/test_files.py", "-k", "rotated_step"),
     ),
     Mutant(
         "leftovers_of_killed_writes_kept",
         "podrace/checkpoints/files.py",
         "            shutil.rmtree(leftover, ignore_errors=True)",
         "            pass",
-        ("tests/test_checkpoint.py", "-k", "rotated_step"),
+        ("tests/checkpoints/test_files.py", "-k", "rotated_step"),
     ),
     Mutant(
         "resume_reads_a_live_runs_checkpoints",
         "podrace/commands/train.py",
         "    RunLock(resume.run_dir).release()",
         "    RunLock",
-        ("tests/test_cli_resume.py", "-k", "in_use"),
+        ("tests/commands/test_train_resume.py", "-k", "in_use"),
     ),
     # --- mixed: sync layouts, stops and signals, resume, determinism, one-line errors ------
     Mutant(
@@ -897,7 +897,7 @@ MUTANTS: list[Mutant] = [
         "podrace/commands/std_streams.py",
         "            if stream is not None:\n                stream.flush()",
         "            stream.flush()",
-        ("tests/runtime/test_std_streams.py", "-k", "exits_flush"),
+        ("tests/commands/test_std_streams.py", "-k", "exits_flush"),
     ),
     Mutant(
         "config_choice_compared_elementwise",
@@ -939,7 +939,7 @@ MUTANTS: list[Mutant] = [
         "podrace/checkpoints/files.py",
         "if missing or not (refused",
         "if False and (refused",
-        ("tests/test_checkpoint.py", "-k", "deleted_under"),
+        ("tests/checkpoints/test_files.py", "-k", "deleted_under"),
     ),
     Mutant(
         "signal_after_a_command_kills_silently",
@@ -961,21 +961,21 @@ MUTANTS: list[Mutant] = [
         "podrace/checkpoints/files.py",
         "        if not _LEFTOVER.fullmatch(path.name):",
         "        if not _LEFTOVER.match(path.name):",
-        ("tests/test_checkpoint.py", "-k", "rotated_step"),
+        ("tests/checkpoints/test_files.py", "-k", "rotated_step"),
     ),
     Mutant(
         "a_file_in_the_way_of_a_step_ignored",
         "podrace/checkpoints/files.py",
         "        if path.is_symlink() or not path.is_dir():\n            raise",
         "        if False:\n            raise",
-        ("tests/test_checkpoint.py", "-k", "rotated_step"),
+        ("tests/checkpoints/test_files.py", "-k", "rotated_step"),
     ),
     Mutant(
         "resume_finds_a_name_in_the_way_after_changing_the_run",
         "podrace/checkpoints/resume.py",
         "    leftovers(_checkpoints(run_dir))  # a name in the way",
         "    (_checkpoints(run_dir))  # a name in the way",
-        ("tests/test_cli_resume.py", "-k", "errors_are_one_line"),
+        ("tests/commands/test_train_resume.py", "-k", "errors_are_one_line"),
     ),
     Mutant(
         "step_counted_as_saved_after_the_rotation",
@@ -987,56 +987,56 @@ MUTANTS: list[Mutant] = [
         "        if primary:\n"
         "            self.rotate()\n"
         '        self.metrics.set("checkpoint/version", step)\n',
-        ("tests/test_checkpoint.py", "-k", "synced"),
+        ("tests/checkpoints/test_files.py", "-k", "synced"),
     ),
     Mutant(
         "manifest_not_synced",
         "podrace/checkpoints/files.py",
         "        os.fsync(f.fileno())\n",
         "",
-        ("tests/test_checkpoint.py", "-k", "synced"),
+        ("tests/checkpoints/test_files.py", "-k", "synced"),
     ),
     Mutant(
         "orbax_failure_tracebacks_printed",
         "podrace/checkpoints/files.py",
         'logging.getLogger("absl").addFilter(self._quiet)',
         "pass",
-        ("tests/test_checkpoint.py", "-k", "storage_refuses"),
+        ("tests/checkpoints/test_files.py", "-k", "storage_refuses"),
     ),
     Mutant(
         "failed_write_closes_loops_under_late_callbacks",
         "podrace/checkpoints/files.py",
         "with draining_loops():",
         "with contextlib.nullcontext():",
-        ("tests/test_checkpoint.py", "-k", "storage_refuses"),
+        ("tests/checkpoints/test_files.py", "-k", "storage_refuses"),
     ),
     Mutant(
         "failed_write_keeps_its_space",
         "podrace/checkpoints/files.py",
         "shutil.rmtree(path, ignore_errors=True)",
         "pass",
-        ("tests/test_checkpoint.py", "-k", "disk_full"),
+        ("tests/checkpoints/test_files.py", "-k", "disk_full"),
     ),
     Mutant(
         "files_outside_the_manifest_accepted",
         "podrace/checkpoints/read.py",
         "path.relative_to(step_dir).as_posix() not in files",
         "path.relative_to(step_dir).as_posix() not in files and False",
-        ("tests/test_checkpoint.py", "-k", "unlisted"),
+        ("tests/checkpoints/test_files.py", "-k", "unlisted"),
     ),
     Mutant(
         "manifest_format_unchecked",
         "podrace/checkpoints/read.py",
         '    if manifest.get("format") != FORMAT:',
         "    if False:",
-        ("tests/test_checkpoint.py", "-k", "other-format"),
+        ("tests/checkpoints/test_files.py", "-k", "other-format"),
     ),
     Mutant(
         "step_without_a_manifest_read_unverified",
         "podrace/checkpoints/read.py",
         "    if not manifest_path.is_file():\n        raise",
         "    if not manifest_path.is_file():\n        return\n        raise",
-        ("tests/test_eval_command.py", "-k", "without_its_manifest"),
+        ("tests/commands/test_eval.py", "-k", "without_its_manifest"),
     ),
     # --- the other presets: normalizer, float settings, torsos, Atari images, results ------
     Mutant(
@@ -1315,7 +1315,7 @@ MUTANTS: list[Mutant] = [
         "    except (OSError, ValueError) as error:  # ValueError: stdout closed",
         "    except ValueError as error:  # ValueError: stdout closed",
         (
-            "tests/runtime/test_std_streams.py",
+            "tests/commands/test_std_streams.py",
             "tests/metrics/test_plot.py",
             "-k",
             "refuses or cli_plot",
@@ -1361,7 +1361,7 @@ MUTANTS: list[Mutant] = [
         "podrace/video.py",
         "obs = obs if self.one_hot is None else self.one_hot(obs)",
         "obs = obs",
-        ("tests/test_eval_command.py", "-k", "discrete"),
+        ("tests/commands/test_eval.py", "-k", "discrete"),
     ),
     Mutant(
         "env_error_of_an_explained_cause_gets_a_traceback",

@@ -1,6 +1,6 @@
 """Checkpoints during training and `--resume` (thread runtime, Python API).
 
-CLI cases (exit codes, signals, SIGKILL during a write) are in tests/test_cli_resume.py.
+CLI cases (exit codes, signals, SIGKILL during a write) are in tests/commands/test_train_resume.py.
 """
 
 from __future__ import annotations

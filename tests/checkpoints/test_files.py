@@ -41,11 +41,9 @@ from podrace.config_dict import config_from_dict
 from podrace.envs import env_spec
 from podrace.validation import validate
 from tests.helpers.checkpoints import fresh_state, save_versions
-from tests.helpers.cli import run_python
+from tests.helpers.cli import REPO, podrace_env, run_python
 from tests.helpers.configs import tiny_config
 from tests.waiting import wait_until
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def assert_same_arrays(a: RunState, b: RunState) -> None:
@@ -326,9 +324,10 @@ KILLED_WRITER = textwrap.dedent(
 @pytest.mark.timeout(240)
 def test_sigkill_during_a_write_leaves_the_previous_checkpoint_loadable(tmp_path):
     directory, marker = tmp_path / "checkpoints", tmp_path / "marker"
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.Popen(
-        [sys.executable, "-c", KILLED_WRITER, str(directory), str(marker)], env=env, cwd=REPO
+        [sys.executable, "-c", KILLED_WRITER, str(directory), str(marker)],
+        env=podrace_env(),
+        cwd=REPO,
     )
     try:
         wait_until(
