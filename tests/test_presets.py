@@ -18,7 +18,7 @@ from podrace.presets import PRESETS
 from podrace.types import Trajectory
 from podrace.validation import validate
 from tests.algos import numpy_reference as ref
-from tests.algos.helpers import random_trajectory, small_network
+from tests.algos.helpers import random_trajectory, small_network, summed_impala_loss
 
 NAMES = sorted(PRESETS)
 
@@ -157,20 +157,7 @@ def cleanba_summed_loss_gradient(net, params, traj, imp):
         imp.rho_bar,
         imp.c_bar,
     )
-    w = traj.valid.astype(jnp.float32)
-
-    def summed(p):
-        d, v = net.apply(p, traj.obs)
-        return jnp.sum(
-            w
-            * (
-                -d.log_prob(traj.actions) * pg
-                + imp.vf_coef * 0.5 * (vs - v) ** 2
-                - imp.ent_coef * d.entropy()
-            )
-        )
-
-    return jax.grad(summed)(params)
+    return jax.grad(summed_impala_loss(net, traj, vs, pg, imp))(params)
 
 
 @pytest.mark.slow

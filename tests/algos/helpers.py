@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache, partial
 
 import jax
@@ -108,3 +109,22 @@ def ppo_minibatch(traj: Trajectory, rng: np.random.Generator) -> PPOBatch:
         returns=flat(traj.values) + jnp.asarray(rng.normal(size=n), jnp.float32),
         valid=flat(traj.valid),
     )
+
+
+def summed_impala_loss(net, traj: Trajectory, vs, pg, cfg) -> Callable:
+    """The per-step IMPALA loss SUMMED over valid steps, as Cleanba computes it, with vs and
+    the policy-gradient advantages `pg` given as data: a function of the params."""
+    w = jnp.asarray(traj.valid).astype(jnp.float32)
+
+    def summed(p):
+        d, v = net.apply(p, traj.obs)
+        return jnp.sum(
+            w
+            * (
+                -d.log_prob(traj.actions) * pg
+                + cfg.vf_coef * 0.5 * (vs - v) ** 2
+                - cfg.ent_coef * d.entropy()
+            )
+        )
+
+    return summed

@@ -2,7 +2,6 @@ import dataclasses
 from functools import partial
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -11,7 +10,12 @@ from podrace.algos.impala import impala_loss
 from podrace.algos.ppo import ppo_loss
 from podrace.config import ImpalaConfig, PPOConfig
 from tests.algos import numpy_reference as ref
-from tests.algos.helpers import ppo_minibatch, random_trajectory, small_network
+from tests.algos.helpers import (
+    ppo_minibatch,
+    random_trajectory,
+    small_network,
+    summed_impala_loss,
+)
 
 
 def _np(x):
@@ -150,19 +154,6 @@ def test_impala_policy_gradient_treats_vtrace_targets_as_constants():
         cfg.c_bar,
     )
     vs, pg = np.asarray(vs), np.asarray(pg)
-    w = np.asarray(traj.valid).astype(np.float32)  # the summed loss
-
-    def manual(p):
-        d, v = net.apply(p, traj.obs)
-        return jnp.sum(
-            w
-            * (
-                -d.log_prob(traj.actions) * pg
-                + cfg.vf_coef * 0.5 * (vs - v) ** 2
-                - cfg.ent_coef * d.entropy()
-            )
-        )
-
-    expected = jax.jit(jax.grad(manual))(params)
+    expected = jax.jit(jax.grad(summed_impala_loss(net, traj, vs, pg, cfg)))(params)
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(expected)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)

@@ -14,7 +14,7 @@ from podrace.cli import main
 from podrace.config import ConfigError, EnvConfig
 from podrace.envs import EnvSource, env_spec, resolve_backend
 from podrace.envs.minatar import GAMES
-from podrace.envs.workers import WorkerEnv
+from tests.envs.worker_steps import assert_workers_step_as_one
 
 pytest.importorskip("minatar")
 pytestmark = pytest.mark.timeout(120)
@@ -66,20 +66,13 @@ def test_env_workers_register_the_ids_in_their_own_processes():
     """Each env worker is a fresh interpreter: it must register the id itself."""
     source = EnvSource(EnvConfig(id="MinAtar/SpaceInvaders-v1"))
     spec = source.spec()
-    whole = source.make(4, 5)
-    parts = WorkerEnv(source, spec, 4, 5, workers=2)
-    try:
-        np.testing.assert_array_equal(whole.reset(), parts.reset())
-        rng = np.random.default_rng(0)
-        for _ in range(40):
-            actions = rng.integers(0, spec.num_actions, 4).astype(np.int64)
-            a, b = whole.step(actions), parts.step(actions)
-            assert b.obs.dtype == np.uint8
-            for field in a._fields:
-                np.testing.assert_array_equal(getattr(a, field), getattr(b, field), field)
-    finally:
-        whole.close()
-        parts.close()
+
+    def planes_stay_uint8(step) -> None:
+        assert step.obs.dtype == np.uint8
+
+    assert_workers_step_as_one(
+        source, spec, 4, 5, workers=2, steps=40, action_dtype=np.int64, check=planes_stay_uint8
+    )
 
 
 @pytest.mark.parametrize(

@@ -9,10 +9,10 @@ import gymnasium
 import numpy as np
 import pytest
 
-from podrace.cli import main
 from podrace.config import ConfigError, EnvConfig
 from podrace.envs import env_spec, resolve_backend
 from podrace.envs.user_modules import split_env_id
+from tests.helpers.cli import run_cli
 
 from .user_envs import MATCH_LENGTH, RANDOM_RETURN
 
@@ -31,17 +31,11 @@ def user_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
-def cli(capsys, *args):
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_cli_trains_env_from_user_module_beyond_random(capsys, user_dir):
     (user_dir / "my_match_envs.py").write_text(USER_MODULE.format(env_id="cli-user/Match-v0"))
-    code, out, err = cli(
+    code, out, err = run_cli(
         capsys,
         "train",
         "cartpole-ppo",
@@ -93,7 +87,7 @@ def test_module_form_in_config_imports_before_resolving(user_dir):
     ],
 )
 def test_bad_module_ids_are_one_line_exit_2_nothing_written(capsys, user_dir, env_id, message):
-    code, out, err = cli(
+    code, out, err = run_cli(
         capsys, "train", "cartpole-ppo", "--env.id", env_id, "--log.run-dir", "runs"
     )
     assert code == 2 and message in err, err
@@ -119,7 +113,7 @@ def test_a_module_that_raises_on_import_is_one_line_naming_it_exit_2(capsys, use
     """Only ImportError was a config error; any other exception in the user's module was a
     traceback of podrace's frames and exit 1 (SystemExit ended podrace with its code)."""
     (user_dir / "raising_envs.py").write_text(f"{body}\n")
-    code, out, err = cli(
+    code, out, err = run_cli(
         capsys,
         "train",
         "cartpole-ppo",
@@ -196,7 +190,7 @@ for _id, (_entry, _) in INVALID.items():
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("env_id", sorted(INVALID))
 def test_invalid_env_is_one_line_exit_2_nothing_written(capsys, tmp_path, env_id):
-    code, out, err = cli(
+    code, out, err = run_cli(
         capsys, "train", "cartpole-ppo", "--env.id", env_id, "--log.run-dir", str(tmp_path)
     )
     assert code == 2, err

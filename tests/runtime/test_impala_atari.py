@@ -8,6 +8,7 @@ import pytest
 from podrace.config import replace
 from podrace.presets import PRESETS
 from podrace.runtime.run import prepare, train
+from tests.helpers.runs import record_batches
 
 
 def preset(name, tmp_path, **changes):
@@ -33,18 +34,9 @@ def test_cartpole_impala_learns(tmp_path):
     assert result.final_eval.mean_return >= 200, result.final_eval
 
 
-def record_rollouts(run):
-    """Wrap the pipeline to keep every batch of rollouts the learner consumes."""
-    seen = []
-    next_batch = run.pipeline.next_batch
-
-    def recording(version):
-        batch, stats = next_batch(version)
-        seen.append(batch)
-        return batch, stats
-
-    run.pipeline.next_batch = recording
-    return seen
+def record_rollouts(run) -> list:
+    """Every batch of rollouts the learner consumes."""
+    return record_batches(run, lambda _, batch: batch)
 
 
 # Tiny sizes: 2 actor threads x 2 envs x 8 steps, 4 updates; a 20-step time limit makes

@@ -3,23 +3,21 @@ outlasts the exit grace (a slow disk, a loaded machine), and exits with 128 + th
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from podrace.commands.supervisor import EXIT_GRACE_S
+from tests.helpers.cli import start_train
 from tests.waiting import wait_until
 
-REPO = Path(__file__).resolve().parents[2]
 WRITE_S = 3 * EXIT_GRACE_S
 
 
-def slow_writes_run(run_dir: Path) -> subprocess.Popen:
-    """`podrace train` whose every checkpoint write takes WRITE_S longer."""
+def slow_writes_run(tmp_path: Path) -> subprocess.Popen:
+    """`podrace train` of run `tmp_path/r` whose every checkpoint write takes WRITE_S longer."""
     code = (
         "import sys, time\n"
         "from podrace.checkpoints.files import Checkpointer\n"
@@ -29,24 +27,16 @@ def slow_writes_run(run_dir: Path) -> subprocess.Popen:
         "    return write(self, *args, **kwargs)\n"
         "Checkpointer._write = slow_write\n"
         "from podrace.cli import main\n"
-        f"sys.exit(main(['train', 'cartpole-ppo', '--log.run-dir', {str(run_dir.parent)!r},\n"
-        f"    '--log.run-name', {run_dir.name!r}, '--log.console', 'none',\n"
-        "    '--log.interval-s', '0.2']))\n"
+        "sys.exit(main(sys.argv[1:]))\n"
     )
-    return subprocess.Popen(
-        [sys.executable, "-c", code],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=dict(os.environ, PYTHONPATH=str(REPO)),
-    )
+    return start_train(tmp_path, script=code)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_last_checkpoint_slower_than_the_exit_grace_is_still_written(tmp_path):
     run_dir = tmp_path / "r"
-    proc = slow_writes_run(run_dir)
+    proc = slow_writes_run(tmp_path)
     try:
         metrics = run_dir / "metrics.jsonl"
         wait_until(

@@ -10,6 +10,7 @@ import pytest
 from podrace.config import replace
 from podrace.presets import PRESETS
 from podrace.runtime.run import prepare
+from tests.helpers.runs import record_batches
 
 pytest.importorskip("minatar")
 pytestmark = pytest.mark.filterwarnings("ignore:os.fork", "ignore::UserWarning")
@@ -47,17 +48,8 @@ def tiny(name: str, layout: str, tmp_path, **changes):
 
 
 def record_rollouts(run) -> list:
-    """Keep every batch of rollouts the learner consumes (thread runtimes)."""
-    seen = []
-    next_batch = run.pipeline.next_batch
-
-    def recording(version):
-        batch, stats = next_batch(version)
-        seen.append(batch)
-        return batch, stats
-
-    run.pipeline.next_batch = recording
-    return seen
+    """Every batch of rollouts the learner consumes."""
+    return record_batches(run, lambda _, batch: batch)
 
 
 @pytest.mark.slow
