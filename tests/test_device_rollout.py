@@ -9,68 +9,24 @@ import jax
 import numpy as np
 import pytest
 
-from podrace.actor import Actor, ActorSettings, make_policy_fns
+from podrace.actor import make_policy_fns
 from podrace.config import EnvConfig, NetworkConfig
 from podrace.control import Control, Heartbeat, Lifetime
 from podrace.envs import make_env
 from podrace.evaluate import make_greedy_policy, run_episodes
 from podrace.fused_rollout import fused_episodes_for, fused_rollout_for
-from podrace.networks import make_network
-from podrace.sync.base import Snapshot, Subscriber
+from tests.helpers.actors import init_params, run_actor
 
 ROLLOUTS = 3
 GUESS = "tests.envs.jax_user_envs:guess"
-
-
-class FixedParams(Subscriber):
-    def __init__(self, params):
-        self.snapshot = Snapshot(0, params)
-
-    def poll(self):
-        return None
-
-    def get(self, min_version, timeout=None):
-        return self.snapshot
-
-    @property
-    def acked_version(self):
-        return 0
-
-
-class ListSink:
-    def __init__(self):
-        self.rollouts = []
-
-    def put(self, rollout):
-        self.rollouts.append(rollout)
-        return 0.0
 
 
 def control() -> Control:
     return Control(Lifetime(), Heartbeat("actor-0"), lambda _: None)
 
 
-def init_params(network: NetworkConfig, env):
-    net = make_network(network, env.spec)
-    obs = np.zeros((1,) + env.spec.obs_shape, env.spec.obs_dtype)
-    return net, jax.device_put(net.init(jax.random.PRNGKey(1), obs), jax.devices("cpu")[0])
-
-
-def run_actor(env_id: str, num_envs: int, T: int, fused: bool, network: NetworkConfig):
-    env = make_env(EnvConfig(id=env_id, backend="jax"), num_envs, seed=7)
-    net, params = init_params(network, env)
-    policy = make_policy_fns(net.apply).on(jax.devices("cpu")[0])
-    settings = ActorSettings(0, T, ROLLOUTS, max_policy_lag=1, key=jax.random.PRNGKey(3))
-    sink = ListSink()
-    actor = Actor(settings, env, policy, FixedParams(params), sink, control())
-    assert actor.fused is not None
-    if not fused:
-        actor.fused = None
-    actor.warm_up(params)
-    with jax.transfer_guard("disallow"):
-        actor.run()
-    env.close()
-    return sink.rollouts
+def jax_envs(env_id: str, num_envs: int):
+    return make_env(EnvConfig(id=env_id, backend="jax"), num_envs, seed=7)
 
 
 @pytest.mark.timeout(240)
@@ -84,8 +40,8 @@ def run_actor(env_id: str, num_envs: int, T: int, fused: bool, network: NetworkC
     ids=["cartpole", "guess", "guess-lstm"],
 )
 def test_device_rollouts_equal_step_by_step_rollouts(env_id, num_envs, T, network):
-    fused = run_actor(env_id, num_envs, T, True, network)
-    stepped = run_actor(env_id, num_envs, T, False, network)
+    fused = run_actor(jax_envs(env_id, num_envs), T, True, network, ROLLOUTS, must_fuse=True)
+    stepped = run_actor(jax_envs(env_id, num_envs), T, False, network, ROLLOUTS, must_fuse=True)
     assert len(fused) == len(stepped) == ROLLOUTS
     ends = 0
     for a, b in zip(fused, stepped):

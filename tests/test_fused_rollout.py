@@ -13,7 +13,7 @@ from podrace.control import Control, Heartbeat, Lifetime
 from podrace.envs.envpool_backend import EnvpoolEnv
 from podrace.fused_rollout import fused_rollout_for
 from podrace.networks import make_network
-from tests.helpers.actors import ROLLOUTS, FixedParams, ListSink, run_actor
+from tests.helpers.actors import ROLLOUTS, FixedParams, ListSink, envpool_envs, run_actor
 
 
 @pytest.mark.slow
@@ -74,8 +74,8 @@ from tests.helpers.actors import ROLLOUTS, FixedParams, ListSink, run_actor
     ],
 )
 def test_fused_rollouts_equal_step_by_step_rollouts(env_id, num_envs, T, network, env_kwargs):
-    fused = run_actor(env_id, num_envs, T, True, network, **env_kwargs)
-    stepped = run_actor(env_id, num_envs, T, False, network, **env_kwargs)
+    fused = run_actor(envpool_envs(env_id, num_envs, **env_kwargs), T, True, network)
+    stepped = run_actor(envpool_envs(env_id, num_envs, **env_kwargs), T, False, network)
     assert len(fused) == len(stepped) == ROLLOUTS
     ends = 0
     for a, b in zip(fused, stepped):

@@ -18,7 +18,7 @@ from podrace.actor import SAMPLING_PRNG, sampling_key
 from podrace.config import EnvConfig, NetworkConfig
 from podrace.envs.envpool_backend import EnvpoolEnv
 from podrace.networks import make_network
-from tests.helpers.actors import ROLLOUTS, run_actor
+from tests.helpers.actors import ROLLOUTS, envpool_envs, run_actor
 
 NUM_ENVS, T = 8, 40  # a fused rollout of 40 steps runs as two calls (32 + 8)
 
@@ -48,7 +48,7 @@ def reference_actions(rollouts, sample_keys) -> np.ndarray:
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "step-by-step"])
 def test_every_step_samples_with_the_next_key_of_one_chain(fused):
-    rollouts = run_actor("CartPole-v1", NUM_ENVS, T, fused, NetworkConfig())
+    rollouts = run_actor(envpool_envs("CartPole-v1", NUM_ENVS), T, fused, NetworkConfig())
     assert [r.seq for r in rollouts] == list(range(ROLLOUTS))
     actions = np.concatenate([np.asarray(r.trajectory.actions) for r in rollouts])
 

@@ -8,20 +8,14 @@ import sys
 import numpy as np
 import pytest
 
-from podrace.cli import main
 from podrace.config import ConfigError, EnvConfig
 from podrace.envs import env_spec, make_env, resolve_backend
 from podrace.envs.device_env import DeviceEnv
+from tests.helpers.cli import run_cli
 
 from .jax_user_envs import CLASSES
 
 GUESS = "tests.envs.jax_user_envs:guess"
-
-
-def cli(capsys, *args):
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.mark.parametrize(
@@ -111,7 +105,7 @@ def test_bad_jax_env_is_one_line_exit_2_nothing_written(
     capsys, monkeypatch, tmp_path, env_id, message
 ):
     monkeypatch.setitem(sys.modules, "craftax", None)  # as if not installed
-    code, out, err = cli(
+    code, out, err = run_cli(
         capsys,
         "train",
         "cartpole-ppo",
@@ -134,7 +128,7 @@ def test_missing_gymnax_names_the_extra(monkeypatch):
 
 
 def test_env_workers_are_refused_for_jax_envs(capsys, tmp_path):
-    code, _, err = cli(
+    code, _, err = run_cli(
         capsys,
         "train",
         "cartpole-ppo",

@@ -140,31 +140,42 @@ class FixedParams(Subscriber):
         return 0
 
 
-def run_actor(
-    env_id: str, num_envs: int, T: int, fused: bool, network: NetworkConfig, **env_kwargs
-) -> list:
-    """The ROLLOUTS rollouts of length T one actor collects from `num_envs` envpool envs of
-    `env_id` with fixed params, through its fused rollout or (`fused` False) step by step."""
-    env = EnvpoolEnv(EnvConfig(id=env_id, **env_kwargs), num_envs, seed=7)
+def envpool_envs(env_id: str, num_envs: int, **env_kwargs) -> EnvpoolEnv:
+    """`num_envs` envpool envs of `env_id`, seeded 7 as `run_actor`'s callers use them."""
+    return EnvpoolEnv(EnvConfig(id=env_id, **env_kwargs), num_envs, seed=7)
+
+
+def init_params(network: NetworkConfig, env) -> tuple:
+    """`network` for `env`'s spec and its params from key 1, on the first CPU device."""
     net = make_network(network, env.spec)
-    device = jax.devices("cpu")[0]
-    params = jax.device_put(
-        net.init(jax.random.PRNGKey(1), np.zeros((1,) + env.spec.obs_shape, env.spec.obs_dtype)),
-        device,
-    )
-    policy = make_policy_fns(net.apply).on(device)
-    settings = ActorSettings(0, T, ROLLOUTS, max_policy_lag=1, key=jax.random.PRNGKey(3))
+    obs = np.zeros((1,) + env.spec.obs_shape, env.spec.obs_dtype)
+    return net, jax.device_put(net.init(jax.random.PRNGKey(1), obs), jax.devices("cpu")[0])
+
+
+def run_actor(
+    env,
+    T: int,
+    fused: bool,
+    network: NetworkConfig,
+    rollouts: int = ROLLOUTS,
+    must_fuse: bool = False,
+) -> list:
+    """The `rollouts` rollouts of length T one actor collects from `env` (closed at the end)
+    with fixed params, through its fused rollout or (`fused` False) step by step. The actor
+    must have a fused rollout when `fused` asks for it, and always with `must_fuse`."""
+    net, params = init_params(network, env)
+    policy = make_policy_fns(net.apply).on(jax.devices("cpu")[0])
+    settings = ActorSettings(0, T, rollouts, max_policy_lag=1, key=jax.random.PRNGKey(3))
     sink = ListSink()
-    lifetime = Lifetime()
     actor = Actor(
         settings,
         env,
         policy,
         FixedParams(params),
         sink,
-        Control(lifetime, Heartbeat("actor-0"), lambda _: None),
+        Control(Lifetime(), Heartbeat("actor-0"), lambda _: None),
     )
-    assert (actor.fused is not None) == fused or fused is False
+    assert actor.fused is not None or not (fused or must_fuse)
     if not fused:
         actor.fused = None
     actor.warm_up(params)

@@ -11,31 +11,23 @@ import pytest
 
 from podrace.checkpoints.resume import Resume
 from podrace.checkpoints.state import checkpoint_dir
-from podrace.config import replace
 from podrace.envs import make_env
-from podrace.presets import PRESETS
 from podrace.runtime.build import actor_env_seed
 from podrace.runtime.run import prepare, train
+from tests.helpers.configs import small
 
 
-def small(tmp_path, **changes):
+def jax_envs_run(tmp_path, **changes):
+    """`small` with 1 actor on device 1 whose 8 envs are gymnax's CartPole: 8 updates."""
     base = {
         "total_steps": 8 * 16 * 8,
-        "rollout_length": 16,
         "env.id": "gymnax:CartPole-v1",
         "env.backend": "jax",
-        "env.num_envs": 8,
         "layout.actor_device_ids": (1,),
+        "layout.actors_per_device": 1,
         "ppo.num_minibatches": 2,
-        "eval.every_updates": 0,
-        "eval.episodes": 2,
-        "eval.num_envs": 2,
-        "log.console": "none",
-        "log.run_dir": str(tmp_path),
-        "log.interval_s": 0.2,
     }
-    base.update(changes)
-    return replace(PRESETS["cartpole-ppo"][1], **base)
+    return small(tmp_path, **{**base, **changes})
 
 
 @pytest.mark.slow
@@ -50,7 +42,7 @@ def small(tmp_path, **changes):
     ids=["ppo", "impala", "ppo-obs-normalized-lstm"],
 )
 def test_jax_envs_train_on_the_actor_device(tmp_path, changes):
-    run = prepare(small(tmp_path, **changes))
+    run = prepare(jax_envs_run(tmp_path, **changes))
     actor = run.actors[0]
     assert actor.fused is not None and actor.policy.device == run.devices.actors[0]
     assert actor.policy.device.id == 1
@@ -68,7 +60,7 @@ def test_jax_envs_train_on_the_actor_device(tmp_path, changes):
 def test_a_resumed_run_resets_its_jax_envs_with_keys_of_the_resume_point(tmp_path):
     """The checkpoint holds no env state: a resumed run's actors reset their envs with keys
     derived from (run seed, actor, resume point), reproducibly, not the first run's."""
-    cfg = small(tmp_path, **{"log.run_name": "a", "checkpoint.every_updates": 4})
+    cfg = jax_envs_run(tmp_path, **{"log.run_name": "a", "checkpoint.every_updates": 4})
     first = train(cfg)
     assert first.checkpoint == 8
     shutil.move(checkpoint_dir(first.run_dir) / "8", tmp_path / "8")
