@@ -12,6 +12,12 @@ from tests.waiting import calling, wait_until
 pytestmark = pytest.mark.timeout(30)
 
 
+@pytest.fixture
+def pipe() -> Pipeline:
+    """A pipeline of one actor's rollouts, one at a time, lag bound 1."""
+    return Pipeline(num_actors=1, capacity=1, max_policy_lag=1, lifetime=Lifetime())
+
+
 def test_queue_blocks_when_full_and_times_the_wait():
     q = BoundedQueue(1, Lifetime())
     q.put("a")
@@ -57,32 +63,28 @@ def test_pipeline_takes_actors_in_order_and_measures_lag():
     assert stats["lag_max"] == 1 and stats["lag_min"] == 1
 
 
-def test_pipeline_rejects_rollout_over_lag_bound():
-    pipe = Pipeline(num_actors=1, capacity=1, max_policy_lag=1, lifetime=Lifetime())
+def test_pipeline_rejects_rollout_over_lag_bound(pipe):
     pipe.put(empty_rollout(0, 0, 0))
     with pytest.raises(LagExceeded, match="lag 2, bound 1"):
         pipe.next_batch(learner_version=2)
 
 
-def test_pipeline_rejects_out_of_sequence_rollout():
-    pipe = Pipeline(num_actors=1, capacity=1, max_policy_lag=1, lifetime=Lifetime())
+def test_pipeline_rejects_out_of_sequence_rollout(pipe):
     pipe.put(empty_rollout(0, 1, 0))
     with pytest.raises(RuntimeError, match="expected 0"):
         pipe.next_batch(learner_version=0)
 
 
 @pytest.mark.timeout(30)
-def test_pipeline_rejects_rollout_newer_than_the_learner():
+def test_pipeline_rejects_rollout_newer_than_the_learner(pipe):
     """A behaviour policy newer than the learner's params (negative lag) is a broken contract."""
-    pipe = Pipeline(num_actors=1, capacity=1, max_policy_lag=1, lifetime=Lifetime())
     pipe.put(empty_rollout(0, 0, 3))
     with pytest.raises(LagExceeded, match="lag -1"):
         pipe.next_batch(learner_version=2)
 
 
 @pytest.mark.timeout(30)
-def test_placing_sink_places_then_queues_and_times_it():
-    pipe = Pipeline(num_actors=1, capacity=1, max_policy_lag=1, lifetime=Lifetime())
+def test_placing_sink_places_then_queues_and_times_it(pipe):
     sink = PlacingSink(pipe, place=lambda traj: ("placed", traj))
     r = Rollout(
         0,
