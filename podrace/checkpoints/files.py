@@ -7,7 +7,7 @@ resolved config, the env spec, the env factory of a run given one), plus
 another name (`<version>.partial`: orbax's items, then the manifest) and renamed to
 `<version>` only then, so an integer-named directory is a
 complete checkpoint with its manifest, and a write killed at any moment never hides or
-damages the previous one (tests/test_checkpoint.py kills a writer to check this rather than
+damages the previous one (tests/checkpoints/test_files.py kills a writer to check this rather than
 trusting it); the next writer of the run clears what a killed write or deletion left. The
 manifest exists because orbax's array chunks carry no checksum: a flipped byte would
 otherwise load as silently wrong weights.
