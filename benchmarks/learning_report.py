@@ -193,7 +193,8 @@ def draw_suite(suite: Suite, results: list[dict], references: dict):
             ]
             band = mean_and_spread(curves) if curves else None
             if band is not None:
-                draw_band(ax, band, f"C{j}", f"{preset} ({band.seeds} seeds)")
+                seeds = f"{band.seeds} seed" + ("s" if band.seeds != 1 else "")
+                draw_band(ax, band, f"C{j}", f"{preset} ({seeds})")
         ref = refs.get(task, {})
         lines = []
         if ref.get("target"):
@@ -203,6 +204,7 @@ def draw_suite(suite: Suite, results: list[dict], references: dict):
             if value is not None and (not lines or value != lines[0].value):
                 lines.append(Reference(value, entry["label"]))
         draw_references(ax, lines)
+        ax.set_xlim(0, suite.total_steps)  # the budget, also where no run has finished yet
         ax.set_title(task, fontsize=10)
         ax.set_xlabel("env steps")
         ax.set_ylabel("evaluation return")
