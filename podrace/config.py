@@ -18,6 +18,16 @@ class ConfigError(ValueError):
     """A configuration that cannot run. The message is one line, meant for the user."""
 
 
+JAX_PACKAGES = ("gymnax", "craftax")
+"""Id prefixes naming a package of JAX envs (`podrace.envs.jax_envs`)."""
+
+
+def names_jax_package(env_id: str) -> bool:
+    """Whether `env_id` is 'gymnax:<name>' or 'craftax:<name>' (the jax backend's own ids)."""
+    module, sep, _ = env_id.partition(":")
+    return bool(sep) and module in JAX_PACKAGES
+
+
 @dataclass(frozen=True)
 class EnvConfig:
     """Which environment, how many copies per actor thread, and backend settings."""

@@ -10,9 +10,16 @@ import re
 import threading
 import typing
 
-from podrace.config import ConfigError, DistributedConfig, RayConfig, TrainConfig, leaves, resolved
+from podrace.config import (
+    ConfigError,
+    DistributedConfig,
+    RayConfig,
+    TrainConfig,
+    leaves,
+    names_jax_package,
+    resolved,
+)
 from podrace.config_dict import fits, type_name
-from podrace.envs.resolve import names_jax_package
 
 INT32_MAX = 2**31 - 1
 """Sizes, ids and counters end up in int32 arrays (shapes, env seeds, step counters)."""

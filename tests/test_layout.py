@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
         "podrace.config",
         "podrace.config_dict",
         "podrace.control",
+        "podrace.wording",
     ),
     ("podrace.validation", "podrace.presets"),
     # building blocks: envs, networks, pure algorithms, weight sync, metrics

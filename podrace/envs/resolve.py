@@ -8,19 +8,10 @@ from __future__ import annotations
 
 import functools
 
-from podrace.config import ConfigError, EnvConfig
+from podrace.config import ConfigError, EnvConfig, names_jax_package
 from podrace.envs.user_modules import import_env_module
 
 BACKENDS = ("auto", "envpool", "gymnasium", "jax")
-
-JAX_PACKAGES = ("gymnax", "craftax")
-"""Id prefixes naming a package of JAX envs (`podrace.envs.jax_envs`)."""
-
-
-def names_jax_package(env_id: str) -> bool:
-    """Whether `env_id` is 'gymnax:<name>' or 'craftax:<name>' (the jax backend's own ids)."""
-    module, sep, _ = env_id.partition(":")
-    return bool(sep) and module in JAX_PACKAGES
 
 
 @functools.cache
