@@ -1,9 +1,10 @@
 """The package's import graph: no cycles, and no module imports one that sits above it.
 
 Every import counts, also those inside functions (a lazy import is still a dependency:
-it only hides the cycle from the interpreter). The layers, lowest first, follow the data
-flow and the runtime sitting on top of it: a module may import its own layer and those
-below.
+it only hides the cycle from the interpreter), and for cycles also those made only for
+annotations (`if TYPE_CHECKING:`): a module that names another's types depends on it.
+The layers, lowest first, follow the data flow and the runtime sitting on top of it: a
+module may import its own layer and those below.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ LAYERS: list[tuple[str, ...]] = [
     # the loops: actor -> pipeline -> learner -> (sync) -> actor, and the evaluator
     ("podrace.fused_rollout", "podrace.actor", "podrace.inference", "podrace.pipeline"),
     ("podrace.learner_mesh", "podrace.learner", "podrace.evaluate", "podrace.video"),
-    ("podrace.checkpoints",),
+    # the run directory (checked by a resume) and what a checkpoint holds
+    ("podrace.rundir", "podrace.checkpoints"),
     # where things run: the run skeleton, its builders and the topologies
     ("podrace.runtime",),
     # the commands, with the process supervision they need
@@ -56,21 +58,22 @@ def _type_checking_only(node: ast.AST) -> bool:
     )
 
 
-def _nodes(tree: ast.AST):
-    """Every node of `tree` except those under `if TYPE_CHECKING:`."""
+def _nodes(tree: ast.AST, annotations: bool):
+    """Every node of `tree`; those under `if TYPE_CHECKING:` only with `annotations`."""
     for child in ast.iter_child_nodes(tree):
-        if _type_checking_only(child):
+        if _type_checking_only(child) and not annotations:
             continue
         yield child
-        yield from _nodes(child)
+        yield from _nodes(child, annotations)
 
 
-def imports_of(path: Path, modules: set[str]) -> set[str]:
-    """Every podrace module `path` imports, at any depth of its code."""
+def imports_of(path: Path, modules: set[str], annotations: bool = False) -> set[str]:
+    """Every podrace module `path` imports, at any depth of its code (`annotations`: also
+    those under `if TYPE_CHECKING:`)."""
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in _nodes(ast.parse(path.read_text(), str(path))):
+    for node in _nodes(ast.parse(path.read_text(), str(path)), annotations):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -84,9 +87,11 @@ def imports_of(path: Path, modules: set[str]) -> set[str]:
     return {m for m in found if m in modules}
 
 
-def graph() -> dict[str, set[str]]:
+def graph(annotations: bool = False) -> dict[str, set[str]]:
     paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
-    return {name: imports_of(path, set(paths)) - {name} for name, path in paths.items()}
+    return {
+        name: imports_of(path, set(paths), annotations) - {name} for name, path in paths.items()
+    }
 
 
 def layer_of(module: str) -> int:

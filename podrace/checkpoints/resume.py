@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from podrace import json_text
 from podrace.checkpoints.state import checkpoint_dir
 from podrace.config import ConfigError, TrainConfig, leaves, replace
+from podrace.rundir import check_resumable_run_dir
 
 if TYPE_CHECKING:
     from podrace.envs import EnvSource
@@ -96,17 +97,6 @@ def _checkpoints(run_dir: Path) -> Path:
     return checkpoint_dir(run_dir)
 
 
-def check_run_dir(run_dir: Path) -> None:
-    """ConfigError unless `run_dir` is a writable podrace run directory."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise ConfigError(f"cannot resume {run_dir}: not a directory")
-    if not (run_dir / "config.json").is_file():
-        raise ConfigError(f"cannot resume {run_dir}: not a podrace run directory (no config.json)")
-    if not os.access(run_dir, os.W_OK | os.X_OK):
-        raise ConfigError(f"cannot resume {run_dir}: the directory is not writable")
-
-
 def run_config_json(run_dir: Path) -> TrainConfig | None:
     """The run's config.json (None when unreadable), read without JAX: what a CLI needs to
     set XLA flags before the checkpoint is opened. The layout in it is the checkpoint's, as
@@ -135,7 +125,7 @@ def stored_run(resume: Resume) -> tuple[int, TrainConfig, dict | None]:
     from podrace.checkpoints.read import read_run
 
     run_dir = Path(resume.run_dir)
-    check_run_dir(run_dir)
+    check_resumable_run_dir(run_dir)
     leftovers(_checkpoints(run_dir))  # a name in the way of the resumed run's writes: refused now
     steps = checkpoint_steps(_checkpoints(run_dir))
     if resume.step_was_latest and steps[-1:] != [resume.step]:
@@ -306,7 +296,6 @@ __all__ = [
     "Resume",
     "ResumePoint",
     "check_changes",
-    "check_run_dir",
     "commit",
     "resume_point",
     "resumed_envs",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from podrace.commands.supervisor import signals_deferred
 from podrace.config import ConfigError
-from podrace.runtime.rundir import shown
+from podrace.rundir import shown
 
 
 def check_writable(path: Path) -> None:

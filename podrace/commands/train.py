@@ -96,20 +96,14 @@ def parse_resumed(run_dir: str, step: int | None, args: Sequence[str]):
 
     import tyro
 
-    from podrace.checkpoints.resume import (
-        Resume,
-        check_changes,
-        check_run_dir,
-        run_config_json,
-        stored_config,
-    )
-    from podrace.runtime.run_lock import RunLock
+    from podrace.checkpoints.resume import Resume, check_changes, run_config_json, stored_config
+    from podrace.rundir import RunLock, check_resumable_run_dir
 
     early = run_config_json(Path(run_dir))
     if early is not None:
         set_xla_flags(early)  # the layout cannot change: its devices, before JAX starts
     resume = Resume(Path(run_dir), step)
-    check_run_dir(resume.run_dir)
+    check_resumable_run_dir(resume.run_dir)
     if early is None or not distributed_requested(early):  # each process locks its own part
         # A run still writing it is "in use" before its checkpoints are read.
         RunLock(resume.run_dir).release()
@@ -179,8 +173,8 @@ class Training:
             self.starved_exit_s = max(supervisor.STARVED_EXIT_S, 2 * cfg.safety.watchdog_s)
             set_xla_flags(cfg)  # before JAX starts its backend
             from podrace.envs import resolve_backend
+            from podrace.rundir import check_new_run_dir
             from podrace.runtime.run import prepare, topology_for
-            from podrace.runtime.rundir import check_run_dir
 
             self.distributed = distributed_requested(cfg)
             self.topology = topology = topology_for(cfg)
@@ -190,7 +184,7 @@ class Training:
             # id, or the env factory it recorded) are checked by prepare
             if not self.distributed and resume is None:
                 resolve_backend(cfg.env)
-                check_run_dir(cfg)
+                check_new_run_dir(cfg)
             from podrace.control import Lifetime, Stopped
 
             self.lifetime = lifetime = Lifetime()
@@ -252,7 +246,7 @@ class Training:
 
     def discard_untrained_run_dir(self) -> None:
         """For a process about to exit early: see `discard_if_untrained`."""
-        from podrace.runtime.rundir import discard_if_untrained
+        from podrace.rundir import discard_if_untrained
 
         run_dir = self.lifetime.run_dir if self.lifetime is not None else None
         discard_if_untrained(run_dir, getattr(getattr(self.run, "learner", None), "version", None))

@@ -55,13 +55,12 @@ from podrace.evaluate import EvalResult, make_greedy_policy
 from podrace.metrics.loggers import Sink, check_sinks
 from podrace.metrics.registry import Metrics
 from podrace.networks import make_network
+from podrace.rundir import RunLock, claim_new_run_dir, discard_run_dir
 from podrace.runtime.build import build_evaluator, build_learner, warm_up_learner
 from podrace.runtime.faults import FaultPlan, Faults
 from podrace.runtime.interrupts import interrupts_stop
 from podrace.runtime.memory import check_fits
-from podrace.runtime.run_lock import RunLock
 from podrace.runtime.run_log import RunLog
-from podrace.runtime.rundir import remove_run_dir, write_config
 from podrace.runtime.threads.group import ThreadGroup
 from podrace.runtime.topology import Topology
 from podrace.runtime.xla_setup import deterministic_gpu_ops
@@ -225,9 +224,8 @@ def prepare(
             lock = topology.lock_resumed(point)
         run_dir, root = topology.claim_run_dir(cfg, lifetime, point)
         if point is None:  # last: nothing is written unless every check passed
-            lock = RunLock(run_dir)
             cfg = replace(cfg, **{"log.run_name": root.name})
-            write_config(run_dir, cfg)
+            lock = claim_new_run_dir(run_dir, cfg)
         run = Run(topology, cfg, spec, devices, run_dir, root, lifetime, envs, point, faults)
         run.lock = lock
         if point is not None:  # the run directory changes only once the run is fully built
@@ -243,7 +241,7 @@ def prepare(
         if lock is not None:
             lock.release()
         if point is None and lifetime.run_dir is not None:
-            remove_run_dir(lifetime.run_dir)
+            discard_run_dir(lifetime.run_dir)
         raise_stopped_if_stopping(lifetime, error)
         raise
 
@@ -544,7 +542,7 @@ class Run:
             if self.lock is not None:
                 self.lock.release()
             if self._discarded():
-                remove_run_dir(lifetime.run_dir)
+                discard_run_dir(lifetime.run_dir)
 
     def close_envs(self, exclude: list[str] = ()) -> list[str]:
         """Close the envs of the components built so far, except those of threads in

@@ -34,9 +34,9 @@ if TYPE_CHECKING:
     from podrace.control import Lifetime
     from podrace.envs.source import EnvSource
     from podrace.pipeline import Pipeline
+    from podrace.rundir import RunLock
     from podrace.runtime.devices import Devices
     from podrace.runtime.run import Run
-    from podrace.runtime.run_lock import RunLock
     from podrace.sync.base import Publisher
     from podrace.types import Trajectory
 
@@ -80,7 +80,7 @@ class Topology:
     def lock_resumed(self, point: ResumePoint) -> RunLock:
         """The lock of this process's part of a resumed run, once it has joined (a
         single-process run locks the run before it reads the checkpoint)."""
-        from podrace.runtime.run_lock import RunLock
+        from podrace.rundir import RunLock
 
         return RunLock(point.run_dir)
 
@@ -90,7 +90,7 @@ class Topology:
         """(this process's run directory, the run's root: where checkpoints live), both
         existing; a fresh run's is created here (`lifetime.run_dir` names what to remove
         should the run be abandoned before its first update)."""
-        from podrace.runtime.rundir import create_run_dir
+        from podrace.rundir import create_run_dir
 
         if point is not None:
             return point.run_dir, point.run_dir

@@ -166,7 +166,7 @@ def test_a_resume_of_a_run_still_writing_is_in_use_before_its_checkpoints_are_re
     mid-read and be reported as corrupt."""
     import podrace.checkpoints.resume
     from podrace.commands.train import parse_resumed
-    from podrace.runtime.run_lock import RunLock
+    from podrace.rundir import RunLock
 
     run_dir = fake_run(tmp_path, small(tmp_path, **{"log.run_name": "r"}), versions=(1, 2))
     monkeypatch.setattr(

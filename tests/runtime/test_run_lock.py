@@ -10,13 +10,13 @@ import pytest
 
 from podrace.checkpoints.resume import Resume
 from podrace.config import ConfigError, replace
+from podrace.rundir import RunLock
 from podrace.runtime.run import prepare
-from podrace.runtime.run_lock import RunLock
 from tests.helpers.configs import small
 
 HOLDER = textwrap.dedent("""
     import sys, time
-    from podrace.runtime.run_lock import RunLock
+    from podrace.rundir import RunLock
     lock = RunLock(sys.argv[1])
     print("held", flush=True)
     time.sleep(120)
@@ -82,7 +82,7 @@ def test_a_fork_child_that_outlives_a_killed_holder_does_not_keep_the_lock(tmp_p
     the flock once the run is SIGKILLed: the run can be resumed."""
     code = textwrap.dedent("""
         import os, sys, time
-        from podrace.runtime.run_lock import RunLock
+        from podrace.rundir import RunLock
         lock = RunLock(sys.argv[1])
         if os.fork() == 0:  # a helper that outlives its parent
             os.write(1, b"child\\n")  # fork's after-in-child hooks have run by now

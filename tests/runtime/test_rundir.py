@@ -8,10 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from podrace import rundir
 from podrace.config import ConfigError, TrainConfig, replace
+from podrace.rundir import check_new_run_dir, create_run_dir
 from podrace.runtime import run as runs
-from podrace.runtime import rundir
-from podrace.runtime.rundir import check_run_dir, create_run_dir
 
 
 def config(tmp_path, **changes):
@@ -46,7 +46,7 @@ def test_an_explicit_name_that_exists_is_refused(tmp_path):
     cfg = config(tmp_path, **{"log.run_name": "r"})
     create_run_dir(cfg)
     with pytest.raises(ConfigError, match="already exists"):
-        check_run_dir(cfg)
+        check_new_run_dir(cfg)
     with pytest.raises(ConfigError, match="already exists"):
         create_run_dir(cfg)
 
@@ -108,7 +108,7 @@ def test_a_network_too_large_for_memory_writes_nothing(tmp_path, monkeypatch):
 
 @pytest.mark.timeout(10)
 def test_config_json_that_cannot_be_written_is_one_line(tmp_path):
-    from podrace.runtime.rundir import write_config
+    from podrace.rundir import write_config
 
     with pytest.raises(
         ConfigError, match=r"cannot write .*config.json: No such file or directory$"

@@ -49,6 +49,12 @@ from typing import NoReturn
 from podrace.checkpoints.files import Writers
 from podrace.config import ConfigError, TrainConfig, replace
 from podrace.control import Stopped
+from podrace.rundir import (
+    RunLock,
+    check_new_run_dir,
+    create_run_dir,
+    discard_if_untrained,
+)
 from podrace.runtime.multihost.coordination_service import stop_hosted_service
 from podrace.runtime.multihost.distributed import (
     SHUTDOWN_TIMEOUT_S,
@@ -61,8 +67,6 @@ from podrace.runtime.multihost.distributed import (
     resolved,
 )
 from podrace.runtime.multihost.peers import PeerLink, PeerLost, PeerStopped
-from podrace.runtime.run_lock import RunLock
-from podrace.runtime.rundir import check_run_dir, create_run_dir, discard_if_untrained
 from podrace.runtime.stderr import write_stderr_now
 from podrace.runtime.threads.topology import ThreadTopology
 
@@ -375,7 +379,7 @@ def _check(cfg: TrainConfig, resuming: bool) -> TrainConfig:
     resolve_devices(cfg)
     global_learner_devices(cfg.layout.learner_device_ids, cfg.layout.platform)
     if cfg.distributed.process_id == 0 and not resuming:
-        cfg = replace(cfg, **{"log.run_name": check_run_dir(cfg).name})
+        cfg = replace(cfg, **{"log.run_name": check_new_run_dir(cfg).name})
     return cfg
 
 
