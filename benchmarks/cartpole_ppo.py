@@ -226,10 +226,11 @@ def learner_only(cfg, start: float, import_s: float) -> dict:
     import jax
 
     from podrace.runtime import run as runs
+    from podrace.runtime import skeleton
 
     compiled_for = []
-    warm_up = runs.warm_up_learner
-    runs.warm_up_learner = lambda learner, trajs: (
+    warm_up = skeleton.warm_up_learner
+    skeleton.warm_up_learner = lambda learner, trajs: (
         compiled_for.append(tuple(trajs)),
         warm_up(learner, trajs),
     )

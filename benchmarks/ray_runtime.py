@@ -150,7 +150,7 @@ def kills_child(mode: str, steps: int, overrides: list[str], kill_every: float) 
     killed: list[tuple[float, int]] = []
 
     def killer() -> None:
-        slots, turn = run.topology.slots, 0
+        slots, turn = run.fleet.slots, 0
         while not run.lifetime.wait(kill_every):
             # Each kill hits a full set of workers (the last replacement is up), in turn.
             while not all(s.ready and s.pid > 0 for s in slots) and not run.lifetime.stopping:
@@ -280,14 +280,14 @@ def relay_child(mode: str, steps: int, overrides: list[str], temp_dir: str, addr
     (v0, first, _), (v1, last, later) = samples
     received = bytes_into(members | later, first, last)
     lines = _lines(result)
-    nodes = {s.node for s in run.topology.slots}
+    nodes = {s.node for s in run.fleet.slots}
     return {
         "mode": mode,
         "versions_measured": v1 - v0,
         "wire_bytes_into_second_node_per_version": received / (v1 - v0),
         "metric_weight_bytes_out_per_version": lines[-2].get("ray/weight_bytes_out_per_version"),
-        "param_bytes_per_version": run.topology._params_bytes,
-        "workers_per_node": sorted(sum(s.node == n for s in run.topology.slots) for n in nodes),
+        "param_bytes_per_version": run.fleet._params_bytes,
+        "workers_per_node": sorted(sum(s.node == n for s in run.fleet.slots) for n in nodes),
         "relays": lines[-2].get("ray/relays", 0),
         "learner_board_subscribers": sorted(k for k in lines[-2] if k.startswith("sync/sub")),
         "sps": result.env_steps / result.learn_s,

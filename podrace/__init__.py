@@ -40,7 +40,7 @@ _LAZY = {
         ),
         "podrace.config",
     ),
-    "TrainResult": "podrace.runtime.run",
+    "TrainResult": "podrace.runtime.result",
     "EvalResult": "podrace.evaluate",
     "BatchedEnv": "podrace.envs",
     "EnvFactory": "podrace.envs",
@@ -69,7 +69,7 @@ if TYPE_CHECKING:
     )
     from podrace.envs import BatchedEnv, EnvFactory
     from podrace.evaluate import EvalResult
-    from podrace.runtime.run import TrainResult
+    from podrace.runtime.result import TrainResult
     from podrace.types import EnvSpec, EnvStep
 
 

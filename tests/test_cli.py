@@ -299,9 +299,11 @@ def test_signal_stops_cleanly_with_conventional_exit_code(tmp_path, signum):
 def fake_train(monkeypatch, result=None, error=None):
     """Stand in for the runtime: the CLI's reporting is what is tested here."""
     from podrace.runtime import run as runs
+    from podrace.runtime.cluster import OneProcess
 
     class FakeRun:
         stuck: list[str] = []
+        cluster = OneProcess()
 
         def run(self):
             if error is not None:
@@ -414,7 +416,7 @@ def test_a_full_disk_explains_itself_in_one_line():
 def test_ray_restart_limits_explain_themselves():
     """Ray's restart limits are reported in one line, with no traceback of podrace's own."""
     from podrace.commands.train import explains_itself
-    from podrace.runtime.ray.topology import WorkerCrashLoop, WorkerNotReady
+    from podrace.runtime.ray.workers import WorkerCrashLoop, WorkerNotReady
 
     assert explains_itself(
         WorkerCrashLoop("ray worker 0 failed 1 time, restart limit 0 (--ray.max-restarts)")

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from podrace.control import Lifetime, Stopped
-from podrace.pipeline import ConsumedSet, ElasticPipeline
+from podrace.runtime.ray.elastic import ConsumedSet, ElasticPipeline
 from tests.helpers.rollouts import empty_rollout
 from tests.waiting import wait_until
 

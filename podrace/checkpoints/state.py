@@ -2,10 +2,10 @@
 
 The parts come from the run's components, each saying what it saves (Acme's `Saveable`
 is the model): the learner its train state, keys, normalizer statistics and skip count
-(`Learner.saved`), the topology its actors' start keys, next sequence numbers and restart
-counts (`Topology.actors_saved`), the run its counters and clock. A restored `RunState`
-goes back the same way: the learner is built from it, the topology decides where its
-actors continue, the run's counters continue.
+(`Learner.saved`), the fleet its actors' start keys, next sequence numbers and restart
+counts (`Fleet.save`), the run its counters and clock. A restored `RunState` goes back
+the same way: the learner is built from it, the fleet decides where its actors continue
+(`Fleet.restore`), the run's counters continue.
 """
 
 from __future__ import annotations

@@ -8,10 +8,10 @@ them at once (`exit_at_once_on_signals`), unless an output is being written.
 The supervised object (`podrace.commands.train.Training`) is called in the worker thread and
 exposes what the watch needs: `outcome` (the exit code or exception, once done),
 `lifetime` (the run's Lifetime once JAX is imported, else None), `run` (the prepared run
-or None), `grace_s`, `starved_exit_s`, `distributed`, `leave_together`,
+or None), `grace_s`, `starved_exit_s`, `distributed`,
 `discard_untrained_run_dir()` for a process that exits before its run trained,
-`shutdown(ok)`, which leaves the run's other processes, and `stopped(left_behind)`, which
-writes the line of a run stopped by a signal.
+`leave_cluster()`, which leaves the run's other processes at once, and
+`stopped(left_behind)`, which writes the line of a run stopped by a signal.
 
 A library caller's run gets the same clean stop on Ctrl-C from
 `podrace.runtime.interrupts`.
@@ -38,7 +38,7 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 EXIT_GRACE_S = 1.5
 """After a signal, seconds the run gets to stop and write its last line before the process
 exits regardless (a thread stuck in native code, a long compile), until the run's topology
-says how long it needs (`Topology.exit_grace_s`)."""
+says how long it needs (`Cluster.exit_grace_s`)."""
 LAST_SAVE_S = 60.0
 """After the exit grace, seconds more a run that stopped and is saving its last checkpoint
 gets to finish it (`Run.saving_last`; a second signal still exits at once)."""
@@ -136,12 +136,12 @@ def supervise(training, signals: Signals) -> int:
         # Never into the interpreter's exit: JAX's shutdown barrier there waits for peers
         # that may be gone (up to 10 minutes).
         traceback.print_exception(outcome, file=sys.stderr)
-        training.shutdown(False)
+        training.leave_cluster()
         exit_now(1)
     if isinstance(outcome, BaseException):
         raise outcome
     if training.distributed:
-        training.shutdown(training.leave_together)
+        training.leave_cluster()  # the run left already, unless it never joined
         # Never wait at exit for a lost peer (atexit) or for threads left in a collective.
         exit_now(outcome)
     if training.run is not None and training.run.stuck:
@@ -185,7 +185,7 @@ def _act_on_signals(
         # e.g. still compiling: leave no config-only run behind
         training.discard_untrained_run_dir()
         if training.distributed:  # the others were told to stop a grace period ago
-            training.shutdown(False)
+            training.leave_cluster()
         exit_now(training.stopped(left_behind=True))
     return deadline
 

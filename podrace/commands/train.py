@@ -1,8 +1,9 @@
-"""`podrace train`: parse and validate the config, then prepare and run it in a worker
-thread that `podrace.commands.supervisor` watches from the main thread.
+"""`podrace train`: parse the config, then run it through the library's entry
+(`podrace.runtime.run.run_to_end`) in a worker thread that `podrace.commands.supervisor`
+watches from the main thread; how the run ended becomes one line and an exit code.
 
-The config is parsed and validated before JAX is imported, so that the CLI can force as
-many CPU devices as the layout names (appending to, never replacing, the user's XLA_FLAGS).
+The config is parsed before JAX is imported, so that the CLI can force as many CPU devices
+as the layout names (appending to, never replacing, the user's XLA_FLAGS).
 """
 
 from __future__ import annotations
@@ -18,10 +19,9 @@ from podrace.commands import supervisor
 from podrace.commands.std_streams import print_error, print_result
 from podrace.commands.supervisor import Signals, supervise
 from podrace.config import ConfigError, TrainConfig, distributed_requested
-from podrace.control import ComponentError, ExplainedError
+from podrace.control import ExplainedError
 from podrace.metrics.loggers import SinkError
 from podrace.runtime.xla_setup import set_xla_flags
-from podrace.validation import validate
 from podrace.wording import counted
 
 
@@ -120,7 +120,10 @@ def parse_resumed(run_dir: str, step: int | None, args: Sequence[str]):
 
 
 class Training:
-    """`podrace train` in a worker thread, so the main thread is always free to see signals."""
+    """`podrace train` in a worker thread, so the main thread is always free to see signals.
+    The run goes through `podrace.runtime.run.run_to_end`, the entry `podrace.train` calls
+    too; this object watches it (a `Watcher`) and turns how it ended into one line and an
+    exit code (`_exit_code`)."""
 
     def __init__(self, args: Sequence[str], signals: Signals):
         self.args, self.signals = args, signals
@@ -133,9 +136,6 @@ class Training:
         self.topology = None
         self.outcome: list = []
         self.distributed = False
-        self.leave_together = False
-        """Multi-host: every process ends the same way (finished, or refused the run), so
-        this one can wait for the others at jax.distributed's shutdown barrier."""
         self._stopped_line = threading.Lock()
         self._stopped_line_written = False
 
@@ -145,65 +145,55 @@ class Training:
         except BaseException as error:  # noqa: BLE001 - handed to the main thread
             self.outcome.append(error)
 
+    # Watcher (`podrace.runtime.run.Watcher`) ---------------------------------------------
+    def chose(self, topology) -> None:
+        self.topology = topology
+        self.grace_s = topology.cluster.exit_grace_s
+
+    def prepared(self, run) -> None:
+        self.run = run
+
     def _train(self) -> int:
+        try:
+            result = self._run_to_end()
+        except BaseException as error:
+            return self._exit_code(error)
+        return self._done(result)
+
+    def _run_to_end(self):
         from podrace.envs import silence_env_warnings
 
         silence_env_warnings()
         resume = None
-        try:
-            resuming, rest = split_resume(self.args)
-            if resuming is not None:
-                resume, cfg = parse_resumed(*resuming, rest)
-            if resume is None:
-                cfg = parse_train(self.args)
-        except ConfigError as error:
-            return print_error(str(error))
+        resuming, rest = split_resume(self.args)
+        if resuming is not None:
+            resume, cfg = parse_resumed(*resuming, rest)
+        if resume is None:
+            cfg = parse_train(self.args)
         from podrace.envs.user_modules import make_working_dir_importable
 
         make_working_dir_importable(cfg.env.id)
-        try:
-            try:
-                validate(cfg)
-            except ConfigError as error:
-                if distributed_requested(cfg):  # the others would wait for this one to join
-                    from podrace.runtime.multihost.distributed import refuse_to_join
+        self.distributed = distributed_requested(cfg)
+        self.starved_exit_s = max(supervisor.STARVED_EXIT_S, 2 * cfg.safety.watchdog_s)
+        set_xla_flags(cfg)  # before JAX starts its backend
+        from podrace.control import Lifetime
+        from podrace.runtime.run import run_to_end
 
-                    refuse_to_join(cfg.distributed, str(error))
-                raise
-            self.starved_exit_s = max(supervisor.STARVED_EXIT_S, 2 * cfg.safety.watchdog_s)
-            set_xla_flags(cfg)  # before JAX starts its backend
-            from podrace.envs import resolve_backend
-            from podrace.rundir import check_new_run_dir
-            from podrace.runtime.run import prepare, topology_for
+        self.lifetime = lifetime = Lifetime()
+        if self.signals.received:
+            lifetime.stop(f"{self.signals.name} received")
+        return run_to_end(cfg, lifetime, lambda: self.signals.received, resume=resume, watcher=self)
 
-            self.distributed = distributed_requested(cfg)
-            self.topology = topology = topology_for(cfg)
-            topology.check(cfg)  # a missing Ray is a one-line error before JAX starts
-            self.grace_s = topology.exit_grace_s
-            # multi-host: checked by every process, together; a resumed run's envs (its env
-            # id, or the env factory it recorded) are checked by prepare
-            if not self.distributed and resume is None:
-                resolve_backend(cfg.env)
-                check_new_run_dir(cfg)
-            from podrace.control import Lifetime, Stopped
+    def _exit_code(self, error: BaseException) -> int:
+        """How a run that raised `error` ends: one line on stderr and its exit code (a
+        ConfigError 2, a failure 1, a stop 128 + the signal); anything else is raised."""
+        from podrace.control import ComponentError, Stopped
 
-            self.lifetime = lifetime = Lifetime()
-            if self.signals.received:
-                lifetime.stop(f"{self.signals.name} received")
-            try:
-                self.run = prepare(cfg, lifetime, resume=resume, topology=topology)
-                result = self.run.run()
-                topology.leave(lambda: self.signals.received)
-                self.leave_together = not self.signals.received  # finished, as every process
-            except Stopped:
-                result = None
-        except ConfigError as error:
-            if self.distributed:
-                from podrace.runtime.multihost.distributed import RunRefused
-
-                self.leave_together = isinstance(error, RunRefused)
+        if isinstance(error, ConfigError):
             return print_error(str(error))
-        except ComponentError as error:
+        if isinstance(error, Stopped) and self.signals.received:
+            return self.stopped()
+        if isinstance(error, ComponentError):
             from podrace.runtime.multihost.peers import PeerLost, PeerStopped
 
             if isinstance(error.error, PeerStopped):  # Ctrl-C on another process
@@ -217,9 +207,13 @@ class Training:
             notes = "".join(f"; {note}" for note in getattr(error, "__notes__", ()))
             print(f"podrace: error: {error}{notes}", file=sys.stderr)
             return 1
-        except SinkError as error:  # a sink that failed outside the runtime's loop
+        if isinstance(error, SinkError):  # a sink that failed outside the runtime's loop
             print(f"podrace: error: logger failed: {error}", file=sys.stderr)
             return 1
+        raise error
+
+    def _done(self, result) -> int:
+        """The line of a run that returned; its exit code."""
         if self.signals.received:
             return self.stopped()
         final = result.final_eval
@@ -239,10 +233,13 @@ class Training:
             f"\nrun directory: {result.run_dir}{saved}"
         )
 
-    def shutdown(self, ok: bool) -> None:
-        """Leave the run's other processes (jax.distributed) before the process exits."""
+    def leave_cluster(self) -> None:
+        """Leave the run's other processes (jax.distributed) at once, before the process
+        exits (nothing when the run left them already)."""
         if self.topology is not None:
-            self.topology.shutdown(ok)
+            from podrace.control import Stopped
+
+            self.topology.cluster.leave(Stopped("the process exits"))
 
     def discard_untrained_run_dir(self) -> None:
         """For a process about to exit early: see `discard_if_untrained`."""

@@ -1,13 +1,17 @@
 """What both sides of an env worker share (`podrace.envs.workers` drives a worker,
 `podrace.envs.worker_process` is one): the one-byte commands and replies, what a worker
-builds (`WorkerSpec`), and the shared-memory arrays of its envs' steps (`StepBuffers`)."""
+builds (`WorkerSpec`), the shared-memory arrays of its envs' steps (`StepBuffers`), and
+the link through which whoever infers drives a worker wherever it runs (`EnvLink`)."""
 
 from __future__ import annotations
 
 import os
 import pickle
+import select
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -132,3 +136,77 @@ __all__ = [
     "read_exact",
     "shared_fd",
 ]
+
+
+class EnvLink(Protocol):
+    """The inferring side of one env worker: a process on this host
+    (`podrace.envs.workers.EnvWorker`) or a Ray actor on any node
+    (`podrace.runtime.ray.served.RayEnvLink`). The inference server
+    (`podrace.inference.server`) drives every link alike: it writes `buffers.actions`,
+    `send`s a command, polls `fileno()` and `read_reply()`s the oldest command sent."""
+
+    name: str
+    part: range
+    """Which of the actor's envs this worker steps."""
+    buffers: StepBuffers
+    restarts: int
+    start_timeout_s: float
+    """Seconds the worker may take to start and build its envs."""
+
+    def start(self) -> None:
+        """Start the worker; it builds its envs (`read_reply()` returns once it has)."""
+
+    def wait_started(self, timeout: float | None = None) -> None:
+        """Block until the worker has built its envs (its errors are `read_reply`'s)."""
+
+    def fileno(self) -> int:
+        """Readable when the oldest command sent has finished."""
+
+    @property
+    def pending(self) -> int:
+        """Commands sent whose replies are not read yet."""
+
+    def send(self, command: bytes) -> None:
+        """Start `RESET` or `STEP` (after writing `buffers.actions`)."""
+
+    def read_reply(self) -> bytes:
+        """Finish the oldest command sent and return it; EnvWorkerError (the env raised),
+        ConfigError (its envs cannot be built) or EnvWorkerDied (the worker is gone)."""
+
+    def restart(self) -> None:
+        """Replace a dead worker by a fresh one over the same buffers, with fresh seeds."""
+
+    @property
+    def alive(self) -> bool: ...
+
+    def kill(self) -> None:
+        """Kill the worker at once (tests, drills)."""
+
+    def close(self) -> None:
+        """End the worker and free its buffers; idempotent."""
+
+
+def wait_readable(fds: list[int], timeout: float | None) -> list[int]:
+    """The fds of `fds` that are readable (or closed) within `timeout` s (None: forever)."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+    ms = None if timeout is None else max(0, int(timeout * 1000))
+    return [fd for fd, _ in poller.poll(ms)]  # retried on EINTR by Python itself (PEP 475)
+
+
+def wait_until_started(link: EnvLink, timeout: float | None = None) -> None:
+    """Block until `link`'s worker has built its envs (`timeout`, default its
+    `start_timeout_s`); its errors are `read_reply`'s, TimeoutError after the timeout."""
+    timeout = link.start_timeout_s if timeout is None else timeout
+    if not wait_readable([link.fileno()], timeout):
+        raise TimeoutError(f"{link.name}: its envs were not built within {timeout:g}s")
+    link.read_reply()
+
+
+# One actor's workers as a BatchedEnv ------------------------------------------------------
+
+
+EnvLinkMaker = Callable[[str, EnvSource, EnvSpec, int, int, range, "int | None"], EnvLink]
+"""(name, source, spec, num_envs, seed, part, threads) -> a link to a new env worker
+stepping envs `part` of an actor's `num_envs`, seeded `seed`."""

@@ -45,7 +45,6 @@ import logging
 import mmap
 import os
 import pickle
-import select
 import signal
 import struct
 import subprocess
@@ -66,6 +65,8 @@ from podrace.envs.worker_protocol import (
     WorkerSpec,
     read_exact,
     shared_fd,
+    wait_readable,
+    wait_until_started,
 )
 from podrace.types import EnvSpec, EnvStep
 
@@ -116,7 +117,7 @@ def _died(returncode: int | None) -> str:
 
 
 class EnvWorker:
-    """The parent's side of one env worker process (see the module docstring).
+    """The parent's side of one env worker process (see the module docstring): an `EnvLink`.
 
     `start()` spawns the process, which builds its envs; `send(RESET)` / `send(STEP)` (after
     writing `buffers.actions`) start a command, `read_reply()` finishes the oldest one sent
@@ -148,6 +149,7 @@ class EnvWorker:
         self._sent: collections.deque[bytes] = collections.deque()
         self.restarts = 0
         self.closed = False
+        self.start_timeout_s = START_TIMEOUT_S
 
     # Starting ------------------------------------------------------------------------
     def start(self) -> None:
@@ -191,12 +193,11 @@ class EnvWorker:
         self._worker_spec = restarted(self._worker_spec, self._first_seed, self.restarts)
         self.start()
 
-    def wait_started(self, timeout: float = START_TIMEOUT_S) -> None:
+    def wait_started(self, timeout: float | None = None) -> None:
         """Block until the worker has built its envs; EnvWorkerError/ConfigError if that
-        failed, EnvWorkerDied if the process ended, TimeoutError after `timeout` s."""
-        if not wait_readable([self._reply_r], timeout):
-            raise TimeoutError(f"{self.name}: its envs were not built within {timeout:g}s")
-        self.read_reply()
+        failed, EnvWorkerDied if the process ended, TimeoutError after `timeout` s
+        (default `start_timeout_s`)."""
+        wait_until_started(self, timeout)
 
     # Commands --------------------------------------------------------------------------
     def fileno(self) -> int:
@@ -343,16 +344,6 @@ def check_sendable(
         _dumps(WorkerSpec(source, 1, 0, range(1), None, None), to, instead, pickler)
 
 
-def wait_readable(fds: list[int], timeout: float | None) -> list[int]:
-    """The fds of `fds` that are readable (or closed) within `timeout` s (None: forever)."""
-    poller = select.poll()
-    for fd in fds:
-        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
-    ms = None if timeout is None else max(0, int(timeout * 1000))
-    return [fd for fd, _ in poller.poll(ms)]  # retried on EINTR by Python itself (PEP 475)
-
-
-# One actor's workers as a BatchedEnv ------------------------------------------------------
 class WorkerEnv:
     """`num_envs` envs stepped by `workers` worker processes in lockstep: a BatchedEnv.
 

@@ -29,8 +29,7 @@ import numpy as np
 
 from podrace.actor import ActorSettings, RolloutSink, sampling_key
 from podrace.control import Control, Heartbeat
-from podrace.envs.worker_protocol import StepBuffers
-from podrace.envs.workers import EnvWorker
+from podrace.envs.worker_protocol import EnvLink, StepBuffers
 from podrace.types import EnvSpec, Rollout, Trajectory
 
 BUSY, READY, DONE = "busy", "ready", "done"
@@ -120,7 +119,7 @@ class RolloutBuilder:
 class Part:
     """One env worker's part of one actor's envs, as the server sees it."""
 
-    def __init__(self, actor: ServedActor, index: int, worker: EnvWorker, beat: Heartbeat):
+    def __init__(self, actor: ServedActor, index: int, worker: EnvLink, beat: Heartbeat):
         self.actor = actor
         self.index = index
         self.worker = worker
@@ -169,7 +168,7 @@ class ServedActor:
         settings: ActorSettings,
         spec: EnvSpec,
         num_envs: int,
-        workers: list[EnvWorker],
+        workers: list[EnvLink],
         out: RolloutSink,
         control: Control,
         heartbeat: Callable[[str], Heartbeat],

@@ -46,8 +46,8 @@ import jax
 import numpy as np
 
 from podrace.control import Control, ExplainedError
-from podrace.envs.worker_protocol import RESET, STEP
-from podrace.envs.workers import EnvWorkerDied, wait_readable
+from podrace.envs.worker_protocol import RESET, STEP, wait_readable
+from podrace.envs.workers import EnvWorkerDied
 from podrace.inference.rollouts import BUSY, DONE, READY, Part, ServedActor
 from podrace.sync.base import Snapshot
 from podrace.sync.placement import place

@@ -1,9 +1,10 @@
 """Factories every topology calls: the learner side, one actor, the evaluator, warm-ups.
 
-A topology (threads on one host today; Ray workers later) decides where each piece runs
-and how they are connected; these functions decide what each piece is, from the config
-alone, so that an actor built in a remote worker is the actor a thread would run. Seeds
-and keys derive from (run seed, stream, id) only.
+The cluster (one process, a Ray driver, a jax.distributed group) and the fleet (actor
+threads, served actors with env workers, Ray workers) decide where each piece runs and how
+the pieces are connected (`podrace.runtime.topology`); these functions decide what each
+piece is, from the config alone, so that an actor built in a Ray worker is the actor a
+thread would run. Seeds and keys derive from (run seed, stream, id) only.
 """
 
 from __future__ import annotations
@@ -59,10 +60,9 @@ def env_seed(seed: int, stream: int, actor_id: int, *more: int) -> int:
 def env_threads(cfg: TrainConfig) -> int | None:
     """envpool worker threads for one actor's envs when `env.num_threads` is left open: in
     the thread runtime, this host's cores after one for the learner, shared by its actors
-    (at least 1); Ray workers (on other nodes, with their own CPUs) keep envpool's default.
-
-    Measured on 2 cores (benchmarks/cartpole_ppo.py): envpool's default for 64 CartPole envs
-    took 4.6 ms of wall and 4.9 ms of CPU per 8-step rollout, one worker 3.0 and 3.2."""
+    (at least 1); Ray workers (on other nodes, with their own CPUs) keep envpool's default,
+    which was slower per rollout on 2 cores (docs/benchmarks.md, `cartpole_ppo.py`: envpool
+    worker threads)."""
     if cfg.env.num_threads is not None or cfg.runtime == "ray":
         return cfg.env.num_threads
     return max(1, (len(os.sched_getaffinity(0)) - 1) // cfg.num_actors)

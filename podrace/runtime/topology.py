@@ -1,193 +1,137 @@
-"""What a topology supplies to the one run skeleton (`podrace.runtime.run`): where things run.
+"""Where a run's pieces run: one cluster x one fleet, from a table.
 
-The skeleton validates, claims the run directory, builds and restores the learner, the
-evaluator and the checkpoints, runs the loops and stops them; a topology only says
+A run (`podrace.runtime.run`) is one skeleton; where it runs is two independent choices:
 
-- how this process joins the others (`join`, `shutdown`): nothing for threads, a Ray
-  cluster, jax.distributed;
-- which devices the learner mesh spans and which part of the run directory is this
-  process's (`devices`, `claim_run_dir`);
-- how params reach its actors and how rollouts arrive (`publisher`, `pipeline`,
-  `learner_dummies`);
-- how its actors are built, started, restarted and stopped (`launch_actors`,
-  `actors_ready`, `loops`, `stopping`, `close`), and what of them a checkpoint keeps
-  (`actors_saved`).
+- the cluster (`podrace.runtime.cluster`): which processes make the run and how they meet
+  and leave;
+- the fleet (`podrace.runtime.fleet`): who steps envs and who chooses actions.
 
-Each hook gets the `Run` being built, so a topology holds only what is its own (Ray
-workers, the peer link). The thread topology (`runtime.threads`) is the reference; the Ray
-topology (`runtime.ray`) runs the same actor loop in Ray workers; the multi-host topology
-(`runtime.multihost`) is the thread topology in each of several processes.
+`TOPOLOGIES` says which combinations exist and builds them; the config picks the cluster
+(`--runtime ray`; `--distributed.*`) and the fleet (`--env.workers`,
+`--layout.inference server`):
+
+| cluster \\ fleet  | actor-threads | served-actors                   | ray-workers |
+| ---------------- | ------------- | ------------------------------- | ----------- |
+| one-process      | threads       | threads (env worker processes)  | -           |
+| jax.distributed  | multihost     | multihost (env worker processes)| -           |
+| ray              | -             | ray (env workers as Ray actors) | ray         |
+
+(the names are `TrainResult.topology`'s). Everything here is imported lazily: choosing a
+topology imports neither JAX nor Ray.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from podrace.checkpoints.files import Writers
+from podrace.config import ConfigError, TrainConfig, distributed_requested
 
 if TYPE_CHECKING:
-    from podrace.checkpoints.resume import ResumePoint
-    from podrace.checkpoints.state import RunState
-    from podrace.config import TrainConfig
-    from podrace.control import Lifetime
-    from podrace.envs.source import EnvSource
-    from podrace.pipeline import Pipeline
-    from podrace.rundir import RunLock
-    from podrace.runtime.devices import Devices
-    from podrace.runtime.run import Run
-    from podrace.sync.base import Publisher
-    from podrace.types import Trajectory
+    from podrace.runtime.cluster import Cluster
+    from podrace.runtime.fleet import Fleet
 
 
+@dataclass(frozen=True)
 class Topology:
-    """Where a run's pieces run. Every hook has the single-process default; a topology
-    overrides what differs. One instance serves one run."""
+    """One run's cluster and fleet."""
 
-    name = "threads"
-    stop_grace_s = 1.0
-    """Seconds every thread gets to return after a stop before it counts as stuck."""
-    exit_grace_s = 1.5
-    """After a signal, seconds the CLI gives the run to stop before the process exits."""
-    process_id = 0
-    """This process's index in the run (0 unless several processes share it)."""
-    num_processes = 1
+    cluster: Cluster
+    fleet: Fleet
+    name: str
+    """What `TrainResult.topology` says: `threads`, `ray` or `multihost`."""
 
-    @property
-    def evaluates(self) -> bool:
-        """Whether this process runs the evaluator (one process of a run does)."""
-        return self.process_id == 0
 
-    # Preparing ---------------------------------------------------------------------------
-    def check(self, cfg: TrainConfig) -> None:
-        """What must hold before anything starts (a missing dependency): ConfigError."""
+def _one_process_threads() -> Topology:
+    from podrace.runtime.cluster import OneProcess
+    from podrace.runtime.threads.actors import ActorThreads
 
-    def check_envs(self, envs: EnvSource) -> None:
-        """What must hold of a caller's envs before anything starts (a factory this
-        topology sends to other processes must pickle): ConfigError."""
+    return Topology(OneProcess(), ActorThreads(), "threads")
 
-    def join(self, cfg: TrainConfig, lifetime: Lifetime, resuming: bool) -> TrainConfig:
-        """Join the run's other processes or cluster; returns the config this process runs
-        (`resuming`: the config is a checkpoint's, its run directory exists)."""
-        return cfg
 
-    def devices(self, cfg: TrainConfig) -> Devices:
-        from podrace.runtime.devices import resolve_devices
+def _one_process_served() -> Topology:
+    from podrace.runtime.cluster import OneProcess
+    from podrace.runtime.threads.served import ServedActors
 
-        return resolve_devices(cfg)
+    return Topology(OneProcess(), ServedActors(), "threads")
 
-    def lock_resumed(self, point: ResumePoint) -> RunLock:
-        """The lock of this process's part of a resumed run, once it has joined (a
-        single-process run locks the run before it reads the checkpoint)."""
-        from podrace.rundir import RunLock
 
-        return RunLock(point.run_dir)
+def _distributed_threads() -> Topology:
+    from podrace.runtime.multihost.group import DistributedGroup
+    from podrace.runtime.threads.actors import ActorThreads
 
-    def claim_run_dir(
-        self, cfg: TrainConfig, lifetime: Lifetime, point: ResumePoint | None
-    ) -> tuple[Path, Path]:
-        """(this process's run directory, the run's root: where checkpoints live), both
-        existing; a fresh run's is created here (`lifetime.run_dir` names what to remove
-        should the run be abandoned before its first update)."""
-        from podrace.rundir import create_run_dir
+    return Topology(DistributedGroup(), ActorThreads(), "multihost")
 
-        if point is not None:
-            return point.run_dir, point.run_dir
-        run_dir = lifetime.run_dir = create_run_dir(cfg)
-        return run_dir, run_dir
 
-    def publisher(self, run: Run, first_version: int) -> Publisher:
-        """Where the learner publishes params for this topology's actors."""
-        raise NotImplementedError
+def _distributed_served() -> Topology:
+    from podrace.runtime.multihost.group import DistributedGroup
+    from podrace.runtime.threads.served import ServedActors
 
-    def published(self, params: Any) -> Any:
-        """`params` as a subscriber of `publisher` receives them (to compile on)."""
-        return params
+    return Topology(DistributedGroup(), ServedActors(), "multihost")
 
-    def pipeline(self, run: Run, first_seq: int) -> Pipeline:
-        from podrace.pipeline import Pipeline
 
-        cfg = run.cfg
-        return Pipeline(
-            cfg.num_actors, cfg.layout.queue_size, cfg.max_policy_lag, run.lifetime, first_seq
+def _ray_workers() -> Topology:
+    from podrace.runtime.ray.cluster import local_cpus
+    from podrace.runtime.ray.driver import RayDriver
+    from podrace.runtime.ray.workers import RayWorkers
+
+    driver = RayDriver(cpus=lambda cfg: local_cpus(cfg.ray))
+    return Topology(driver, RayWorkers(driver), "ray")
+
+
+def _ray_served() -> Topology:
+    from podrace.runtime.ray.driver import RayDriver
+    from podrace.runtime.ray.served import ray_env_workers, served_cpus
+    from podrace.runtime.threads.actors import spread_device
+    from podrace.runtime.threads.served import ServedActors
+
+    driver = RayDriver(cpus=served_cpus)
+    return Topology(driver, ServedActors(ray_env_workers(driver), spread_device), "ray")
+
+
+TOPOLOGIES: dict[tuple[str, str], Callable[[], Topology]] = {
+    ("one-process", "actor-threads"): _one_process_threads,
+    ("one-process", "served-actors"): _one_process_served,
+    ("jax.distributed", "actor-threads"): _distributed_threads,
+    ("jax.distributed", "served-actors"): _distributed_served,
+    ("ray", "ray-workers"): _ray_workers,
+    ("ray", "served-actors"): _ray_served,
+}
+"""(cluster, fleet) -> a new topology of that cluster and that fleet."""
+
+
+def cluster_kind(cfg: TrainConfig) -> str:
+    """The cluster `cfg` asks for: a Ray driver, a jax.distributed group, or one process."""
+    if cfg.runtime == "ray":
+        if distributed_requested(cfg):
+            raise ConfigError(
+                "--runtime ray cannot be combined with --distributed.*: run one learner process"
+            )
+        return "ray"
+    return "jax.distributed" if distributed_requested(cfg) else "one-process"
+
+
+def fleet_kind(cfg: TrainConfig) -> str:
+    """The fleet `cfg` asks for: env workers served by inference threads, Ray workers, or
+    actor threads."""
+    if cfg.runtime == "ray":
+        return "served-actors" if cfg.layout.inference == "server" else "ray-workers"
+    return "served-actors" if cfg.env.workers else "actor-threads"
+
+
+def topology_for(cfg: TrainConfig) -> Topology:
+    """A new topology of the cluster and the fleet `cfg` asks for; ConfigError (one line)
+    for a combination `TOPOLOGIES` does not hold."""
+    cluster, fleet = cluster_kind(cfg), fleet_kind(cfg)
+    make = TOPOLOGIES.get((cluster, fleet))
+    if make is None:
+        runs_on = sorted(c for c, f in TOPOLOGIES if f == fleet)
+        raise ConfigError(
+            f"the {fleet} fleet does not run on a {cluster} cluster (it runs on: "
+            f"{', '.join(runs_on) or 'none'})"
         )
-
-    def learner_dummies(self, run: Run) -> list[Trajectory]:
-        """One placed dummy rollout per actor, shaped and sharded as that actor's arrive."""
-        raise NotImplementedError
-
-    def launch_actors(self, run: Run) -> None:
-        """Start building the actors (they may compile while the learner does)."""
-
-    def actors_ready(self, run: Run) -> None:
-        """Return once every actor is built and compiled, ready to start."""
-        raise NotImplementedError
-
-    def saved_actors(self, run: Run) -> int:
-        """How many actors a checkpoint keeps (every process's)."""
-        raise NotImplementedError
-
-    def actors_start(self, run: Run, restored: RunState | None) -> Mapping[str, Any]:
-        """Where the actors start: fresh, or from `restored` (ConfigError when this
-        topology cannot continue from it); returns `actors_saved` at the start version."""
-        raise NotImplementedError
-
-    def actors_saved(self, run: Run, version: int) -> Mapping[str, Any]:
-        """What a checkpoint at `version` keeps of the actors: `actor_keys` (the raw key each
-        actor started this run with), `actor_next_seq` and `actor_restarts`."""
-        raise NotImplementedError
-
-    def writer(self) -> Writers:
-        """Which processes write checkpoints together (and whether they can)."""
-        return Writers()
-
-    def abandon(self, error: BaseException) -> None:
-        """The run's preparation failed with `error`: undo what `join` did."""
-        self.close()
-
-    # Running ---------------------------------------------------------------------------
-    def starting(self, run: Run) -> None:
-        """The loops are about to start."""
-
-    def loops(self, run: Run) -> list[tuple[str, Callable[[], None]]]:
-        """The (name, function) of every thread that delivers rollouts into the pipeline."""
-        raise NotImplementedError
-
-    def explain(self, error: BaseException) -> BaseException:
-        """The failure to report for a learner update that raised `error` (a failed
-        collective: the process that was lost)."""
-        return error
-
-    def line_extras(self, run: Run) -> dict[str, float]:
-        """Values this topology adds to every metrics line."""
-        return {}
-
-    def stopping(self, run: Run) -> None:
-        """The run is stopping: wake what waits on actors this process does not own."""
-
-    def final_version(self, run: Run, returned: bool) -> int | None:
-        """The version to save now that the run stopped (None: no last save); `returned`:
-        the learner thread has returned (else it is stuck, its last record stands)."""
-        return run.checkpoints.point.version if returned else None
-
-    def env_owners(self, run: Run) -> list[tuple[str, Any]]:
-        """(thread name, env) of every env this process owns, for closing them."""
-        return []
-
-    def report(self, run: Run) -> Any:
-        """What the topology adds to the TrainResult (None: nothing)."""
-        return None
-
-    def close(self) -> None:
-        """Release what the topology holds (workers, cluster connections); idempotent."""
-
-    # After the run ---------------------------------------------------------------------
-    def leave(self, interrupted: Callable[[], int | None]) -> None:
-        """After a run that returned: wait until the run's other processes are done too."""
-
-    def shutdown(self, ok: bool) -> None:
-        """Leave the run's other processes for good (the process exits next)."""
+    return make()
 
 
-__all__ = ["Topology"]
+__all__ = ["TOPOLOGIES", "Topology", "cluster_kind", "fleet_kind", "topology_for"]

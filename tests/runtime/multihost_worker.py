@@ -128,20 +128,21 @@ def faulty_run(
     """`podrace train` (the CLI, in this process) with one of `FAULTS` injected."""
     from podrace.cli import main as cli
     from podrace.runtime import run as runs
-    from podrace.runtime.multihost import topology
+    from podrace.runtime.multihost import group
 
-    prepare, create_run_dir = runs.prepare, topology.create_run_dir
+    prepare, create_run_dir = runs.prepare, group.create_run_dir
 
     def create_run_dir_late(cfg):
         time.sleep(1.0)  # a slow file system: simulated work
         return create_run_dir(cfg)
 
-    topology.create_run_dir = create_run_dir_late
+    group.create_run_dir = create_run_dir_late
 
     faulty_process, plan = FAULTS[fault]
 
     def prepare_with_fault(*args, **kwargs):
-        return prepare(*args, **kwargs, faults=plan if process == faulty_process else None)
+        kwargs["faults"] = plan if process == faulty_process else None
+        return prepare(*args, **kwargs)
 
     runs.prepare = prepare_with_fault
     return cli(

@@ -124,7 +124,7 @@ def node_loss(address: str, temp_dir: str, actor_node: str, run_dir: str, out: s
         return rollouts, stats
 
     run.pipeline.next_batch = recording
-    collector = run.topology.collector
+    collector = run.fleet.collector
     failures: list[tuple[int, int, str]] = []
     failed = collector._failed
 

@@ -13,7 +13,7 @@ from podrace.config import TrainConfig
 from podrace.control import Lifetime
 from podrace.metrics.registry import Metrics
 from podrace.runtime.multihost.distributed import Cluster
-from podrace.runtime.multihost.topology import MultiHostTopology
+from podrace.runtime.multihost.group import DistributedGroup
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -53,10 +53,10 @@ class SavedVersions:
 def last_save(process: int, recorded: list[int], store: Store, saved: dict) -> None:
     """Process `process` recorded the states of `recorded` (in order), then stopped: its
     part of the last save, as `Run._save_final` does it."""
-    topology = MultiHostTopology()
-    topology.cluster = Cluster(process, 2, "127.0.0.1:9", store, 10.0)
-    topology.shared, topology.peer_timeout_s = True, 10.0
-    lifetime = Lifetime()
+    group = DistributedGroup()
+    group.cluster = Cluster(process, 2, "127.0.0.1:9", store, 10.0)
+    group.shared, group.peer_timeout_s = True, 10.0
+    group.lifetime = lifetime = Lifetime()
     writers = Writers(process, 2)
     checkpoints = RunCheckpoints(
         TrainConfig(), None, "/nonexistent", Metrics(), SimpleNamespace(version=0), writers
@@ -64,8 +64,7 @@ def last_save(process: int, recorded: list[int], store: Store, saved: dict) -> N
     checkpoints._checkpointer = written = SavedVersions()
     for version in recorded:
         checkpoints.record(SimpleNamespace(version=version), lifetime)
-    run = SimpleNamespace(lifetime=lifetime, checkpoints=checkpoints)
-    version = topology.final_version(run, returned=True)
+    version = group.last_save_version(checkpoints.point.version, True, checkpoints.abandon)
     if version is not None:
         checkpoints.save_final(lifetime, version)
     saved[process] = written.versions

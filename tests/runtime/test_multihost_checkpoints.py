@@ -223,7 +223,7 @@ import podrace
 from podrace.config import replace
 from podrace.envs import make_env
 from podrace.presets import PRESETS
-from podrace.runtime.threads import topology
+from podrace.runtime.threads import actors
 
 out, process, port = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 seeds, keys = [], []
@@ -232,14 +232,14 @@ def recording_factory(num_envs, seed):
     seeds.append(seed)
     return make_env(cfg.env, num_envs, seed)
 
-build_actor = topology.build_actor
+build_actor = actors.build_actor
 
 def recording_build_actor(*args, **kwargs):
     actor = build_actor(*args, **kwargs)
     keys.append([int(x) for x in actor.settings.key])
     return actor
 
-topology.build_actor = recording_build_actor
+actors.build_actor = recording_build_actor
 cfg = replace(
     PRESETS["cartpole-ppo"][1],
     total_steps=2 * 2 * 8 * 16 * 4,

@@ -70,7 +70,7 @@ def test_a_lost_worker_is_podrace_lines_and_rays_own_output_goes_to_the_run_dir(
     caplog.set_level(logging.INFO, logger="podrace")
     # 24 updates: long enough to lose a worker mid-run
     run = prepare(small_ray(tmp_path, total_steps=24 * SMALL_SPU, **{"log.interval_s": 2.0}))
-    victim = run.topology.worker_pids()[0]
+    victim = run.fleet.worker_pids()[0]
 
     def kill_mid_run() -> None:
         wait_until(lambda: run.learner.version >= 3 or run.lifetime.stopping, 300)
@@ -92,4 +92,4 @@ def test_a_lost_worker_is_podrace_lines_and_rays_own_output_goes_to_the_run_dir(
     assert "(raylet) A worker died" in (result.run_dir / "ray.log").read_text()
     assert (result.run_dir / "ray-logs").is_dir()  # the local Ray's logs, kept
     assert any((result.run_dir / "ray-logs").glob("raylet*"))
-    assert not process_tree(run.topology.cluster.temp_dir) and not ray.is_initialized()
+    assert not process_tree(run.cluster.connection.temp_dir) and not ray.is_initialized()

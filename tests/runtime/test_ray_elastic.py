@@ -64,7 +64,7 @@ def test_fixed_order_worker_killed_with_finished_rollouts_waiting(tmp_path):
         return update(state, trajs, keys)
 
     run.learner.update_fn = held_update
-    slot0 = run.topology.slots[0]
+    slot0 = run.fleet.slots[0]
     victim, seen = slot0.pid, {}
     assert victim > 0  # the fixed order starts once every worker is ready
 
@@ -72,7 +72,7 @@ def test_fixed_order_worker_killed_with_finished_rollouts_waiting(tmp_path):
         progress = lambda: ray.get(slot0.handle.progress.remote())  # noqa: E731
         wait_until(lambda: run.lifetime.stopping or progress()[0] == 8, timeout=120)
         seen["produced_until"], seen["in_outbox"] = progress()
-        inbox = run.topology.order.inboxes.get(0, ())
+        inbox = run.fleet.order.inboxes.get(0, ())
         seen["waiting"] = [r.seq for r in inbox]  # received, not yet given to the learner
         os.kill(victim, signal.SIGKILL)
         wait_until(lambda: run.lifetime.stopping or slot0.pid != victim, timeout=120)
@@ -91,7 +91,7 @@ def test_fixed_order_worker_killed_with_finished_rollouts_waiting(tmp_path):
     assert replacement[0] == seen["produced_until"]  # it starts after the last finished
     lost = seen["produced_until"] - len(first_life)
     assert result.ray.lost_rollouts == last_line(result.run_dir)["ray/lost_rollouts"] == lost == 0
-    assert not process_tree(run.topology.cluster.temp_dir)
+    assert not process_tree(run.cluster.connection.temp_dir)
 
 
 @pytest.mark.slow
@@ -105,7 +105,7 @@ def test_elastic_order_learns_through_a_killed_worker_without_waiting_for_it(tmp
     cfg = elastic(tmp_path, total_steps=2 * 8 * 16 * 40)
     run = prepare(cfg)
     batches = record_stamps(run)
-    slot0, killed_at, back_at = run.topology.slots[0], [], []
+    slot0, killed_at, back_at = run.fleet.slots[0], [], []
 
     def kill_mid_run() -> None:
         # The elastic order starts learning once one worker is ready: wait for worker 0 too.
@@ -141,7 +141,7 @@ def test_elastic_order_learns_through_a_killed_worker_without_waiting_for_it(tmp
         "longest learner wait per line after the kill:", [x["ray/data_wait_max_s"] for x in lines]
     )
     assert max(x["lag/max_seen"] for x in lines if "lag/max_seen" in x) <= 1
-    assert not process_tree(run.topology.cluster.temp_dir)
+    assert not process_tree(run.cluster.connection.temp_dir)
 
 
 @pytest.mark.slow
@@ -168,7 +168,7 @@ def test_an_elastic_run_fails_once_no_worker_has_been_alive_for_the_timeout(tmp_
         },
     )
     run = prepare(cfg, envs=EnvSource(cfg.env, ray_drills.dies_if_flagged))
-    slot0 = run.topology.slots[0]
+    slot0 = run.fleet.slots[0]
 
     def kill_for_good() -> None:
         wait_until(lambda: run.lifetime.stopping or run.learner.version >= 3, timeout=120)
@@ -181,7 +181,7 @@ def test_an_elastic_run_fails_once_no_worker_has_been_alive_for_the_timeout(tmp_
     assert isinstance(caught.value.error, NoWorkers), caught.value
     assert "no Ray worker alive for 3s" in str(caught.value) and "\n" not in str(caught.value)
     assert run.learner.version >= 3
-    assert not process_tree(run.topology.cluster.temp_dir)
+    assert not process_tree(run.cluster.connection.temp_dir)
 
 
 @pytest.mark.slow
@@ -233,7 +233,7 @@ def test_a_stopped_elastic_run_resumes_with_new_incarnations(tmp_path):
     stop_after(run, 5, "SIGTERM received")
     first = run.run()
     assert (first.updates, first.checkpoint) == (5, 5)
-    assert not process_tree(run.topology.cluster.temp_dir)
+    assert not process_tree(run.cluster.connection.temp_dir)
     resumed = prepare(None, resume=Resume(tmp_path / "r"))
     record_core_states(resumed)
     second = resumed.run()
@@ -257,7 +257,7 @@ def test_a_resumed_elastic_run_starts_beyond_a_restart_made_after_its_last_updat
 
     cfg = elastic(tmp_path, total_steps=2 * 8 * 16 * 6, **{"log.run_name": "r"})
     run = prepare(cfg)
-    slot0, after = run.topology.slots[0], run.learner.on_update
+    slot0, after = run.fleet.slots[0], run.learner.on_update
 
     def lose_worker_0_then_stop(version: int) -> None:
         after(version)
@@ -271,12 +271,12 @@ def test_a_resumed_elastic_run_starts_beyond_a_restart_made_after_its_last_updat
     first = run.run()
     assert (first.updates, first.checkpoint, first.ray.restarts) == (3, 3, 1)
     resumed = prepare(None, resume=Resume(tmp_path / "r"))
-    started = [slot.restarts for slot in resumed.topology.slots]
+    started = [slot.restarts for slot in resumed.fleet.slots]
     second = resumed.run()  # (run before asserting: it releases the resumed run's Ray)
     assert started == [2, 2]
     assert (second.updates, second.checkpoint) == (6, 6)
     assert min(r for _, r, _ in second.ray.stamps) == 2
-    assert not process_tree(resumed.topology.cluster.temp_dir)
+    assert not process_tree(resumed.cluster.connection.temp_dir)
 
 
 def check_a_run_pinned_to_the_second_node(cluster: ray_helpers.TwoNodes, tmp_path) -> None:

@@ -46,7 +46,7 @@ def test_two_ray_workers_learn_cartpole(tmp_path, fake_wandb):
     # The thread runtime's learning run and threshold (seed 1 evaluates 500 here too).
     cfg = small_ray(tmp_path, **LEARNS, **{"log.wandb": True})
     run = prepare(cfg)
-    temp_dir, pids = run.topology.cluster.temp_dir, run.topology.worker_pids()
+    temp_dir, pids = run.cluster.connection.temp_dir, run.fleet.worker_pids()
     result = run.run()
     assert result.final_eval.mean_return >= 150, result.final_eval
     updates = cfg.num_updates
@@ -73,7 +73,7 @@ def test_sigkilled_worker_is_restarted_and_nothing_is_consumed_twice(tmp_path):
 
     cfg = small_ray(tmp_path, total_steps=2 * 8 * 16 * 24)
     run = prepare(cfg)
-    victim = run.topology.worker_pids()[0]
+    victim = run.fleet.worker_pids()[0]
     killed = threading.Event()
 
     def kill_mid_run() -> None:
@@ -93,11 +93,11 @@ def test_sigkilled_worker_is_restarted_and_nothing_is_consumed_twice(tmp_path):
         restarts_of_0 == sorted(restarts_of_0) and restarts_of_0[-1] == 1
     )  # the new worker filled the rest
     assert all(r == 0 for w, r, _ in result.ray.stamps if w == 1)
-    assert run.topology.worker_pids()[0] != victim
+    assert run.fleet.worker_pids()[0] != victim
     # One node: no weights left the learner's node, the restarted worker's pulls included.
     line = last_line(result.run_dir)
     assert result.ray.weight_bytes_out == line["ray/weight_bytes_out_per_version"] == 0, line
-    assert not process_tree(run.topology.cluster.temp_dir)
+    assert not process_tree(run.cluster.connection.temp_dir)
 
 
 @pytest.mark.slow
@@ -113,7 +113,7 @@ def test_a_worker_killed_while_it_starts_is_restarted(tmp_path, monkeypatch):
     result = run.run()
     assert (tmp_path / "died").exists()
     assert result.updates == cfg.num_updates and result.ray.restarts == 1
-    assert not process_tree(run.topology.cluster.temp_dir)
+    assert not process_tree(run.cluster.connection.temp_dir)
 
 
 @pytest.mark.slow
@@ -132,7 +132,7 @@ def test_crash_loop_fails_naming_the_worker_and_leaves_nothing(tmp_path):
     assert "ray worker 0 failed 2 times, restart limit 1" in message
     assert "EnvExploded: boom" in message and "\n" not in message
     assert elapsed < 240  # bounded: two failures and one restart, not a hang
-    assert not process_tree(run.topology.cluster.temp_dir) and not ray.is_initialized()
+    assert not process_tree(run.cluster.connection.temp_dir) and not ray.is_initialized()
 
 
 ENDLESS = ("--total-steps", "10000000", "--log.interval-s", "0.2")
@@ -311,12 +311,12 @@ def test_learner_error_stops_every_worker(tmp_path):
         return update(state, trajs, keys)
 
     run.learner.update_fn = failing_update
-    pids = run.topology.worker_pids()
+    pids = run.fleet.worker_pids()
     with pytest.raises(
         ComponentError, match="learner failed: FloatingPointError: injected learner failure"
     ):
         run.run()
-    assert not process_tree(run.topology.cluster.temp_dir) and not any(
+    assert not process_tree(run.cluster.connection.temp_dir) and not any(
         os.path.exists(f"/proc/{p}") for p in pids
     )
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from podrace.control import ComponentError
-from podrace.runtime.ray.served import RayServedTopology
+from podrace.runtime.ray.driver import RayDriver
 from podrace.runtime.run import prepare
 from tests.helpers.cli import EXIT_SLACK_S
 from tests.helpers.configs import SMALL_SPU, small
@@ -73,7 +73,7 @@ def test_a_killed_ray_env_worker_is_restarted(tmp_path):
 
     def kill_one_when_training():
         wait_until(lambda: run.learner.version >= 3 or run.lifetime.stopping, 200)
-        link = run.topology.served.workers[1][0]
+        link = run.fleet.workers[1][0]
         killed.append(link.pid)
         link.kill()
 
@@ -82,13 +82,13 @@ def test_a_killed_ray_env_worker_is_restarted(tmp_path):
     result = run.run()
     killer.join(10)
     assert killed and result.updates == 40
-    assert sum(s.restarts for s in run.topology.served.servers) == 1
+    assert sum(s.restarts for s in run.fleet.servers) == 1
     stamps = run.pipeline.consumed.stamps()
     assert stamps == [(a, 0, s) for s in range(40) for a in range(2)]
 
 
 def worker_pids(run) -> list[int]:
-    return [w.pid for ws in run.topology.served.workers.values() for w in ws if w.pid]
+    return [w.pid for ws in run.fleet.workers.values() for w in ws if w.pid]
 
 
 def gone(pids: list[int]) -> bool:
@@ -112,7 +112,7 @@ def test_a_ray_env_worker_killed_past_its_restarts_fails_the_run_naming_it(tmp_p
         wait_until(lambda: run.learner.version >= 2 or run.lifetime.stopping, 200)
         pids.extend(worker_pids(run))
         killed.append(time.monotonic())
-        run.topology.served.workers[1][0].kill()
+        run.fleet.workers[1][0].kill()
 
     killer = threading.Thread(target=kill_one_when_training, daemon=True)
     killer.start()
@@ -124,7 +124,7 @@ def test_a_ray_env_worker_killed_past_its_restarts_fails_the_run_naming_it(tmp_p
     assert "\n" not in message, message
     assert "EnvWorkerDied: env worker actor-1.w0 (Ray actor, pid" in message, message
     assert message.endswith("restarts are off (env.worker_restarts 0)"), message
-    assert ended - killed[0] <= EXIT_SLACK_S + RayServedTopology.stop_grace_s
+    assert ended - killed[0] <= EXIT_SLACK_S + RayDriver.stop_grace_s
     assert not ray.is_initialized()
     wait_until(lambda: gone(pids), 20)
 
@@ -147,7 +147,7 @@ def test_a_stopped_ray_served_run_resumes_to_its_end_consuming_every_rollout_onc
     first = run.run()
     elapsed = time.monotonic() - stopped[0][0]
     assert (first.updates, first.checkpoint) == (3, 3)
-    assert elapsed <= EXIT_SLACK_S + RayServedTopology.stop_grace_s, elapsed
+    assert elapsed <= EXIT_SLACK_S + RayDriver.stop_grace_s, elapsed
     assert not ray.is_initialized()
     wait_until(lambda: gone(stopped[0][1]), 20)
 

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from podrace.pipeline import ElasticPipeline, Pipeline
+from podrace.pipeline import Pipeline
+from podrace.runtime.ray.elastic import ElasticPipeline
 from tests.runtime.fake_ray import FakeRay, Worker, fake_run, make_collector
 
 ray = pytest.importorskip("ray")
@@ -44,12 +45,12 @@ def test_fixed_order_a_worker_lost_with_finished_rollouts_waiting_for_the_learne
     dies before the learner took any: they are all used, once, and its replacement starts
     at rollout 4, so no (actor, seq) is collected twice."""
     from podrace.runtime.ray.collector import Slot
-    from podrace.runtime.ray.topology import FixedOrder
+    from podrace.runtime.ray.orders import FixedOrder
 
     run = fake_run(changes=run_changes(), num_workers=2)
     assert run.cfg.num_updates == UPDATES and run.cfg.max_policy_lag == LAG
     pipeline = Pipeline(2, UPDATES, LAG, run.lifetime)
-    order = FixedOrder(SimpleNamespace(sink=pipeline), run)
+    order = FixedOrder(run, pipeline)
     collector, remote = make_collector(run, order, FakeRay(), elastic=False)
     collector.add([Slot(0), Slot(1)])
     first, other = (Worker(handle) for handle in remote.launched)
@@ -87,14 +88,14 @@ def test_elastic_order_a_worker_lost_with_finished_rollouts_waiting_for_the_lear
     still takes each of them once, and no (actor, seq) is made or used again (its
     replacement continues at seq 3)."""
     from podrace.runtime.ray.collector import Slot
-    from podrace.runtime.ray.topology import ElasticOrder
+    from podrace.runtime.ray.orders import ElasticOrder
 
     changes = run_changes(**{"layout.max_policy_lag": 2})
     run = fake_run(changes=changes, num_workers=2, data_order="elastic", rollouts_per_update=2)
     collectors = []
     pipeline = ElasticPipeline(2, 2, run.lifetime, grant=lambda g: collectors[0].grant(g))
     run.pipeline = pipeline
-    collector, remote = make_collector(run, ElasticOrder(SimpleNamespace(), run), FakeRay())
+    collector, remote = make_collector(run, ElasticOrder(run), FakeRay())
     collectors.append(collector)
     collector.add([Slot(0), Slot(1)])
     workers = {0: Worker(remote.launched[0]), 1: Worker(remote.launched[1])}

@@ -237,9 +237,9 @@ def test_the_final_metrics_line_names_the_final_checkpoint(tmp_path, monkeypatch
         write(self, step, *rest)
 
     if waited:
-        monkeypatch.setattr("podrace.runtime.run.FINAL_SAVE_WAIT_S", 60.0)
+        monkeypatch.setattr("podrace.runtime.skeleton.FINAL_SAVE_WAIT_S", 60.0)
     else:
-        monkeypatch.setattr("podrace.runtime.run.FINAL_SAVE_WAIT_S", 0.0)
+        monkeypatch.setattr("podrace.runtime.skeleton.FINAL_SAVE_WAIT_S", 0.0)
         monkeypatch.setattr(Checkpointer, "_write", write_after_the_final_line)
     run = prepare(small(tmp_path, **{"log.run_name": "r", "checkpoint.every_updates": 5}))
     result = run.run()

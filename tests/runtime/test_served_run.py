@@ -72,7 +72,7 @@ def test_a_stopped_served_run_resumes_to_its_end_consuming_every_rollout_once(tm
     stopped = []
 
     def note_the_workers() -> None:
-        pids = [w.process.pid for ws in run.topology.served.workers.values() for w in ws]
+        pids = [w.process.pid for ws in run.fleet.workers.values() for w in ws]
         stopped.append((time.monotonic(), pids))
 
     stop_after(run, 5, "SIGTERM received", first=note_the_workers)

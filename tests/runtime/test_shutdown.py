@@ -133,7 +133,7 @@ def test_an_env_close_that_raises_keeps_the_result_and_the_final_checkpoint(
 ):
     # Not waiting for the final save before the final line: the order of close and save is
     # then what the test sees (with the wait, a quick save was done before either).
-    monkeypatch.setattr("podrace.runtime.run.FINAL_SAVE_WAIT_S", 0.0)
+    monkeypatch.setattr("podrace.runtime.skeleton.FINAL_SAVE_WAIT_S", 0.0)
     # The last save starts before the final evaluation: a slow write is still going on
     # when the envs are closed, so the order is visible.
     write = Checkpointer._write
@@ -177,8 +177,8 @@ def test_an_env_close_that_blocks_is_left_behind_after_the_checkpoint(tmp_path, 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_envs_built_before_a_failed_preparation_are_closed(tmp_path, monkeypatch):
-    import podrace.runtime.run as runs
-    import podrace.runtime.threads.topology as threads
+    import podrace.runtime.skeleton as skeleton
+    import podrace.runtime.threads.actors as threads
 
     built = []
     build_actor = threads.build_actor
@@ -192,10 +192,10 @@ def test_envs_built_before_a_failed_preparation_are_closed(tmp_path, monkeypatch
         raise RuntimeError("evaluator env cannot be built")
 
     monkeypatch.setattr(threads, "build_actor", recording)
-    monkeypatch.setattr(runs, "build_evaluator", no_evaluator)
+    monkeypatch.setattr(skeleton, "build_evaluator", no_evaluator)
     closed = []
     monkeypatch.setattr(
-        runs, "close_envs", lambda envs: closed.extend(env for _, env in envs) or []
+        skeleton, "close_envs", lambda envs: closed.extend(env for _, env in envs) or []
     )
     with pytest.raises(RuntimeError, match="evaluator env cannot be built"):
         prepare(small(tmp_path))

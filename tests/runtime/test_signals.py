@@ -142,7 +142,7 @@ def test_signal_during_a_compile_longer_than_the_grace_leaves_no_run_dir(tmp_pat
     compiling = tmp_path.parent / f"{tmp_path.name}.compiling"  # the run dir stays empty
     code = (
         "import sys, time\n"
-        "import podrace.runtime.run as sh\n"
+        "import podrace.runtime.skeleton as sh\n"
         f"compiling = {str(compiling)!r}\n"
         "def warm_up_learner(*a, **k):  # a compile that outlasts the grace\n"
         "    open(compiling, 'w').close()\n"

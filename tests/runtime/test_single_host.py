@@ -150,16 +150,16 @@ def test_a_stop_that_closes_the_publisher_during_prepare_is_a_stop(tmp_path, mon
     `--runtime ray` start-up) is a stop: prepare raises Stopped with nothing written, not
     ChannelClosed (a traceback, exit 1, config.json left behind)."""
     from podrace.control import Lifetime, Stopped
-    from podrace.runtime import run as runs
+    from podrace.runtime import skeleton
 
     lifetime = Lifetime()
-    original = runs.build_learner
+    original = skeleton.build_learner
 
     def stop_then_build(*args, **kwargs):
         lifetime.stop("SIGTERM received")  # the signal lands just after the publisher exists
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(runs, "build_learner", stop_then_build)
+    monkeypatch.setattr(skeleton, "build_learner", stop_then_build)
     with pytest.raises(Stopped):
         prepare(small(tmp_path), lifetime)
     assert list(tmp_path.iterdir()) == []

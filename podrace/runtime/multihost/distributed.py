@@ -16,9 +16,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import re
 import socket
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,8 +28,10 @@ from typing import Any
 import jax
 
 from podrace.config import ConfigError, DistributedConfig, TrainConfig, replace
-from podrace.runtime.multihost.coordination_service import hosted_service
+from podrace.runtime.multihost.coordination_service import hosted_service, stop_hosted_service
 from podrace.runtime.multihost.rendezvous import host_of, refuse, rendezvous
+
+log = logging.getLogger(__name__)
 
 _CONFIG_KEY = "podrace/config/{}"
 SHUTDOWN_TIMEOUT_S = 600
@@ -284,6 +288,29 @@ def global_learner_devices(local_ids: tuple[int, ...], platform: str | None) -> 
     return devices
 
 
+def shutdown(ok: bool, timeout_s: float = SHUTDOWN_TIMEOUT_S + 30) -> None:
+    """Leave jax.distributed. After a success every process reaches the shutdown barrier
+    (all are done by then: `DistributedGroup.leave` waited for process 0's final
+    evaluation); after a failure a peer may be gone, so the barrier is skipped (the caller
+    exits) and process 0 only stops its coordination service, freeing the coordinator's
+    port."""
+    if not ok or not jax.distributed.is_initialized():
+        stop_hosted_service()  # process 0: the others have left (the peer link waited)
+        return
+
+    done = threading.Event()
+
+    def leave() -> None:
+        try:
+            jax.distributed.shutdown()
+        except Exception as error:  # noqa: BLE001 - the run is over; a peer that left first
+            log.debug("jax.distributed.shutdown() raised: %r", error)
+        done.set()
+
+    threading.Thread(target=leave, name="distributed-shutdown", daemon=True).start()
+    done.wait(timeout_s)
+
+
 __all__ = [
     "Cluster",
     "RunRefused",
@@ -293,5 +320,6 @@ __all__ = [
     "join",
     "meet",
     "resolved",
+    "shutdown",
     "shared_fields",
 ]

@@ -1,2 +1,4 @@
-"""The Ray topology: actors as Ray workers on any node of a cluster (`topology`), the
-worker's body (`worker`), starting, joining and leaving Ray (`cluster`)."""
+"""Ray: this process as a Ray cluster's driver (`driver`), starting, joining and leaving Ray
+(`cluster`); the Ray-worker fleet (`workers`: the collector, the data orders and the
+elastic pipeline beside it, the worker's body in `worker`) and env workers as Ray actors
+for the served fleet (`served`)."""

@@ -429,12 +429,5 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def object_store_bytes(ray: Any) -> int:
-    """Bytes in use in the object stores of all nodes, as the nodes last reported them."""
-    total = ray.cluster_resources().get("object_store_memory", 0.0)
-    free = ray.available_resources().get("object_store_memory", 0.0)
-    return int(max(total - free, 0.0))
-
-
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

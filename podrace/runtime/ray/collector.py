@@ -11,7 +11,7 @@ never reached this process (a reply in the object store of a node that vanished)
 What happens to a rollout, and what a worker's death means for the data, is the data
 order's (`Order`): the fixed order queues each worker's rollouts for its pump thread and
 restarts a dead worker at the seq after the last one received; the elastic order hands them
-to `podrace.pipeline.ElasticPipeline`, returns a dead worker's credits to the others and
+to `podrace.runtime.ray.elastic.ElasticPipeline`, returns a dead worker's credits to the others and
 restarts it in the background. A restart that Ray cannot place (its node is gone) waits in
 Ray's queue until resources appear (fixed order: at most `ray.start_timeout_s`, then the
 run fails; elastic: as long as it takes, the run goes on without it, and fails only when

@@ -5,12 +5,12 @@ Ray workers that act on CPU cannot feed an accelerator learner with Atari data: 
 policy is the bottleneck. Here a Ray worker only steps envs (`RayEnvWorker`: a part of one
 actor's envs, on any node with a free CPU); the actors' rollouts are assembled, and their
 actions chosen, by inference servers on this process's actor devices
-(`podrace.inference.server`, a GPU when there is one), exactly as in the thread topology
-with env worker processes (`runtime.threads.served`): the same servers, actors, keys,
-seeds, sink, checkpoints. Only the link to an env worker differs: `RayEnvLink` calls its
-Ray actor (`reset`, `step` with the actions) and a thread of the link waits for each
-answer, copies it into the link's buffers and makes the link's pipe readable, so the
-server polls Ray workers and processes alike.
+(`podrace.inference.server`, a GPU when there is one): the served-actor fleet
+(`runtime.threads.served.ServedActors`) with env worker processes, but for the link to an
+env worker. `RayEnvLink` (an `EnvLink`) calls its Ray actor (`reset`, `step` with the
+actions) and a thread of the link waits for each answer, copies it into the link's
+buffers and makes the link's pipe readable, so the server polls Ray workers and processes
+alike (`ray_env_workers` makes them for the fleet).
 
 Actor `i` of `ray.num_workers` has `env.workers` Ray env workers; a dead one (its process
 killed, its node lost) is restarted by the server like a dead process, with fresh seeds,
@@ -24,23 +24,33 @@ import contextlib
 import os
 import queue
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from podrace.config import ConfigError, TrainConfig
 from podrace.envs.source import EnvSource
-from podrace.envs.worker_protocol import RESET, STEP, StepBuffers, WorkerSpec
-from podrace.envs.workers import EnvWorkerDied, EnvWorkerError, restarted, wait_readable
-from podrace.runtime.ray import cluster as ray_cluster
-from podrace.runtime.threads.served import ServedActors
-from podrace.runtime.threads.topology import ThreadTopology
+from podrace.envs.worker_protocol import (
+    RESET,
+    STEP,
+    EnvLinkMaker,
+    StepBuffers,
+    WorkerSpec,
+    wait_until_started,
+)
+from podrace.envs.workers import (
+    EnvWorkerDied,
+    EnvWorkerError,
+    restarted,
+)
+from podrace.runtime.ray.driver import RayDriver
 from podrace.types import EnvSpec, EnvStep
 from podrace.validation import worker_resources
 
 
 class RayEnvWorker:
-    """The body of one env-only Ray worker (wrapped with `ray.remote` by the topology)."""
+    """The body of one env-only Ray worker (wrapped with `ray.remote`: `ray_env_workers`)."""
 
     def __init__(self, spec: WorkerSpec) -> None:
         self.spec = spec
@@ -69,8 +79,7 @@ class RayEnvWorker:
 
 
 class RayEnvLink:
-    """The server's side of one env-only Ray worker: `EnvWorker`'s interface (buffers,
-    `fileno`, `send`, `read_reply`, `restart`, `close`) over Ray calls."""
+    """The server's side of one env-only Ray worker: an `EnvLink` over Ray calls."""
 
     def __init__(
         self,
@@ -112,10 +121,7 @@ class RayEnvLink:
         self.start()
 
     def wait_started(self, timeout: float | None = None) -> None:
-        timeout = self.start_timeout_s if timeout is None else timeout
-        if not wait_readable([self._r], timeout):
-            raise TimeoutError(f"{self.name}: its envs were not built within {timeout:g}s")
-        self.read_reply()
+        wait_until_started(self, timeout)
 
     def fileno(self) -> int:
         return self._r
@@ -217,64 +223,32 @@ class RayEnvLink:
                 os.close(fd)
 
 
-class RayServedTopology(ThreadTopology):
-    """The thread topology's served actors, their env workers Ray actors on any node."""
+def ray_env_workers(driver: RayDriver) -> Callable[[TrainConfig], EnvLinkMaker]:
+    """How the served fleet starts env workers in a Ray cluster: one Ray actor each, on any
+    node with a free CPU (and the worker resources `--ray.*` asks for)."""
 
-    name = "ray"
-    stop_grace_s = 10.0  # as the Ray topology's: killing workers takes a moment
-    exit_grace_s = 30.0
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._stack = contextlib.ExitStack()
-        self._remote: Any = None
-        self._cfg: TrainConfig | None = None
-        self._cluster: ray_cluster.Cluster | None = None
-
-    def check(self, cfg: TrainConfig) -> None:
-        os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
-        ray_cluster.import_ray()
-        ray_cluster.check_auth_not_disabled()
-
-    def check_envs(self, envs: EnvSource) -> None:
-        ray_cluster.check_envs_sendable(envs)
-
-    def join(self, cfg: TrainConfig, lifetime, resuming: bool) -> TrainConfig:
-        import ray
-
-        lifetime.check()
-        workers = cfg.num_actors * cfg.env.workers
-        self._cluster = self._stack.enter_context(ray_cluster.connect(cfg.ray, num_cpus=workers))
-        self._remote = ray.remote(RayEnvWorker)
-        self._cfg = cfg
-        return cfg
-
-    def actor_device(self, run, actor_id: int):
-        devices = run.devices.actors
-        return devices[actor_id * len(devices) // run.cfg.num_actors]
-
-    def launch_actors(self, run) -> None:
-        self._cluster.messages.attach(run.run_dir)
+    def maker(cfg: TrainConfig) -> EnvLinkMaker:
         options = {
             "num_cpus": 1,
-            "resources": worker_resources(run.cfg.ray),
+            "resources": worker_resources(cfg.ray),
             "max_restarts": 0,  # the server restarts it, with fresh seeds
             "runtime_env": {"env_vars": {"JAX_PLATFORMS": "cpu"}},
         }
+        remote = driver.ray.remote(RayEnvWorker)
 
-        def link(name, source, spec, num_envs, seed, part, threads):
-            made = RayEnvLink(
-                name, source, spec, num_envs, seed, part, threads, self._remote, options
-            )
-            made.start_timeout_s = run.cfg.ray.start_timeout_s
+        def link(name, source, spec, num_envs, seed, part, threads) -> RayEnvLink:
+            made = RayEnvLink(name, source, spec, num_envs, seed, part, threads, remote, options)
+            made.start_timeout_s = cfg.ray.start_timeout_s
             return made
 
-        self.served = ServedActors(make_worker=link)
-        self.served.launch(run, run.learner.version)
+        return link
 
-    def close(self) -> None:
-        super().close()
-        self._stack.close()
+    return maker
 
 
-__all__ = ["RayEnvLink", "RayEnvWorker", "RayServedTopology"]
+def served_cpus(cfg: TrainConfig) -> int:
+    """CPUs a private local Ray advertises for the served fleet: one per env worker."""
+    return cfg.num_actors * cfg.env.workers
+
+
+__all__ = ["RayEnvLink", "RayEnvWorker", "ray_env_workers", "served_cpus"]

@@ -13,7 +13,7 @@ call, after the rollouts finished before it.
 What bounds the rollouts a worker makes ahead is the data order's: in the fixed order the
 actor's own rule (rollout seq waits for params seq - max_policy_lag); in the elastic order
 credits (`Credits`): the learner grants each rollout, naming the oldest params it may act
-with (`podrace.pipeline.ElasticPipeline`).
+with (`podrace.runtime.ray.elastic.ElasticPipeline`).
 """
 
 from __future__ import annotations

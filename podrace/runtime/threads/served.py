@@ -1,9 +1,12 @@
-"""The thread topology's actors when they have env workers (`--env.workers N`).
+"""The served-actor fleet (`--env.workers N`): env workers step the envs, inference threads
+choose every actor's actions.
 
-Actor `i` = N env worker processes (`podrace.envs.workers`, each stepping a part of its
-envs) + the thread that hands its rollouts to the pipeline (`ServedActor.run`, named
-`actor-i` like an actor thread). Actions come from inference threads
-(`podrace.inference.server`), which get the params by push from the run's publisher:
+Actor `i` = N env workers (each stepping a part of its envs: processes on this host,
+`podrace.envs.workers`, or Ray actors on any node, `podrace.runtime.ray.served`) + the
+thread that hands its rollouts to the pipeline (`ServedActor.run`, named `actor-i` like an
+actor thread). Whoever infers drives every worker through its `EnvLink`. Actions come from
+inference threads (`podrace.inference.server`), which get the params by push from the
+run's publisher:
 
 - `--layout.inference actor`: one per actor (`actor-i.inference`), on the actor's device,
   serving only that actor's workers (while one part steps, the other's next actions are
@@ -11,9 +14,9 @@ envs) + the thread that hands its rollouts to the pipeline (`ServedActor.run`, n
 - `--layout.inference server`: one per actor device (`server-d`), batching the requests of
   every actor on it into one policy call.
 
-Everything else is the thread topology's: keys and env seeds per actor (each worker's
-envs are seeded as that part of the actor's envs would be in its thread, so the same
-episodes are played), the sink, checkpoints (`actors_saved`), resume.
+Everything else is `LocalActors`' (as for actor threads): keys and env seeds per actor
+(each worker's envs are seeded as that part of the actor's envs would be in its thread, so
+the same episodes are played), the sink, checkpoints, resume.
 """
 
 from __future__ import annotations
@@ -22,21 +25,21 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import jax
-
 from podrace.algos.normalizer import acting_apply
-from podrace.envs.workers import START_TIMEOUT_S, EnvWorker, split_envs, wait_readable
+from podrace.config import TrainConfig
+from podrace.envs.worker_protocol import EnvLink, EnvLinkMaker, wait_readable
+from podrace.envs.workers import EnvWorker, split_envs
 from podrace.inference.policy import make_key_chain, make_serve_fn
 from podrace.inference.rollouts import ServedActor
 from podrace.inference.server import InferenceServer, ServerSettings
-from podrace.pipeline import PlacingSink
 from podrace.runtime.build import actor_env_seed, actor_settings
+from podrace.runtime.threads.actors import DeviceOf, LocalActors, packed_device
 
 
 class WorkerGroup:
     """One actor's env workers, closed together (as an actor's env is)."""
 
-    def __init__(self, workers: list[EnvWorker]) -> None:
+    def __init__(self, workers: list[EnvLink]) -> None:
         self.workers = workers
 
     def close(self) -> None:
@@ -45,28 +48,34 @@ class WorkerGroup:
 
 
 class ServedActors:
-    """Env worker processes, inference threads and actor threads of one process's actors."""
+    """Env workers, inference threads and actor threads of this process's actors."""
 
-    def __init__(self, make_worker: Callable[..., Any] = EnvWorker) -> None:
+    def __init__(
+        self,
+        make_worker: Callable[[TrainConfig], EnvLinkMaker] = lambda cfg: EnvWorker,
+        device_of: DeviceOf = packed_device,
+    ) -> None:
         self.make_worker = make_worker
-        """(name, source, spec, num_envs, seed, part, threads) -> an env worker: a process
-        here (`EnvWorker`), or a Ray actor on any node (`podrace.runtime.ray.served`)."""
-        self.workers: dict[int, list[EnvWorker]] = {}
+        """config -> how to start an env worker: a process here (`EnvWorker`), or a Ray
+        actor on any node (`podrace.runtime.ray.served.ray_env_workers`)."""
+        self.local = LocalActors(device_of).lend_to(self)  # as actor threads do
+        self.workers: dict[int, list[EnvLink]] = {}
         self.actors: list[ServedActor] = []
         self.servers: list[InferenceServer] = []
 
-    def launch(self, run, first_seq: int) -> None:
-        """Start every actor's worker processes (they build their envs meanwhile)."""
-        cfg = run.cfg
+    def start(self) -> None:
+        """Start every actor's workers (they build their envs meanwhile)."""
+        ctx = self.local.ctx
+        cfg, make = ctx.cfg, self.make_worker(ctx.cfg)
         threads = cfg.env.num_threads or 1  # envpool: a worker is already a core's worth
         parts = split_envs(cfg.env.num_envs, cfg.env.workers)
         for actor_id in range(cfg.num_actors):
-            seed = actor_env_seed(cfg, actor_id, first_seq)
+            seed = actor_env_seed(cfg, actor_id, ctx.version())
             self.workers[actor_id] = [
-                self.make_worker(
+                make(
                     f"actor-{actor_id}.w{j}",
-                    run.envs,
-                    run.spec,
+                    ctx.envs,
+                    ctx.spec,
                     cfg.env.num_envs,
                     seed,
                     part,
@@ -76,16 +85,16 @@ class ServedActors:
             ]
         for workers in self.workers.values():
             for worker in workers:
-                run.lifetime.check()
+                ctx.lifetime.check()
                 worker.start()
 
-    def build(self, run, keys, device_of: Callable[[int], jax.Device]) -> None:
+    def ready(self) -> None:
         """Wait for the workers, build the actors and inference threads, compile."""
-        cfg, lifetime = run.cfg, run.lifetime
+        ctx, local = self.local.ctx, self.local
+        cfg, lifetime = ctx.cfg, ctx.lifetime
         for workers in self.workers.values():
             for worker in workers:
-                start = time.monotonic()
-                limit = getattr(worker, "start_timeout_s", START_TIMEOUT_S)
+                start, limit = time.monotonic(), worker.start_timeout_s
                 while not wait_readable([worker.fileno()], 0.25):  # a stop is seen meanwhile
                     lifetime.check()
                     if time.monotonic() - start > limit:
@@ -93,27 +102,65 @@ class ServedActors:
                             f"env worker {worker.name} did not build its envs within {limit:g}s"
                         )
                 worker.wait_started(0)
-        sink = PlacingSink(run.pipeline, run.placement.place)
+        sink, keys = local.sink(), local.keys()
         for actor_id, workers in self.workers.items():
-            settings = actor_settings(cfg, actor_id, run.learner.version, keys[actor_id])
+            settings = actor_settings(cfg, actor_id, ctx.version(), keys[actor_id])
             name = f"actor-{actor_id}"
             self.actors.append(
                 ServedActor(
                     settings,
-                    run.spec,
+                    ctx.spec,
                     cfg.env.num_envs,
                     workers,
                     sink,
-                    run.control(name),
-                    run.watchdog.heartbeat,
-                    device_of(actor_id),
+                    ctx.control(name),
+                    ctx.heartbeat,
+                    local.device(actor_id),
                 )
             )
-        apply = acting_apply(run.network.apply, cfg.normalize)
-        part_envs = cfg.env.num_envs // cfg.env.workers
-        serve_fn = make_serve_fn(apply, cfg.env.num_envs, part_envs)
+        settings, serve_fn = self._server_settings(), self._serve_fn()  # one program for all
         key_chain = make_key_chain(cfg.rollout_length)
-        settings = ServerSettings(
+        ctx.metrics.count("env/worker_restarts", 0)  # in every line, 0 included
+        for name, actors in self._server_groups().items():
+            server = InferenceServer(
+                name,
+                settings,
+                actors,
+                serve_fn,
+                key_chain,
+                actors[0].device,
+                ctx.control(name),
+            )
+            # A running total: a resumed run's continues (checkpointed with the counters).
+            server.on_restart = lambda: ctx.metrics.count("env/worker_restarts")
+            self.servers.append(server)
+            lifetime.check()
+            server.warm_up(ctx.published)
+            ctx.publisher.add_push_target(
+                server.push, name, on_error=lambda who, error: lifetime.fail(who, error)
+            )
+
+    def _server_groups(self) -> dict[str, list[ServedActor]]:
+        """The actors each inference thread serves, by the thread's name."""
+        ctx, groups = self.local.ctx, {}
+        for actor in self.actors:
+            if ctx.cfg.layout.inference == "server":
+                index = list(ctx.devices.actors).index(actor.device)
+                name = f"server-{index}"
+            else:
+                name = f"actor-{actor.actor_id}.inference"
+            groups.setdefault(name, []).append(actor)
+        return groups
+
+    def _serve_fn(self) -> Callable:
+        ctx = self.local.ctx
+        cfg = ctx.cfg
+        apply = acting_apply(ctx.network.apply, cfg.normalize)
+        return make_serve_fn(apply, cfg.env.num_envs, cfg.env.num_envs // cfg.env.workers)
+
+    def _server_settings(self) -> ServerSettings:
+        cfg = self.local.ctx.cfg
+        return ServerSettings(
             rollout_length=cfg.rollout_length,
             max_policy_lag=cfg.max_policy_lag,
             max_batch=cfg.inference.max_batch,
@@ -122,35 +169,6 @@ class ServedActors:
             params_timeout_s=cfg.inference.params_timeout_s,
             worker_restarts=cfg.env.worker_restarts,
         )
-        groups: dict[str, list[ServedActor]] = {}
-        for actor in self.actors:
-            device = device_of(actor.actor_id)
-            if cfg.layout.inference == "server":
-                index = list(run.devices.actors).index(device)
-                name = f"server-{index}"
-            else:
-                name = f"actor-{actor.actor_id}.inference"
-            groups.setdefault(name, []).append(actor)
-        run.metrics.count("env/worker_restarts", 0)  # in every line, 0 included
-        for name, actors in groups.items():
-            device = actors[0].device
-            server = InferenceServer(
-                name,
-                settings,
-                actors,
-                serve_fn,
-                key_chain,
-                device,
-                run.control(name),
-            )
-            # A running total: a resumed run's continues (checkpointed with the counters).
-            server.on_restart = lambda: run.metrics.count("env/worker_restarts")
-            self.servers.append(server)
-            lifetime.check()
-            server.warm_up(run.published)
-            run.publisher.add_push_target(
-                server.push, name, on_error=lambda who, error: lifetime.fail(who, error)
-            )
 
     def loops(self) -> list[tuple[str, Callable[[], None]]]:
         return [(s.name, s.run) for s in self.servers] + [
@@ -161,6 +179,12 @@ class ServedActors:
         """Each actor's workers; a worker is closed with the thread that steps it (an
         inference thread stuck in a call leaves its workers to the process's exit)."""
         return [(f"actor-{i}", WorkerGroup(workers)) for i, workers in self.workers.items()]
+
+    def line_extras(self) -> dict[str, float]:
+        return {}  # worker restarts are a counter (`env/worker_restarts`)
+
+    def report(self) -> None:
+        return None
 
     def close(self) -> None:
         for workers in self.workers.values():

@@ -1,5 +1,5 @@
-"""The multi-host topology: N processes (jax.distributed), each the thread topology for its
-own actors, all learners one `jit(shard_map)` over the global learner mesh.
+"""The jax.distributed cluster: N processes, each with its own fleet for its own actors, all
+learners one `jit(shard_map)` over the global learner mesh (the `multihost` topology).
 
 Every process runs the same command. Before any thread starts, the processes meet, open
 the peer link (`peers`), join jax.distributed, check themselves and compare configs
@@ -25,8 +25,8 @@ through the coordination service), which needs a run directory every process see
 processes check that at the start: where it is not shared, a run that asks for periodic
 checkpoints is refused, and one that does not writes none (a warning says so). A stop
 saves the newest version every process has recorded (they differ by at most one update,
-see `final_version`); a lost process leaves the last periodic checkpoint, which a resume
-of all processes continues.
+see `last_save_version`); a lost process leaves the last periodic checkpoint, which a
+resume of all processes continues.
 
 Failure: a lost process (exit, kill, hang, error, Ctrl-C) reaches every other one through
 the peer link, which fails the local run naming that process; a learner whose collective
@@ -48,16 +48,17 @@ from typing import NoReturn
 
 from podrace.checkpoints.files import Writers
 from podrace.config import ConfigError, TrainConfig, replace
-from podrace.control import Stopped
+from podrace.control import Lifetime, Stopped
+from podrace.envs.source import EnvSource
 from podrace.rundir import (
     RunLock,
     check_new_run_dir,
     create_run_dir,
     discard_if_untrained,
 )
+from podrace.runtime.devices import Devices, resolve_devices
 from podrace.runtime.multihost.coordination_service import stop_hosted_service
 from podrace.runtime.multihost.distributed import (
-    SHUTDOWN_TIMEOUT_S,
     Cluster,
     RunRefused,
     agree,
@@ -65,10 +66,10 @@ from podrace.runtime.multihost.distributed import (
     join,
     meet,
     resolved,
+    shutdown,
 )
 from podrace.runtime.multihost.peers import PeerLink, PeerLost, PeerStopped
 from podrace.runtime.stderr import write_stderr_now
-from podrace.runtime.threads.topology import ThreadTopology
 
 log = logging.getLogger(__name__)
 
@@ -88,26 +89,34 @@ _COUNTERS_KEY = "podrace/counters/{}/{}"
 """Process i's counters for the save of a version, for process 0 to put in the meta."""
 
 
-class MultiHostTopology(ThreadTopology):
-    name = "multihost"
+class DistributedGroup:
+    """This process is one of a jax.distributed group's; they meet, run and leave together."""
+
+    name = "jax.distributed"
+    stop_grace_s = 1.0
     exit_grace_s = 10.0  # the last save: the processes agree on a version, then write it
 
     def __init__(self) -> None:
-        super().__init__()
+        self.process_id, self.num_processes = 0, 1  # until joined
         self.link: PeerLink | None = None
         self.cluster: Cluster | None = None
-        self.lifetime = None
+        self.lifetime: Lifetime | None = None
         self.shared = False
         """Every process sees the run directory: checkpoints are written."""
-        self._run = None
+        self.watching = False
+        """The run's loops started (`watch`): a lost process fails the run from then on."""
         self.peer_timeout_s = 0.0
         """How long a process may go unheard before it counts as lost (the config's)."""
+        self._left = False
+
+    def check(self, cfg: TrainConfig, envs: EnvSource | None) -> None:
+        pass  # every process checks itself once they met (`join`)
 
     # Preparing ---------------------------------------------------------------------------
     def join(self, cfg: TrainConfig, lifetime, resuming: bool) -> TrainConfig:
         """The peer link opens first (right after the processes met, before jax.distributed
         starts, where the flags name them): from then on a lost peer ends this process at
-        once (printing which one) until `starting`, and a local error is told to the
+        once (printing which one) until `watch`, and a local error is told to the
         others."""
         self.lifetime = lifetime
         d = cfg.distributed
@@ -174,7 +183,8 @@ class MultiHostTopology(ThreadTopology):
             signum = signal.Signals[name] if name in signal.Signals.__members__ else signal.SIGINT
             link.report_stop(int(signum), signum.name)
 
-    def abandon(self, error: BaseException) -> None:
+    def _tell_failed_start(self, error: BaseException) -> None:
+        """Preparing failed with `error` before the loops started: tell the others."""
         if isinstance(error, PeerLost):  # a process vanished before every link was open
             self._exit_while_preparing(error)
         if self.link is None:
@@ -186,13 +196,13 @@ class MultiHostTopology(ThreadTopology):
             self.link.report_failure(text.splitlines()[0])
         self.link.close()
 
-    def devices(self, cfg: TrainConfig):
-        devices = super().devices(cfg)
+    def devices(self, cfg: TrainConfig) -> Devices:
+        devices = resolve_devices(cfg)
         learners = global_learner_devices(cfg.layout.learner_device_ids, cfg.layout.platform)
         return dataclasses.replace(devices, learners=tuple(learners))
 
-    def lock_resumed(self, point) -> RunLock:
-        return RunLock(self._part(point.run_dir))
+    def lock_resumed(self, run_dir: Path) -> RunLock:
+        return RunLock(self._part(run_dir))
 
     def _part(self, root: Path) -> Path:
         """This process's run directory inside the run's `root` (made if missing)."""
@@ -205,10 +215,12 @@ class MultiHostTopology(ThreadTopology):
             raise ConfigError(f"cannot create {part}: {error.strerror}") from None
         return part
 
-    def claim_run_dir(self, cfg: TrainConfig, lifetime, point) -> tuple[Path, Path]:
-        cluster = self.cluster
+    def claim_run_dir(
+        self, cfg: TrainConfig, lifetime: Lifetime, resumed: Path | None
+    ) -> tuple[Path, Path]:
+        cluster, point = self.cluster, resumed
         if point is not None:
-            root = Path(point.run_dir)
+            root = Path(point)
         elif cluster.process_id == 0:
             root = lifetime.run_dir = create_run_dir(cfg)
             cluster.store.key_value_set(_RUN_DIR_KEY, str(root))
@@ -252,7 +264,7 @@ class MultiHostTopology(ThreadTopology):
             marker.unlink(missing_ok=True)
         return every
 
-    def writer(self) -> Writers:
+    def writers(self) -> Writers:
         return Writers(
             self.process_id, self.num_processes, self.shared, share_counters=self._share_counters
         )
@@ -281,9 +293,8 @@ class MultiHostTopology(ThreadTopology):
         return every
 
     # Running -------------------------------------------------------------------------
-    def starting(self, run) -> None:
-        self._run = run
-        lifetime = run.lifetime
+    def watch(self, lifetime: Lifetime) -> None:
+        self.watching = True
         self.link.on_lost(lambda lost: lifetime.fail(f"process-{lost.process}", lost))
 
     def explain(self, error: BaseException) -> BaseException:
@@ -295,7 +306,9 @@ class MultiHostTopology(ThreadTopology):
             return Stopped(self.lifetime.stop_reason)
         return error
 
-    def final_version(self, run, returned: bool) -> int | None:
+    def last_save_version(
+        self, recorded: int, returned: bool, abandon_write: Callable[[], None]
+    ) -> int | None:
         """The version every process saves after a stop: the newest all of them recorded.
 
         The learner's update is one collective, so the processes' newest recorded versions
@@ -305,13 +318,13 @@ class MultiHostTopology(ThreadTopology):
         process and do not save after), or a process that does not answer within the peer
         timeout (it counts as lost then), means no last save: the last periodic checkpoint
         stands. A stop told by another process (PeerStopped) still saves."""
-        failure = run.lifetime.failure
+        failure = self.lifetime.failure
         if failure is not None and not isinstance(failure.error, PeerStopped):
-            run.checkpoints.abandon()  # a write in progress waits for the lost process
+            abandon_write()  # a write in progress waits for the lost process
             return None
         if not self.shared:
             return None
-        cluster, latest = self.cluster, run.checkpoints.point.version
+        cluster, latest = self.cluster, recorded
         cluster.store.key_value_set(_FINAL_KEY.format(cluster.process_id), str(latest))
         versions = []
         for process in range(cluster.num_processes):
@@ -325,23 +338,46 @@ class MultiHostTopology(ThreadTopology):
             versions.append(int(answer))
         return min(versions)
 
-    def close(self) -> None:
+    def release(self, updates: int) -> None:
         """After a run that failed: wait for the others to leave, close the link. A run that
         finished or was stopped keeps it for `leave`, which says so to the others."""
-        super().close()  # env worker processes, inference threads' pipes
-        run, link = self._run, self.link
-        if link is None or run is None or run.lifetime.failure is None:
+        link, lifetime = self.link, self.lifetime
+        if link is None or not self.watching or lifetime.failure is None:
             return
-        if isinstance(run.lifetime.failure.error, PeerStopped):
+        if isinstance(lifetime.failure.error, PeerStopped):
             # Stopped from another process: as after a stop here.
-            discard_if_untrained(run.lifetime.run_dir, run.learner.version)
+            discard_if_untrained(lifetime.run_dir, updates)
         link.wait_others_gone(HUB_EXIT_WAIT_S)
         link.close()
 
     # After the run ---------------------------------------------------------------------
-    def leave(self, interrupted: Callable[[], int | None]) -> None:
-        """After `run`: say this process is done and wait until every process is (process 0
-        may still be evaluating), so that all leave jax.distributed together. A loss
+    def leave(
+        self,
+        error: BaseException | None = None,
+        interrupted: Callable[[], int | None] | None = None,
+    ) -> None:
+        """Leave jax.distributed, once. Preparing failed (`error` before `watch`): tell the
+        others, and leave together when every process refused the run alike. The run
+        failed: leave at once. The run returned: `_wait_all_done` first."""
+        if self._left:
+            return
+        self._left = True
+        ok = False
+        try:
+            if error is not None and not self.watching:
+                self._tell_failed_start(error)
+                ok = isinstance(error, RunRefused)
+            elif error is None:
+                self._wait_all_done(interrupted or (lambda: None))
+                ok = not (interrupted and interrupted())
+        finally:
+            if self.link is not None:
+                self.link.close()
+            shutdown(ok)
+
+    def _wait_all_done(self, interrupted: Callable[[], int | None]) -> None:
+        """After the run: say this process is done and wait until every process is (process
+        0 may still be evaluating), so that all leave jax.distributed together. A loss
         meanwhile raises it (ComponentError); a signal (`interrupted()` gives its number)
         is told to the others, which stop too, and ends the wait."""
         link, lifetime = self.link, self.lifetime
@@ -361,11 +397,6 @@ class MultiHostTopology(ThreadTopology):
                 link.wait_others_gone(HUB_EXIT_WAIT_S)
             link.close()
 
-    def shutdown(self, ok: bool) -> None:
-        if self.link is not None:
-            self.link.close()
-        shutdown(ok)
-
 
 def _check(cfg: TrainConfig, resuming: bool) -> TrainConfig:
     """This process alone: valid config, env, local devices, global mesh; process 0 of a
@@ -383,28 +414,4 @@ def _check(cfg: TrainConfig, resuming: bool) -> TrainConfig:
     return cfg
 
 
-def shutdown(ok: bool, timeout_s: float = SHUTDOWN_TIMEOUT_S + 30) -> None:
-    """Leave jax.distributed. After a success every process reaches the shutdown barrier
-    (all are done by then: `leave` waited for process 0's final evaluation); after a
-    failure a peer may be gone, so the barrier is skipped (the caller exits) and process 0
-    only stops its coordination service, freeing the coordinator's port."""
-    import jax
-
-    if not ok or not jax.distributed.is_initialized():
-        stop_hosted_service()  # process 0: the others have left (the peer link waited)
-        return
-
-    done = threading.Event()
-
-    def leave() -> None:
-        try:
-            jax.distributed.shutdown()
-        except Exception as error:  # noqa: BLE001 - the run is over; a peer that left first
-            log.debug("jax.distributed.shutdown() raised: %r", error)
-        done.set()
-
-    threading.Thread(target=leave, name="distributed-shutdown", daemon=True).start()
-    done.wait(timeout_s)
-
-
-__all__ = ["MultiHostTopology", "shutdown"]
+__all__ = ["DistributedGroup"]
