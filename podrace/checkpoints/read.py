@@ -20,97 +20,17 @@ from podrace import json_text
 from podrace.algos.base import TrainState
 from podrace.checkpoints.files import (
     FORMAT,
-    MANIFEST,
     ONE_PROCESS,
     Writers,
-    file_sha256,
     orbax_checkpointer,
     resolve_step,
 )
+from podrace.checkpoints.manifest import verify_manifest
 from podrace.checkpoints.orbax_loops import draining_loops
 from podrace.checkpoints.state import RunState, spec_json
 from podrace.config import ConfigError, TrainConfig
 from podrace.config_dict import config_from_dict
 from podrace.types import EnvSpec, PyTree
-
-
-def verify_manifest(step_dir: Path) -> None:
-    """ConfigError naming the first file that is missing, truncated or altered.
-
-    Every step podrace writes has its manifest from the moment it appears (see
-    `podrace.checkpoints.files`), so a step without one was damaged, or left by a write of an
-    older podrace killed before its manifest: either way it cannot be verified."""
-    manifest_path = step_dir / MANIFEST
-    if not manifest_path.is_file():
-        raise ConfigError(
-            f"corrupt checkpoint: {step_dir} has no {MANIFEST}, so its files cannot be verified "
-            "(move the step out of the checkpoints folder to use an earlier one)"
-        )
-    try:
-        files = _manifest_files(json_text.loads(manifest_path.read_bytes()))
-    except (ValueError, KeyError, TypeError) as error:  # UnicodeDecodeError is a ValueError
-        text = " ".join(str(error).split())[:200]
-        raise ConfigError(
-            f"corrupt checkpoint: {manifest_path} is not a valid manifest ({text})"
-        ) from None
-    except OSError as error:
-        raise ConfigError(
-            f"corrupt checkpoint: cannot read {manifest_path}: {error.strerror or error}"
-        ) from None
-    for name, expected in files.items():
-        path = step_dir / name
-        if not path.is_file():
-            raise ConfigError(f"corrupt checkpoint: {path} is missing")
-        size = path.stat().st_size
-        if size != expected["bytes"]:
-            raise ConfigError(
-                f"corrupt checkpoint: {path} has {size} bytes, {expected['bytes']} were written"
-            )
-        if file_sha256(path) != expected["sha256"]:
-            raise ConfigError(
-                f"corrupt checkpoint: {path} differs from what was written (SHA-256 mismatch)"
-            )
-    for path in sorted(step_dir.rglob("*")):  # orbax reads what it finds, listed or not
-        if (
-            path.is_file()
-            and path != manifest_path
-            and path.relative_to(step_dir).as_posix() not in files
-        ):
-            raise ConfigError(
-                f"corrupt checkpoint: {path} is not in the manifest "
-                "(added after the checkpoint was written)"
-            )
-
-
-def _manifest_files(manifest: object) -> dict[str, dict]:
-    """The manifest's {relative path: {"bytes": int, "sha256": hex}}; ValueError for any
-    other shape."""
-    files = manifest["files"] if isinstance(manifest, dict) else None
-    if not isinstance(files, dict):
-        raise ValueError(
-            f"'files' must map file names to sizes and hashes, got {type(files).__name__}"
-        )
-    for name, entry in files.items():
-        inside = not Path(name).is_absolute() and ".." not in Path(name).parts
-        size = entry.get("bytes") if isinstance(entry, dict) else None
-        digest = entry.get("sha256") if isinstance(entry, dict) else None
-        if not (
-            inside
-            and isinstance(size, int)
-            and not isinstance(size, bool)
-            and size >= 0
-            and isinstance(digest, str)
-            and re.fullmatch(r"[0-9a-f]{64}", digest)
-        ):
-            raise ValueError(
-                f"entry {name!r} must be a file in the checkpoint with 'bytes' and 'sha256', "
-                f"got {json.dumps(entry)[:80]}"
-            )
-    if manifest.get("format") != FORMAT:
-        raise ValueError(
-            f"format {json.dumps(manifest.get('format'))[:20]}, this podrace writes {FORMAT}"
-        )
-    return files
 
 
 def _corrupt(step_dir: Path, item: str, error: Exception) -> ConfigError:
