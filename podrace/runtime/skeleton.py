@@ -199,10 +199,9 @@ class Run:
         self.evaluator.warm_up(self.published)
 
     def _start_state(self, restored: RunState | None) -> RunState:
-        """A fresh run's first state, or a restored one with this process's counters
-        (every running total: env steps, episodes, restarts, ...), clock and skip count
-        carried into this run, and the checkpoint it stands on named in the metrics; the
-        fleet says where its actors start."""
+        """A fresh run's first state, or a restored one with this process's running totals,
+        clock and skip count carried on and its checkpoint named in the metrics; the fleet
+        says where its actors start."""
         actors = self.fleet.restore(self._fleet_context(), restored)
         m = self.metrics
         m.set("version", self.learner.version)  # every metrics line names a version

@@ -19,10 +19,12 @@ import json
 import logging
 import os
 import re
+import secrets
 import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -34,6 +36,9 @@ from podrace.runtime.multihost.rendezvous import host_of, refuse, rendezvous
 log = logging.getLogger(__name__)
 
 _CONFIG_KEY = "podrace/config/{}"
+_SHARED_KEY = "podrace/shared/{}"
+_COUNTERS_KEY = "podrace/counters/{}/{}"
+"""Process i's counters for the save of a version, for process 0 to put in the meta."""
 SHUTDOWN_TIMEOUT_S = 600
 # Fields allowed to differ between processes: which process this is, and how it reaches
 # the coordinator; the run directory's name is process 0's.
@@ -288,6 +293,52 @@ def global_learner_devices(local_ids: tuple[int, ...], platform: str | None) -> 
     return devices
 
 
+def every_process_sees(cluster: Cluster, root: Path) -> bool:
+    """Whether every process sees process 0's `root` (a shared filesystem): process 0
+    leaves a token there, each process says whether it finds it."""
+    token_key = _SHARED_KEY.format("token")
+    if cluster.process_id == 0:
+        token = secrets.token_hex(8)
+        marker = root / f".podrace-shared-{token}"
+        marker.touch()
+        cluster.store.key_value_set(token_key, token)
+    else:
+        token = cluster.get(token_key)
+        marker = root / f".podrace-shared-{token}"
+    sees = marker.is_file()
+    cluster.store.key_value_set(_SHARED_KEY.format(cluster.process_id), "1" if sees else "0")
+    every = all(cluster.get(_SHARED_KEY.format(p)) == "1" for p in range(cluster.num_processes))
+    if cluster.process_id == 0:
+        marker.unlink(missing_ok=True)
+    return every
+
+
+def share_counters(
+    cluster: Cluster, timeout_s: float, version: int, counters: dict
+) -> list[dict] | None:
+    """Each process's own counters go into every checkpoint (its episodes are its own
+    actors'): the others hand theirs to process 0 through the coordination service (waiting
+    up to `timeout_s`); process 0 gets every process's, the others None."""
+    if cluster.process_id != 0:
+        cluster.store.key_value_set(
+            _COUNTERS_KEY.format(version, cluster.process_id), json.dumps(counters)
+        )
+        return None
+    every = [counters]
+    for process in range(1, cluster.num_processes):
+        key = _COUNTERS_KEY.format(version, process)
+        try:
+            answer = cluster.store.blocking_key_value_get(key, int(timeout_s * 1000))
+        except Exception as error:  # noqa: BLE001 - jaxlib's own error type: no answer
+            raise TimeoutError(
+                f"checkpoint {version}: process {process} did not hand over its counters "
+                f"within {timeout_s:g}s"
+            ) from error
+        cluster.store.key_value_delete(key)
+        every.append(json.loads(answer))
+    return every
+
+
 def shutdown(ok: bool, timeout_s: float = SHUTDOWN_TIMEOUT_S + 30) -> None:
     """Leave jax.distributed. After a success every process reaches the shutdown barrier
     (all are done by then: `DistributedGroup.leave` waited for process 0's final
@@ -316,10 +367,12 @@ __all__ = [
     "RunRefused",
     "agree",
     "config_hash",
+    "every_process_sees",
     "global_learner_devices",
     "join",
     "meet",
     "resolved",
+    "share_counters",
     "shutdown",
     "shared_fields",
 ]

@@ -36,10 +36,9 @@ failed waits briefly for that news so the error names the process, not the socke
 from __future__ import annotations
 
 import dataclasses
-import json
+import functools
 import logging
 import os
-import secrets
 import signal
 import threading
 from collections.abc import Callable
@@ -62,10 +61,12 @@ from podrace.runtime.multihost.distributed import (
     Cluster,
     RunRefused,
     agree,
+    every_process_sees,
     global_learner_devices,
     join,
     meet,
     resolved,
+    share_counters,
     shutdown,
 )
 from podrace.runtime.multihost.peers import PeerLink, PeerLost, PeerStopped
@@ -83,10 +84,7 @@ COLLECTIVE_GRACE_S = 5.0
 process was lost (the link hears of a killed process at once)."""
 _RUN_DIR_KEY = "podrace/run-dir"
 """Set by process 0 once it made the run directory, in which the others make their part."""
-_SHARED_KEY = "podrace/shared/{}"
 _FINAL_KEY = "podrace/final/{}"
-_COUNTERS_KEY = "podrace/counters/{}/{}"
-"""Process i's counters for the save of a version, for process 0 to put in the meta."""
 
 
 class DistributedGroup:
@@ -230,7 +228,7 @@ class DistributedGroup:
         run_dir = self._part(root)
         if point is None and cluster.process_id != 0:
             lifetime.run_dir = run_dir
-        self.shared = self._every_process_sees(root)
+        self.shared = every_process_sees(self.cluster, root)
         if not self.shared:
             if cfg.checkpoint.every_updates or point is not None:
                 raise RunRefused(
@@ -244,53 +242,9 @@ class DistributedGroup:
             )
         return run_dir, root
 
-    def _every_process_sees(self, root: Path) -> bool:
-        """Whether every process sees process 0's `root` (a shared filesystem): process 0
-        leaves a token there, each process says whether it finds it."""
-        cluster = self.cluster
-        token_key = _SHARED_KEY.format("token")
-        if cluster.process_id == 0:
-            token = secrets.token_hex(8)
-            marker = root / f".podrace-shared-{token}"
-            marker.touch()
-            cluster.store.key_value_set(token_key, token)
-        else:
-            token = cluster.get(token_key)
-            marker = root / f".podrace-shared-{token}"
-        sees = marker.is_file()
-        cluster.store.key_value_set(_SHARED_KEY.format(cluster.process_id), "1" if sees else "0")
-        every = all(cluster.get(_SHARED_KEY.format(p)) == "1" for p in range(cluster.num_processes))
-        if cluster.process_id == 0:
-            marker.unlink(missing_ok=True)
-        return every
-
     def writers(self) -> Writers:
-        return Writers(
-            self.process_id, self.num_processes, self.shared, share_counters=self._share_counters
-        )
-
-    def _share_counters(self, version: int, counters: dict) -> list[dict] | None:
-        """Each process's own counters go into every checkpoint (its episodes are its own
-        actors'): the others hand theirs to process 0 through the coordination service."""
-        cluster = self.cluster
-        if cluster.process_id != 0:
-            cluster.store.key_value_set(
-                _COUNTERS_KEY.format(version, cluster.process_id), json.dumps(counters)
-            )
-            return None
-        every = [counters]
-        for process in range(1, cluster.num_processes):
-            key = _COUNTERS_KEY.format(version, process)
-            try:
-                answer = cluster.store.blocking_key_value_get(key, int(self.peer_timeout_s * 1000))
-            except Exception as error:  # noqa: BLE001 - jaxlib's own error type: no answer
-                raise TimeoutError(
-                    f"checkpoint {version}: process {process} did not hand over its counters "
-                    f"within {self.peer_timeout_s:g}s"
-                ) from error
-            cluster.store.key_value_delete(key)
-            every.append(json.loads(answer))
-        return every
+        share = functools.partial(share_counters, self.cluster, self.peer_timeout_s)
+        return Writers(self.process_id, self.num_processes, self.shared, share_counters=share)
 
     # Running -------------------------------------------------------------------------
     def watch(self, lifetime: Lifetime) -> None:
