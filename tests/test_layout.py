@@ -19,7 +19,7 @@ pytestmark = pytest.mark.timeout(60)
 PACKAGE = Path(__file__).resolve().parents[1] / "podrace"
 
 LAYERS: list[tuple[str, ...]] = [
-    # data, configuration and the control primitives every loop may use
+    # data, configuration, the control primitives every loop may use, wording of counts
     (
         "podrace.types",
         "podrace.json_text",
