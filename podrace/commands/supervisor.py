@@ -8,7 +8,7 @@ them at once (`exit_at_once_on_signals`), unless an output is being written.
 The supervised object (`podrace.commands.train.Training`) is called in the worker thread and
 exposes what the watch needs: `outcome` (the exit code or exception, once done),
 `lifetime` (the run's Lifetime once JAX is imported, else None), `run` (the prepared run
-or None), `grace_s`, `starved_exit_s`, `distributed`,
+or None), `topology` (once chosen, else None), `grace_s`, `starved_exit_s`, `distributed`,
 `discard_untrained_run_dir()` for a process that exits before its run trained,
 `leave_cluster()`, which leaves the run's other processes at once, and
 `stopped(left_behind)`, which writes the line of a run stopped by a signal.
@@ -132,7 +132,10 @@ def supervise(training, signals: Signals) -> int:
     finally:
         faulthandler.cancel_dump_traceback_later()
     outcome = training.outcome[0]
-    if isinstance(outcome, BaseException) and training.distributed:
+    # A process of a jax.distributed group that met its cluster never leaves through the
+    # interpreter; one whose config was refused before that returns like any other.
+    in_group = training.distributed and training.topology is not None
+    if isinstance(outcome, BaseException) and in_group:
         # Never into the interpreter's exit: JAX's shutdown barrier there waits for peers
         # that may be gone (up to 10 minutes).
         traceback.print_exception(outcome, file=sys.stderr)
@@ -140,7 +143,7 @@ def supervise(training, signals: Signals) -> int:
         exit_now(1)
     if isinstance(outcome, BaseException):
         raise outcome
-    if training.distributed:
+    if in_group:
         training.leave_cluster()  # the run left already, unless it never joined
         # Never wait at exit for a lost peer (atexit) or for threads left in a collective.
         exit_now(outcome)
