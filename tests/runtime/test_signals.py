@@ -116,7 +116,17 @@ def test_a_second_signal_names_the_checkpoint_the_run_leaves(tmp_path):
     )
     try:
         folder = checkpoint_dir(tmp_path / "r")
-        wait_until(lambda: checkpoint_steps(folder), 120, while_alive=proc)
+        metrics = tmp_path / "r" / "metrics.jsonl"
+        # A checkpoint the run has counted as complete (its metric), not only one on disk:
+        # the step's folder appears just before the run records it.
+        wait_until(
+            lambda: (
+                metrics.is_file()
+                and any("checkpoint/version" in line for line in metrics.read_text().splitlines())
+            ),
+            120,
+            while_alive=proc,
+        )
         proc.send_signal(signal.SIGINT)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
