@@ -101,3 +101,16 @@ class Rollout:
     """[T, B] the params version that chose each action (host), where the steps of one
     rollout may span versions (an inference server acts with the newest params it has);
     `policy_version` is then the oldest of them. None: every step is `policy_version`'s."""
+
+
+class JaxEnvStep(NamedTuple):
+    """One env step inside a jitted rollout, as envpool's XLA step and a JAX env's step
+    return it (the fields `podrace.fused_rollout` reads; episode statistics are counted
+    there)."""
+
+    obs: Any
+    reward: Any
+    terminated: Any
+    truncated: Any
+    raw_reward: Any
+    episode_done: Any

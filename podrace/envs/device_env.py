@@ -34,7 +34,7 @@ import numpy as np
 from podrace.envs.episode_stats import EpisodeStats
 from podrace.envs.jax_envs import JaxEnv, kept_observations, raw_jax_env_spec
 from podrace.envs.spaces import ObsIndices
-from podrace.types import EnvStep
+from podrace.types import EnvStep, JaxEnvStep
 
 
 class EnvHandle(NamedTuple):
@@ -43,17 +43,6 @@ class EnvHandle(NamedTuple):
     state: Any  # the envs' states, batched [B, ...]
     key: Any  # uint32[2]: raw (threefry) key data the next step's randomness derives from
     reset_next: Any  # bool [B]: the env's last step ended an episode, so its next one resets
-
-
-class JaxEnvStep(NamedTuple):
-    """One step inside a jitted rollout (the fields `podrace.fused_rollout` reads)."""
-
-    obs: Any
-    reward: Any
-    terminated: Any
-    truncated: Any
-    raw_reward: Any
-    episode_done: Any
 
 
 class DeviceStep:

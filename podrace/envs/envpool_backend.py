@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import types
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from podrace.envs.base import env_seeds
 from podrace.envs.episode_stats import EpisodeStats
 from podrace.envs.resolve import is_envpool_atari
 from podrace.envs.spaces import ActionPreparer, ObsIndices, OneHotObs, spec_from_spaces
-from podrace.types import EnvSpec, EnvStep
+from podrace.types import EnvSpec, EnvStep, JaxEnvStep
 
 MAX_ATARI_IMAGE_SIZE = 1024
 MAX_ATARI_FRAME_STACK = 256
@@ -286,14 +286,3 @@ class XlaStep:
         return handle, JaxEnvStep(
             obs, reward.astype(jnp.float32), terminated, truncated, raw_reward, episode_done
         )
-
-
-class JaxEnvStep(NamedTuple):
-    """What a step returns inside a jitted rollout (episode statistics are counted there)."""
-
-    obs: Any
-    reward: Any
-    terminated: Any
-    truncated: Any
-    raw_reward: Any
-    episode_done: Any
