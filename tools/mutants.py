@@ -958,14 +958,14 @@ MUTANTS: list[Mutant] = [
     # --- checkpoints: the atomic manifest, leftovers, failed writes ------------------------
     Mutant(
         "leftovers_matched_by_prefix",
-        "podrace/checkpoints/files.py",
+        "podrace/checkpoints/steps.py",
         "        if not _LEFTOVER.fullmatch(path.name):",
         "        if not _LEFTOVER.match(path.name):",
         ("tests/checkpoints/test_files.py", "-k", "rotated_step"),
     ),
     Mutant(
         "a_file_in_the_way_of_a_step_ignored",
-        "podrace/checkpoints/files.py",
+        "podrace/checkpoints/steps.py",
         "        if path.is_symlink() or not path.is_dir():\n            raise",
         "        if False:\n            raise",
         ("tests/checkpoints/test_files.py", "-k", "rotated_step"),
@@ -991,7 +991,7 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "manifest_not_synced",
-        "podrace/checkpoints/files.py",
+        "podrace/checkpoints/manifest.py",
         "        os.fsync(f.fileno())\n",
         "",
         ("tests/checkpoints/test_files.py", "-k", "synced"),

@@ -16,7 +16,8 @@ Writing: `Checkpointer.save(state)` copies the state to the host on the caller's
 writes it on a background thread; after each write the oldest steps beyond `keep` are
 deleted, each only under an exclusive `step_lock`, which a reader of the live run (`podrace
 eval`) holds shared while it reads. Reading, verified against the manifest:
-`podrace.checkpoints.read`.
+`podrace.checkpoints.read`. The folder's step names and a reader's hold on a step:
+`podrace.checkpoints.steps`; the manifest: `podrace.checkpoints.manifest`.
 
 Several processes (a multi-host run, `Writers`) write one checkpoint together with orbax's
 multi-process save: every process calls `save` with the same version, orbax writes each
@@ -27,18 +28,14 @@ clears leftovers, writes the manifest, renames the step and rotates.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import errno
-import fcntl
-import hashlib
-import json
 import logging
 import os
 import re
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -48,22 +45,21 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from podrace.checkpoints.manifest import sync_directory, write_manifest
 from podrace.checkpoints.orbax_loops import draining_loops
 from podrace.checkpoints.state import RunState, spec_json
-from podrace.config import ConfigError, TrainConfig
+from podrace.checkpoints.steps import (
+    DELETING,
+    FORMAT,
+    PARTIAL,
+    checkpoint_steps,
+    leftovers,
+    step_lock,
+)
+from podrace.config import TrainConfig
 from podrace.control import ExplainedError
 from podrace.metrics.registry import Metrics
 from podrace.types import EnvSpec
-
-FORMAT = 1
-MANIFEST = "podrace_manifest.json"
-PARTIAL, DELETING = ".partial", ".deleting"
-"""Suffixes of a step being written and of one being deleted: never read as checkpoints."""
-_LEFTOVER = re.compile(
-    r"[0-9]+(\.partial(\.orbax-checkpoint-tmp(-[0-9]+)?)?|\.deleting|\.orbax-checkpoint-tmp(-[0-9]+)?)"
-)
-"""The names a write or deletion killed halfway leaves (the last: orbax's, of older podrace)."""
-
 
 # Writing ----------------------------------------------------------------------------
 
@@ -257,7 +253,7 @@ class Checkpointer:
             if primary:
                 write_manifest(partial)
                 os.rename(partial, final)  # files and manifest appear together, or not at all
-                _sync_directory(self.directory)
+                sync_directory(self.directory)
         except (FileExistsError, CheckpointFilesRemoved):
             raise
         except Exception as error:
@@ -367,23 +363,6 @@ class _QuietAbout(logging.Filter):
         return self._directory not in record.getMessage()
 
 
-def leftovers(directory: Path) -> list[Path]:
-    """What writes and deletions killed halfway left in `directory` (for the next writer to
-    clear). ConfigError for a file or link of such a name: podrace would write or delete
-    there; a resume checks this before it changes anything in the run."""
-    found = []
-    for path in sorted(directory.iterdir()) if directory.is_dir() else ():
-        if not _LEFTOVER.fullmatch(path.name):
-            continue
-        if path.is_symlink() or not path.is_dir():
-            raise ConfigError(
-                f"{path} is in the way of podrace's checkpoints (a step is written as "
-                f"<step>{PARTIAL} and deleted as <step>{DELETING}); move it out of {directory}"
-            )
-        found.append(path)
-    return found
-
-
 def orbax_checkpointer(
     writers: Writers = ONE_PROCESS, barrier: str = "podrace"
 ) -> ocp.Checkpointer:
@@ -405,108 +384,3 @@ def orbax_checkpointer(
         **handlers,
     )
     return ocp.Checkpointer(composite, multiprocessing_options=options)
-
-
-def _sync_directory(directory: Path) -> None:
-    """Make a rename in `directory` durable (a crash of the machine must not undo it)."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_manifest(step_dir: Path) -> None:
-    """Record size and SHA-256 of every file of a complete step, and make it durable: the
-    manifest and the step's directory are synced, as TensorStore syncs the files it wrote,
-    so a machine crash after the rename cannot leave the latest step unverifiable."""
-    files = {}
-    for path in sorted(p for p in step_dir.rglob("*") if p.is_file() and p.name != MANIFEST):
-        files[path.relative_to(step_dir).as_posix()] = {
-            "bytes": path.stat().st_size,
-            "sha256": file_sha256(path),
-        }
-    with open(step_dir / MANIFEST, "w") as f:
-        f.write(json.dumps({"format": FORMAT, "files": files}, indent=1) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    _sync_directory(step_dir)
-
-
-READ_HOLD_WAIT_S = 10.0
-"""How long a reader waits for a step a rotation holds (it is being deleted: a moment)."""
-
-
-@contextlib.contextmanager
-def step_lock(step_dir: Path, shared: bool) -> Iterator[bool]:
-    """An flock on a step's directory: a reader holds it shared while it reads, the writer's
-    rotation takes it exclusively and deletes the step only with it. Yields whether it is
-    held. Exclusive: tried once (False while a reader holds the step, so it is spared).
-    Shared: retried for up to READ_HOLD_WAIT_S (a rotation is deleting the step, or a fork
-    child of the writer kept its descriptor), then the read goes ahead unheld; a step that
-    is gone yields False. A step that cannot be opened, or a file system without flock,
-    holds neither side back."""
-    try:
-        fd = os.open(step_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        yield False
-        return
-    except OSError:  # not a directory, not readable: no reader holds it (reading it fails)
-        yield not shared  # the rotation tries to delete it, and warns if it cannot
-        return
-    try:
-        held, deadline = False, time.monotonic() + READ_HOLD_WAIT_S
-        while True:
-            try:
-                fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
-                held = True
-            except BlockingIOError:
-                if shared and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                    continue
-            except OSError:  # no flock on this file system: rotate as if no one reads
-                held = not shared
-            break
-        yield held
-    finally:
-        os.close(fd)  # releases the lock
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-# Steps on disk ----------------------------------------------------------------------
-
-
-def checkpoint_steps(directory: Path) -> list[int]:
-    """Steps of the complete checkpoints in `directory`, ascending (temp dirs excluded)."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return []
-    return sorted(
-        int(p.name) for p in directory.iterdir() if p.is_dir() and re.fullmatch(r"[0-9]+", p.name)
-    )
-
-
-def latest_step(directory: Path) -> int | None:
-    steps = checkpoint_steps(directory)
-    return steps[-1] if steps else None
-
-
-def resolve_step(directory: Path, step: int | None = None) -> int:
-    """`step`, or the latest one; ConfigError when there is no such checkpoint."""
-    steps = checkpoint_steps(directory)
-    if not steps:
-        raise ConfigError(f"no checkpoint in {directory}")
-    if step is None:
-        return steps[-1]
-    if step not in steps:
-        raise ConfigError(
-            f"no checkpoint for step {step} in {directory} (saved: {', '.join(map(str, steps))})"
-        )
-    return step

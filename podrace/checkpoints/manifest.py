@@ -1,15 +1,54 @@
-"""Checking a checkpoint step against its manifest (written by `podrace.checkpoints.files`)
-before anything reads it: every file present, of its size and digest."""
+"""A checkpoint step's manifest: the size and SHA-256 of every file, written once the step's
+files are (by `podrace.checkpoints.files`), and checked before anything reads the step:
+every file present, of its size and digest."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 from pathlib import Path
 
 from podrace import json_text
-from podrace.checkpoints.files import FORMAT, MANIFEST, file_sha256
+from podrace.checkpoints.steps import FORMAT
 from podrace.config import ConfigError
+
+MANIFEST = "podrace_manifest.json"
+
+
+def write_manifest(step_dir: Path) -> None:
+    """Record size and SHA-256 of every file of a complete step, and make it durable: the
+    manifest and the step's directory are synced, as TensorStore syncs the files it wrote,
+    so a machine crash after the rename cannot leave the latest step unverifiable."""
+    files = {}
+    for path in sorted(p for p in step_dir.rglob("*") if p.is_file() and p.name != MANIFEST):
+        files[path.relative_to(step_dir).as_posix()] = {
+            "bytes": path.stat().st_size,
+            "sha256": file_sha256(path),
+        }
+    with open(step_dir / MANIFEST, "w") as f:
+        f.write(json.dumps({"format": FORMAT, "files": files}, indent=1) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    sync_directory(step_dir)
+
+
+def sync_directory(directory: Path) -> None:
+    """Make a rename in `directory` durable (a crash of the machine must not undo it)."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def verify_manifest(step_dir: Path) -> None:
@@ -91,4 +130,4 @@ def _manifest_files(manifest: object) -> dict[str, dict]:
     return files
 
 
-__all__ = ["verify_manifest"]
+__all__ = ["MANIFEST", "file_sha256", "sync_directory", "verify_manifest", "write_manifest"]

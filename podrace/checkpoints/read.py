@@ -18,16 +18,11 @@ import orbax.checkpoint as ocp
 
 from podrace import json_text
 from podrace.algos.base import TrainState
-from podrace.checkpoints.files import (
-    FORMAT,
-    ONE_PROCESS,
-    Writers,
-    orbax_checkpointer,
-    resolve_step,
-)
+from podrace.checkpoints.files import ONE_PROCESS, Writers, orbax_checkpointer
 from podrace.checkpoints.manifest import verify_manifest
 from podrace.checkpoints.orbax_loops import draining_loops
 from podrace.checkpoints.state import RunState, spec_json
+from podrace.checkpoints.steps import FORMAT, resolve_step
 from podrace.config import ConfigError, TrainConfig
 from podrace.config_dict import config_from_dict
 from podrace.types import EnvSpec, PyTree

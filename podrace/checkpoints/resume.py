@@ -121,8 +121,8 @@ def stored_config(resume: Resume) -> tuple[int, TrainConfig]:
 
 def stored_run(resume: Resume) -> tuple[int, TrainConfig, dict | None]:
     """`stored_config` and the env factory the checkpoint recorded (None: none)."""
-    from podrace.checkpoints.files import checkpoint_steps, leftovers, step_lock
     from podrace.checkpoints.read import read_run
+    from podrace.checkpoints.steps import checkpoint_steps, leftovers, step_lock
 
     run_dir = Path(resume.run_dir)
     check_resumable_run_dir(run_dir)

@@ -23,9 +23,9 @@ import tyro
 from podrace import json_text
 from podrace.algos.base import RecurrentApply, is_recurrent
 from podrace.algos.normalizer import acting_apply, acting_params, init_normalizer
-from podrace.checkpoints.files import latest_step, step_lock
 from podrace.checkpoints.read import read_run, restore
 from podrace.checkpoints.state import RunState, checkpoint_dir
+from podrace.checkpoints.steps import latest_step, step_lock
 from podrace.commands.outputs import check_writable
 from podrace.commands.std_streams import print_error, print_result
 from podrace.commands.supervisor import signals_deferred

@@ -25,17 +25,11 @@ from orbax.checkpoint._src.path import atomicity
 
 import podrace.checkpoints.files
 import podrace.checkpoints.read
-from podrace.checkpoints.files import (
-    MANIFEST,
-    Checkpointer,
-    CheckpointWriteFailed,
-    checkpoint_steps,
-    latest_step,
-    step_lock,
-    write_manifest,
-)
+from podrace.checkpoints.files import Checkpointer, CheckpointWriteFailed
+from podrace.checkpoints.manifest import MANIFEST, write_manifest
 from podrace.checkpoints.read import read_config, restore
 from podrace.checkpoints.state import RunState
+from podrace.checkpoints.steps import checkpoint_steps, latest_step, step_lock
 from podrace.config import ConfigError, TrainConfig, replace
 from podrace.config_dict import config_from_dict
 from podrace.envs import env_spec

@@ -17,8 +17,9 @@ from PIL import Image
 
 import podrace.checkpoints.read
 import podrace.commands.eval
-from podrace.checkpoints.files import Checkpointer, checkpoint_steps, latest_step
+from podrace.checkpoints.files import Checkpointer
 from podrace.checkpoints.state import RunState, checkpoint_dir
+from podrace.checkpoints.steps import checkpoint_steps, latest_step
 from podrace.commands.eval import EvalOptions, evaluate_run, play_episodes, summary
 from podrace.config import ConfigError
 from podrace.envs import env_spec, make_env

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from podrace.checkpoints.files import checkpoint_steps
 from podrace.checkpoints.read import read_config, read_meta
 from podrace.checkpoints.resume import SUPERSEDED
 from podrace.checkpoints.state import checkpoint_dir
+from podrace.checkpoints.steps import checkpoint_steps
 from podrace.config import ConfigError, replace
 from tests.envs.user_envs import CONSTANT_RETURN, constant_envs
 from tests.helpers.checkpoints import fake_run, flip_a_byte, snapshot

@@ -14,7 +14,6 @@ import jax
 import numpy as np
 import pytest
 
-from podrace.checkpoints.files import checkpoint_steps
 from podrace.checkpoints.read import restore
 from podrace.checkpoints.resume import (
     SUPERSEDED,
@@ -26,6 +25,7 @@ from podrace.checkpoints.resume import (
     split_metrics,
 )
 from podrace.checkpoints.state import checkpoint_dir
+from podrace.checkpoints.steps import checkpoint_steps
 from podrace.commands.eval import abstract_run_state
 from podrace.config import ConfigError, replace
 from podrace.envs import env_spec

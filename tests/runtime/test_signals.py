@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from podrace.checkpoints.files import checkpoint_steps
 from podrace.checkpoints.state import checkpoint_dir
+from podrace.checkpoints.steps import checkpoint_steps
 from tests.helpers.cli import EXIT_SLACK_S, podrace_env, start_podrace, start_train
 from tests.waiting import wait_until
 
