@@ -228,7 +228,7 @@ def tcp_sockets() -> dict[tuple[str, str], tuple[int | None, int]]:
 
 def node_processes(temp_dir: str, marker: bytes) -> set[int]:
     """The raylet started with `marker` among its arguments, and all its descendants."""
-    from podrace.runtime.ray.cluster import _stat, process_tree
+    from podrace.runtime.ray.processes import _stat, process_tree
 
     tree = process_tree(temp_dir)
     parent = {pid: st[0] for pid in tree if (st := _stat(pid)) is not None}
@@ -298,7 +298,7 @@ def relay_child(mode: str, steps: int, overrides: list[str], temp_dir: str, addr
 def two_nodes(env: dict):
     """A head (4 CPUs) and a second node (4 CPUs, resource actor_node) on 127.0.0.1, token
     auth, in a private temp dir; stopped by their processes' ids afterwards."""
-    from podrace.runtime.ray.cluster import stop_ray
+    from podrace.runtime.ray.processes import stop_ray
 
     temp_dir = tempfile.mkdtemp(prefix="prb-", dir="/tmp")
     with socket.socket() as s:

@@ -44,7 +44,7 @@ def dies_if_flagged(num_envs: int, seed: int):
 
 def _raylet(temp_dir: str, marker: bytes) -> int:
     """Pid of the raylet started with the custom resource named `marker`."""
-    from podrace.runtime.ray.cluster import process_tree
+    from podrace.runtime.ray.processes import process_tree
 
     for pid in process_tree(temp_dir):
         try:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from podrace.config import EnvConfig
 from podrace.envs import make_env
-from podrace.runtime.ray.cluster import alive, process_tree, reap
+from podrace.runtime.ray.processes import alive, process_tree, reap
 from tests.helpers.cli import podrace_command
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ import pytest
 
 from podrace.config import RayConfig
 from podrace.runtime.ray import cluster as ray_cluster
-from podrace.runtime.ray.cluster import process_tree
+from podrace.runtime.ray.processes import process_tree
 from tests.helpers.configs import SMALL_SPU, small_ray
 from tests.waiting import wait_until
 

@@ -21,7 +21,7 @@ import pytest
 from podrace.config import ConfigError, replace
 from podrace.control import ComponentError
 from podrace.presets import PRESETS
-from podrace.runtime.ray.cluster import process_tree
+from podrace.runtime.ray.processes import process_tree
 from tests.helpers.cli import run_podrace
 from tests.helpers.configs import small_ray
 from tests.helpers.runs import last_line, record_batches, stop_after

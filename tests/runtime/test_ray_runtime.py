@@ -25,7 +25,7 @@ from podrace.config import ConfigError, replace
 from podrace.control import ComponentError
 from podrace.envs import EnvSource
 from podrace.presets import PRESETS
-from podrace.runtime.ray.cluster import process_tree
+from podrace.runtime.ray.processes import process_tree
 from tests.helpers.cli import run_podrace
 from tests.helpers.configs import LEARNS, small_ray
 from tests.helpers.runs import last_line, stop_after
@@ -223,12 +223,12 @@ def test_the_runtime_never_lets_ray_auto_start():
 
 
 def test_a_live_or_unknown_owners_ray_is_never_swept(tmp_path, monkeypatch):
-    from podrace.runtime.ray import cluster as ray_cluster
+    from podrace.runtime.ray import processes as ray_processes
 
-    monkeypatch.setattr(ray_cluster.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(ray_processes.tempfile, "gettempdir", lambda: str(tmp_path))
     live = tmp_path / "podrace-ray-live"
     live.mkdir()
-    ray_cluster._write_owner(str(live))  # this process: alive
+    ray_processes.write_owner(str(live))  # this process: alive
     unknown = tmp_path / "podrace-ray-unknown"
     unknown.mkdir()  # no owner record yet (its owner may be writing it)
     dead = tmp_path / "podrace-ray-dead"
@@ -237,7 +237,7 @@ def test_a_live_or_unknown_owners_ray_is_never_swept(tmp_path, monkeypatch):
     other = tmp_path / "not-podrace"
     other.mkdir()
     (other / "owner").write_text("999999999 1\n")
-    assert ray_cluster.sweep_orphans() == [str(dead)]
+    assert ray_processes.sweep_orphans() == [str(dead)]
     assert live.exists() and unknown.exists() and other.exists() and not dead.exists()
 
 
@@ -423,7 +423,7 @@ def test_sweep_orphans_kills_the_orphans_ray_but_not_a_users_log_viewer(tmp_path
     of its logs or a script that was given its path."""
     import tempfile
 
-    from podrace.runtime.ray import cluster as ray_cluster
+    from podrace.runtime.ray import processes as ray_processes
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     orphan = tmp_path / "podrace-ray-abcdefgh"
@@ -441,7 +441,7 @@ def test_sweep_orphans_kills_the_orphans_ray_but_not_a_users_log_viewer(tmp_path
     )
     try:
         wait_until(lambda: started(agent.pid, viewer.pid, os.path.realpath(log)))
-        assert ray_cluster.sweep_orphans() == [str(orphan)]
+        assert ray_processes.sweep_orphans() == [str(orphan)]
         assert agent.wait(timeout=5) == -9
         assert viewer.poll() is None and script.poll() is None
         assert not orphan.exists()
