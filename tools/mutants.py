@@ -930,7 +930,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "ray_workers_beyond_the_cluster_accepted",
         "podrace/runtime/ray/cluster.py",
-        "    if fits < cfg.num_workers:",
+        "    if fits < wanted:",
         "    if fits < 0:",
         ("tests/runtime/test_ray_cluster.py",),
     ),

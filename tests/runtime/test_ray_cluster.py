@@ -11,9 +11,10 @@ from podrace.runtime.ray.cluster import _check_resources
 
 
 def cluster(*nodes: dict, dead: dict | None = None):
-    listed = [{"Alive": True, "Resources": r} for r in nodes]
+    """`ray.nodes()` of alive nodes offering `nodes` (and a dead one offering `dead`)."""
+    listed = [{"NodeID": f"n{i}", "Alive": True, "Resources": r} for i, r in enumerate(nodes)]
     if dead is not None:
-        listed.append({"Alive": False, "Resources": dead})
+        listed.append({"NodeID": "dead", "Alive": False, "Resources": dead})
     return SimpleNamespace(nodes=lambda: listed)
 
 
@@ -75,8 +76,7 @@ def test_the_elastic_order_refuses_a_cluster_with_room_for_no_worker():
 
 
 def test_worker_capacity_counts_what_each_alive_node_holds():
-    from podrace.config import TrainConfig
-    from podrace.runtime.ray.collector import worker_capacity
+    from podrace.runtime.ray.cluster import worker_capacity
 
     nodes = [
         {"NodeID": "head", "Alive": True, "Resources": {"CPU": 1.0}},
@@ -85,6 +85,6 @@ def test_worker_capacity_counts_what_each_alive_node_holds():
         {"NodeID": "gone", "Alive": False, "Resources": {"CPU": 64.0, "actor_node": 64.0}},
     ]
     ray = SimpleNamespace(nodes=lambda: nodes)
-    assert worker_capacity(ray, TrainConfig()) == {"head": 1, "a": 4}
-    pinned = TrainConfig(ray=RayConfig(worker_resources=("actor_node=1",)))
+    assert worker_capacity(ray, RayConfig()) == {"head": 1, "a": 4}
+    pinned = RayConfig(worker_resources=("actor_node=1",))
     assert worker_capacity(ray, pinned) == {"a": 2}

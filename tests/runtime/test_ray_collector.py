@@ -92,8 +92,8 @@ HEAD, NODE_A = "0" * 55 + "1", "a" * 56  # Ray node ids are 56 hex digits
 def collector_with_relays(**ray_cfg):
     """A collector with two worker slots, relays, and a cluster of the learner's node and
     node A: its first look at the cluster places a relay on A."""
-    from podrace.runtime.ray.collector import Slot
     from podrace.runtime.ray.relays import Relays
+    from podrace.runtime.ray.restarts import Slot
 
     fake = FakeRay([node(HEAD, 1), node(NODE_A, 2)], node_id=HEAD)
     relays = Relays(fake, board=None, channel="c" * 32, learner_node=HEAD)
@@ -168,8 +168,8 @@ def test_weight_bytes_out_counts_only_the_versions_that_leave_the_learners_node(
     """`weight_bytes_out` is `fetches_out()` copies of the params: 0 while every worker
     runs on the learner's node, then one per (other node, version), however many workers
     there pull it and whether directly or through the node's relay."""
-    from podrace.runtime.ray.collector import Slot
     from podrace.runtime.ray.relays import Relays
+    from podrace.runtime.ray.restarts import Slot
 
     nodes = [node(HEAD, 4)]
     fake = FakeRay(nodes, node_id=HEAD)

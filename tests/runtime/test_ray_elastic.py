@@ -152,7 +152,7 @@ def test_an_elastic_run_fails_once_no_worker_has_been_alive_for_the_timeout(tmp_
     the restart limit is high here) and fails, in one line, once no worker has been alive
     for `--ray.no-workers-timeout-s`."""
     from podrace.envs import EnvSource
-    from podrace.runtime.ray.collector import NoWorkers
+    from podrace.runtime.ray.restarts import NoWorkers
     from podrace.runtime.run import prepare
 
     flag = tmp_path / "no-more-workers"

@@ -44,8 +44,8 @@ def test_fixed_order_a_worker_lost_with_finished_rollouts_waiting_for_the_learne
     """Worker 0 finishes rollouts 0-3 while the learner is still at version 0 (lag 3), and
     dies before the learner took any: they are all used, once, and its replacement starts
     at rollout 4, so no (actor, seq) is collected twice."""
-    from podrace.runtime.ray.collector import Slot
     from podrace.runtime.ray.orders import FixedOrder
+    from podrace.runtime.ray.restarts import Slot
 
     run = fake_run(changes=run_changes(), num_workers=2)
     assert run.cfg.num_updates == UPDATES and run.cfg.max_policy_lag == LAG
@@ -87,8 +87,8 @@ def test_elastic_order_a_worker_lost_with_finished_rollouts_waiting_for_the_lear
     """Worker 0 delivers three rollouts that wait for a slow learner, then dies: the learner
     still takes each of them once, and no (actor, seq) is made or used again (its
     replacement continues at seq 3)."""
-    from podrace.runtime.ray.collector import Slot
     from podrace.runtime.ray.orders import ElasticOrder
+    from podrace.runtime.ray.restarts import Slot
 
     changes = run_changes(**{"layout.max_policy_lag": 2})
     run = fake_run(changes=changes, num_workers=2, data_order="elastic", rollouts_per_update=2)
@@ -134,7 +134,7 @@ def test_elastic_replacements_that_die_before_delivering_use_up_max_restarts():
     replacements that keep dying before they deliver anything are a crash loop: the run
     fails once they die more often than `ray.max_restarts`, though an earlier incarnation
     of the worker delivered."""
-    from podrace.runtime.ray.collector import RunFails, Slot, WorkerCrashLoop
+    from podrace.runtime.ray.restarts import RunFails, Slot, WorkerCrashLoop
 
     run = fake_run(changes=run_changes(), num_workers=1, data_order="elastic", max_restarts=2)
     order = SimpleNamespace(started=lambda slot: None, lost=lambda slot: None)

@@ -248,6 +248,21 @@ def local_cpus(cfg: RayConfig) -> int:
     return cfg.max_workers or os.cpu_count() or 1
 
 
+def worker_capacity(ray: Any, cfg: RayConfig) -> dict[str, int]:
+    """node id -> how many workers the node holds, empty (one CPU and the worker resources
+    each), for every alive node that holds at least one."""
+    each = {"CPU": 1.0, **worker_resources(cfg)}
+    out = {}
+    for node in ray.nodes():
+        if not node.get("Alive"):
+            continue
+        have = node.get("Resources", {})
+        fits = min(int(have.get(k, 0) / v + 1e-9) for k, v in each.items())
+        if fits > 0:
+            out[node["NodeID"]] = fits
+    return out
+
+
 def _check_resources(ray: Any, cfg: RayConfig) -> None:
     """ConfigError unless the cluster's nodes, empty, could hold every worker at once (one
     CPU each and its custom resources; the elastic order: one worker, the others wait for
@@ -265,9 +280,7 @@ def _check_resources(ray: Any, cfg: RayConfig) -> None:
             "start actor nodes with `ray start --address ... --resources '{\"NAME\": N}'`"
         )
     each = {"CPU": 1.0, **needed}
-    fits = sum(
-        min(int(n["Resources"].get(k, 0) / v + 1e-9) for k, v in each.items()) for n in nodes
-    )
+    fits = sum(worker_capacity(ray, cfg).values())
     wanted = 1 if cfg.data_order == "elastic" else cfg.num_workers
     if fits < wanted:
         workers = "no worker" if wanted == 1 else f"{fits} of the {wanted} workers"

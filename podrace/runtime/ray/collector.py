@@ -29,72 +29,25 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
-from podrace.control import ComponentError, ExplainedError, Stopped
-from podrace.runtime.ray.relays import Relays
+from podrace.control import ComponentError, Stopped
+from podrace.runtime.ray.cluster import worker_capacity
+from podrace.runtime.ray.relays import DirectFetches, Relays
+from podrace.runtime.ray.restarts import (
+    NoWorkers,
+    RunFails,
+    Slot,
+    WorkerNotReady,
+    charge_failure,
+)
 from podrace.runtime.ray.worker import Shipment, WorkerSpec
 from podrace.validation import worker_resources
-from podrace.wording import times
 
 log = logging.getLogger(__name__)
 
 CHECK_S = 2.0
 """Seconds between looks at the cluster (relays, new nodes) and relay reports."""
-
-
-class WorkerCrashLoop(ExplainedError, RuntimeError):
-    """A worker failed more often than `ray.max_restarts` allows."""
-
-
-class WorkerNotReady(ExplainedError, TimeoutError):
-    """A restarted worker did not start within `ray.start_timeout_s` (fixed order)."""
-
-
-class NoWorkers(ExplainedError, RuntimeError):
-    """No worker was alive for `ray.no_workers_timeout_s` (elastic order)."""
-
-
-class RunFails(Exception):
-    """The run must fail: `error`, in `component` (the collector's thread records it in the
-    run's lifetime; while the run is prepared it is raised as a ComponentError)."""
-
-    def __init__(self, component: str, error: BaseException):
-        super().__init__(component, error)
-        self.component, self.error = component, error
-
-
-@dataclass
-class Slot:
-    """One worker id: its current Ray actor and what this process knows about it."""
-
-    worker_id: int
-    restarts: int = 0
-    """Incarnations before the current one (a resumed run starts beyond its past ones)."""
-    first_restart: int = 0
-    """The restart count this run started the worker with: the restart budget is per run."""
-    strikes: int = 0
-    """Failures counted against `ray.max_restarts`."""
-    next_seq: int = 0
-    """The next seq expected from this worker (a new incarnation continues there)."""
-    handle: Any = None
-    start: Any = None
-    """The pending start() of the incarnation being launched."""
-    launched_at: float = 0.0
-    request: Any = None
-    """The next() call waiting on the worker."""
-    node: str = ""
-    pid: int = 0
-    ready: bool = False
-    """Started, and not failed since."""
-    delivered: int = 0
-    """Rollouts received from the current incarnation."""
-
-    @property
-    def key(self) -> tuple[int, int]:
-        """(worker id, restart): the incarnation."""
-        return self.worker_id, self.restarts
 
 
 class Order(Protocol):
@@ -146,10 +99,8 @@ class Collector:
         may list a node as alive for a while after it vanished."""
         self.node = ray.get_runtime_context().get_node_id()
         """The learner's node."""
-        self.direct_fetches: dict[str, set[int]] = {}
-        """node -> versions workers there pulled from the learner's board themselves."""
-        self.direct_out = 0
-        """(node, version) pulls of those on nodes other than the learner's."""
+        self.direct = DirectFetches(self.node)
+        """Versions workers pulled from the learner's board themselves."""
         self.base_restart = 0
         """The restart count a worker added during the run starts at."""
         self.running = False
@@ -268,7 +219,7 @@ class Collector:
                 self._received(what)
             else:
                 self._refs.pop(ref, None)
-                self._relay_event(kind, what, ref)
+                self.relays.answered(kind, *what, ref)
 
     def _started(self, slot: Slot) -> None:
         ray = self._ray
@@ -321,7 +272,7 @@ class Collector:
             run.metrics.add_many(record)
         run.metrics.count(f"ray/worker-{slot.worker_id}/rollouts")
         run.metrics.count(f"ray/node/{slot.node}/rollouts")
-        self._count_fetches(slot.node, shipment.fetched)
+        self.direct.add(slot.node, shipment.fetched)
         self.order.received(slot, shipment)
 
     def _failed(self, slot: Slot, error: BaseException) -> None:
@@ -342,36 +293,8 @@ class Collector:
             self.order.lost(slot)
             if not isinstance(error, ray.exceptions.RayTaskError):
                 self.lost_nodes.add(slot.node)
-        cause = _cause(error)
-        if self.elastic:
-            # A worker that dies after delivering (its node preempted) may die any number of
-            # times; one whose own loop raised, or that dies before delivering, uses up its
-            # restarts as in the fixed order.
-            if isinstance(error, ray.exceptions.RayTaskError) or not slot.delivered:
-                slot.strikes += 1
-            failures = slot.strikes
-        else:
-            failures = slot.restarts - slot.first_restart + 1
-        if failures > self.cfg.ray.max_restarts:
-            crash = WorkerCrashLoop(
-                f"ray worker {slot.worker_id} failed {times(failures)}, restart limit "
-                f"{self.cfg.ray.max_restarts} (--ray.max-restarts); last error: "
-                f"{_one_line(cause)}"
-            )
-            crash.__cause__ = cause
-            raise RunFails(f"ray-worker-{slot.worker_id}", crash)
-        counted = (
-            f"restart {failures} of {self.cfg.ray.max_restarts} (--ray.max-restarts)"
-            if failures
-            else "not counted against --ray.max-restarts: it had delivered"
-        )
-        log.warning(
-            "ray worker %d lost%s (%s); restarting it, %s",
-            slot.worker_id,
-            f" on node {slot.node[:8]}" if slot.node else "",
-            _one_line(cause),
-            counted,
-        )
+        raised = isinstance(error, ray.exceptions.RayTaskError)
+        charge_failure(slot, error, raised, self.cfg.ray.max_restarts, self.elastic)
         with self.lock:
             slot.restarts += 1
         run.metrics.count("ray/restarts")
@@ -420,7 +343,7 @@ class Collector:
         self._next_check = time.monotonic() + CHECK_S
         if self.relays is None and cfg.ray.num_workers != "auto":
             return
-        hosts = worker_capacity(self._ray, cfg)
+        hosts = worker_capacity(self._ray, cfg.ray)
         for node in self.lost_nodes:
             hosts.pop(node, None)
         if self.relays is not None:
@@ -458,64 +381,10 @@ class Collector:
             stopped, handle = placed
             self._refs[stopped] = ("relay-stopped", (node, handle))
 
-    def _relay_event(self, kind: str, what: Any, ref: Any) -> None:
-        node, handle = what
-        if self.relays is None:
-            return
-        try:
-            value = self._ray.get(ref)
-        except self._ray.exceptions.RayError:
-            value = None
-            self.relays.ended(node, handle)
-        if kind == "relay-stopped":
-            self.relays.ended(node, handle)
-        elif value is not None:
-            self.relays.counted(node, handle, value)
-
-    def _count_fetches(self, node: str, versions: tuple[int, ...]) -> None:
-        """Versions a worker on `node` pulled from the learner's board itself: each reached
-        its node once (Ray moves an object to a node once)."""
-        if not versions or node == self.node:
-            return
-        seen = self.direct_fetches.setdefault(node, set())
-        for version in versions:
-            if version not in seen:
-                seen.add(version)
-                self.direct_out += 1
-        if len(seen) > 4096:
-            for version in sorted(seen)[:2048]:
-                seen.discard(version)
-
     def fetches_out(self) -> int:
         """(node, version) pulls from the learner's board by nodes other than its own."""
         relayed = self.relays.fetches_out() if self.relays is not None else 0
-        return relayed + self.direct_out
+        return relayed + self.direct.out
 
 
-def worker_capacity(ray: Any, cfg: Any) -> dict[str, int]:
-    """node id -> how many workers the node holds, empty (one CPU and the worker resources
-    each), for every alive node that holds at least one."""
-    each = {"CPU": 1.0, **worker_resources(cfg.ray)}
-    out = {}
-    for node in ray.nodes():
-        if not node.get("Alive"):
-            continue
-        have = node.get("Resources", {})
-        fits = min(int(have.get(k, 0) / v + 1e-9) for k, v in each.items())
-        if fits > 0:
-            out[node["NodeID"]] = fits
-    return out
-
-
-def _cause(error: BaseException) -> BaseException:
-    """The worker's own exception inside a Ray error, when Ray kept it."""
-    cause = getattr(error, "cause", None)
-    return cause if isinstance(cause, BaseException) else error
-
-
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}".strip()
-
-
-__all__ = ["Collector", "NoWorkers", "Order", "Slot", "WorkerCrashLoop", "WorkerNotReady"]
+__all__ = ["Collector", "Order"]

@@ -13,8 +13,8 @@ import jax
 
 from podrace.actor import RolloutSink
 from podrace.runtime.fleet import FleetContext
-from podrace.runtime.ray.collector import Slot
 from podrace.runtime.ray.elastic import ElasticPipeline
+from podrace.runtime.ray.restarts import Slot
 from podrace.runtime.ray.worker import Shipment
 from podrace.types import Rollout
 

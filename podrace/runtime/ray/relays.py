@@ -125,6 +125,20 @@ class Relays:
             self._counted[node] = fetched
             self.fetched[node] = self.fetched.get(node, 0) + more
 
+    def answered(self, kind: str, node: str, handle: Any, ref: Any) -> None:
+        """A call on `handle`, the relay on `node`, returned `ref`: its wait_stopped()
+        ("relay-stopped": the relay ended) or its fetched() ("relay-fetched": its count; an
+        error: the relay is gone)."""
+        try:
+            value = self._ray.get(ref)
+        except self._ray.exceptions.RayError:
+            value = None
+            self.ended(node, handle)
+        if kind == "relay-stopped":
+            self.ended(node, handle)
+        elif value is not None:
+            self.counted(node, handle, value)
+
     def fetches_out(self) -> int:
         """Versions pulled by relays on nodes other than the learner's."""
         fetched = list(self.fetched.items())  # read from the metrics thread too
@@ -139,4 +153,29 @@ class Relays:
                 self._ray.kill(handle, no_restart=True)
 
 
-__all__ = ["NodeRelay", "Relays", "relay_prefix"]
+class DirectFetches:
+    """Versions workers pulled from the learner's board themselves (they started where no
+    relay was yet), by node: each version reached its node once, as Ray moves an object to
+    a node once."""
+
+    def __init__(self, learner_node: str):
+        self.learner_node = learner_node
+        self.by_node: dict[str, set[int]] = {}
+        self.out = 0
+        """(node, version) pulls by nodes other than the learner's."""
+
+    def add(self, node: str, versions: tuple[int, ...]) -> None:
+        """A worker on `node` pulled `versions` from the learner's board."""
+        if not versions or node == self.learner_node:
+            return
+        seen = self.by_node.setdefault(node, set())
+        for version in versions:
+            if version not in seen:
+                seen.add(version)
+                self.out += 1
+        if len(seen) > 4096:  # bounded: the oldest half goes
+            for version in sorted(seen)[:2048]:
+                seen.discard(version)
+
+
+__all__ = ["DirectFetches", "NodeRelay", "Relays", "relay_prefix"]

@@ -50,18 +50,13 @@ from podrace.control import Lifetime
 from podrace.pipeline import Pipeline, PlacingSink
 from podrace.runtime.build import dummy_trajectory
 from podrace.runtime.fleet import FleetContext, continued_version
-from podrace.runtime.ray.collector import (
-    Collector,
-    NoWorkers,
-    Slot,
-    WorkerCrashLoop,
-    WorkerNotReady,
-    worker_capacity,
-)
+from podrace.runtime.ray.cluster import worker_capacity
+from podrace.runtime.ray.collector import Collector
 from podrace.runtime.ray.driver import RayDriver
 from podrace.runtime.ray.elastic import ElasticPipeline
 from podrace.runtime.ray.orders import ElasticOrder, FixedOrder
 from podrace.runtime.ray.relays import Relays
+from podrace.runtime.ray.restarts import NoWorkers, Slot, WorkerCrashLoop, WorkerNotReady
 from podrace.runtime.ray.worker import RolloutWorker, WorkerSpec, worker_seeds
 from podrace.runtime.threads.actors import per_actor_pipeline
 from podrace.sync.ray_transport import RayPublisher
@@ -186,7 +181,7 @@ class RayWorkers:
         cluster holds now, at least one."""
         if cfg.ray.num_workers != "auto":
             return cfg.ray.num_workers
-        fits = sum(worker_capacity(self.driver.ray, cfg).values())
+        fits = sum(worker_capacity(self.driver.ray, cfg.ray).values())
         if cfg.ray.max_workers is not None:
             fits = min(fits, cfg.ray.max_workers)
         return max(1, fits)
