@@ -42,8 +42,9 @@ def measure(size_mb: int, reps: int) -> dict[str, float]:
     import jax
     import numpy as np
 
-    from podrace.sync.shm import ShmPublisher, ShmSubscriber
+    from podrace.sync.shm import ShmPublisher
     from podrace.sync.shm_layout import SlotReader
+    from podrace.sync.shm_subscriber import ShmSubscriber
 
     n = size_mb * 2**20 // 16
     device = jax.devices()[-1]

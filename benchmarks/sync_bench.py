@@ -181,7 +181,7 @@ def publish_until(pub: Any, params: Any, done: Callable[[], bool]) -> None:
 
 
 def _shm_reader(channel: str, requests: Any, replies: Any) -> None:
-    from podrace.sync.shm import ShmSubscriber
+    from podrace.sync.shm_subscriber import ShmSubscriber
 
     sub = ShmSubscriber(channel)
     replies.put("ready")

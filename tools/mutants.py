@@ -564,21 +564,21 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "shm_buffer_reused_while_viewed",
-        "podrace/sync/shm.py",
+        "podrace/sync/shm_subscriber.py",
         "sys.getrefcount(owner) <= 3",
         "sys.getrefcount(owner) <= 4",
         ("tests/sync/test_shm.py", "-k", "reused_only_when or single_leaf"),
     ),
     Mutant(
         "shm_snapshot_writable",
-        "podrace/sync/shm.py",
+        "podrace/sync/shm_subscriber.py",
         "buf.flags.writeable = False",
         "buf.flags.writeable = True",
         ("tests/sync/test_shm.py::test_snapshots_are_read_only_host_copies",),
     ),
     Mutant(
         "shm_failed_channel_reported_as_closed",
-        "podrace/sync/shm.py",
+        "podrace/sync/shm_subscriber.py",
         "if state == CLOSED_FAILED:\n            raise PublisherGone(",
         "if state == CLOSED_FAILED:\n            raise ChannelClosed(",
         SHM_CONFORMANCE,
@@ -653,8 +653,8 @@ MUTANTS: list[Mutant] = [
     # --- validation.py ---------------------------------------------------------------------
     Mutant(
         "shm_subscriber_channel_name_unchecked",
-        "podrace/sync/shm.py",
-        "        _check_channel_name(channel)  # ",
+        "podrace/sync/shm_subscriber.py",
+        "        check_channel_name(channel)  # ",
         "        # ",
         ("tests/sync/test_shm.py", "-k", "channel_name_no_socket"),
     ),
@@ -1298,7 +1298,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "shm_channel_name_unchecked",
         "podrace/sync/shm.py",
-        "        _check_channel_name(self.name)  # before any segment or socket exists\n",
+        "        check_channel_name(self.name)  # before any segment or socket exists\n",
         "",
         ("tests/sync/test_shm.py", "-k", "channel_name"),
     ),

@@ -24,8 +24,9 @@ from podrace.sync.base import (
 from podrace.sync.local import LocalPublisher, LocalSubscriber
 from podrace.sync.ray_transport import RayPublisher, RaySubscriber
 from podrace.sync.relay import Relay
-from podrace.sync.shm import ShmPublisher, ShmSubscriber
+from podrace.sync.shm import ShmPublisher
 from podrace.sync.shm_leaks import sweep_shm
+from podrace.sync.shm_subscriber import ShmSubscriber
 from podrace.sync.spec import TreeSpec
 from podrace.sync.transforms import cast, compose, select
 

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from podrace.sync.base import ChannelClosed, SyncError
+from podrace.sync.doorbell import MAX_SOCKET_ADDRESS, socket_address
 from podrace.sync.spec import TreeSpec, unreadable_tree
 
 MAGIC = 0x706F64726163  # "podrac"
@@ -48,6 +49,23 @@ REASON_AT, REASON_MAX = 3584, 512  # after the last slot's words (W_SEQ0 + 2 MAX
 CLOSED_OPEN, CLOSED_CLOSED, CLOSED_FAILED = 0, 1, 2
 
 _fence_lock = threading.Lock()
+
+
+def check_channel_name(name: str) -> None:
+    """SyncError unless `name` can name the channel's segments and doorbell socket: a plain
+    name (no "/" or NUL, not "." or "..") whose socket address fits a Unix socket's 108 bytes."""
+    if not isinstance(name, str):
+        raise SyncError(f"shm channel name must be a str, got {type(name).__name__}")
+    if name in ("", ".", "..") or "/" in name or "\0" in name:
+        raise SyncError(
+            f"shm channel name {name!r} must be a non-empty name without '/' or NUL, not . or .."
+        )
+    spare = MAX_SOCKET_ADDRESS - len(socket_address(name).encode())
+    if spare < 0:
+        raise SyncError(
+            f"shm channel name {name!r} is {len(name.encode())} bytes, at most "
+            f"{len(name.encode()) + spare} fit the channel's socket address"
+        )
 
 
 def fence() -> None:

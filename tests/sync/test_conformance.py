@@ -448,7 +448,7 @@ def test_relay_reports_its_upstream_death_downstream(harness, new_pub):
 
     from podrace.sync.base import PublisherGone
     from podrace.sync.relay import Relay
-    from podrace.sync.shm import ShmSubscriber
+    from podrace.sync.shm_subscriber import ShmSubscriber
     from tests.sync import workers
 
     ctx = mp.get_context("spawn")

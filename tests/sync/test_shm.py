@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from podrace.sync.base import ChannelClosed, SnapshotMismatch, SyncError
-from podrace.sync.shm import ShmPublisher, ShmSubscriber
+from podrace.sync.shm import ShmPublisher
+from podrace.sync.shm_subscriber import ShmSubscriber
 from tests.sync import workers
 from tests.sync.readers import wake_of_a_waiting_reader
 from tests.waiting import wait_until

@@ -55,7 +55,7 @@ def read_until(sub: Any, final: int, timeout: float) -> dict[str, int]:
 
 
 def shm_reader(channel: str, final: int, ready: Any, results: Any) -> None:
-    from podrace.sync.shm import ShmSubscriber
+    from podrace.sync.shm_subscriber import ShmSubscriber
 
     sub = ShmSubscriber(channel)
     ready.set()
@@ -91,7 +91,7 @@ def read_remote(sub: Any, min_version: int) -> tuple[int, int | None, int]:
 
 
 def shm_ack_then_hang(channel: str, name: str, ready: Any) -> None:
-    from podrace.sync.shm import ShmSubscriber
+    from podrace.sync.shm_subscriber import ShmSubscriber
 
     sub = ShmSubscriber(channel, name=name)  # referenced: a dropped subscriber releases itself
     sub.get(0, timeout=30)
