@@ -34,7 +34,8 @@ Linux, when the parent process dies (PR_SET_PDEATHSIG).
 
 This module is the parent's side (`EnvWorker`, `WorkerEnv`); the process itself is
 `podrace.envs.worker_process`, and what both share (commands, replies, `WorkerSpec`,
-`StepBuffers`) is `podrace.envs.worker_protocol`.
+`StepBuffers`) is `podrace.envs.worker_protocol`; the env factory reaches the process
+pickled by `podrace.envs.sending`.
 """
 
 from __future__ import annotations
@@ -49,13 +50,13 @@ import signal
 import struct
 import subprocess
 import sys
-from typing import Any
 
 import numpy as np
 
 from podrace.config import ConfigError
 from podrace.control import ExplainedError
-from podrace.envs.source import EnvSource, factory_name
+from podrace.envs.sending import pickled
+from podrace.envs.source import EnvSource
 from podrace.envs.worker_protocol import (
     CLOSE,
     OK,
@@ -154,7 +155,7 @@ class EnvWorker:
     # Starting ------------------------------------------------------------------------
     def start(self) -> None:
         """Spawn the process; it builds its envs (`read_reply()` returns once it has)."""
-        payload = _dumps(self._worker_spec)
+        payload = pickled(self._worker_spec)
         cmd_r, cmd_w = os.pipe()
         reply_r, reply_w = os.pipe()
         env = dict(os.environ)
@@ -296,54 +297,6 @@ class EnvWorker:
         os.close(self._shm_fd)
 
 
-ENV_WORKERS = "env worker processes"
-
-
-def _dumps(
-    spec: WorkerSpec,
-    to: str = ENV_WORKERS,
-    instead: str = "use --env.workers 0",
-    pickler: Any = None,
-) -> bytes:
-    """`spec` pickled for the processes `to` (named in the error), by `pickler` (a module
-    with `dumps`: the one the transport uses). By default cloudpickle when installed: a
-    factory that cannot be imported by its name there (a closure, a lambda, one defined in
-    the script run as `__main__`) goes by value; without it, only an importable one can go."""
-    factory = spec.source.factory
-    if pickler is None:
-        try:
-            import cloudpickle as pickler
-        except ImportError:
-            if getattr(factory, "__module__", None) == "__main__":
-                raise ConfigError(
-                    "the env factory is defined in the script run as __main__, which "
-                    f"{to} cannot import: define it in a module, install cloudpickle, or "
-                    f"{instead}"
-                ) from None
-            pickler = pickle
-    try:
-        return pickler.dumps(spec)
-    except Exception as error:  # noqa: BLE001 - any pickling failure is the user's factory
-        lines = str(error).strip().splitlines()
-        raise ConfigError(
-            f"the env factory {factory_name(factory)!r} cannot be sent to {to} "
-            f"({type(error).__name__}: {lines[0] if lines else ''}); define it at module "
-            f"level, or {instead}"
-        ) from None
-
-
-def check_sendable(
-    source: EnvSource,
-    to: str = ENV_WORKERS,
-    instead: str = "use --env.workers 0",
-    pickler: Any = None,
-) -> None:
-    """ConfigError now (before anything starts) if `source` cannot reach the processes
-    `to` (see `_dumps`; `instead`: what the user can do otherwise)."""
-    if source.factory is not None:
-        _dumps(WorkerSpec(source, 1, 0, range(1), None, None), to, instead, pickler)
-
-
 class WorkerEnv:
     """`num_envs` envs stepped by `workers` worker processes in lockstep: a BatchedEnv.
 
@@ -406,7 +359,6 @@ __all__ = [
     "EnvWorkerDied",
     "EnvWorkerError",
     "WorkerEnv",
-    "check_sendable",
     "restarted",
     "split_envs",
     "wait_readable",

@@ -16,12 +16,12 @@ import pytest
 
 from podrace.config import ConfigError, EnvConfig
 from podrace.envs import EnvSource
+from podrace.envs.sending import check_sendable
 from podrace.envs.worker_protocol import RESET, STEP
 from podrace.envs.workers import (
     EnvWorker,
     EnvWorkerDied,
     EnvWorkerError,
-    check_sendable,
     split_envs,
 )
 from tests.envs.worker_steps import assert_workers_step_as_one

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from podrace.config import ConfigError, RayConfig
+from podrace.envs.sending import Destination, check_sendable
 from podrace.envs.source import EnvSource
-from podrace.envs.workers import check_sendable
 from podrace.runtime.ray.messages import RayMessages, messages_to
 from podrace.runtime.ray.processes import (
     TEMP_PREFIX,
@@ -71,7 +71,7 @@ def check_envs_sendable(envs: EnvSource) -> None:
     """ConfigError (before Ray starts) unless a caller's env factory pickles as Ray sends
     it to its workers (Ray's cloudpickle)."""
     ray = import_ray()
-    check_sendable(envs, "Ray workers", "use --runtime threads", pickler=ray.cloudpickle)
+    check_sendable(envs, Destination("Ray workers", "use --runtime threads", ray.cloudpickle))
 
 
 @dataclass(frozen=True)
