@@ -175,7 +175,7 @@ def test_busy_evaluator_drops_and_counts_requests():
 def _envpool_evaluation(env_id, num_envs, episodes, compiled, core="none", **env_kwargs):
     """(returns, lengths) of the evaluator's episodes; `compiled` "command": `podrace eval`'s
     loop (`play_episodes`) instead."""
-    from podrace.commands.eval import make_actor, play_episodes
+    from podrace.commands.playing import make_actor, play_episodes
     from podrace.config import EnvConfig, NetworkConfig
     from podrace.envs.envpool_backend import EnvpoolEnv
     from podrace.evaluate import make_greedy_policy

@@ -14,9 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from podrace.algos.base import TrainState
+from podrace.algos.normalizer import init_normalizer
+from podrace.config import TrainConfig
+from podrace.learner_mesh import make_algorithm
+from podrace.networks import make_network
 from podrace.types import EnvSpec, PyTree
 
 CHECKPOINT_DIR = "checkpoints"
@@ -77,4 +83,23 @@ def spec_json(spec: EnvSpec) -> dict:
     }
 
 
-__all__ = ["CHECKPOINT_DIR", "RunState", "checkpoint_dir", "spec_json"]
+def abstract_run_state(cfg: TrainConfig, spec: EnvSpec) -> RunState:
+    """Shapes and dtypes of a run's RunState (no arrays are computed): a restore template.
+    The keys and normalizer statistics are those of every process's actors and envs (a
+    multi-host checkpoint holds every process's; its stored config names the count)."""
+    network = make_network(cfg.network, spec)
+    obs = jax.ShapeDtypeStruct((1,) + tuple(spec.obs_shape), spec.obs_dtype)
+    params = jax.eval_shape(network.init, jax.random.PRNGKey(0), obs)
+    train_state = jax.eval_shape(make_algorithm(cfg, network.apply).init, params)
+
+    def keys(n: int) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct((n, 2), jnp.uint32)
+
+    n = cfg.num_actors * (cfg.distributed.num_processes or 1)
+    normalizer = jax.eval_shape(
+        lambda: init_normalizer(cfg.normalize, spec.obs_shape, n * cfg.env.num_envs)
+    )
+    return RunState(train_state, keys(n * cfg.env.num_envs), keys(n), (0,) * n, 0, 0, 0, normalizer)
+
+
+__all__ = ["CHECKPOINT_DIR", "RunState", "abstract_run_state", "checkpoint_dir", "spec_json"]

@@ -3,34 +3,33 @@
 Every input is checked (run directory, checkpoint, output and video paths, encoder) before
 any env is built, so a mistake costs nothing and never overwrites a file. Each env plays a
 fixed share of the episodes (its first ones), so short episodes are not over-counted the
-way "the first N episodes to finish" would.
+way "the first N episodes to finish" would. The policy plays through
+`podrace.commands.playing`.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import tyro
 
 from podrace import json_text
-from podrace.algos.base import RecurrentApply, is_recurrent
-from podrace.algos.normalizer import acting_apply, acting_params, init_normalizer
+from podrace.algos.normalizer import acting_apply, acting_params
 from podrace.checkpoints.read import read_run, restore
-from podrace.checkpoints.state import RunState, checkpoint_dir
+from podrace.checkpoints.state import RunState, abstract_run_state, checkpoint_dir
 from podrace.checkpoints.steps import latest_step, step_lock
 from podrace.commands.outputs import check_writable
+from podrace.commands.playing import make_actor, play_episodes
 from podrace.commands.std_streams import print_error, print_result
 from podrace.commands.supervisor import signals_deferred
 from podrace.config import ConfigError, TrainConfig
-from podrace.envs import BatchedEnv, EnvFactory, EnvSource, make_env
+from podrace.envs import EnvFactory, EnvSource, make_env
 from podrace.envs.source import (
     FactoryNotImportable,
     factory_name,
@@ -38,8 +37,7 @@ from podrace.envs.source import (
     stored_env_source,
 )
 from podrace.envs.user_modules import make_working_dir_importable
-from podrace.evaluate import STUCK_EPISODE_STEPS, EpisodeTally
-from podrace.learner_mesh import make_algorithm
+from podrace.evaluate import STUCK_EPISODE_STEPS
 from podrace.networks import make_network
 from podrace.types import EnvSpec
 from podrace.validation import INT32_MAX, check_seed
@@ -116,94 +114,6 @@ def _check_paths(opts: EvalOptions) -> None:
             raise ConfigError(
                 "writing an MP4 needs ffmpeg on PATH, which was not found; use a .gif path"
             )
-
-
-def abstract_run_state(cfg: TrainConfig, spec: EnvSpec) -> RunState:
-    """Shapes and dtypes of a run's RunState (no arrays are computed): a restore template.
-    The keys and normalizer statistics are those of every process's actors and envs (a
-    multi-host checkpoint holds every process's; its stored config names the count)."""
-    network = make_network(cfg.network, spec)
-    obs = jax.ShapeDtypeStruct((1,) + tuple(spec.obs_shape), spec.obs_dtype)
-    params = jax.eval_shape(network.init, jax.random.PRNGKey(0), obs)
-    train_state = jax.eval_shape(make_algorithm(cfg, network.apply).init, params)
-
-    def keys(n: int) -> jax.ShapeDtypeStruct:
-        return jax.ShapeDtypeStruct((n, 2), jnp.uint32)
-
-    n = cfg.num_actors * (cfg.distributed.num_processes or 1)
-    normalizer = jax.eval_shape(
-        lambda: init_normalizer(cfg.normalize, spec.obs_shape, n * cfg.env.num_envs)
-    )
-    return RunState(train_state, keys(n * cfg.env.num_envs), keys(n), (0,) * n, 0, 0, 0, normalizer)
-
-
-def make_actor(
-    apply_fn: Callable, params, stochastic: bool, seed: int
-) -> Callable[[np.ndarray], np.ndarray]:
-    """obs (host) -> actions (host): the policy's mode, or a sample with its own key stream.
-    A recurrent network's is a `RecurrentActor`, which carries its core's state."""
-    device = jax.devices()[0]
-    params = jax.device_put(params, device)
-    if is_recurrent(apply_fn):
-        return RecurrentActor(apply_fn, params, stochastic, seed, device)
-
-    @jax.jit
-    def act(params, obs, key):
-        dist = apply_fn(params, obs)[0]
-        key, sample_key = jax.random.split(key)
-        return (dist.sample(sample_key) if stochastic else dist.mode()), key
-
-    state = {"key": jax.device_put(jax.random.PRNGKey(seed), device)}
-
-    def policy(obs: np.ndarray) -> np.ndarray:
-        action, state["key"] = act(params, jax.device_put(obs, device), state["key"])
-        return np.asarray(jax.device_get(action))
-
-    return policy
-
-
-class RecurrentActor:
-    """A recurrent policy on the host's side: `actor(obs, valid=None) -> actions`, its core's
-    state carried from call to call, from the initial state at the first call. `valid` [B]
-    is False where the step is an autoreset (the last step ended an episode; None: every
-    step valid, as within one recorded episode), so the core resets as in training."""
-
-    def __init__(self, apply_fn: RecurrentApply, params, stochastic: bool, seed: int, device):
-        @jax.jit
-        def act(params, obs, valid, core, key):
-            dist, _, states = apply_fn(params, obs[None], valid[None], core)
-            dist = jax.tree.map(lambda x: x[0], dist)
-            key, sample_key = jax.random.split(key)
-            action = dist.sample(sample_key) if stochastic else dist.mode()
-            return action, jax.tree.map(lambda x: x[0], states), key
-
-        self._act, self._params, self._device = act, params, device
-        self._initial_state = apply_fn.initial_state
-        self._key = jax.device_put(jax.random.PRNGKey(seed), device)
-        self._core = None
-
-    def __call__(self, obs: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
-        if self._core is None:
-            self._core = jax.device_put(self._initial_state(len(obs)), self._device)
-        valid = np.ones(len(obs), bool) if valid is None else valid
-        placed = jax.device_put((obs, valid), self._device)
-        action, self._core, self._key = self._act(self._params, *placed, self._core, self._key)
-        return np.asarray(jax.device_get(action))
-
-
-def play_episodes(
-    env: BatchedEnv, policy: Callable, episodes: int, time_limit: int | None = None
-) -> EpisodeTally:
-    """`episodes` episodes, each env its own share: the complete `EpisodeTally`."""
-    tally = EpisodeTally(episodes, env.num_envs, time_limit)
-    obs = env.reset()
-    valid = np.ones(env.num_envs, bool)
-    while not tally.complete:
-        action = policy(obs, valid) if isinstance(policy, RecurrentActor) else policy(obs)
-        step = env.step(action)
-        tally.add(step.episode_done, step.episode_return, step.episode_length)
-        obs, valid = step.obs, ~(step.terminated | step.truncated)
-    return tally
 
 
 def _factory_name(factory: EnvFactory) -> str:

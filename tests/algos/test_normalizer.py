@@ -197,14 +197,9 @@ def test_checkpoint_keeps_the_normalizer_and_eval_acts_with_its_statistics(tmp_p
 
     from podrace.checkpoints.files import Checkpointer
     from podrace.checkpoints.read import restore
-    from podrace.checkpoints.state import checkpoint_dir
-    from podrace.commands.eval import (
-        EvalOptions,
-        abstract_run_state,
-        evaluate_run,
-        make_actor,
-        play_episodes,
-    )
+    from podrace.checkpoints.state import abstract_run_state, checkpoint_dir
+    from podrace.commands.eval import EvalOptions, evaluate_run
+    from podrace.commands.playing import make_actor, play_episodes
     from podrace.envs import env_spec, make_env
     from podrace.networks import make_network
     from tests.helpers.checkpoints import fresh_state

@@ -20,7 +20,8 @@ import podrace.commands.eval
 from podrace.checkpoints.files import Checkpointer
 from podrace.checkpoints.state import RunState, checkpoint_dir
 from podrace.checkpoints.steps import checkpoint_steps, latest_step
-from podrace.commands.eval import EvalOptions, evaluate_run, play_episodes, summary
+from podrace.commands.eval import EvalOptions, evaluate_run, summary
+from podrace.commands.playing import play_episodes
 from podrace.config import ConfigError
 from podrace.envs import env_spec, make_env
 from tests.envs.user_envs import CONSTANT_RETURN, MatchEnv, NoFrames, constant_envs

@@ -24,9 +24,8 @@ from podrace.checkpoints.resume import (
     run_config_json,
     split_metrics,
 )
-from podrace.checkpoints.state import checkpoint_dir
+from podrace.checkpoints.state import abstract_run_state, checkpoint_dir
 from podrace.checkpoints.steps import checkpoint_steps
-from podrace.commands.eval import abstract_run_state
 from podrace.config import ConfigError, replace
 from podrace.envs import env_spec
 from podrace.runtime.run import prepare
