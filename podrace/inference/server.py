@@ -6,11 +6,11 @@ actors (`podrace.inference.rollouts`). Its loop:
 1. wait until a worker has finished its step (its reply pipe is readable: `poll` over all
    of them and a wake-up pipe), read the results from the worker's shared memory into the
    rollout being assembled; the part's next observation is now a request;
-2. choose the batch: the requests that may be served (below), at most `max_batch` envs;
-   once one is ready it waits at most `max_wait_s` for more while workers are still
-   stepping. In the deterministic mode (`fixed_order`) a batch is every servable request,
-   in the fixed order of the parts, taken once no worker is stepping: the same batches in
-   every run;
+2. choose the batch (`podrace.inference.batching`): the requests that may be served
+   (below), at most `max_batch` envs; once one is ready it waits at most `max_wait_s` for
+   more while workers are still stepping. In the deterministic mode (`fixed_order`) a
+   batch is every servable request, in the fixed order of the parts, taken once no worker
+   is stepping: the same batches in every run;
 3. one jitted policy call for the batch (`podrace.inference.policy`): actions, log-probs
    and values; each request's actions are written into its worker's shared memory and the
    worker told to step; the rollout gets each step's observation, action, log-prob, value
@@ -40,53 +40,20 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import jax
 import numpy as np
 
-from podrace.control import Control, ExplainedError
+from podrace.control import Control
 from podrace.envs.worker_protocol import RESET, STEP, wait_readable
 from podrace.envs.workers import EnvWorkerDied
-from podrace.inference.rollouts import BUSY, DONE, READY, Part, ServedActor
+from podrace.inference.batching import ServerSettings, choose_batch, request_buckets
+from podrace.inference.rollouts import BUSY, DONE, Part, ServedActor
 from podrace.sync.base import Snapshot
 from podrace.sync.placement import place
 from podrace.wording import times
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ServerSettings:
-    rollout_length: int
-    max_policy_lag: int
-    max_batch: int = 0
-    """Most envs (rows) per policy call; 0: every part the server serves."""
-    max_wait_s: float = 0.0
-    """Once a request is ready, how long to wait for more while workers still step."""
-    fixed_order: bool = False
-    """Deterministic batches: every servable request, in part order, once none steps."""
-    params_timeout_s: float | None = None
-    """Fail when a request waited this long for params the lag bound allows (None: wait)."""
-    worker_restarts: int = 3
-    """Restarts allowed per env worker; one more death fails the run, naming it."""
-
-
-class ParamsTimeout(ExplainedError, TimeoutError):
-    """A request waited longer than `params_timeout_s` for params within the lag bound."""
-
-
-def request_buckets(parts: int, most: int, fixed: bool) -> list[int]:
-    """Batch sizes (in requests) the policy call is compiled for: a batch is padded to the
-    next one. Fixed order: always every part; else powers of two up to `most`, and `most`."""
-    if fixed:
-        return [parts]
-    sizes = {most}
-    size = 1
-    while size < most:
-        sizes.add(size)
-        size *= 2
-    return sorted(sizes)
 
 
 class InferenceServer:
@@ -203,7 +170,9 @@ class InferenceServer:
             if all(p.state == DONE for p in self.parts):
                 return
             now = time.monotonic()
-            batch, timeout = self._choose(now)
+            batch, timeout = choose_batch(
+                self.parts, self.current, self.settings, self.most_requests, self.name, now
+            )
             if batch:
                 self._serve(batch, now)
                 timeout = 0.0
@@ -287,54 +256,6 @@ class InferenceServer:
         self.restarts += 1
         self.on_restart()
 
-    def _choose(self, now: float) -> tuple[list[tuple[Part, bool]], float | None]:
-        """(the requests to serve now, each with whether it gets an action (else only the
-        value of a rollout's last observation)), or none and how long to wait at most."""
-        s = self.settings
-        busy = any(p.state == BUSY for p in self.parts)
-        eligible: list[tuple[Part, bool]] = []
-        deadline = None
-        current = self.current
-        for part in self.parts:
-            if part.state != READY:
-                continue
-            actor = part.actor
-            act = current is not None and actor.may_open(part.seq)
-            if act and current.version < part.seq - s.max_policy_lag:
-                act = False
-                if part.blocked_since is None:
-                    part.blocked_since = now
-                if s.params_timeout_s is not None:
-                    waited = now - part.blocked_since
-                    if waited > s.params_timeout_s:
-                        raise ParamsTimeout(
-                            f"inference server {self.name}: actor {actor.actor_id}'s rollout "
-                            f"{part.seq} waited {waited:.1f}s for params version >= "
-                            f"{part.seq - s.max_policy_lag} (newest {current.version}, lag bound "
-                            f"{s.max_policy_lag}; inference.params_timeout_s "
-                            f"{s.params_timeout_s:g})"
-                        )
-                    end = part.blocked_since + s.params_timeout_s
-                    deadline = end if deadline is None else min(deadline, end)
-            if act or (current is not None and part.last_for is not None):
-                eligible.append((part, act))
-        wait = None if deadline is None else max(0.0, deadline - now) + 0.001
-        if not eligible or (s.fixed_order and busy):
-            return [], wait
-        if s.fixed_order:
-            return eligible, None
-        if len(eligible) > self.most_requests:  # the longest waiting first, in part order
-            oldest = sorted(eligible, key=lambda e: e[0].since)[: self.most_requests]
-            keep = {id(p) for p, _ in oldest}
-            return [e for e in eligible if id(e[0]) in keep], None
-        if s.max_wait_s <= 0 or not busy or len(eligible) == self.most_requests:
-            return eligible, None
-        first = min(p.since for p, _ in eligible)
-        if now >= first + s.max_wait_s:
-            return eligible, None
-        until = first + s.max_wait_s - now
-        return [], until if wait is None else min(until, wait)
-
     def _serve(self, batch: list[tuple[Part, bool]], now: float) -> None:
         size, current = self.part_size, self.current
         n = len(batch)
@@ -401,4 +322,4 @@ class InferenceServer:
                 os.close(fd)
 
 
-__all__ = ["InferenceServer", "ParamsTimeout", "ServerSettings", "request_buckets"]
+__all__ = ["InferenceServer"]

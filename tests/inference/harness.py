@@ -15,9 +15,10 @@ from podrace.config import EnvConfig
 from podrace.control import Control, Lifetime, Watchdog
 from podrace.envs import EnvSource
 from podrace.envs.workers import EnvWorker, split_envs
+from podrace.inference.batching import ServerSettings
 from podrace.inference.policy import make_key_chain, make_serve_fn
 from podrace.inference.rollouts import ServedActor
-from podrace.inference.server import InferenceServer, ServerSettings
+from podrace.inference.server import InferenceServer
 from podrace.metrics.registry import Metrics
 from podrace.pipeline import Pipeline
 from podrace.runtime.threads.group import ThreadGroup

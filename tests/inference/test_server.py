@@ -15,7 +15,7 @@ import pytest
 
 from podrace.control import ComponentError
 from podrace.envs.workers import EnvWorkerDied, EnvWorkerError
-from podrace.inference.server import ParamsTimeout, request_buckets
+from podrace.inference.batching import ParamsTimeout, request_buckets
 from tests.inference import fake_envs
 from tests.inference.harness import Served, check_rollout
 from tests.waiting import wait_until

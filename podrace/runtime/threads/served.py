@@ -29,9 +29,10 @@ from podrace.algos.normalizer import acting_apply
 from podrace.config import TrainConfig
 from podrace.envs.worker_protocol import EnvLink, EnvLinkMaker, wait_readable
 from podrace.envs.workers import EnvWorker, split_envs
+from podrace.inference.batching import ServerSettings
 from podrace.inference.policy import make_key_chain, make_serve_fn
 from podrace.inference.rollouts import ServedActor
-from podrace.inference.server import InferenceServer, ServerSettings
+from podrace.inference.server import InferenceServer
 from podrace.runtime.build import actor_env_seed, actor_settings
 from podrace.runtime.threads.actors import DeviceOf, LocalActors, packed_device
 
