@@ -169,15 +169,7 @@ def _scan_steps(policy: Any, env_step: Any, steps: int, params, key, carry: EnvC
             action, logprob, value, core, key = policy.step(params, carry.obs, valid, core, key)
         else:
             action, logprob, value, key = policy.step(params, carry.obs, key)
-        handle, step = env_step(carry.handle, action)
-        counts, episode_return, episode_length = count_step(
-            carry.counts,
-            step.raw_reward,
-            step.terminated,
-            step.truncated,
-            step.episode_done,
-            xp=jnp,
-        )
+        after, step, episode_return, episode_length = _env_step(env_step, carry, action, core)
         row = (
             carry.obs,
             action,
@@ -191,10 +183,26 @@ def _scan_steps(policy: Any, env_step: Any, steps: int, params, key, carry: EnvC
             episode_return,
             episode_length,
         )
-        done = step.terminated | step.truncated
-        return (key, EnvCarry(handle, step.obs, done, counts, core)), row
+        return (key, after), row
 
     return jax.lax.scan(body, (key, carry), None, length=steps)
+
+
+def _env_step(env_step: Any, carry: EnvCarry, action, core) -> tuple:
+    """One env step from `carry` with `action`: (the carry after it, with the episode counts
+    advanced and the policy's core state `core`; the step; the return and length of an
+    episode ending there)."""
+    handle, step = env_step(carry.handle, action)
+    counts, episode_return, episode_length = count_step(
+        carry.counts,
+        step.raw_reward,
+        step.terminated,
+        step.truncated,
+        step.episode_done,
+        xp=jnp,
+    )
+    done = step.terminated | step.truncated
+    return EnvCarry(handle, step.obs, done, counts, core), step, episode_return, episode_length
 
 
 def _chunk_fn(policy: Any, env_step: Any, steps: int) -> Callable:
@@ -291,21 +299,8 @@ def _greedy_chunk_fn(greedy: Any, env_step: Any, steps: int) -> Callable:
                 action, core = greedy.step(params, carry.obs, ~carry.prev_done, core)
             else:
                 action = greedy(params, carry.obs)
-            handle, step = env_step(carry.handle, action)
-            counts, episode_return, episode_length = count_step(
-                carry.counts,
-                step.raw_reward,
-                step.terminated,
-                step.truncated,
-                step.episode_done,
-                xp=jnp,
-            )
-            done = step.terminated | step.truncated
-            return EnvCarry(handle, step.obs, done, counts, core), (
-                step.episode_done,
-                episode_return,
-                episode_length,
-            )
+            after, step, episode_return, episode_length = _env_step(env_step, carry, action, core)
+            return after, (step.episode_done, episode_return, episode_length)
 
         carry, rows = jax.lax.scan(body, carry, None, length=steps)
         return carry, pack_episodes(*rows)

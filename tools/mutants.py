@@ -102,8 +102,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "fused_truncation_not_an_autoreset",
         "podrace/fused_rollout.py",
-        "done = step.terminated | step.truncated\n        return (key,",
-        "done = step.terminated\n        return (key,",
+        "    done = step.terminated | step.truncated\n    return EnvCarry(",
+        "    done = step.terminated\n    return EnvCarry(",
         FUSED_TESTS,
     ),
     Mutant(
