@@ -224,36 +224,13 @@ def _last_fn(policy: Any, env_step: Any, steps: int) -> Callable:
             if len(chunks) > 1
             else rows
         )
-        (
-            obs,
-            actions,
-            logprobs,
-            values,
-            rewards,
-            terminated,
-            truncated,
-            valid,
-            done,
-            returns,
-            lengths,
-        ) = rows
+        # a row: the Trajectory's per-step fields (obs ... valid), then the episode ends
+        *per_step, done, returns, lengths = rows
         if recurrent:
             last_value = policy.value(params, carry.obs, carry.core)
         else:
             last_value = policy.value(params, carry.obs)
-        trajectory = Trajectory(
-            obs,
-            actions,
-            logprobs,
-            values,
-            rewards,
-            terminated,
-            truncated,
-            valid,
-            carry.obs,
-            last_value,
-            first_core,
-        )
+        trajectory = Trajectory(*per_step, carry.obs, last_value, first_core)
         return key, carry, FusedOutput(trajectory, pack_episodes(done, returns, lengths))
 
     return last
