@@ -209,15 +209,12 @@ class SlotWriter:
         if self.ctl.words is None:
             return
         self.mark_closed(state, reason)
-        self.ctl.release()
         self._slots = []
+        _unmap(self.ctl, [self._data_shm, self._ctl_shm])
         for shm in (self._data_shm, self._ctl_shm):
-            if shm is None:
-                continue
-            with contextlib.suppress(BufferError):  # a view is still exported; the GC unmaps it
-                shm.close()
-            with contextlib.suppress(FileNotFoundError):  # already unlinked: the goal holds
-                shm.unlink()
+            if shm is not None:
+                with contextlib.suppress(FileNotFoundError):  # already unlinked: the goal holds
+                    shm.unlink()
 
 
 def _create_segment(name: str, size: int) -> shared_memory.SharedMemory:
@@ -347,10 +344,15 @@ class SlotReader:
         return None
 
     def close(self) -> None:
-        self.ctl.release()
         self._slots = []
-        for m in (self._data_map, self._ctl_map):
-            if m is None:
-                continue
-            with contextlib.suppress(BufferError):  # a view is still exported; the GC unmaps it
-                m.close()
+        _unmap(self.ctl, [self._data_map, self._ctl_map])
+
+
+def _unmap(ctl: ControlBlock, mappings: list[Any]) -> None:
+    """Drop the control block's views, then close each mapping (None: never made); one whose
+    memory a view still exports is unmapped by the GC once the view goes."""
+    ctl.release()
+    for mapping in mappings:
+        if mapping is not None:
+            with contextlib.suppress(BufferError):
+                mapping.close()
