@@ -341,7 +341,7 @@ class RaySubscriber(Subscriber):
         return taken
 
     def metrics(self) -> dict[str, float | int]:
-        out: dict[str, float | int] = {"acked_version": -1 if self._acked is None else self._acked}
+        out = super().metrics()
         out.update(self._transfer_time.report("transfer/seconds"))
         return out
 

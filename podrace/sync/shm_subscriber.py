@@ -262,10 +262,7 @@ class ShmSubscriber(Subscriber):
         return self._acked
 
     def metrics(self) -> dict[str, float | int]:
-        out: dict[str, float | int] = {
-            "acked_version": -1 if self._acked is None else self._acked,
-            "torn_read_retries": self._reader.retries,
-        }
+        out = {**super().metrics(), "torn_read_retries": self._reader.retries}
         out.update(self._read_time.report("read/seconds"))
         return out
 
