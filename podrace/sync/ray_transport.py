@@ -341,9 +341,7 @@ class RaySubscriber(Subscriber):
         return taken
 
     def metrics(self) -> dict[str, float | int]:
-        out = super().metrics()
-        out.update(self._transfer_time.report("transfer/seconds"))
-        return out
+        return {**super().metrics(), **self._transfer_time.report("transfer/seconds")}
 
     def close(self) -> None:
         with self._cond:

@@ -262,9 +262,11 @@ class ShmSubscriber(Subscriber):
         return self._acked
 
     def metrics(self) -> dict[str, float | int]:
-        out = {**super().metrics(), "torn_read_retries": self._reader.retries}
-        out.update(self._read_time.report("read/seconds"))
-        return out
+        return {
+            **super().metrics(),
+            "torn_read_retries": self._reader.retries,
+            **self._read_time.report("read/seconds"),
+        }
 
     def close(self) -> None:
         with self._cond:
