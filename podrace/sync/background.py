@@ -28,7 +28,7 @@ from podrace.sync.base import (
     SyncTimeout,
     wait_limit,
 )
-from podrace.sync.push import PushFanout
+from podrace.sync.push import Mailbox, PushFanout
 from podrace.sync.spec import FirstLayout, TreeSpec
 from podrace.sync.stats import RunningStat
 from podrace.sync.versions import Published, TransformStage, VersionCounter, release_later
@@ -55,7 +55,8 @@ class BackgroundPublisher(Publisher):
         )
         self._cond = threading.Condition()
         self._versions = VersionCounter(first_version)
-        self._pending: Published | None = None
+        self._pending = Mailbox(self._cond)
+        """The newest version not yet delivered (older ones are coalesced away)."""
         self._latest: Published | None = None  # for push targets added late
         self._visible: int | None = None
         self._settled: int | None = None  # newest version delivered or failed
@@ -111,12 +112,11 @@ class BackgroundPublisher(Publisher):
             self._check(params)
             entry = Published(self._versions.next(version), params)
             entry.published_at = start  # type: ignore[attr-defined]
-            if self._pending is not None:
-                self._coalesced += 1
             if self._latest is not None:
                 release_later(self._latest)  # its host copy is freed off the learner's thread
-            self._pending = self._latest = entry
-            self._cond.notify_all()
+            self._latest = entry
+            if self._pending.put(entry):
+                self._coalesced += 1
             self._push.offer(entry, entry.version)
         self._stats["publish"].add(time.perf_counter() - start)
         return entry.version
@@ -155,7 +155,7 @@ class BackgroundPublisher(Publisher):
             if self._closed:
                 return
             self._closed = True
-            self._pending = self._latest = None
+            self._pending.item = self._latest = None
             self._cond.notify_all()
         self._thread.join(60)  # at most one delivery in progress
         if error is None and self._failure is not None:
@@ -199,11 +199,9 @@ class BackgroundPublisher(Publisher):
     def _deliver_loop(self) -> None:
         while True:
             with self._cond:
-                while self._pending is None and not self._closed:
-                    self._cond.wait()
-                if self._closed:
+                entry = self._pending.take(lambda: self._closed)
+                if entry is None:
                     return
-                entry, self._pending = self._pending, None
             try:
                 # an Exception in the transform fails that version only (None); anything
                 # else (SystemExit, ...) fails the channel below, never the thread silently

@@ -21,6 +21,31 @@ _log = logging.getLogger(__name__)
 Resolve = Callable[[Any], Snapshot | None]
 
 
+class Mailbox:
+    """A one-slot mailbox under its owner's condition (held by every caller): `put` leaves
+    the newest item, replacing one not yet taken; `take` waits for it."""
+
+    def __init__(self, cond: threading.Condition) -> None:
+        self._cond = cond
+        self.item: Any = None
+
+    def put(self, item: Any) -> bool:
+        """Leave `item` and wake the taker; returns whether it replaced an item not taken."""
+        replaced = self.item is not None
+        self.item = item
+        self._cond.notify_all()
+        return replaced
+
+    def take(self, closed: Callable[[], bool]) -> Any:
+        """Wait for an item and take it (the slot empties); None once `closed()`."""
+        while self.item is None and not closed():
+            self._cond.wait()
+        if closed():
+            return None
+        item, self.item = self.item, None
+        return item
+
+
 class _PushWorker:
     """Delivers the newest offered item to one target, in version order, on its own thread."""
 
@@ -30,7 +55,7 @@ class _PushWorker:
         self._resolve = resolve
         self._on_error = on_error
         self._cond = threading.Condition()
-        self._pending: Any = None
+        self._mailbox = Mailbox(self._cond)
         self._closed = False
         self._busy_since: float | None = None
         self.offered_version = -1
@@ -46,20 +71,16 @@ class _PushWorker:
         with self._cond:
             if self._closed or version <= self.offered_version:
                 return
-            if self._pending is not None:
+            if self._mailbox.put(item):
                 self.skipped += 1
-            self._pending = item
             self.offered_version = version
-            self._cond.notify()
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                while self._pending is None and not self._closed:
-                    self._cond.wait()
-                if self._closed:
+                item = self._mailbox.take(lambda: self._closed)
+                if item is None:
                     return
-                item, self._pending = self._pending, None
                 self._busy_since = time.perf_counter()
             try:
                 snapshot = self._resolve(item)
@@ -88,7 +109,7 @@ class _PushWorker:
         """Deliver nothing more; the thread exits after any call in progress."""
         with self._cond:
             self._closed = True
-            self._pending = None
+            self._mailbox.item = None
             self._cond.notify_all()
 
     def join(self, timeout: float) -> None:
