@@ -25,6 +25,10 @@ from podrace.runtime.threads.group import ThreadGroup
 from podrace.sync.local import LocalPublisher
 from tests.inference import fake_envs
 
+JOIN_S = 30.0
+"""How long `Served.close()` waits for the run's threads to end: a bound for a hang, far
+above what a stop takes on a loaded machine (it returns as soon as they have ended)."""
+
 
 class ListSink:
     def __init__(self, pipeline: Pipeline) -> None:
@@ -140,7 +144,7 @@ class Served:
 
     def close(self) -> list[str]:
         self.lifetime.stop("test over")
-        stuck = self.group.join(5.0) if self.group is not None else []
+        stuck = self.group.join(JOIN_S) if self.group is not None else []
         self.publisher.close()
         for worker in self.workers:
             worker.close()

@@ -218,47 +218,51 @@ def test_a_rollout_beyond_the_lag_bound_fails_after_the_params_timeout():
     assert "rollout 1 waited" in str(error) and "params version >= 1 (newest 0" in str(error)
 
 
-def test_the_server_stops_within_a_second_while_workers_step(tmp_path):
+def test_a_stop_while_workers_step_ends_the_run_and_each_worker_on_its_close():
+    """A stop while workers step ends every thread of the run, and each worker, told to
+    close while its steps are under way, exits by itself (code 0): nothing waits for a
+    kill. The close grace is a hang bound here, far above an exit on a loaded machine."""
     factory = fake_envs.CheckedEnvs(slow_s=0.05)
     s = Served(actors=1, parts=2, envs=4, rollouts=1000, factory=factory)
     try:
         s.start()
         wait_until(lambda: s.server.batches >= 2, 30)
+        s.lifetime.stop("ctrl-c")
+        assert s.group.join(60.0) == []
+        for worker in s.workers:
+            worker.close(grace=60.0)
+        assert [w.process.returncode for w in s.workers] == [0, 0]
     finally:
-        import time
-
-        start = time.monotonic()
-        stuck = s.close()
-        assert stuck == []
-        assert time.monotonic() - start < 5.0
+        s.close()
     assert all(not w.alive for w in s.workers)
 
 
 def test_a_stop_during_a_slow_batched_call_ends_the_server_after_that_call():
-    """The policy call takes 0.5 s; a stop that comes during it ends the server as soon as
-    the call returns (no further batch, no step sent after it)."""
-    import time
-
-    entered = threading.Event()
+    """The policy call is held until the test releases it; a stop that comes during it ends
+    the server as soon as the call returns: no further policy call after it."""
+    entered, release = threading.Event(), threading.Event()
+    calls = []
     s = Served(actors=1, parts=2, envs=4, rollouts=1000)
     fast = s.server.serve_fn
 
-    def slow(*args):
+    def held(*args):
+        calls.append(s.lifetime.stopping)
         entered.set()
-        time.sleep(0.5)
+        release.wait(60)
         return fast(*args)
 
     try:
-        s.server.serve_fn = slow
+        s.server.serve_fn = held
         s.start()
         wait_until(entered.is_set, 30)
         batches = s.server.batches
-        start = time.monotonic()
         s.lifetime.stop("ctrl-c")
-        assert s.group.join(5.0) == []
-        assert time.monotonic() - start < 1.5
-        assert s.server.batches <= batches + 1
+        release.set()
+        assert s.group.join(60.0) == []
+        assert calls.count(True) == 0  # no call began once the run stopped
+        assert s.server.batches == batches + 1  # the call under way finished, then it ended
     finally:
+        release.set()
         s.close()
 
 
