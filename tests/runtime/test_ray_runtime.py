@@ -68,9 +68,17 @@ def test_two_ray_workers_learn_cartpole(tmp_path, fake_wandb):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_sigkilled_worker_is_restarted_and_nothing_is_consumed_twice(tmp_path):
+def test_sigkilled_worker_is_restarted_nothing_consumed_twice_and_told_in_podrace_lines(
+    tmp_path, capfd, caplog
+):
+    """A worker SIGKILLed mid-run: restarted once, every (worker, seq) consumed once, and
+    the console shows podrace's two lines, while Ray's report of the death goes to the run
+    directory's ray.log (Ray's own logs to ray-logs/)."""
+    import logging
+
     from podrace.runtime.run import prepare
 
+    caplog.set_level(logging.INFO, logger="podrace")
     cfg = small_ray(tmp_path, total_steps=2 * 8 * 16 * 24)
     run = prepare(cfg)
     victim = run.fleet.worker_pids()[0]
@@ -97,7 +105,20 @@ def test_sigkilled_worker_is_restarted_and_nothing_is_consumed_twice(tmp_path):
     # One node: no weights left the learner's node, the restarted worker's pulls included.
     line = last_line(result.run_dir)
     assert result.ray.weight_bytes_out == line["ray/weight_bytes_out_per_version"] == 0, line
-    assert not process_tree(run.cluster.connection.temp_dir)
+    # The console: podrace's lines only.
+    out, err = capfd.readouterr()
+    assert "(raylet)" not in out + err and "RAY_AUTH_MODE" not in out + err, out + err
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("podrace.runtime.ray")]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("ray worker 0 lost on node ") and lines[0].endswith(
+        "; restarting it, restart 1 of 3 (--ray.max-restarts)"
+    ), lines
+    assert lines[1].startswith("ray worker 0 restarted on node "), lines
+    # the raylet's report of the killed worker, which Ray would print on the console
+    assert "(raylet) A worker died" in (result.run_dir / "ray.log").read_text()
+    assert (result.run_dir / "ray-logs").is_dir()  # the local Ray's logs, kept
+    assert any((result.run_dir / "ray-logs").glob("raylet*"))
+    assert not process_tree(run.cluster.connection.temp_dir) and not ray.is_initialized()
 
 
 @pytest.mark.slow
