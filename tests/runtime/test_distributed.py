@@ -110,7 +110,6 @@ def test_a_process_stopped_before_its_hello_tells_the_meeting_so_no_one_waits_fo
     """Ctrl-C on process 1 before it reached process 0 is told to the meeting: process 0 does
     not wait out --distributed.init-timeout-s, then blame a process that never started."""
     import threading
-    import time
 
     from podrace.config import DistributedConfig
     from podrace.control import Stopped
@@ -133,11 +132,10 @@ def test_a_process_stopped_before_its_hello_tells_the_meeting_so_no_one_waits_fo
     leaving = threading.Thread(target=process_1)
     leaving.start()
     wait_until(was_stopped.is_set)  # process 0 starts its meeting after process 1 was stopped
-    start = time.monotonic()
-    with pytest.raises(ConfigError) as refused:
+    with pytest.raises(ConfigError) as refused:  # its timeout would be another error
         rendezvous(coordinator, 2, 0, 20.0)
-    leaving.join(5)
-    assert time.monotonic() - start < 3
+    leaving.join(30)
+    assert not leaving.is_alive()
     assert (
         "process 1 cannot run: it was stopped before every process had joined (SIGINT received)"
         in str(refused.value)

@@ -44,9 +44,8 @@ def test_every_process_returns_once_all_met_and_the_port_is_free_again():
 
 
 def test_a_process_that_never_starts_is_named_by_process_0_within_the_timeout():
-    start = time.monotonic()
+    """The meeting's own timeout ends it (its message), not `meet`'s 30 s join."""
     [error] = meet(free_port(), [(0, 2)], timeout_s=1.0)
-    assert time.monotonic() - start < 5
     assert error.startswith("distributed: process(es) [1] did not join within 1s")
 
 
@@ -66,9 +65,9 @@ def test_disagreeing_process_counts_fail_every_process_that_is_there():
 
 
 def test_two_processes_with_one_id_fail_without_waiting_for_the_timeout():
-    start = time.monotonic()
-    outcomes = meet(free_port(), [(0, 3), (1, 3), (1, 3)], timeout_s=20.0)
-    assert time.monotonic() - start < 10
+    """A timeout far beyond `meet`'s 30 s join: a meeting that waited for it would leave its
+    outcome empty."""
+    outcomes = meet(free_port(), [(0, 3), (1, 3), (1, 3)], timeout_s=600.0)
     assert outcomes == ["distributed: two processes say they are process 1"] * 3
 
 
@@ -162,21 +161,23 @@ def connected(port: int) -> socket.socket | None:
 
 @pytest.mark.parametrize("process", [0, 1])
 def test_a_stop_ends_the_wait_at_once(process):
-    """Ctrl-C while waiting in the meeting ends the wait within the CLI's exit grace (not
-    "threads still busy in native code are left behind")."""
+    """Ctrl-C while waiting in the meeting ends the wait: the wait calls `check` over and
+    over, and the stop that its third call raises comes straight out of the meeting (not
+    a timeout error after the meeting's 600 s, which the test's own timeout would end)."""
 
     class Stop(Exception):
         pass
 
-    start = time.monotonic()
+    calls = []
 
     def check() -> None:
-        if time.monotonic() - start > 0.3:
+        calls.append(None)
+        if len(calls) == 3:
             raise Stop
 
     with pytest.raises(Stop):
-        rendezvous(f"127.0.0.1:{free_port()}", 2, process, 30.0, check)
-    assert time.monotonic() - start < 2
+        rendezvous(f"127.0.0.1:{free_port()}", 2, process, 600.0, check)
+    assert len(calls) == 3
 
 
 def test_a_process_stopped_after_its_hello_is_a_refusal_not_a_twin():

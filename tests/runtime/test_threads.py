@@ -3,7 +3,6 @@ close_envs: a user's env.close that raises or blocks neither propagates nor keep
 
 import logging
 import threading
-import time
 
 import pytest
 
@@ -96,10 +95,10 @@ def test_close_envs_logs_a_raising_close_and_still_closes_the_others(caplog):
 @pytest.mark.timeout(30)
 def test_close_envs_leaves_a_blocking_close_behind_and_names_it():
     release = threading.Event()
-    blocking, good = Env(release.wait), Env()
-    start = time.monotonic()
+    blocking, good = Env(release.wait), Env()  # blocks until the test releases it
+    # Returning at all, with the blocking close still inside release.wait(), is the check.
     assert close_envs([("actor-1", blocking), ("actor-2", good)], timeout=0.3) == [
         "actor-1 env.close"
     ]
-    assert time.monotonic() - start < 5 and good.closed
+    assert good.closed
     release.set()

@@ -122,7 +122,7 @@ def test_get_times_out_with_a_clear_message(harness, new_pub):
     with pytest.raises(SyncTimeout, match=r"(?s)>= 5.*latest.*0") as info:
         sub.get(5, timeout=0.2)
     assert isinstance(info.value, TimeoutError)
-    assert 0.15 < time.monotonic() - start < 5
+    assert time.monotonic() - start > 0.15  # it waited: no early give-up
 
 
 def test_transform_runs_once_per_version(harness, new_pub):
@@ -166,21 +166,21 @@ def test_push_target_called_once_per_version_in_order(harness, new_pub):
 def test_slow_push_target_does_not_block_publish(harness, new_pub):
     pub = new_pub()
     release = threading.Event()
-    slow_seen, fast_seen = [], []
+    slow_seen, fast_seen, slow_returned = [], [], []
 
     def slow(snap):
         slow_seen.append(snap.version)
-        release.wait(10)
+        release.wait(60)
+        slow_returned.append(snap.version)
 
     pub.add_push_target(slow, "slow")
     pub.add_push_target(lambda snap: fast_seen.append(snap.version), "fast")
     sub = harness.subscribe(pub)
     pub.publish(make_params(0))
     wait_until(lambda: slow_seen == [0])  # slow target is now stuck in its call
-    start = time.monotonic()
     for v in range(1, 20):
         pub.publish(make_params(v))
-    assert time.monotonic() - start < 2.0
+    assert slow_returned == []  # every publish returned while the slow call went on
     assert sub.get(19, timeout=10).version == 19  # pulling consumers unaffected
     wait_until(lambda: fast_seen and fast_seen[-1] == 19)
     assert fast_seen == sorted(set(fast_seen))
@@ -226,7 +226,7 @@ def test_close_wakes_blocked_get(harness, new_pub):
 
     def waiter():
         try:
-            sub.get(100, timeout=30)
+            sub.get(100, timeout=600)  # far beyond the joins below: only the close ends it
         except Exception as exc:  # noqa: BLE001 - recorded for the assertion
             errors.append(exc)
 
@@ -234,11 +234,9 @@ def test_close_wakes_blocked_get(harness, new_pub):
     for t in threads:
         t.start()
     wait_until(lambda: all(calling(t, "get") for t in threads))
-    start = time.monotonic()
     pub.close()
     for t in threads:
-        t.join(10)
-    assert time.monotonic() - start < 5
+        t.join(30)
     assert len(errors) == 3 and all(isinstance(e, ChannelClosed) for e in errors)
 
 
@@ -414,9 +412,9 @@ def test_a_failing_transform_fails_only_its_version(harness, new_pub, keep):
     assert sub.get(0, timeout=10).version == 0
     pub.publish(make_params(1))  # never raises in the learner
     pub.flush(timeout=10)  # settles (as skipped) rather than hanging
-    start = time.monotonic()
-    assert sub.get(0, timeout=10).version == 0  # still satisfied by version 0, at once
-    assert time.monotonic() - start < 5
+    # Still satisfied by version 0: a get that waited for a version >= 2 instead would
+    # time out, as version 2 is only published below.
+    assert sub.get(0, timeout=10).version == 0
     wait_until(lambda: pub.metrics()["transform/failures"] == 1)
     with pytest.raises(SyncTimeout):
         sub.get(1, timeout=0.3)  # version 1 never appears
