@@ -19,10 +19,8 @@ import signal
 import time
 from dataclasses import dataclass
 
-import jax.numpy as jnp
 import numpy as np
 
-from podrace.algos.distributions import Categorical
 from podrace.types import EnvSpec, EnvStep
 
 SPEC = EnvSpec((2,), np.dtype(np.float32), 3, ())
@@ -33,6 +31,12 @@ def expected_action(obs: np.ndarray) -> np.ndarray:
 
 
 def fake_apply(params, obs):
+    # JAX is imported here, not with the module: env worker processes import this module to
+    # unpickle the env factory, and JAX would add seconds to each one's start and exit.
+    import jax.numpy as jnp
+
+    from podrace.algos.distributions import Categorical
+
     choice = jnp.mod(obs[..., 0] + obs[..., 1], 3).astype(jnp.int32)
     logits = 60.0 * jnp.eye(3, dtype=jnp.float32)[choice]
     return Categorical(logits), jnp.zeros(obs.shape[:-1], jnp.float32) + params["v"]

@@ -124,15 +124,21 @@ class Served:
             self.publisher.publish(fake_envs.params(version + 1))
         self.finished.set()
 
-    def start(self) -> Served:
+    def start(self, watchdog: bool = True) -> Served:
+        """Start the run's threads; without `watchdog`, all but the watchdog (the test
+        starts it with `start_watchdog` once the run is where it wants it)."""
         self.publisher.add_push_target(self.server.push, "server")
         self.group = group = ThreadGroup(self.lifetime)
         group.spawn("server", self.server.run)
         for actor in self.actors:
             group.spawn(f"actor-{actor.actor_id}", actor.run)
         group.spawn("learner", self.learner)
-        group.spawn("watchdog", self.watchdog.run, guard_transfers=False)
+        if watchdog:
+            self.start_watchdog()
         return self
+
+    def start_watchdog(self) -> None:
+        self.group.spawn("watchdog", self.watchdog.run, guard_transfers=False)
 
     def wait(self, timeout: float = 60.0) -> None:
         """Until the stand-in learner finished or the run failed (then raise its error)."""

@@ -286,11 +286,24 @@ def test_a_worker_that_dies_once_the_run_stops_is_the_stop_not_a_failure():
 def test_a_worker_step_longer_than_the_watchdog_allows_fails_the_run_naming_it():
     from podrace.control import HangDetected
 
-    # A watchdog far above a worker's start and reset on a loaded machine, far below a step.
-    factory = fake_envs.CheckedEnvs(slow_s=5.0, slow_all=True)
+    # Every step takes 600 s, far beyond the watchdog. The watchdog starts once each part
+    # has entered its first step: the resets before, however slow on a loaded machine, are
+    # not what it catches.
+    factory = fake_envs.CheckedEnvs(slow_s=600.0, slow_all=True)
     with Served(actors=1, parts=2, envs=4, factory=factory, watchdog_s=1.5) as s:
+        entered = {}
+        for part in s.server.parts:
+
+            def enter(what, step, *more, part=part, real=part.heartbeat.enter):
+                entered[part.index] = what
+                real(what, step, *more)
+
+            part.heartbeat.enter = enter
+        s.start(watchdog=False)
+        wait_until(lambda: entered == {0: "env.step", 1: "env.step"}, 60)
+        s.start_watchdog()
         with pytest.raises(ComponentError) as raised:
-            s.start().wait()
+            s.wait()
     failure = raised.value
     assert isinstance(failure.error, HangDetected)
     assert failure.component.startswith("a0.w")
