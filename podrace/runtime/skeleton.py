@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -140,10 +141,17 @@ class Run:
         try:
             fleet.start()  # Ray workers compile meanwhile
             lifetime.check()
-            warm_up_learner(self.learner, fleet.learner_dummies())
-            fleet.ready()
-            if cluster.process_id == 0:  # one process of a run evaluates
-                self._build_evaluator()
+            dummies = fleet.learner_dummies()
+            # The update and the evaluator compile in threads of their own while this one
+            # builds and compiles the actors: XLA releases the GIL while it compiles, so the
+            # compiles share the cores instead of queueing. Leaving the block waits for both.
+            with ThreadPoolExecutor(2, thread_name_prefix="podrace-compile") as pool:
+                built = [pool.submit(warm_up_learner, self.learner, dummies)]
+                if cluster.process_id == 0:  # one process of a run evaluates
+                    built.append(pool.submit(self._build_evaluator))
+                fleet.ready()
+                for done in built:
+                    done.result()
         except BaseException:
             self.close_envs()  # the envs built so far (their subprocesses, threads)
             raise
