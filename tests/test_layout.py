@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
         "podrace.config_dict",
         "podrace.control",
         "podrace.wording",
+        "podrace.compile_once",
     ),
     ("podrace.validation", "podrace.presets"),
     # building blocks: envs, networks, pure algorithms, weight sync, metrics

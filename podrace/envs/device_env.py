@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from podrace.compile_once import compile_once
 from podrace.envs.episode_stats import EpisodeStats
 from podrace.envs.jax_envs import JaxEnv, kept_observations, raw_jax_env_spec
 from podrace.envs.spaces import ObsIndices
@@ -149,7 +150,9 @@ class DeviceEnv:
         self._key = jax.random.key_data(jax.random.key(seed))
         # Compiled here (before any thread starts): a run's actors and evaluator reset their
         # envs from their threads, where a compile would be counted as training time.
-        self._reset = jax.jit(_next_reset(self._step_fn)).lower(self._key).compile()
+        # A reset runs once per evaluation or actor start: compiled for compile speed.
+        reset = jax.jit(_next_reset(self._step_fn)).lower(self._key)
+        self._reset = compile_once(reset, next(iter(self._key.devices())).platform)
         self._step = jax.jit(self._step_fn)
         # 32-bit counts, as a compiled rollout keeps them: the same episode returns either way.
         self._stats = EpisodeStats(num_envs, np.float32, np.int32)

@@ -19,6 +19,7 @@ import numpy as np
 from podrace.actor import Actor, ActorSettings, PolicyFns, RolloutSink
 from podrace.algos.base import TrainState
 from podrace.algos.normalizer import Normalizer, init_normalizer
+from podrace.compile_once import compile_once
 from podrace.config import TrainConfig
 from podrace.control import Control, Lifetime
 from podrace.envs import BatchedEnv, EnvSource
@@ -94,8 +95,9 @@ def build_learner(
     reward-scaling tracker starts fresh, as the resumed run's envs do."""
     mesh = make_mesh(devices)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    dummy_obs = np.zeros((1,) + spec.obs_shape, spec.obs_dtype)
-    params = jax.jit(network.init, out_shardings=replicated)(seed_key(cfg.seed, 0), dummy_obs)
+    dummy_obs, key = np.zeros((1,) + spec.obs_shape, spec.obs_dtype), seed_key(cfg.seed, 0)
+    init = jax.jit(network.init, out_shardings=replicated).lower(key, dummy_obs)
+    params = compile_once(init, devices[0].platform)(key, dummy_obs)
     algo = make_algorithm(cfg, network.apply)
     state = jax.jit(algo.init, out_shardings=replicated)(params)
     keys = env_keys(seed_key(cfg.seed, 1), cfg.num_actors, cfg.env.num_envs, mesh)
