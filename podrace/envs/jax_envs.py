@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import sys
 from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 
 from podrace.config import ConfigError, EnvConfig
+from podrace.envs.deferred_imports import defer
 from podrace.envs.spaces import ObsIndices
 from podrace.envs.user_modules import import_failure, make_working_dir_importable, split_env_id
 from podrace.types import EnvSpec
@@ -82,7 +84,13 @@ def _import_package(env_id: str, package: str) -> Any:
         ) from None
 
 
+GYMNAX_RENDERING = ("matplotlib.pyplot", "seaborn")
+"""What gymnax imports only to render: imported when a render first uses it."""
+
+
 def _from_gymnax(env_id: str, name: str) -> tuple[Any, Any]:
+    if "gymnax" not in sys.modules:
+        defer(GYMNAX_RENDERING)
     gymnax = _import_package(env_id, "gymnax")
     if name not in gymnax.registered_envs:
         raise ConfigError(
