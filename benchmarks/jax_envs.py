@@ -5,7 +5,10 @@ Every measurement runs in a fresh child process, one after the other, `--repeats
 interleaved (figures are medians over repeats):
   podrace     `podrace train cartpole-ppo --env.backend jax --env.id gymnax:CartPole-v1`:
               whole process wall time, import / prepare (build + compile) / train, env
-              steps/s while learning, final evaluation return;
+              steps/s while learning, final evaluation return; the child ends as `podrace
+              train` does (atexit handlers, no interpreter finalization); with `--envpool`
+              also the preset as it is (envpool's CartPole-v1, `podrace_envpool`), with
+              `--baseline DIR` also another checkout's podrace (`podrace_baseline`);
   purejaxrl   PureJaxRL's PPO (`purejaxrl/ppo.py` of a checkout of luchris429/purejaxrl,
               run by benchmarks/purejaxrl_child.py) on the same env with the preset's
               hyperparameters (64 envs x 8 steps, 4 epochs x 4 minibatches, lr 2.5e-3
@@ -16,9 +19,12 @@ interleaved (figures are medians over repeats):
               env's step rate with no policy on the same device.
 Both trainers run at two budgets: `--steps` (500k, whole-process wall time: the paired
 ratio podrace / PureJaxRL) and `--long-steps` (20M: env steps/s while learning, podrace's
-over PureJaxRL's). Each trainer compiles cold (a fresh JAX compilation cache directory per
-child); `--warm-cache` also runs both with a warmed cache (podrace's default: `podrace
-train` keeps compiled programs across runs; PureJaxRL through JAX_COMPILATION_CACHE_DIR).
+over PureJaxRL's; `--long-repeats 0` leaves them out). Every child's process CPU seconds
+(user + system, all its threads) are reported beside its wall time: on a shared, loaded
+machine they move much less than wall time. Each trainer compiles cold (a fresh JAX
+compilation cache directory per child); `--warm-cache` also runs both with a warmed cache
+(podrace's default: `podrace train` keeps compiled programs across runs; PureJaxRL through
+JAX_COMPILATION_CACHE_DIR).
 
 PureJaxRL needs its own packages (distrax, gymnax 0.0.x's API, ...): `--purejaxrl DIR`
 (the checkout), `--purejaxrl-pythonpath PATH` (prepended to PYTHONPATH of its child: a
@@ -68,12 +74,14 @@ PUREJAXRL_CONFIG = {
 RAW_ENVS, RAW_STEPS, RAW_CALLS = 64, 500, 20
 
 
-def podrace_child(steps: int) -> dict:
+def podrace_child(steps: int, envpool: bool = False) -> dict:
+    """The preset on gymnax's CartPole (the jax backend), or with `envpool` as it is (its
+    envpool CartPole stepped by XLA custom calls in the actor's compiled rollout)."""
     from podrace.commands.train import parse_train
     from podrace.config import replace
     from podrace.runtime.xla_setup import force_cpu_devices
 
-    cfg = parse_train([PRESET, "--env.backend", "jax", "--env.id", ENV_ID])
+    cfg = parse_train([PRESET] if envpool else [PRESET, "--env.backend", "jax", "--env.id", ENV_ID])
     cfg = replace(
         cfg,
         **{
@@ -155,14 +163,22 @@ def run_child(command: list[str], pythonpath: str | None, cache: str) -> dict:
     env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [pythonpath, env.get("PYTHONPATH")]))
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _children_cpu_s()
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     whole = time.perf_counter() - start
+    cpu = _children_cpu_s() - cpu
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
     result["whole_process_s"] = whole
+    result["process_cpu_s"] = cpu
     return result
+
+
+def _children_cpu_s() -> float:
+    """User + system CPU seconds of every child process this one has waited for."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -177,7 +193,20 @@ def median_run(runs: list[dict]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=("podrace", "raw"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--mode", choices=("podrace", "podrace_envpool", "raw"), help=argparse.SUPPRESS
+    )
+    parser.add_argument(
+        "--envpool",
+        action="store_true",
+        help="also run the preset as it is (envpool's CartPole) at --steps: podrace's two paths",
+    )
+    parser.add_argument(
+        "--baseline",
+        default=None,
+        help="also run the jax-backend podrace child from this checkout (a directory holding "
+        "an older `podrace` package, e.g. from `git archive`), interleaved, at --steps",
+    )
     parser.add_argument("--steps", type=int, default=500_000)
     parser.add_argument("--long-steps", type=int, default=20_000_000)
     parser.add_argument("--repeats", type=int, default=3)
@@ -188,9 +217,11 @@ def main() -> None:
     parser.add_argument("--purejaxrl-python", default=sys.executable)
     parser.add_argument("--out", default="benchmarks/results/jax_envs.json")
     args = parser.parse_args()
-    if args.mode == "podrace":
-        print(json.dumps(podrace_child(args.steps)))
-        return
+    if args.mode in ("podrace", "podrace_envpool"):
+        from podrace.commands.supervisor import leave
+
+        print(json.dumps(podrace_child(args.steps, envpool=args.mode == "podrace_envpool")))
+        leave(0)  # as `podrace train` ends: atexit handlers, no interpreter finalization
     if args.mode == "raw":
         print(json.dumps(raw_child()))
         return
@@ -199,9 +230,9 @@ def main() -> None:
     here = str(Path(__file__).resolve().parents[1])
     pjr_child = str(Path(__file__).with_name("purejaxrl_child.py"))
 
-    def podrace(steps: int, cache: str) -> dict:
-        command = [sys.executable, __file__, "--mode", "podrace", "--steps", str(steps)]
-        return run_child(command, here, cache)
+    def podrace(steps: int, cache: str, mode: str = "podrace", checkout: str = here) -> dict:
+        command = [sys.executable, __file__, "--mode", mode, "--steps", str(steps)]
+        return run_child(command, checkout, cache)
 
     def purejaxrl(steps: int, cache: str) -> dict:
         config = json.dumps({**PUREJAXRL_CONFIG, "TOTAL_TIMESTEPS": steps})
@@ -216,6 +247,10 @@ def main() -> None:
 
     load, runs = [], {"raw": [], "podrace": [], "purejaxrl": []}
     runs.update({"podrace_long": [], "purejaxrl_long": []})
+    if args.envpool:
+        runs["podrace_envpool"] = []
+    if args.baseline:
+        runs["podrace_baseline"] = []
     if args.warm_cache:
         runs.update({"podrace_warm": [], "purejaxrl_warm": []})
     warm = {"podrace": tempfile.mkdtemp(), "purejaxrl": tempfile.mkdtemp()}
@@ -237,6 +272,11 @@ def main() -> None:
     for _ in range(args.repeats):
         note("raw", run_child([sys.executable, __file__, "--mode", "raw"], here, cold()))
         note("podrace", podrace(args.steps, cold()))
+        if args.envpool:
+            note("podrace_envpool", podrace(args.steps, cold(), "podrace_envpool"))
+        if args.baseline:
+            baseline = str(Path(args.baseline).resolve())
+            note("podrace_baseline", podrace(args.steps, cold(), checkout=baseline))
         note("purejaxrl", purejaxrl(args.steps, cold()))
         if args.warm_cache:
             note("podrace_warm", podrace(args.steps, warm["podrace"]))
@@ -250,11 +290,23 @@ def main() -> None:
     ratios = {
         "whole_process_podrace_over_purejaxrl": med["podrace"]["whole_process_s"]
         / med["purejaxrl"]["whole_process_s"],
-        "long_sps_podrace_over_purejaxrl": med["podrace_long"]["sps"]
-        / med["purejaxrl_long"]["sps"],
+        "whole_process_cpu_podrace_over_purejaxrl": med["podrace"]["process_cpu_s"]
+        / med["purejaxrl"]["process_cpu_s"],
         "e2e_sps_over_raw_env": med["podrace"]["sps"] / med["raw"]["sps"],
-        "long_e2e_sps_over_raw_env": med["podrace_long"]["sps"] / med["raw"]["sps"],
     }
+    for other in ("podrace_envpool", "podrace_baseline"):
+        if other in med:
+            ratios[f"whole_process_{other}_over_purejaxrl"] = (
+                med[other]["whole_process_s"] / med["purejaxrl"]["whole_process_s"]
+            )
+            ratios[f"whole_process_cpu_{other}_over_purejaxrl"] = (
+                med[other]["process_cpu_s"] / med["purejaxrl"]["process_cpu_s"]
+            )
+    if args.long_repeats:
+        ratios["long_sps_podrace_over_purejaxrl"] = (
+            med["podrace_long"]["sps"] / med["purejaxrl_long"]["sps"]
+        )
+        ratios["long_e2e_sps_over_raw_env"] = med["podrace_long"]["sps"] / med["raw"]["sps"]
     if args.warm_cache:
         ratios["warm_whole_process_podrace_over_purejaxrl"] = (
             med["podrace_warm"]["whole_process_s"] / med["purejaxrl_warm"]["whole_process_s"]
@@ -276,7 +328,9 @@ def main() -> None:
         "ratios": ratios,
         "targets": {
             "whole_process<=0.6x_purejaxrl": ratios["whole_process_podrace_over_purejaxrl"] <= 0.6,
-            "long_sps>=purejaxrl": ratios["long_sps_podrace_over_purejaxrl"] >= 1.0,
+            "long_sps>=purejaxrl": ratios["long_sps_podrace_over_purejaxrl"] >= 1.0
+            if args.long_repeats
+            else None,
         },
         **med,
         "runs": runs,
