@@ -31,3 +31,18 @@ def test_the_recurrent_guides_results_are_what_train_and_eval_recorded():
         )
     stated = [(p, s, *(c.strip() for c in cells.split("|"))) for p, s, cells in rows]
     assert stated == expected
+
+
+@pytest.mark.timeout(10)
+def test_the_jax_env_guides_breakout_curve_is_what_its_run_recorded():
+    recorded = json.loads((REPO / "benchmarks/results/jax_env_runs.json").read_text())
+    (run,) = [r for r in recorded["runs"] if r["env_id"] == "gymnax:Breakout-MinAtar"]
+    guide = (REPO / "docs/guides/jax-envs.md").read_text()
+    steps_row = re.search(r"^\| env steps \|(.*)\|$", guide, re.M).group(1)
+    returns_row = re.search(r"^\| evaluation return [^|]*\|(.*)\|$", guide, re.M).group(1)
+    stated = [
+        (step.strip(), float(value))
+        for step, value in zip(steps_row.split("|"), returns_row.split("|"))
+    ]
+    assert stated == [(f"{s / 1e6:.1f}M", round(r, 1)) for s, r in run["eval_curve"]]
+    assert f"{run['train_return_start']:.1f}" in guide and f"{run['train_return_end']:.1f}" in guide
