@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
+from podrace.pbt.config import PBTConfig
+
 
 class ConfigError(ValueError):
     """A configuration that cannot run. The message is one line, meant for the user."""
@@ -404,6 +406,7 @@ class TrainConfig:
     log: LogConfig = field(default_factory=LogConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    pbt: PBTConfig = field(default_factory=PBTConfig)
 
     # Derived sizes -------------------------------------------------------------------
     @property

@@ -48,9 +48,13 @@ TRAJECTORY_SPEC = Trajectory(
 
 
 def make_algorithm(cfg: TrainConfig, apply_fn: Callable) -> Algorithm:
-    """The configured algorithm, its collectives bound to the learner mesh axis."""
+    """The configured algorithm, its collectives bound to the learner mesh axis; a member
+    of a population (`pbt.population` > 1) takes the hyperparameters the population changes
+    as inputs of its update."""
     make, algo_cfg = (make_ppo, cfg.ppo) if cfg.algo == "ppo" else (make_impala, cfg.impala)
-    return make(algo_cfg, apply_fn, cfg.num_updates, AXIS, cfg.layout.scan_unroll)
+    # A population's members take the hyperparameters it changes as update inputs.
+    tunable = cfg.pbt.mutated(cfg.algo) if cfg.pbt.population > 1 else ()
+    return make(algo_cfg, apply_fn, cfg.num_updates, AXIS, cfg.layout.scan_unroll, tunable)
 
 
 def make_mesh(devices: Sequence[jax.Device]) -> Mesh:

@@ -20,6 +20,7 @@ from podrace.config import (
     resolved,
 )
 from podrace.config_dict import fits, type_name
+from podrace.pbt.validation import validate_pbt
 
 INT32_MAX = 2**31 - 1
 """Sizes, ids and counters end up in int32 arrays (shapes, env seeds, step counters)."""
@@ -296,6 +297,7 @@ def validate(cfg: TrainConfig) -> None:
     _validate_algos(cfg)
     _validate_sizes(cfg)
     _validate_workers(cfg)
+    validate_pbt(cfg)
 
 
 def _validate_algos(cfg: TrainConfig) -> None:

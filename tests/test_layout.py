@@ -28,10 +28,18 @@ LAYERS: list[tuple[str, ...]] = [
         "podrace.control",
         "podrace.wording",
         "podrace.compile_once",
+        "podrace.pbt.config",
     ),
-    ("podrace.validation", "podrace.presets"),
+    ("podrace.validation", "podrace.presets", "podrace.pbt.validation"),
     # building blocks: envs, networks, pure algorithms, weight sync, metrics
-    ("podrace.envs", "podrace.networks", "podrace.algos", "podrace.sync", "podrace.metrics"),
+    (
+        "podrace.envs",
+        "podrace.networks",
+        "podrace.algos",
+        "podrace.sync",
+        "podrace.metrics",
+        "podrace.pbt",
+    ),
     # the loops: actor -> pipeline -> learner -> (sync) -> actor, and the evaluator
     ("podrace.fused_rollout", "podrace.actor", "podrace.inference", "podrace.pipeline"),
     ("podrace.learner_mesh", "podrace.learner", "podrace.evaluate", "podrace.video"),

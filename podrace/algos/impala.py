@@ -16,7 +16,7 @@ straddles two shards, so 1, 2 or 4 learner devices compute the same update.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Literal
 
@@ -38,6 +38,7 @@ from podrace.algos.common import (
     reduce_metrics,
     take_envs,
 )
+from podrace.algos.tunable import reported, tuned, with_inputs
 from podrace.config import ImpalaConfig
 from podrace.types import PyTree, Trajectory
 
@@ -172,18 +173,32 @@ def make_impala(
     num_updates: int,
     axis_name: str | None,
     scan_unroll: int = 1,
+    tunable: Sequence[str] = (),
 ) -> Algorithm:
-    """IMPALA as an Algorithm; `apply_fn(params, obs) -> (dist, value)`."""
+    """IMPALA as an Algorithm; `apply_fn(params, obs) -> (dist, value)`.
+
+    `tunable` names ImpalaConfig fields (learning_rate, ent_coef, gamma, vtrace_lambda)
+    that are inputs of the update instead of constants of its program (see `make_ppo`)."""
     num_mb = cfg.num_minibatches
-    optimizer, schedule = make_optimizer(cfg, num_updates)
 
-    def loss_fn(params, minibatch):
-        return impala_loss(params, apply_fn, minibatch, cfg, axis_name)
+    def build(cfg: ImpalaConfig):
+        optimizer, schedule = make_optimizer(cfg, num_updates)
 
-    init = init_state(optimizer)
-    minibatch_step = make_minibatch_step(optimizer, loss_fn, schedule, axis_name)
+        def loss_fn(params, minibatch):
+            return impala_loss(params, apply_fn, minibatch, cfg, axis_name)
 
-    def update(state: TrainState, traj: Trajectory, keys: jax.Array) -> tuple[TrainState, Metrics]:
+        return optimizer, make_minibatch_step(optimizer, loss_fn, schedule, axis_name)
+
+    optimizer, fixed_step = build(cfg)
+    fresh = init_state(optimizer)
+
+    def init(params: PyTree) -> TrainState:
+        state = fresh(params)
+        return state._replace(opt_state=tuned(state.opt_state, cfg, tunable)) if tunable else state
+
+    def update_with(
+        minibatch_step, state: TrainState, traj: Trajectory, keys: jax.Array
+    ) -> tuple[TrainState, Metrics]:
         if num_mb == 1:  # one minibatch: no gather
             minibatches = jax.tree.map(lambda x: x[None], traj)
         else:
@@ -195,5 +210,16 @@ def make_impala(
             minibatch_step(unravel), carry, minibatches, unroll=min(scan_unroll, num_mb)
         )
         return TrainState(unravel(flat), opt_state, state.step + 1), reduce_metrics(metrics)
+
+    def update(state: TrainState, traj: Trajectory, keys: jax.Array) -> tuple[TrainState, Metrics]:
+        if not tunable:
+            return update_with(fixed_step, state, traj, keys)
+        carried = state.opt_state
+        _, minibatch_step = build(with_inputs(cfg, carried))
+        state, metrics = update_with(
+            minibatch_step, state._replace(opt_state=carried.opt), traj, keys
+        )
+        state = state._replace(opt_state=carried._replace(opt=state.opt_state))
+        return state, {**metrics, **reported(carried)}
 
     return Algorithm(init=init, update=update)

@@ -16,7 +16,7 @@ through time over the rollout).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -37,6 +37,7 @@ from podrace.algos.common import (
     reduce_metrics,
     take_envs,
 )
+from podrace.algos.tunable import reported, tuned, with_inputs
 from podrace.config import PPOConfig
 from podrace.types import PyTree, Trajectory
 
@@ -122,29 +123,46 @@ def make_ppo(
     num_updates: int,
     axis_name: str | None,
     scan_unroll: int = 1,
+    tunable: Sequence[str] = (),
 ) -> Algorithm:
     """PPO as an Algorithm; `apply_fn(params, obs) -> (dist, value)`.
 
     Adam (eps 1e-5) after global-norm clipping; the learning rate optionally decays
     linearly to 0 over num_updates * num_epochs * num_minibatches optimizer steps.
+
+    `tunable` names PPOConfig fields (learning_rate, ent_coef, clip_coef, gamma,
+    gae_lambda) that are inputs of the update instead of constants of its program: they
+    ride in the optimizer state (`podrace.algos.tunable.Tuned`) and are reported as
+    `hp/<name>` metrics. Without them the program is the one it always was.
     """
     steps_per_update = cfg.num_epochs * cfg.num_minibatches
-    schedule = learning_rate_schedule(
-        cfg.learning_rate, cfg.anneal_lr, num_updates * steps_per_update
-    )
-    optimizer = optax.chain(
-        optax.clip_by_global_norm(cfg.max_grad_norm),
-        optax.adam(schedule, eps=1e-5),
-    )
 
-    def loss_fn(params, minibatch):
-        return ppo_loss(params, apply_fn, minibatch, cfg, axis_name)
+    def build(cfg: PPOConfig):
+        schedule = learning_rate_schedule(
+            cfg.learning_rate, cfg.anneal_lr, num_updates * steps_per_update
+        )
+        optimizer = optax.chain(
+            optax.clip_by_global_norm(cfg.max_grad_norm),
+            optax.adam(schedule, eps=1e-5),
+        )
 
-    init = init_state(optimizer)
-    minibatch_step = make_minibatch_step(optimizer, loss_fn, schedule, axis_name)
+        def loss_fn(params, minibatch):
+            return ppo_loss(params, apply_fn, minibatch, cfg, axis_name)
+
+        return optimizer, make_minibatch_step(optimizer, loss_fn, schedule, axis_name)
+
+    optimizer, fixed_step = build(cfg)
+    fresh = init_state(optimizer)
+
+    def init(params: PyTree) -> TrainState:
+        state = fresh(params)
+        return state._replace(opt_state=tuned(state.opt_state, cfg, tunable)) if tunable else state
+
     recurrent = is_recurrent(apply_fn)
 
-    def recurrent_epochs(state: TrainState, batch: PPOBatch, keys: jax.Array):
+    def recurrent_epochs(
+        cfg: PPOConfig, minibatch_step, state: TrainState, batch: PPOBatch, keys: jax.Array
+    ):
         """The epochs on whole env sequences: [T, B, ...] -> [num_mb, T, B / num_mb, ...]."""
         num_mb = cfg.num_minibatches
         flat, unravel = ravel_pytree(state.params)
@@ -168,7 +186,9 @@ def make_ppo(
         )
         return TrainState(unravel(flat), opt_state, state.step + 1), reduce_metrics(metrics)
 
-    def update(state: TrainState, traj: Trajectory, keys: jax.Array) -> tuple[TrainState, Metrics]:
+    def update_with(
+        cfg: PPOConfig, minibatch_step, state: TrainState, traj: Trajectory, keys: jax.Array
+    ) -> tuple[TrainState, Metrics]:
         advantages, returns = gae(
             traj.rewards,
             traj.values,
@@ -185,7 +205,9 @@ def make_ppo(
         num_steps, num_envs = batch.valid.shape
         num_mb = cfg.num_minibatches
         if recurrent:
-            return recurrent_epochs(state, batch._replace(core_state=traj.core_state), keys)
+            return recurrent_epochs(
+                cfg, minibatch_step, state, batch._replace(core_state=traj.core_state), keys
+            )
         if num_steps % num_mb:
             raise ValueError(
                 f"ppo.num_minibatches ({num_mb}) must divide the rollout length ({num_steps})"
@@ -210,5 +232,17 @@ def make_ppo(
             epoch, carry, jnp.arange(cfg.num_epochs), unroll=min(scan_unroll, cfg.num_epochs)
         )
         return TrainState(unravel(flat), opt_state, state.step + 1), reduce_metrics(metrics)
+
+    def update(state: TrainState, traj: Trajectory, keys: jax.Array) -> tuple[TrainState, Metrics]:
+        if not tunable:
+            return update_with(cfg, fixed_step, state, traj, keys)
+        carried = state.opt_state
+        inputs = with_inputs(cfg, carried)
+        _, minibatch_step = build(inputs)
+        state, metrics = update_with(
+            inputs, minibatch_step, state._replace(opt_state=carried.opt), traj, keys
+        )
+        state = state._replace(opt_state=carried._replace(opt=state.opt_state))
+        return state, {**metrics, **reported(carried)}
 
     return Algorithm(init=init, update=update)

@@ -1,0 +1,79 @@
+"""Checks of `--pbt.*` before anything starts (called by `podrace.validation.validate`)."""
+
+from __future__ import annotations
+
+from podrace.config import ConfigError, TrainConfig, distributed_requested
+from podrace.pbt.config import MUTABLE
+
+MAX_POPULATION = 256
+"""Each member is a learner and its actor threads in this process: more is a typo."""
+
+
+def validate_pbt(cfg: TrainConfig) -> None:
+    """ConfigError (one line) for `--pbt.*` values that cannot run; population 1 (no PBT)
+    checks only that the population is positive."""
+    pbt = cfg.pbt
+    if not 1 <= pbt.population <= MAX_POPULATION:
+        raise ConfigError(f"pbt.population must be in [1, {MAX_POPULATION}], got {pbt.population}")
+    if pbt.population == 1:
+        return
+    if pbt.member is not None and not 0 <= pbt.member < pbt.population:
+        raise ConfigError(f"pbt.member must be in [0, {pbt.population - 1}], got {pbt.member}")
+    if cfg.runtime != "threads" or distributed_requested(cfg) or cfg.env.workers:
+        what = (
+            "--runtime ray"
+            if cfg.runtime != "threads"
+            else "--distributed.*"
+            if distributed_requested(cfg)
+            else "--env.workers"
+        )
+        raise ConfigError(
+            f"--pbt.population runs on actor threads in one process only (no {what} yet): "
+            "the threads runtime without --env.workers or --distributed.*"
+        )
+    if cfg.seed + pbt.population - 1 > 2**31 - 1:
+        raise ConfigError(
+            f"seed must be at most 2**31 - {pbt.population} with --pbt.population "
+            f"{pbt.population} (member i runs with seed + i), got {cfg.seed}"
+        )
+    if pbt.interval_steps < cfg.steps_per_update:
+        raise ConfigError(
+            f"pbt.interval_steps must be at least one update's env steps "
+            f"({cfg.steps_per_update:,}), got {pbt.interval_steps:,}"
+        )
+    if not pbt.metric.strip():
+        raise ConfigError("pbt.metric must name a metric, e.g. eval/return")
+    if pbt.metric == "eval/return" and not cfg.eval.every_updates:
+        raise ConfigError(
+            "pbt.metric eval/return needs evaluations during the run: set --eval.every-updates "
+            "(or rank on another metric, e.g. --pbt.metric episode/return)"
+        )
+    if not 0 < pbt.bottom_fraction <= 0.5:
+        raise ConfigError(f"pbt.bottom_fraction must be in (0, 0.5], got {pbt.bottom_fraction}")
+    if not pbt.perturb_factors or any(f <= 0 for f in pbt.perturb_factors):
+        raise ConfigError(
+            f"pbt.perturb_factors must be positive numbers, got {list(pbt.perturb_factors)}"
+        )
+    if not 0 <= pbt.resample_probability <= 1:
+        raise ConfigError(
+            f"pbt.resample_probability must be in [0, 1], got {pbt.resample_probability}"
+        )
+    allowed = MUTABLE[cfg.algo]
+    names = pbt.mutated(cfg.algo)
+    unknown = [name for name in names if name not in allowed]
+    if unknown or not names or len(set(names)) < len(names):
+        raise ConfigError(
+            f"pbt.mutate must name {cfg.algo} hyperparameters, each once, of: "
+            f"{', '.join(allowed)}; got {list(names)}"
+        )
+    algo_cfg = cfg.ppo if cfg.algo == "ppo" else cfg.impala
+    for name in names:
+        value, bounds = getattr(algo_cfg, name), allowed[name]
+        if not bounds.low <= value <= bounds.high:
+            raise ConfigError(
+                f"{cfg.algo}.{name} must be in [{bounds.low:g}, {bounds.high:g}] for a "
+                f"population to change it, got {value:g} (or leave it out of --pbt.mutate)"
+            )
+
+
+__all__ = ["MAX_POPULATION", "validate_pbt"]
