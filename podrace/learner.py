@@ -89,6 +89,10 @@ class Learner:
         self.on_update = on_update
         self.normalizer = normalizer
         self.normalize_fn = normalize_fn
+        self.adopt: Callable[[int], tuple[TrainState, Normalizer | None] | None] | None = None
+        """Called with the version about to be published, after each update: a (state,
+        normalizer) it returns is published in place of the update's (a population member
+        copying another's learner state); None keeps the update's."""
         self._obs_stats: dict[int, RunningStats] = {}
         """Observation statistics published with each recent version (behaviour statistics)."""
         self.version = self._publish()
@@ -175,6 +179,10 @@ class Learner:
                 f"(an observation or reward was inf or NaN)"
             )
             raise NonFiniteUpdate(f"{what}; params not published")
+        if self.adopt is not None:
+            adopted = self.adopt(self.version + 1)
+            if adopted is not None:
+                self.state, self.normalizer = adopted
         start = time.perf_counter()
         self.version = self._publish()
         publish = time.perf_counter() - start

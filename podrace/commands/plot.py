@@ -22,15 +22,31 @@ def plot_command(args: Sequence[str]) -> int:
     import tyro
 
     from podrace.commands.arguments import parse
-    from podrace.metrics.plot import PlotOptions, plot_runs
+    from podrace.metrics.plot import PlotOptions
 
     try:
         opts = parse(lambda: tyro.cli(PlotOptions, prog="podrace plot", args=list(args)))
         check_output(opts.output)
-        save_figure(plot_runs(opts.run_dirs, opts.references()), opts.output)
+        save_figure(_figure(opts), opts.output)
     except ConfigError as error:
         return print_error(str(error))
     return print_result(f"wrote {opts.output}")
+
+
+def _figure(opts) -> Figure:
+    """A population's figure for one population's run directory (`podrace.metrics.pbt_plot`),
+    else the runs' learning curves and time breakdowns."""
+    from podrace.metrics.pbt_plot import plot_population, population_config
+    from podrace.metrics.plot import plot_runs
+
+    populations = [population_config(d) for d in opts.run_dirs]
+    if not any(populations):
+        return plot_runs(opts.run_dirs, opts.references())
+    if len(opts.run_dirs) > 1:
+        raise ConfigError(
+            "podrace plot draws one population at a time (or its members: RUN/member-<i> ...)"
+        )
+    return plot_population(opts.run_dirs[0], populations[0])
 
 
 def check_output(path: Path) -> None:

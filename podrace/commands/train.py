@@ -104,6 +104,8 @@ def parse_resumed(run_dir: str, step: int | None, args: Sequence[str]):
         set_xla_flags(early)  # the layout cannot change: its devices, before JAX starts
     resume = Resume(Path(run_dir), step)
     check_resumable_run_dir(resume.run_dir)
+    if early is not None and early.pbt.population > 1 and early.pbt.member is None:
+        return _parse_population_resumed(resume, early, args)
     if early is None or not distributed_requested(early):  # each process locks its own part
         # A run still writing it is "in use" before its checkpoints are read.
         RunLock(resume.run_dir).release()
@@ -117,6 +119,30 @@ def parse_resumed(run_dir: str, step: int | None, args: Sequence[str]):
     )
     check_changes(stored, cfg, step)
     return Resume(Path(run_dir), step, step_was_latest=resume.step is None), cfg
+
+
+def _parse_population_resumed(resume, stored: TrainConfig, args: Sequence[str]):
+    """`parse_resumed` for a population's run directory: its config.json with the flags in
+    `args` applied (each member resumes from its own latest checkpoint)."""
+    import tyro
+
+    from podrace.commands.arguments import parse
+    from podrace.rundir import RunLock
+    from podrace.runtime.population import check_population_changes
+
+    if resume.step is not None:
+        raise ConfigError(
+            "--resume-from cannot pick one checkpoint for a population: each member resumes "
+            "from its own latest"
+        )
+    RunLock(resume.run_dir).release()  # "in use" while a population still writes it
+    cfg = parse(
+        lambda: tyro.cli(
+            TrainConfig, default=stored, args=list(args), prog="podrace train --resume RUN_DIR"
+        )
+    )
+    check_population_changes(stored, cfg)
+    return resume, cfg
 
 
 class Training:
@@ -225,6 +251,12 @@ class Training:
         )
         if self.distributed and final is None:
             evaluation += " (only process 0 evaluates)"
+        if result.members:
+            best = max(
+                range(len(result.members)),
+                key=lambda i: getattr(result.members[i].final_eval, "mean_return", float("-inf")),
+            )
+            evaluation += f" (best of {len(result.members)} members: member-{best})"
         checkpoint = getattr(result, "checkpoint", None)
         saved = f"\ncheckpoint: update {checkpoint}" if checkpoint is not None else ""
         return print_result(

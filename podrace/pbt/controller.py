@@ -40,14 +40,16 @@ def exploit_source(
 ) -> int | None:
     """The member `member` copies, drawn from the top fraction, when it ranks in the bottom
     `bottom_fraction` of the members that have a score; None when it does not (or has no
-    score, or is the only one with a score). Each fraction holds at least one member."""
+    score, or is the only one with a score, or the member drawn scores no better than it:
+    members that tie keep their own states). Each fraction holds at least one member."""
     order = ranked(scores)
     if member not in order or len(order) < 2:
         return None
     count = max(1, math.floor(len(order) * bottom_fraction))
     if member not in order[-count:]:
         return None
-    return int(order[rng.integers(count)])
+    source = int(order[rng.integers(count)])
+    return source if scores[source] > scores[member] else None
 
 
 def explore(

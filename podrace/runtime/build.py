@@ -61,12 +61,14 @@ def env_seed(seed: int, stream: int, actor_id: int, *more: int) -> int:
 def env_threads(cfg: TrainConfig) -> int | None:
     """envpool worker threads for one actor's envs when `env.num_threads` is left open: in
     the thread runtime, this host's cores after one for the learner, shared by its actors
-    (at least 1); Ray workers (on other nodes, with their own CPUs) keep envpool's default,
-    which was slower per rollout on 2 cores (docs/benchmarks.md, `cartpole_ppo.py`: envpool
-    worker threads)."""
+    (every member's actors of a population) (at least 1); Ray workers (on other nodes, with
+    their own CPUs) keep envpool's default, which was slower per rollout on 2 cores
+    (docs/benchmarks.md, `cartpole_ppo.py`: envpool worker threads)."""
     if cfg.env.num_threads is not None or cfg.runtime == "ray":
         return cfg.env.num_threads
-    return max(1, (len(os.sched_getaffinity(0)) - 1) // cfg.num_actors)
+    # A population's members share this host's cores: every member's actors count.
+    actors = cfg.num_actors * cfg.pbt.population
+    return max(1, (len(os.sched_getaffinity(0)) - 1) // actors)
 
 
 def actor_key(cfg: TrainConfig, actor_id: int) -> jax.Array:

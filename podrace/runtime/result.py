@@ -35,6 +35,9 @@ class TrainResult:
     """`threads`, `ray` or `multihost`."""
     ray: Any = None
     """The Ray-worker fleet's report (`podrace.runtime.ray.workers.RayReport`); else None."""
+    members: tuple[TrainResult, ...] = ()
+    """A population's members' results, member 0 first (their env steps and updates are
+    summed above, `final_eval` is the best member's); empty for one run."""
 
 
 __all__ = ["TrainResult"]

@@ -34,6 +34,7 @@ from podrace.rundir import RunLock, check_new_run_dir, claim_new_run_dir, discar
 from podrace.runtime.faults import FaultPlan
 from podrace.runtime.interrupts import interrupts_stop
 from podrace.runtime.memory import check_fits
+from podrace.runtime.population import Population, is_population, prepare_population
 from podrace.runtime.result import TrainResult
 from podrace.runtime.skeleton import Run
 from podrace.runtime.topology import Topology, topology_for
@@ -49,8 +50,8 @@ class Watcher(Protocol):
     def chose(self, topology: Topology) -> None:
         """The run's topology, before the cluster joins (how long a stop may take)."""
 
-    def prepared(self, run: Run) -> None:
-        """The run, built, before its threads start."""
+    def prepared(self, run: Run | Population) -> None:
+        """The run (or the population of runs), built, before its threads start."""
 
 
 def train(
@@ -81,6 +82,13 @@ def run_to_end(
     received so far) and, from another thread, the run (`watcher`)."""
     with env_warnings_silenced():  # as the CLI does
         try:
+            if is_population(cfg, resume):
+                population = prepare_population(
+                    cfg, lifetime, envs, resume, faults, prepare, watcher
+                )
+                if watcher is not None:
+                    watcher.prepared(population)
+                return population.run()
             run = prepare(cfg, lifetime, envs, resume, faults=faults, watcher=watcher)
             if watcher is not None:
                 watcher.prepared(run)

@@ -39,6 +39,11 @@ def test_a_member_without_a_score_or_alone_copies_nobody():
     assert exploit_source(0, {0: 1.0, 1: 5.0, 2: math.nan}, 0.25, rng) == 1  # at least one
 
 
+def test_members_that_tie_keep_their_own_state():
+    scores = {0: 9.0, 1: 9.0, 2: 9.0, 3: 9.0}
+    assert all(exploit_source(3, scores, 0.25, decision_rng(1, 3, k)) is None for k in range(20))
+
+
 def test_perturbation_multiplies_by_a_factor_or_resamples_within_bounds():
     space = MUTABLE["ppo"]
     values = {

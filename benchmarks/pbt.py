@@ -1,0 +1,124 @@
+"""Population-based training: does PBT rescue wrong hyperparameters, and what does running
+members side by side cost?
+
+learning   `cartpole-ppo` with `--ppo.learning-rate 2.5e-5` (100x too small) as a population
+           of 4 (`--pbt.population 4`, ranked on evaluations every 25 updates, an interval of
+           25k env steps), 500k env steps per member; beside it the same 4 runs without PBT
+           (seeds s..s+3, the seeds the members run with), 4 processes at once on the same
+           cores. Reported: every member's and every run's final evaluation return, the best.
+overhead   a population of 4 that never exploits (an interval longer than the run) against
+           4 independent runs started at once, the same flags: the steps/s of all four
+           together (each run's env steps over its training seconds, summed), and the ratio.
+
+Both run `podrace train` in child processes. The machine these figures come from is shared
+with other work: `load_avg` (before and after) says how loaded it was; a ratio is measured
+with both sides under the same load, one after the other.
+
+    python benchmarks/pbt.py [--modes learning overhead] [--out benchmarks/results/pbt.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+LEARNING_FLAGS = (
+    "--ppo.learning-rate", "2.5e-5", "--eval.every-updates", "25",
+    "--log.console", "none", "--log.interval-s", "5",
+)  # fmt: skip
+PBT_FLAGS = ("--pbt.population", "4", "--pbt.interval-steps", "25000")
+
+
+def train(run_dir: Path, name: str, *flags: str) -> subprocess.Popen:
+    command = [sys.executable, "-m", "podrace.cli", "train", "cartpole-ppo",
+               "--log.run-dir", str(run_dir), "--log.run-name", name, *flags]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def finish(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        _, err = proc.communicate()
+        if proc.returncode:
+            raise SystemExit(f"podrace train failed ({proc.returncode}): {err.decode()[-2000:]}")
+
+
+def final_line(run_dir: Path) -> dict:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return json.loads(lines[-1])
+
+
+def summary(run_dirs: list[Path]) -> dict:
+    finals = [final_line(d) for d in run_dirs]
+    returns = [f.get("eval/return") for f in finals]
+    return {
+        "final_eval_returns": returns,
+        "best": max(r for r in returns if r is not None),
+        "env_steps": [f["env_steps"] for f in finals],
+        "train_s": [f["time_s"] for f in finals],
+        "steps_per_s_together": sum(f["env_steps"] / f["time_s"] for f in finals),
+    }
+
+
+def side_by_side(work: Path, tag: str, steps: int, seed: int, pbt: tuple[str, ...]) -> dict:
+    """(the population, the 4 independent runs), one after the other."""
+    common = ("--total-steps", str(steps), "--seed", str(seed), *LEARNING_FLAGS)
+    start = time.time()
+    finish([train(work, f"{tag}-pbt", *common, *pbt)])
+    population = summary([work / f"{tag}-pbt" / f"member-{i}" for i in range(4)])
+    population["wall_s"] = time.time() - start
+    lineage = work / f"{tag}-pbt" / "pbt.jsonl"
+    population["exploits"] = len(lineage.read_text().splitlines()) if lineage.exists() else 0
+    start = time.time()
+    runs = [
+        train(work, f"{tag}-run{i}", "--total-steps", str(steps), "--seed", str(seed + i),
+              *LEARNING_FLAGS)
+        for i in range(4)
+    ]  # fmt: skip
+    finish(runs)
+    independent = summary([work / f"{tag}-run{i}" for i in range(4)])
+    independent["wall_s"] = time.time() - start
+    return {"population": population, "independent": independent}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--modes", nargs="+", default=["learning", "overhead"])
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/pbt.json")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--learning-steps", type=int, default=500_000)
+    parser.add_argument("--overhead-steps", type=int, default=100_000)
+    args = parser.parse_args()
+    report: dict = {
+        "cores": len(os.sched_getaffinity(0)),
+        "load_avg_before": os.getloadavg(),
+        "note": "2-core machine shared with other sessions' tests and training runs",
+    }
+    with tempfile.TemporaryDirectory(prefix="pbt-bench-") as tmp:
+        work = Path(tmp)
+        if "learning" in args.modes:
+            report["learning"] = side_by_side(
+                work, "learn", args.learning_steps, args.seed, PBT_FLAGS
+            )
+        if "overhead" in args.modes:
+            never = ("--pbt.population", "4", "--pbt.interval-steps", str(10**9))
+            result = side_by_side(work, "over", args.overhead_steps, args.seed, never)
+            result["ratio"] = (
+                result["population"]["steps_per_s_together"]
+                / result["independent"]["steps_per_s_together"]
+            )
+            report["overhead"] = result
+    report["load_avg_after"] = os.getloadavg()
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
