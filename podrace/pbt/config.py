@@ -18,22 +18,23 @@ class Mutable:
     scale: Literal["log", "linear", "complement"]
     """`log`: perturbed by multiplying the value, resampled log-uniformly; `linear`:
     multiplied, resampled uniformly; `complement` (discounts): 1 - value is multiplied (0.99
-    x 1.2 is 0.988, a shorter horizon), resampled uniformly."""
+    x 1.2 is 0.988, a shorter horizon) and resampled log-uniformly (uniformly where the
+    upper bound is 1)."""
 
 
 MUTABLE: dict[str, dict[str, Mutable]] = {
     "ppo": {
         "learning_rate": Mutable(1e-6, 1e-2, "log"),
-        "ent_coef": Mutable(0.0, 0.1, "linear"),
-        "clip_coef": Mutable(0.05, 0.5, "linear"),
-        "gamma": Mutable(0.9, 0.9999, "complement"),
-        "gae_lambda": Mutable(0.8, 1.0, "complement"),
+        "ent_coef": Mutable(0.0, 0.02, "linear"),
+        "clip_coef": Mutable(0.1, 0.3, "linear"),
+        "gamma": Mutable(0.95, 0.9999, "complement"),
+        "gae_lambda": Mutable(0.9, 1.0, "complement"),
     },
     "impala": {
         "learning_rate": Mutable(1e-6, 1e-2, "log"),
-        "ent_coef": Mutable(0.0, 0.1, "linear"),
-        "gamma": Mutable(0.9, 0.9999, "complement"),
-        "vtrace_lambda": Mutable(0.8, 1.0, "complement"),
+        "ent_coef": Mutable(0.0, 0.02, "linear"),
+        "gamma": Mutable(0.95, 0.9999, "complement"),
+        "vtrace_lambda": Mutable(0.9, 1.0, "complement"),
     },
 }
 """Per algorithm (`algo`): the hyperparameters a population may change, under their names in

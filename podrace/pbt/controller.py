@@ -77,6 +77,8 @@ def explore(
 def _resample(bounds: Mutable, rng: np.random.Generator) -> float:
     if bounds.scale == "log" and bounds.low > 0:
         return float(np.exp(rng.uniform(np.log(bounds.low), np.log(bounds.high))))
+    if bounds.scale == "complement" and bounds.high < 1:  # 1 - value, log-uniformly
+        return 1 - float(np.exp(rng.uniform(np.log(1 - bounds.high), np.log(1 - bounds.low))))
     return float(rng.uniform(bounds.low, bounds.high))
 
 
@@ -89,11 +91,12 @@ def starting_hyperparameters(
     member: int,
 ) -> dict[str, float]:
     """Member `member`'s first hyperparameters: member 0 starts with the config's `values`,
-    every other member with them explored once (a population starts diverse)."""
+    every other member with each drawn within its bounds (as a resample draws it): a
+    population starts as a random search around the config."""
     if member == 0:
         return {name: float(values[name]) for name in space}
     rng = decision_rng(seed, member, 0)
-    return explore(values, space, factors, resample_probability, rng)
+    return explore(values, space, factors, 1.0, rng)
 
 
 __all__ = [

@@ -16,7 +16,7 @@ from podrace.algos.tunable import Tuned
 from podrace.config import replace
 from podrace.metrics.registry import Metrics
 from podrace.pbt.config import MUTABLE
-from podrace.pbt.lineage import Lineage, read_lines
+from podrace.pbt.lineage import Lineage, keep_until, read_lines
 from podrace.presets import PRESETS
 from podrace.runtime.pbt_exchange import Exchange
 
@@ -104,3 +104,21 @@ def test_lineage_lines_are_whole_json_lines(tmp_path):
     lines = (tmp_path / "pbt.jsonl").read_text().splitlines()
     assert [json.loads(t)["member"] for t in lines] == [1, 0]
     np.testing.assert_equal(len(lines), 2)
+
+
+def test_a_resume_keeps_the_lineage_its_checkpoints_carry(tmp_path):
+    lineage = Lineage(tmp_path)
+    for member, step in [(0, 100), (1, 100), (0, 200), (1, 300), (0, 300)]:
+        lineage.write({"member": member, "member_step": step})
+    with open(tmp_path / "pbt.jsonl", "a") as f:
+        f.write('{"member": 1, "memb')  # cut by a kill
+    keep_until(tmp_path, {0: 200, 1: 300})
+    assert [(x["member"], x["member_step"]) for x in read_lines(tmp_path)] == [
+        (0, 100), (1, 100), (0, 200), (1, 300)
+    ]  # fmt: skip
+    superseded = (tmp_path / "pbt-superseded.jsonl").read_text().splitlines()
+    assert json.loads(superseded[0]) == {"member": 0, "member_step": 300}
+    assert len(superseded) == 2  # and the cut line, kept for the record
+    keep_until(tmp_path, {0: 200, 1: 300})  # resuming the same checkpoints again: no change
+    assert len(read_lines(tmp_path)) == 4
+    assert len((tmp_path / "pbt-superseded.jsonl").read_text().splitlines()) == 2
