@@ -1,24 +1,27 @@
 """Population-based training: does PBT rescue wrong hyperparameters, and what does running
 members side by side cost?
 
-learning   `cartpole-ppo` with `--ppo.learning-rate 2.5e-5` (100x too small) as a population
-           of 4 (`--pbt.population 4`, ranked on evaluations every 25 updates, an interval of
-           25k env steps), 500k env steps per member; beside it the same 4 runs without PBT
-           (seeds s..s+3, the seeds the members run with), 4 processes at once on the same
-           cores. Reported: every member's and every run's final evaluation return, the best.
+learning   for each of `--seeds`: `cartpole-ppo` with `--ppo.learning-rate 2.5e-5` (100x too
+           small) as a population of 4 (`--pbt.population 4`, ranked on evaluations every
+           25 updates, an interval of 25k env steps), 500k env steps per member; beside it
+           the same 4 runs without PBT (seeds s..s+3, the seeds the members run with), 4
+           processes at once on the same cores. Reported: every member's and every run's
+           final evaluation return, the best.
 overhead   a population of 4 that never exploits (an interval longer than the run) against
            4 independent runs started at once, the same flags: the steps/s of all four
            together over the window where they trained (`ratio`: from the first env steps
            any of them logged to the last, polled), and for comparison the sum of each run's
            own env steps over its training seconds (`ratio_of_summed_run_rates`: it counts
            runs that did not overlap as if they had, which favours the independent runs,
-           whose compiles end at different times).
+           whose compiles end at different times); `--repeats` pairs, one after the other,
+           and the median ratio.
 
 Both run `podrace train` in child processes. The machine these figures come from is shared
 with other work: `load_avg` (before and after) says how loaded it was; a ratio is measured
 with both sides under the same load, one after the other.
 
-    python benchmarks/pbt.py [--modes learning overhead] [--out benchmarks/results/pbt.json]
+    python benchmarks/pbt.py [--modes learning overhead] [--seeds 1 2 3] [--repeats 2]
+        [--out benchmarks/results/pbt.json] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -126,9 +130,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--modes", nargs="+", default=["learning", "overhead"])
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/pbt.json")
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--learning-steps", type=int, default=500_000)
-    parser.add_argument("--overhead-steps", type=int, default=100_000)
+    parser.add_argument("--overhead-steps", type=int, default=300_000)
+    parser.add_argument("--repeats", type=int, default=2, help="overhead pairs, one by one")
+    parser.add_argument("--keep", type=Path, help="keep the runs in this folder")
     args = parser.parse_args()
     report: dict = {
         "cores": len(os.sched_getaffinity(0)),
@@ -136,23 +142,36 @@ def main() -> None:
         "note": "2-core machine shared with other sessions' tests and training runs",
     }
     with tempfile.TemporaryDirectory(prefix="pbt-bench-") as tmp:
-        work = Path(tmp)
+        work = args.keep or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
         if "learning" in args.modes:
-            report["learning"] = side_by_side(
-                work, "learn", args.learning_steps, args.seed, PBT_FLAGS
-            )
+            report["learning"] = {
+                f"seed{seed}": side_by_side(
+                    work, f"learn-s{seed}", args.learning_steps, seed, PBT_FLAGS
+                )
+                for seed in args.seeds
+            }
         if "overhead" in args.modes:
             never = ("--pbt.population", "4", "--pbt.interval-steps", str(10**9))
-            result = side_by_side(work, "over", args.overhead_steps, args.seed, never)
-            result["ratio"] = (
-                result["population"]["overlap_steps_per_s"]
-                / result["independent"]["overlap_steps_per_s"]
-            )
-            result["ratio_of_summed_run_rates"] = (
-                result["population"]["steps_per_s_together"]
-                / result["independent"]["steps_per_s_together"]
-            )
-            report["overhead"] = result
+            pairs = []
+            for repeat in range(args.repeats):
+                result = side_by_side(work, f"over{repeat}", args.overhead_steps, 1, never)
+                result["ratio"] = (
+                    result["population"]["overlap_steps_per_s"]
+                    / result["independent"]["overlap_steps_per_s"]
+                )
+                result["ratio_of_summed_run_rates"] = (
+                    result["population"]["steps_per_s_together"]
+                    / result["independent"]["steps_per_s_together"]
+                )
+                pairs.append(result)
+            report["overhead"] = {
+                "pairs": pairs,
+                "ratio_median": statistics.median(p["ratio"] for p in pairs),
+                "ratio_of_summed_run_rates_median": statistics.median(
+                    p["ratio_of_summed_run_rates"] for p in pairs
+                ),
+            }
     report["load_avg_after"] = os.getloadavg()
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
