@@ -104,7 +104,9 @@ def parse_resumed(run_dir: str, step: int | None, args: Sequence[str]):
         set_xla_flags(early)  # the layout cannot change: its devices, before JAX starts
     resume = Resume(Path(run_dir), step)
     check_resumable_run_dir(resume.run_dir)
-    if early is not None and early.pbt.population > 1 and early.pbt.member is None:
+    from podrace.runtime.population import is_population
+
+    if early is not None and is_population(early, resume):  # a member alone: ConfigError
         return _parse_population_resumed(resume, early, args)
     if early is None or not distributed_requested(early):  # each process locks its own part
         # A run still writing it is "in use" before its checkpoints are read.

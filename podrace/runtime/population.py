@@ -46,10 +46,17 @@ from podrace.validation import check_types, validate
 
 
 def is_population(cfg: TrainConfig | None, resume: Resume | None) -> bool:
-    """Whether `cfg` (or, resuming, the run in `resume.run_dir`) is a population."""
+    """Whether `cfg` (or, resuming, the run in `resume.run_dir`) is a population; a
+    ConfigError for one member of a population (it trains only with the others)."""
     if cfg is None and resume is not None:
         cfg = run_config_json(Path(resume.run_dir))
-    return cfg is not None and cfg.pbt.population > 1 and cfg.pbt.member is None
+    if cfg is not None and cfg.pbt.population > 1 and cfg.pbt.member is not None:
+        where = f"{resume.run_dir} is" if resume is not None else "pbt.member names"
+        raise ConfigError(
+            f"{where} member {cfg.pbt.member} of a population: resume the population's run "
+            "directory (the folder above it), or leave pbt.member out"
+        )
+    return cfg is not None and cfg.pbt.population > 1
 
 
 def member_config(cfg: TrainConfig, root: Path, member: int, values: dict[str, float]):
@@ -230,8 +237,6 @@ def _claim_fresh(cfg: TrainConfig, envs: EnvSource | None, lifetime: Lifetime) -
     check_types(cfg)
     validate(cfg)
     cfg = resolved(cfg)
-    if cfg.pbt.member is not None:
-        raise ConfigError("pbt.member is set by a population on its members; leave it out")
     for index in range(cfg.pbt.population):  # every member's config, before anything is written
         validate(member_config(cfg, Path("."), index, starting_values(cfg, index)))
     if envs is None or envs.factory is None:
@@ -260,6 +265,8 @@ def _claim_resumed(cfg: TrainConfig | None, resume: Resume, lifetime: Lifetime):
             raise ConfigError(f"cannot resume {root}: its config.json cannot be read")
         where = {"log.run_dir": str(root.absolute().parent), "log.run_name": root.absolute().name}
         stored = replace(stored, **where)
+        if cfg is not None:
+            check_types(cfg)
         cfg = stored if cfg is None else replace(cfg, **where)
         changes = check_population_changes(stored, cfg)
         validate(cfg)

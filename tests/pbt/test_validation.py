@@ -1,5 +1,8 @@
 """`--pbt.*` values that cannot run: one line, exit 2, nothing written; population 1 is no PBT."""
 
+import dataclasses
+import json
+
 import pytest
 
 from podrace.config import ConfigError, replace
@@ -51,3 +54,20 @@ def test_population_one_ignores_the_other_pbt_settings():
                 cfg, **{"pbt.population": 2, "pbt.bottom_fraction": 0.9, "eval.every_updates": 5}
             )
         )
+
+
+def test_one_member_of_a_population_is_not_resumed_alone(capsys, tmp_path):
+    member = tmp_path / "r" / "member-1"
+    member.mkdir(parents=True)
+    cfg = replace(PRESETS["cartpole-ppo"][1], **{"pbt.population": 2, "pbt.member": 1})
+    (member / "config.json").write_text(json.dumps(dataclasses.asdict(cfg)))
+    code, _, err = run_cli(capsys, "train", "--resume", str(member))
+    assert code == 2, err
+    assert "is member 1 of a population: resume the population's run directory" in err
+    assert len(err.strip().splitlines()) == 1
+    code, _, err = run_cli(
+        capsys, "train", "cartpole-ppo", "--log.run-dir", str(tmp_path / "new"), *GOOD,
+        "--pbt.member", "0",
+    )  # fmt: skip
+    assert code == 2 and "pbt.member names member 0 of a population" in err
+    assert not (tmp_path / "new").exists()
