@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import sys
 from typing import Any, NamedTuple
 
@@ -89,7 +90,7 @@ GYMNAX_RENDERING = ("matplotlib.pyplot", "seaborn")
 
 
 def _from_gymnax(env_id: str, name: str) -> tuple[Any, Any]:
-    if "gymnax" not in sys.modules:
+    if "gymnax" not in sys.modules and importlib.util.find_spec("gymnax") is not None:
         defer(GYMNAX_RENDERING)
     gymnax = _import_package(env_id, "gymnax")
     if name not in gymnax.registered_envs:
