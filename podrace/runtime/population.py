@@ -5,9 +5,11 @@ checkpoints and metrics in `RUN/member-<i>/`), their learners meeting in an `Exc
 
 Sharing the machine: every member has the config's actor threads and envs (so each member's
 rollouts are what one run's would be), envpool's worker threads are split over all members'
-actors (`runtime.build.env_threads`), and all members use the layout's devices. Each
-member's actors wait for its own learner (the lag bound), so no member runs ahead on
-another's share of the CPU for long; `--total-steps` counts each member's own env steps.
+actors (`runtime.build.env_threads`), and all members use the layout's devices; the operating
+system shares the cores between their threads. Each member's actors wait for its own learner
+(the lag bound); nothing holds members at the same step (each is ranked at the end of its
+own intervals against the others' latest scores). `--total-steps` counts each member's own
+env steps.
 
 `RUN/` holds the population's config.json and lock, the lineage `pbt.jsonl`, and one run
 directory per member. Resuming (`podrace train --resume RUN`) resumes every member from its
