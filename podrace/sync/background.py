@@ -18,25 +18,21 @@ import jax
 import numpy as np
 
 from podrace.sync.base import (
-    ChannelClosed,
-    ErrorHook,
-    Publisher,
-    PushTarget,
     PyTree,
-    Snapshot,
     SyncError,
     SyncTimeout,
     wait_limit,
 )
-from podrace.sync.push import Mailbox, PushFanout
-from podrace.sync.spec import FirstLayout, TreeSpec
+from podrace.sync.publisher_base import VersionedPublisher, check_keep
+from podrace.sync.push import Mailbox
+from podrace.sync.spec import TreeSpec
 from podrace.sync.stats import RunningStat
-from podrace.sync.versions import Published, TransformStage, VersionCounter, release_later
+from podrace.sync.versions import Published, TransformStage, release_later
 
 _log = logging.getLogger(__name__)
 
 
-class BackgroundPublisher(Publisher):
+class BackgroundPublisher(VersionedPublisher):
     """Shared by ShmPublisher and RayPublisher; subclasses implement the `_` hooks."""
 
     def __init__(
@@ -46,26 +42,17 @@ class BackgroundPublisher(Publisher):
         first_version: int,
         label: str,
     ) -> None:
-        if keep < 1:
-            raise ValueError(f"keep must be >= 1, got {keep}")
+        check_keep(keep)
+        super().__init__(TransformStage(transform, label, finish=self._to_host), first_version)
         self._label = label
-        self._published_layout = FirstLayout("published params")
-        self._stage = TransformStage(
-            transform, label, finish=lambda params: self._check_host(_to_host(params))
-        )
-        self._cond = threading.Condition()
-        self._versions = VersionCounter(first_version)
         self._pending = Mailbox(self._cond)
         """The newest version not yet delivered (older ones are coalesced away)."""
         self._latest: Published | None = None  # for push targets added late
         self._visible: int | None = None
         self._settled: int | None = None  # newest version delivered or failed
-        self._closed = False
         self._failure: BaseException | None = None
-        self._push = PushFanout(resolve=self._host)
-        self._stats = {k: RunningStat() for k in ("publish", "deliver", "visible")}
+        self._stats = {k: RunningStat() for k in ("deliver", "visible")}
         self._coalesced = 0
-        self._bytes = 0
         self._thread = threading.Thread(
             target=self._deliver_loop, name=f"podrace-{label}-delivery", daemon=True
         )
@@ -74,12 +61,7 @@ class BackgroundPublisher(Publisher):
         """Called by the subclass once its transport is ready."""
         self._thread.start()
 
-    # -- transport hooks --------------------------------------------------------------
-    def _check(self, params: PyTree) -> None:
-        """Reject params the transport cannot carry, in the learner's thread (metadata only):
-        by default, a layout other than the first version's."""
-        self._published_layout.check(params)
-
+    # -- transport hooks (and `_admit`: params the transport cannot carry) --------------
     def _check_host(self, host: PyTree) -> PyTree:
         """Reject a transformed version the transport cannot carry (it raises; runs in the
         transform stage, so only that version fails, not the channel). Returns `host`."""
@@ -101,36 +83,34 @@ class BackgroundPublisher(Publisher):
     def _transport_metrics(self) -> dict[str, float | int]:
         return {}
 
+    # -- VersionedPublisher hooks ----------------------------------------------------------
+    def _admit(self, params: PyTree) -> None:
+        self._raise_if_failed()
+        super()._admit(params)
+
+    def _accept(self, entry: Published, start: float) -> None:
+        entry.published_at = start  # type: ignore[attr-defined]
+        if self._latest is not None:
+            release_later(self._latest)  # its host copy is freed off the learner's thread
+        self._latest = entry
+        if self._pending.put(entry):
+            self._coalesced += 1
+
+    def _newest(self) -> Published | None:
+        return self._latest
+
+    def _channel_metrics(self) -> dict[str, float | int]:
+        out: dict[str, float | int] = {
+            "visible_version": -1 if self._visible is None else self._visible,
+            "coalesced": self._coalesced,
+            "failed": int(self._failure is not None),
+        }
+        for key, stat in self._stats.items():
+            out.update(stat.report(f"{key}/seconds"))
+        out.update(self._transport_metrics())
+        return out
+
     # -- Publisher ----------------------------------------------------------------------
-    def publish(self, params: PyTree, *, version: int | None = None) -> int:
-        start = time.perf_counter()
-        with self._cond:
-            if self._closed:
-                raise ChannelClosed("publish() on a closed publisher")
-            if self._failure is not None:
-                raise SyncError(f"{self._label} delivery failed; channel closed") from self._failure
-            self._check(params)
-            entry = Published(self._versions.next(version), params)
-            entry.published_at = start  # type: ignore[attr-defined]
-            if self._latest is not None:
-                release_later(self._latest)  # its host copy is freed off the learner's thread
-            self._latest = entry
-            if self._pending.put(entry):
-                self._coalesced += 1
-            self._push.offer(entry, entry.version)
-        self._stats["publish"].add(time.perf_counter() - start)
-        return entry.version
-
-    def add_push_target(
-        self, target: PushTarget, name: str, *, on_error: ErrorHook | None = None
-    ) -> None:
-        with self._cond:
-            if self._closed:
-                raise ChannelClosed("add_push_target() on a closed publisher")
-            self._push.add(target, name, on_error)
-            if self._latest is not None:
-                self._push.offer(self._latest, self._latest.version, only=name)
-
     def flush(self, timeout: float | None = None) -> None:
         timeout = wait_limit(timeout)
         with self._cond:
@@ -142,8 +122,7 @@ class BackgroundPublisher(Publisher):
                 ),
                 timeout,
             )
-            if self._failure is not None:
-                raise SyncError(f"{self._label} delivery failed; channel closed") from self._failure
+            self._raise_if_failed()
             if not done:
                 raise SyncTimeout(
                     f"flush: version {self._versions.latest} not visible within {timeout}s "
@@ -163,39 +142,18 @@ class BackgroundPublisher(Publisher):
         self._shutdown(error)
         self._push.close()
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
+    def _to_host(self, params: PyTree) -> PyTree:
+        """The transformed params in host memory (NumPy leaves), checked by `_check_host`."""
+        return self._check_host(jax.tree_util.tree_map(np.asarray, jax.device_get(params)))
 
-    @property
-    def latest_version(self) -> int | None:
-        return self._versions.latest
-
-    def metrics(self) -> dict[str, float | int]:
-        latest = self.latest_version
-        out: dict[str, float | int] = {
-            "latest_version": -1 if latest is None else latest,
-            "visible_version": -1 if self._visible is None else self._visible,
-            "publish/bytes": self._bytes,
-            "coalesced": self._coalesced,
-            "failed": int(self._failure is not None),
-        }
-        for key, stat in self._stats.items():
-            out.update(stat.report(f"{key}/seconds"))
-        out.update(self._stage.metrics())
-        out.update(self._transport_metrics())
-        out.update(self._push.metrics())
-        return out
+    def _raise_if_failed(self) -> None:
+        if self._failure is not None:
+            raise SyncError(f"{self._label} delivery failed; channel closed") from self._failure
 
     def _failure_reason(self) -> str:
         return f"{self._label} delivery failed: {type(self._failure).__name__}: {self._failure}"
 
     # -- delivery thread ------------------------------------------------------------------
-    def _host(self, entry: Published) -> Snapshot | None:
-        """`entry` transformed and in host memory (None if that failed); computed once,
-        shared with push targets."""
-        return self._stage.apply(entry)
-
     def _deliver_loop(self) -> None:
         while True:
             with self._cond:
@@ -205,7 +163,7 @@ class BackgroundPublisher(Publisher):
             try:
                 # an Exception in the transform fails that version only (None); anything
                 # else (SystemExit, ...) fails the channel below, never the thread silently
-                snapshot = self._host(entry)
+                snapshot = self._stage.apply(entry)  # shared with push targets
                 if (
                     snapshot is None
                 ):  # its transform failed: this version is skipped, not the channel
@@ -233,7 +191,3 @@ class BackgroundPublisher(Publisher):
                 except Exception:  # noqa: BLE001 - best effort: the transport may be broken
                     _log.exception("%s: could not tell subscribers about the failure", self._label)
                 return
-
-
-def _to_host(params: PyTree) -> PyTree:
-    return jax.tree_util.tree_map(np.asarray, jax.device_get(params))

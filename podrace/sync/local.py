@@ -20,10 +20,7 @@ import jax
 
 from podrace.sync.base import (
     ChannelClosed,
-    ErrorHook,
-    Publisher,
     PublisherGone,
-    PushTarget,
     PyTree,
     Snapshot,
     Subscriber,
@@ -31,13 +28,13 @@ from podrace.sync.base import (
     wait_limit,
 )
 from podrace.sync.placement import Placement, place, placement_name
-from podrace.sync.push import PushFanout
-from podrace.sync.spec import FirstLayout, TreeSpec
+from podrace.sync.publisher_base import VersionedPublisher, check_keep
+from podrace.sync.spec import TreeSpec
 from podrace.sync.stats import RunningStat, tree_nbytes
-from podrace.sync.versions import Published, TransformStage, VersionCounter, release_later
+from podrace.sync.versions import Published, TransformStage, release_later
 
 
-class LocalPublisher(Publisher):
+class LocalPublisher(VersionedPublisher):
     """In-process publisher; see the module docstring.
 
     Args:
@@ -52,42 +49,27 @@ class LocalPublisher(Publisher):
         keep: int = 2,
         first_version: int = 0,
     ) -> None:
-        if keep < 1:
-            raise ValueError(f"keep must be >= 1, got {keep}")
-        self._stage = TransformStage(transform, "local", finish=self._count_bytes)
-        self._cond = threading.Condition()
-        self._keep = keep
+        stage = TransformStage(transform, "local", finish=self._count_bytes)
+        super().__init__(stage, first_version)
+        self._keep = check_keep(keep)
         self._entries: deque[Published] = deque()
-        self._versions = VersionCounter(first_version)
-        self._closed = False
         self._error: str | None = None
         self._subscribers: weakref.WeakValueDictionary[str, LocalSubscriber] = (
             weakref.WeakValueDictionary()
         )
         self._names = itertools.count()
-        self._push = PushFanout(resolve=lambda entry: self._snapshot(entry, None))
-        self._publish_time = RunningStat()
         self._place_time: dict[str, RunningStat] = {}
         self._stat_lock = threading.Lock()
-        self._bytes = 0
-        self._layout = FirstLayout("published params")
 
     # -- learner side ---------------------------------------------------------------
-    def publish(self, params: PyTree, *, version: int | None = None) -> int:
-        start = time.perf_counter()
-        with self._cond:
-            if self._closed:
-                raise ChannelClosed("publish() on a closed publisher")
-            self._layout.check(params)
-            version = self._versions.next(version)
-            entry = Published(version, params)
-            if len(self._entries) == self._keep:
-                release_later(self._entries.popleft())  # freeing its copies is not our cost
-            self._entries.append(entry)
-            self._cond.notify_all()
-            self._push.offer(entry, version)  # under the lock: targets see versions in order
-        self._publish_time.add(time.perf_counter() - start)
-        return version
+    def _accept(self, entry: Published, start: float) -> None:
+        if len(self._entries) == self._keep:
+            release_later(self._entries.popleft())  # freeing its copies is not our cost
+        self._entries.append(entry)
+        self._cond.notify_all()
+
+    def _newest(self) -> Published | None:
+        return self._entries[-1] if self._entries else None
 
     def subscribe(
         self, device: Placement = None, *, expect: Any = None, name: str | None = None
@@ -97,8 +79,7 @@ class LocalPublisher(Publisher):
         `expect` (a params-like pytree or TreeSpec) makes every snapshot checked against it.
         """
         with self._cond:
-            if self._closed:
-                raise ChannelClosed("subscribe() on a closed publisher")
+            self._check_open("subscribe")
             name = name or f"sub{next(self._names)}"
             if name in self._subscribers:
                 raise ValueError(f"subscriber name {name!r} is already in use")
@@ -107,16 +88,6 @@ class LocalPublisher(Publisher):
             )
             self._subscribers[name] = sub
             return sub
-
-    def add_push_target(
-        self, target: PushTarget, name: str, *, on_error: ErrorHook | None = None
-    ) -> None:
-        with self._cond:
-            if self._closed:
-                raise ChannelClosed("add_push_target() on a closed publisher")
-            self._push.add(target, name, on_error)
-            if self._entries:  # a late target starts from the current version
-                self._push.offer(self._entries[-1], self._entries[-1].version, only=name)
 
     def close(self, error: str | None = None) -> None:
         with self._cond:
@@ -130,23 +101,9 @@ class LocalPublisher(Publisher):
             self._cond.notify_all()
         self._push.close()
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    @property
-    def latest_version(self) -> int | None:
-        return self._versions.latest
-
-    def metrics(self) -> dict[str, float | int]:
+    def _channel_metrics(self) -> dict[str, float | int]:
         latest = self.latest_version
-        out: dict[str, float | int] = {
-            "latest_version": -1 if latest is None else latest,
-            "publish/bytes": self._bytes,
-            "versions_alive": len(self._entries),
-        }
-        out.update(self._publish_time.report("publish/seconds"))
-        out.update(self._stage.metrics())
+        out: dict[str, float | int] = {"versions_alive": len(self._entries)}
         with self._stat_lock:
             for where, stat in self._place_time.items():
                 out.update(stat.report(f"place/{where}/seconds"))
@@ -154,7 +111,6 @@ class LocalPublisher(Publisher):
             acked = sub.acked_version
             out[f"subscriber/{name}/acked_version"] = -1 if acked is None else acked
             out[f"subscriber/{name}/lag"] = 0 if latest is None or acked is None else latest - acked
-        out.update(self._push.metrics())
         return out
 
     # -- consumer side (called from subscriber threads) --------------------------------

@@ -88,8 +88,7 @@ class RayPublisher(BackgroundPublisher):
         long_poll: float = 5.0,
     ) -> RaySubscriber:
         """A subscriber (see RaySubscriber); it pickles, so pass it to Ray tasks and actors."""
-        if self.closed:
-            raise ChannelClosed("subscribe() on a closed publisher")
+        self._check_open("subscribe")
         return RaySubscriber(
             self.board, self.channel, device, expect=expect, name=name, long_poll=long_poll
         )

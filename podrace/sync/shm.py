@@ -27,7 +27,6 @@ import jax
 
 from podrace.sync.background import BackgroundPublisher
 from podrace.sync.base import (
-    ChannelClosed,
     PyTree,
     SyncError,
 )
@@ -104,14 +103,13 @@ class ShmPublisher(BackgroundPublisher):
         self, device: Any = None, *, expect: Any = None, name: str | None = None
     ) -> ShmSubscriber:
         """A subscriber in this process; other processes use `ShmSubscriber(publisher.name)`."""
-        if self.closed:
-            raise ChannelClosed("subscribe() on a closed publisher")
+        self._check_open("subscribe")
         return ShmSubscriber(self.name, device, expect=expect, name=name)
 
-    def _check(self, params: PyTree) -> None:
+    def _admit(self, params: PyTree) -> None:
         spec = TreeSpec.of(params)
         spec.check_fixed_size("published params")
-        self._published_layout.check(spec)
+        super()._admit(spec)
 
     def _check_host(self, host: PyTree) -> PyTree:
         # A transform that returns another structure, shape or dtype than the first
