@@ -117,10 +117,9 @@ def test_an_invalid_config_on_process_1_refuses_the_run_on_every_process_at_once
     port = free_port()
     base = (*short_run(tmp_path), "--distributed.init-timeout-s", "100")
     commands = [podrace_train(0, port, *base), podrace_train(1, port, *base, "--env.num-envs", "0")]
-    start = time.monotonic()
-    with processes(commands) as procs:
+    with processes(commands) as procs:  # within 90 s: before process 0's init timeout
         (code0, _, err0), (code1, _, err1) = finish(procs, 90)
-    assert time.monotonic() - start < 60
+    # Process 0's own line names process 1's refusal, not its coordinator (its timeout's).
     assert (
         code1 == 2
         and one_line_error(err1) == "podrace: error: env.num_envs must be positive, got 0"
@@ -267,12 +266,11 @@ def test_a_process_killed_while_joining_jax_distributed_ends_the_other_with_one_
     with processes(both_processes(port, *flags)) as procs:
         wait_until(lambda: service_child(procs[0].pid), 120, while_alive=procs)
         os.killpg(procs[killed].pid, signal.SIGKILL)
-        sent = time.monotonic()
         survivor = procs[1 - killed]
-        survivor.wait(60)
-        waited = time.monotonic() - sent
+        survivor.wait(60)  # before JAX's heartbeat (100 s) could end it
         _, err = survivor.communicate()
-    assert survivor.returncode == 1 and waited < 10, (survivor.returncode, waited, err[-3000:])
+    assert survivor.returncode == 1, (survivor.returncode, err[-3000:])
+    # The closed connection ended it (at once), not a silence the link waited out.
     last = last_line_starting(err)
     assert last.startswith(
         f"podrace: error: process-{killed} failed: PeerLost: process {killed} closed"
@@ -339,17 +337,17 @@ def test_while_process_1_waits_for_process_0s_final_evaluation(tmp_path, event):
         # earlier on a loaded machine, the event meets the same end of the run, as expected.
         time.sleep(0.5)
         assert procs[0].poll() is None and procs[1].poll() is None  # process 0 still evaluates
-        sent = time.monotonic()
         if event.startswith("SIGINT"):
             procs[1].send_signal(signal.SIGINT)
         else:
             os.killpg(procs[int(event[-1])].pid, signal.SIGKILL)
+        # A survivor that waited for process 0's evaluation (200,000 episodes: hours) or for
+        # JAX's shutdown barrier would still run here; its exit code and line say which end
+        # it met.
         survivor = procs[0] if event.endswith("1") else procs[1]
-        survivor.wait(30)
-        waited = time.monotonic() - sent
+        survivor.wait(120)
         results = finish(procs, 60)
     (code0, _, err0), (code1, _, err1) = results
-    assert waited < 10, waited
     if event == "SIGKILL of process 1":  # after it said done: process 0 still evaluated
         assert code0 == 1, err0[-3000:]
         last = last_line_starting(err0)
