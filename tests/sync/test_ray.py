@@ -63,9 +63,9 @@ def test_publisher_death_wakes_readers(ray_session):
     sub = ray.get(learner.subscriber.remote())
     ray.get(learner.publish.remote(0))
     assert workers.stamp_of(sub.get(0, timeout=30).params) == 0
+    # Woken by the death (ChannelClosed) within the join, long before its get's 60 s timeout.
     errors = wake_of_a_waiting_reader(sub, lambda: ray.kill(learner, no_restart=True), 30)
-    assert errors and errors[0][0] < 15, errors
-    assert "went away" in str(errors[0][1])
+    assert errors and "went away" in str(errors[0][1]), errors
 
 
 def test_old_versions_are_freed(ray_session):
