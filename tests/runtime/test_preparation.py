@@ -41,33 +41,3 @@ def test_the_update_compiles_while_the_actors_and_the_evaluator_compile(tmp_path
     run = prepare(small(tmp_path, total_steps=2 * 8 * 16 * 2))
     result = run.run()
     assert result.updates == 2 and result.final_eval is not None
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_a_failed_update_compile_fails_preparation_and_closes_the_envs(tmp_path, monkeypatch):
-    import podrace.runtime.skeleton as skeleton
-    import podrace.runtime.threads.actors as threads
-
-    built = []
-    build_actor = threads.build_actor
-
-    def recording(*args, **kwargs):
-        actor = build_actor(*args, **kwargs)
-        built.append(actor.env)
-        return actor
-
-    def failing(*args, **kwargs):
-        raise RuntimeError("the update cannot be compiled")
-
-    monkeypatch.setattr(threads, "build_actor", recording)
-    monkeypatch.setattr(skeleton, "warm_up_learner", failing)
-    closed = []
-    monkeypatch.setattr(
-        skeleton, "close_envs", lambda envs: closed.extend(env for _, env in envs) or []
-    )
-    with pytest.raises(RuntimeError, match="the update cannot be compiled"):
-        prepare(small(tmp_path))
-    # every env built is closed: both actors' and the evaluator's
-    assert len(built) == 2 and closed[:2] == built and len(closed) == 3
-    assert list(tmp_path.iterdir()) == []  # and no run directory is left

@@ -175,8 +175,15 @@ def test_an_env_close_that_blocks_is_left_behind_after_the_checkpoint(tmp_path, 
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_envs_built_before_a_failed_preparation_are_closed(tmp_path, monkeypatch):
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    "failing_step, evaluator_built",
+    [("build_evaluator", False), ("warm_up_learner", True)],
+    ids=["evaluator-env", "update-compile"],
+)
+def test_envs_built_before_a_failed_preparation_are_closed(
+    tmp_path, monkeypatch, failing_step, evaluator_built
+):
     import podrace.runtime.skeleton as skeleton
     import podrace.runtime.threads.actors as threads
 
@@ -188,16 +195,18 @@ def test_envs_built_before_a_failed_preparation_are_closed(tmp_path, monkeypatch
         built.append(actor.env)
         return actor
 
-    def no_evaluator(*args, **kwargs):
-        raise RuntimeError("evaluator env cannot be built")
+    def failing(*args, **kwargs):
+        raise RuntimeError(f"{failing_step} failed")
 
     monkeypatch.setattr(threads, "build_actor", recording)
-    monkeypatch.setattr(skeleton, "build_evaluator", no_evaluator)
+    monkeypatch.setattr(skeleton, failing_step, failing)
     closed = []
     monkeypatch.setattr(
         skeleton, "close_envs", lambda envs: closed.extend(env for _, env in envs) or []
     )
-    with pytest.raises(RuntimeError, match="evaluator env cannot be built"):
+    with pytest.raises(RuntimeError, match=f"{failing_step} failed"):
         prepare(small(tmp_path))
-    assert len(built) == 2 and closed == built
+    # every env built is closed: both actors' and, once built, the evaluator's
+    assert len(built) == 2 and closed[:2] == built
+    assert len(closed) == 2 + evaluator_built
     assert list(tmp_path.iterdir()) == []  # and no run directory is left
