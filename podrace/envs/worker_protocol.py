@@ -1,14 +1,18 @@
 """What both sides of an env worker share (`podrace.envs.workers` drives a worker,
 `podrace.envs.worker_process` is one): the one-byte commands and replies, what a worker
 builds (`WorkerSpec`), the shared-memory arrays of its envs' steps (`StepBuffers`), and
-the link through which whoever infers drives a worker wherever it runs (`EnvLink`)."""
+the link through which whoever infers drives a worker wherever it runs (`EnvLink`), with
+the bookkeeping every such link keeps alike (`LinkBookkeeping`)."""
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import os
 import pickle
 import select
 import tempfile
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -130,10 +134,13 @@ __all__ = [
     "OK",
     "RESET",
     "STEP",
+    "START_TIMEOUT_S",
+    "LinkBookkeeping",
     "StepBuffers",
     "WorkerSpec",
     "error_message",
     "read_exact",
+    "restarted",
     "shared_fd",
 ]
 
@@ -195,13 +202,70 @@ def wait_readable(fds: list[int], timeout: float | None) -> list[int]:
     return [fd for fd, _ in poller.poll(ms)]  # retried on EINTR by Python itself (PEP 475)
 
 
-def wait_until_started(link: EnvLink, timeout: float | None = None) -> None:
-    """Block until `link`'s worker has built its envs (`timeout`, default its
-    `start_timeout_s`); its errors are `read_reply`'s, TimeoutError after the timeout."""
-    timeout = link.start_timeout_s if timeout is None else timeout
-    if not wait_readable([link.fileno()], timeout):
-        raise TimeoutError(f"{link.name}: its envs were not built within {timeout:g}s")
-    link.read_reply()
+START_TIMEOUT_S = 120.0
+"""Seconds a worker may take to start and build its envs (imports included)."""
+
+
+def restarted(spec: WorkerSpec, first_seed: int, restarts: int) -> WorkerSpec:
+    """`spec` for a worker's `restarts`-th restart: its envs seeded from the first seed and
+    the number of restarts (fresh episodes, reproducibly)."""
+    seed = np.random.SeedSequence([first_seed, restarts]).generate_state(1)[0]
+    return dataclasses.replace(spec, seed=int(seed) & 0x7FFFFFFF)
+
+
+class LinkBookkeeping(ABC):
+    """What every `EnvLink` keeps alike, wherever its worker runs: what the worker builds
+    (reseeded at each restart), the commands sent whose replies are not read yet, the
+    restart count, and the reply pipe `fileno()` returns. Subclasses start the worker,
+    send commands (appending them to `_sent`), read replies and end the worker."""
+
+    def __init__(self, name: str, worker: WorkerSpec) -> None:
+        self.name, self.spec, self.part = name, worker.expect, worker.part
+        self._worker_spec = worker
+        self._first_seed = worker.seed
+        self._sent: collections.deque[bytes] = collections.deque()
+        self._reply_r = -1
+        """Readable when the oldest command sent has finished (-1 while there is none)."""
+        self.restarts = 0
+        self.closed = False
+        self.start_timeout_s = START_TIMEOUT_S
+
+    @abstractmethod
+    def start(self) -> None:
+        """Start the worker; it builds its envs (`read_reply()` returns once it has)."""
+
+    @abstractmethod
+    def read_reply(self) -> bytes:
+        """Finish the oldest command sent and return it (see `EnvLink.read_reply`)."""
+
+    @abstractmethod
+    def _drop_worker(self) -> None:
+        """End the worker at once (it died, or is being replaced)."""
+
+    def restart(self) -> None:
+        """Replace the (dead) worker by a fresh one over the same buffers, its envs seeded
+        from the first seed and the number of restarts (fresh episodes, reproducibly)."""
+        self._drop_worker()
+        self.restarts += 1
+        self._worker_spec = restarted(self._worker_spec, self._first_seed, self.restarts)
+        self.start()
+
+    def wait_started(self, timeout: float | None = None) -> None:
+        """Block until the worker has built its envs (`timeout`, default `start_timeout_s`);
+        its errors are `read_reply`'s, TimeoutError after the timeout."""
+        timeout = self.start_timeout_s if timeout is None else timeout
+        if not wait_readable([self._reply_r], timeout):
+            raise TimeoutError(f"{self.name}: its envs were not built within {timeout:g}s")
+        self.read_reply()
+
+    def fileno(self) -> int:
+        """The reply pipe: readable when the oldest command sent has finished."""
+        return self._reply_r
+
+    @property
+    def pending(self) -> int:
+        """Commands sent whose replies are not read yet."""
+        return len(self._sent)
 
 
 # One actor's workers as a BatchedEnv ------------------------------------------------------

@@ -40,8 +40,6 @@ pickled by `podrace.envs.sending`.
 
 from __future__ import annotations
 
-import collections
-import dataclasses
 import logging
 import mmap
 import os
@@ -62,29 +60,20 @@ from podrace.envs.worker_protocol import (
     OK,
     RESET,
     STEP,
+    LinkBookkeeping,
     StepBuffers,
     WorkerSpec,
     read_exact,
     shared_fd,
     wait_readable,
-    wait_until_started,
 )
 from podrace.types import EnvSpec, EnvStep
 
-START_TIMEOUT_S = 120.0
-"""Seconds a worker may take to start and build its envs (imports included)."""
 CLOSE_GRACE_S = 2.0
 """Seconds a worker gets to close its envs and exit before it is killed."""
 
 
 log = logging.getLogger(__name__)
-
-
-def restarted(spec, first_seed: int, restarts: int):
-    """`spec` for a worker's `restarts`-th restart: its envs seeded from the first seed and
-    the number of restarts (fresh episodes, reproducibly)."""
-    seed = np.random.SeedSequence([first_seed, restarts]).generate_state(1)[0]
-    return dataclasses.replace(spec, seed=int(seed) & 0x7FFFFFFF)
 
 
 class EnvWorkerError(ExplainedError, RuntimeError):
@@ -117,7 +106,7 @@ def _died(returncode: int | None) -> str:
     return f"exited with code {returncode}"
 
 
-class EnvWorker:
+class EnvWorker(LinkBookkeeping):
     """The parent's side of one env worker process (see the module docstring): an `EnvLink`.
 
     `start()` spawns the process, which builds its envs; `send(RESET)` / `send(STEP)` (after
@@ -136,21 +125,13 @@ class EnvWorker:
         part: range,
         threads: int | None = None,
     ) -> None:
-        self.name = name
-        self.spec = spec
-        self.part = part
-        self._worker_spec = WorkerSpec(source, num_envs, seed, part, threads, spec)
-        self._first_seed = seed
+        super().__init__(name, WorkerSpec(source, num_envs, seed, part, threads, spec))
         size = StepBuffers.size(spec, len(part))
         self._shm_fd = shared_fd(size)
         self._map = mmap.mmap(self._shm_fd, size)
         self.buffers = StepBuffers(self._map, spec, len(part))
         self.process: subprocess.Popen | None = None
-        self._cmd_w = self._reply_r = -1
-        self._sent: collections.deque[bytes] = collections.deque()
-        self.restarts = 0
-        self.closed = False
-        self.start_timeout_s = START_TIMEOUT_S
+        self._cmd_w = -1
 
     # Starting ------------------------------------------------------------------------
     def start(self) -> None:
@@ -186,30 +167,7 @@ class EnvWorker:
         except OSError:
             pass  # the process died at once: its reply pipe says so
 
-    def restart(self) -> None:
-        """Replace the (dead) process by a fresh one over the same buffers, its envs seeded
-        from the first seed and the number of restarts (fresh episodes, reproducibly)."""
-        self._end_process(kill=True)
-        self.restarts += 1
-        self._worker_spec = restarted(self._worker_spec, self._first_seed, self.restarts)
-        self.start()
-
-    def wait_started(self, timeout: float | None = None) -> None:
-        """Block until the worker has built its envs; EnvWorkerError/ConfigError if that
-        failed, EnvWorkerDied if the process ended, TimeoutError after `timeout` s
-        (default `start_timeout_s`)."""
-        wait_until_started(self, timeout)
-
     # Commands --------------------------------------------------------------------------
-    def fileno(self) -> int:
-        """The reply pipe: readable when the oldest command sent has finished."""
-        return self._reply_r
-
-    @property
-    def pending(self) -> int:
-        """Commands sent whose replies are not read yet."""
-        return len(self._sent)
-
     def send(self, command: bytes) -> None:
         self._sent.append(command)
         try:
@@ -255,6 +213,9 @@ class EnvWorker:
             self.process.kill()
 
     # Closing --------------------------------------------------------------------------
+    def _drop_worker(self) -> None:
+        self._end_process(kill=True)
+
     def _end_process(self, kill: bool, grace: float = CLOSE_GRACE_S) -> None:
         process = self.process
         if process is not None:
@@ -359,7 +320,6 @@ __all__ = [
     "EnvWorkerDied",
     "EnvWorkerError",
     "WorkerEnv",
-    "restarted",
     "split_envs",
     "wait_readable",
 ]

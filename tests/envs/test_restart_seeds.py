@@ -41,7 +41,8 @@ def process_link(name, source, spec, num_envs, seed, part):
 def ray_link(name, source, spec, num_envs, seed, part):
     from podrace.runtime.ray.served import RayEnvLink
 
-    return RayEnvLink(name, source, spec, num_envs, seed, part, None, remote=None, options={})
+    worker = WorkerSpec(source, num_envs, seed, part, None, spec)
+    return RayEnvLink(name, worker, remote=None, options={})
 
 
 @pytest.mark.parametrize(

@@ -30,22 +30,17 @@ from typing import Any
 import numpy as np
 
 from podrace.config import ConfigError, TrainConfig
-from podrace.envs.source import EnvSource
 from podrace.envs.worker_protocol import (
     RESET,
     STEP,
     EnvLinkMaker,
+    LinkBookkeeping,
     StepBuffers,
     WorkerSpec,
-    wait_until_started,
 )
-from podrace.envs.workers import (
-    EnvWorkerDied,
-    EnvWorkerError,
-    restarted,
-)
+from podrace.envs.workers import EnvWorkerDied, EnvWorkerError
 from podrace.runtime.ray.driver import RayDriver
-from podrace.types import EnvSpec, EnvStep
+from podrace.types import EnvStep
 from podrace.validation import worker_resources
 
 
@@ -78,57 +73,25 @@ class RayEnvWorker:
         return tuple(self.env.step(actions))
 
 
-class RayEnvLink:
+class RayEnvLink(LinkBookkeeping):
     """The server's side of one env-only Ray worker: an `EnvLink` over Ray calls."""
 
-    def __init__(
-        self,
-        name: str,
-        source: EnvSource,
-        spec: EnvSpec,
-        num_envs: int,
-        seed: int,
-        part: range,
-        threads: int | None,
-        remote: Any,
-        options: dict,
-    ) -> None:
-        self.name, self.spec, self.part = name, spec, part
-        self._worker_spec = WorkerSpec(source, num_envs, seed, part, threads, spec)
-        self._first_seed = seed
+    def __init__(self, name: str, worker: WorkerSpec, remote: Any, options: dict) -> None:
+        super().__init__(name, worker)
         self._remote, self._options = remote, options
-        self.buffers = StepBuffers(bytearray(StepBuffers.size(spec, len(part))), spec, len(part))
-        self._r, self._w = os.pipe()
+        size, n = StepBuffers.size(self.spec, len(self.part)), len(self.part)
+        self.buffers = StepBuffers(bytearray(size), self.spec, n)
+        self._reply_r, self._reply_w = os.pipe()
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self._answers: collections.deque = collections.deque()
-        self._sent: collections.deque[bytes] = collections.deque()
         self._thread = threading.Thread(target=self._wait_answers, name=name, daemon=True)
         self._thread.start()
         self.handle: Any = None
         self.node, self.pid = "", 0
-        self.restarts = 0
-        self.closed = False
-        self.start_timeout_s = 120.0
 
     def start(self) -> None:
         self.handle = self._remote.options(**self._options).remote(self._worker_spec)
         self._submit(b"start", self.handle.start.remote())
-
-    def restart(self) -> None:
-        self._kill()
-        self.restarts += 1
-        self._worker_spec = restarted(self._worker_spec, self._first_seed, self.restarts)
-        self.start()
-
-    def wait_started(self, timeout: float | None = None) -> None:
-        wait_until_started(self, timeout)
-
-    def fileno(self) -> int:
-        return self._r
-
-    @property
-    def pending(self) -> int:
-        return len(self._sent)
 
     def send(self, command: bytes) -> None:
         if command == STEP:
@@ -155,7 +118,7 @@ class RayEnvLink:
                 answer = (False, error)
             self._answers.append(answer)
             try:
-                os.write(self._w, b"x")
+                os.write(self._reply_w, b"x")
             except OSError:
                 return  # closed meanwhile
 
@@ -163,7 +126,7 @@ class RayEnvLink:
         """Finish the oldest call: its answer into the buffers; errors as `EnvWorker`'s."""
         import ray
 
-        os.read(self._r, 1)
+        os.read(self._reply_r, 1)
         command = self._sent.popleft()
         ok, value = self._answers.popleft()
         if ok:
@@ -207,7 +170,7 @@ class RayEnvLink:
             with contextlib.suppress(Exception):
                 ray.kill(self.handle, no_restart=True)
 
-    def _kill(self) -> None:
+    def _drop_worker(self) -> None:
         self.kill()
         self.handle = None
 
@@ -215,10 +178,10 @@ class RayEnvLink:
         if self.closed:
             return
         self.closed = True
-        self._kill()
+        self._drop_worker()
         self._calls.put(None)
         self._thread.join(5.0)
-        for fd in (self._r, self._w):
+        for fd in (self._reply_r, self._reply_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
 
@@ -237,7 +200,8 @@ def ray_env_workers(driver: RayDriver) -> Callable[[TrainConfig], EnvLinkMaker]:
         remote = driver.ray.remote(RayEnvWorker)
 
         def link(name, source, spec, num_envs, seed, part, threads) -> RayEnvLink:
-            made = RayEnvLink(name, source, spec, num_envs, seed, part, threads, remote, options)
+            worker = WorkerSpec(source, num_envs, seed, part, threads, spec)
+            made = RayEnvLink(name, worker, remote, options)
             made.start_timeout_s = cfg.ray.start_timeout_s
             return made
 
