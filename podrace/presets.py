@@ -53,6 +53,61 @@ def cleanba_atari_env(env_id: str = "Breakout-v5", num_envs: int = 64) -> EnvCon
     )
 
 
+MLP_NETWORK = NetworkConfig(torso="mlp", hidden_sizes=(64, 64), activation="tanh")
+"""Two 64-unit tanh layers, one torso for the policy and the value: the classic-control
+presets' network."""
+
+
+def cleanrl_ppo(
+    *,
+    learning_rate: float,
+    num_epochs: int,
+    num_minibatches: int,
+    clip_coef: float,
+    ent_coef: float,
+) -> PPOConfig:
+    """CleanRL's PPO written out, not left to defaults: Adam with its lr annealed to 0,
+    gamma 0.99, GAE lambda 0.95, the value loss clipped like the policy, value 0.5, grad
+    norm 0.5, advantages normalized; the arguments are what its scripts set per task."""
+    return PPOConfig(
+        learning_rate=learning_rate,
+        anneal_lr=True,
+        gamma=0.99,
+        gae_lambda=0.95,
+        num_epochs=num_epochs,
+        num_minibatches=num_minibatches,
+        clip_coef=clip_coef,
+        clip_value_loss=True,
+        vf_coef=0.5,
+        ent_coef=ent_coef,
+        max_grad_norm=0.5,
+        norm_adv=True,
+    )
+
+
+def cleanba_impala(learning_rate: float) -> ImpalaConfig:
+    """Cleanba's cleanba_impala.py written out, not left to defaults, at `learning_rate`:
+    PyTorch-style RMSProp (eps 0.01 outside the square root, decay 0.99) on the summed loss
+    after clipping its gradient to global norm 40, lr annealed to 0 once per update,
+    entropy 0.01, value 0.5, gamma 0.99, rho-bar = c-bar = 1 (V-trace lambda 1), 4
+    minibatches per update."""
+    return ImpalaConfig(
+        learning_rate=learning_rate,
+        anneal_lr=True,
+        gamma=0.99,
+        vtrace_lambda=1.0,
+        rho_bar=1.0,
+        c_bar=1.0,
+        vf_coef=0.5,
+        ent_coef=0.01,
+        max_grad_norm=40.0,
+        rmsprop_decay=0.99,
+        rmsprop_eps=0.01,
+        rmsprop_style="torch",
+        num_minibatches=4,
+    )
+
+
 PRESETS: dict[str, tuple[str, TrainConfig]] = {
     "cartpole-ppo": (
         "PPO on CartPole-v1 (envpool), 500k steps, one actor thread (64 envs) and a learner on "
@@ -66,7 +121,7 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
             total_steps=500_000,
             rollout_length=8,
             env=EnvConfig(id="CartPole-v1", num_envs=64),
-            network=NetworkConfig(torso="mlp", hidden_sizes=(64, 64), activation="tanh"),
+            network=MLP_NETWORK,
             ppo=PPOConfig(learning_rate=2.5e-3, num_epochs=4, num_minibatches=4, ent_coef=0.0),
             layout=LayoutConfig(actors_per_device=1),
             eval=EvalConfig(every_updates=250, episodes=16, num_envs=16),
@@ -80,7 +135,7 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
             total_steps=1_000_000,
             rollout_length=64,
             env=EnvConfig(id="Pendulum-v1", num_envs=16),
-            network=NetworkConfig(torso="mlp", hidden_sizes=(64, 64), activation="tanh"),
+            network=MLP_NETWORK,
             ppo=PPOConfig(
                 learning_rate=1e-3,
                 gamma=0.95,
@@ -106,16 +161,8 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
             total_steps=300_000,
             rollout_length=32,
             env=EnvConfig(id="CartPole-v1", num_envs=16),
-            network=NetworkConfig(torso="mlp", hidden_sizes=(64, 64), activation="tanh"),
-            impala=ImpalaConfig(
-                learning_rate=2e-3,
-                anneal_lr=True,
-                gamma=0.99,
-                vtrace_lambda=1.0,
-                ent_coef=0.0,
-                vf_coef=0.5,
-                num_minibatches=4,
-            ),
+            network=MLP_NETWORK,
+            impala=dataclasses.replace(cleanba_impala(learning_rate=2e-3), ent_coef=0.0),
             layout=LayoutConfig(actors_per_device=2, scan_unroll=4),
             eval=EvalConfig(every_updates=100, episodes=16, num_envs=8),
         ),
@@ -135,19 +182,12 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
             rollout_length=128,
             env=atari_env(num_envs=64),
             network=NetworkConfig(torso="nature_cnn", hidden_sizes=(512,), activation="relu"),
-            ppo=PPOConfig(
+            ppo=cleanrl_ppo(
                 learning_rate=2.5e-4,
-                anneal_lr=True,
-                gamma=0.99,
-                gae_lambda=0.95,
                 num_epochs=4,
                 num_minibatches=4,
                 clip_coef=0.1,
-                clip_value_loss=True,
-                vf_coef=0.5,
                 ent_coef=0.01,
-                max_grad_norm=0.5,
-                norm_adv=True,
             ),
             # For CPU runs: scan_unroll=4 unrolls both the epoch and the minibatch loop; with
             # lax.scan this update ran 15x slower on XLA:CPU (2 cores, jax 0.10.2: 13.7 vs
@@ -175,21 +215,7 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
             rollout_length=20,
             env=cleanba_atari_env(num_envs=64),
             network=NetworkConfig(torso="impala_resnet", hidden_sizes=(256,), activation="relu"),
-            impala=ImpalaConfig(
-                learning_rate=6e-4,
-                anneal_lr=True,
-                gamma=0.99,
-                vtrace_lambda=1.0,
-                rho_bar=1.0,
-                c_bar=1.0,
-                vf_coef=0.5,
-                ent_coef=0.01,
-                max_grad_norm=40.0,
-                rmsprop_decay=0.99,
-                rmsprop_eps=0.01,
-                rmsprop_style="torch",
-                num_minibatches=4,
-            ),
+            impala=cleanba_impala(learning_rate=6e-4),
             # For CPU runs: the minibatch loop fully unrolled; on XLA:CPU lax.scan made this
             # ResNet's update 11-26x slower (benchmarks/atari.py, learner_only vs
             # learner_only_unroll1). Costs only compile time on GPUs.
@@ -220,22 +246,13 @@ PRESETS["mujoco-ppo"] = (
         total_steps=1_000_000,
         rollout_length=2048,
         env=EnvConfig(id="HalfCheetah-v4", backend="envpool", num_envs=1),
-        network=NetworkConfig(
-            torso="mlp", hidden_sizes=(64, 64), activation="tanh", shared_torso=False
-        ),
-        ppo=PPOConfig(
+        network=dataclasses.replace(MLP_NETWORK, shared_torso=False),
+        ppo=cleanrl_ppo(
             learning_rate=3e-4,
-            anneal_lr=True,
-            gamma=0.99,
-            gae_lambda=0.95,
             num_epochs=10,
             num_minibatches=32,
             clip_coef=0.2,
-            clip_value_loss=True,
-            vf_coef=0.5,
             ent_coef=0.0,
-            max_grad_norm=0.5,
-            norm_adv=True,
         ),
         # CleanRL wraps the env in NormalizeObservation and NormalizeReward(gamma), each
         # clipped at 10; here the learner computes both and publishes the observation
@@ -267,9 +284,7 @@ _CARTPOLE_PO = TrainConfig(
     total_steps=2_000_000,
     rollout_length=16,
     env=EnvConfig(id="CartPole-v1", num_envs=64, obs_indices=(0, 2)),
-    network=NetworkConfig(
-        torso="mlp", hidden_sizes=(64, 64), activation="tanh", core="lstm", core_size=64
-    ),
+    network=dataclasses.replace(MLP_NETWORK, core="lstm", core_size=64),
     ppo=PPOConfig(learning_rate=1e-3, num_epochs=4, num_minibatches=4, ent_coef=0.0),
     normalize=NormalizeConfig(obs=True),
     layout=LayoutConfig(actors_per_device=1),
@@ -300,13 +315,7 @@ PRESETS["atari-impala-lstm"] = (
     dataclasses.replace(
         PRESETS["atari-impala"][1],
         name="atari-impala-lstm",
-        network=NetworkConfig(
-            torso="impala_resnet",
-            hidden_sizes=(256,),
-            activation="relu",
-            core="lstm",
-            core_size=256,
-        ),
+        network=dataclasses.replace(PRESETS["atari-impala"][1].network, core="lstm", core_size=256),
     ),
 )
 
@@ -343,19 +352,12 @@ PRESETS["minatar-ppo"] = (
         rollout_length=32,
         env=minatar_env(num_envs=64),
         network=MINATAR_NETWORK,
-        ppo=PPOConfig(
+        ppo=cleanrl_ppo(
             learning_rate=2.5e-3,
-            anneal_lr=True,
-            gamma=0.99,
-            gae_lambda=0.95,
             num_epochs=2,
             num_minibatches=8,
             clip_coef=0.2,
-            clip_value_loss=True,
-            vf_coef=0.5,
             ent_coef=0.01,
-            max_grad_norm=0.5,
-            norm_adv=True,
         ),
         # scan_unroll 4: lax.scan makes conv updates many times slower on XLA:CPU (see
         # atari-ppo); one actor thread steps all 64 envs (the learner holds the other core).
@@ -384,21 +386,7 @@ PRESETS["minatar-impala"] = (
         rollout_length=20,
         env=minatar_env(num_envs=32),
         network=MINATAR_NETWORK,
-        impala=ImpalaConfig(
-            learning_rate=2e-3,
-            anneal_lr=True,
-            gamma=0.99,
-            vtrace_lambda=1.0,
-            rho_bar=1.0,
-            c_bar=1.0,
-            vf_coef=0.5,
-            ent_coef=0.01,
-            max_grad_norm=40.0,
-            rmsprop_decay=0.99,
-            rmsprop_eps=0.01,
-            rmsprop_style="torch",
-            num_minibatches=4,
-        ),
+        impala=cleanba_impala(learning_rate=2e-3),
         layout=LayoutConfig(actors_per_device=2, scan_unroll=2),
         eval=EvalConfig(every_updates=500, episodes=16, num_envs=16),
     ),
