@@ -36,17 +36,20 @@ class Lineage:
 
 
 def read_lines(run_dir: Path) -> list[dict]:
-    """Every whole line of `RUN/pbt.jsonl` (none when it does not exist); a line cut by a
-    kill is left out."""
+    """Every whole line of `RUN/pbt.jsonl` (none when it does not exist). Only the last line
+    can be cut by a kill (each line is one append), so it alone is left out when it does not
+    parse; a bad line before it is a damaged file: ValueError naming it."""
     path = Path(run_dir) / LINEAGE
     if not path.exists():
         return []
+    texts = path.read_text(encoding="utf-8").splitlines()
     lines = []
-    for text in path.read_text(encoding="utf-8").splitlines():
+    for number, text in enumerate(texts, 1):
         try:
             lines.append(json.loads(text))
         except ValueError:
-            continue
+            if number < len(texts):
+                raise ValueError(f"{path}: line {number} is not JSON") from None
     return lines
 
 
