@@ -30,7 +30,6 @@ from podrace.algos.base import Algorithm, TrainState, is_recurrent
 from podrace.algos.common import (
     MaskedMean,
     Metrics,
-    init_state,
     learning_rate_schedule,
     make_minibatch_step,
     minibatch_envs,
@@ -38,7 +37,7 @@ from podrace.algos.common import (
     reduce_metrics,
     take_envs,
 )
-from podrace.algos.tunable import reported, tuned, with_inputs
+from podrace.algos.tunable import reported, tunable_init, with_inputs
 from podrace.config import ImpalaConfig
 from podrace.types import PyTree, Trajectory
 
@@ -190,11 +189,7 @@ def make_impala(
         return optimizer, make_minibatch_step(optimizer, loss_fn, schedule, axis_name)
 
     optimizer, fixed_step = build(cfg)
-    fresh = init_state(optimizer)
-
-    def init(params: PyTree) -> TrainState:
-        state = fresh(params)
-        return state._replace(opt_state=tuned(state.opt_state, cfg, tunable)) if tunable else state
+    init = tunable_init(optimizer, cfg, tunable)
 
     def update_with(
         minibatch_step, state: TrainState, traj: Trajectory, keys: jax.Array

@@ -29,7 +29,6 @@ from podrace.algos.base import Algorithm, TrainState, is_recurrent
 from podrace.algos.common import (
     MaskedMean,
     Metrics,
-    init_state,
     learning_rate_schedule,
     make_minibatch_step,
     minibatch_envs,
@@ -37,7 +36,7 @@ from podrace.algos.common import (
     reduce_metrics,
     take_envs,
 )
-from podrace.algos.tunable import reported, tuned, with_inputs
+from podrace.algos.tunable import reported, tunable_init, with_inputs
 from podrace.config import PPOConfig
 from podrace.types import PyTree, Trajectory
 
@@ -152,11 +151,7 @@ def make_ppo(
         return optimizer, make_minibatch_step(optimizer, loss_fn, schedule, axis_name)
 
     optimizer, fixed_step = build(cfg)
-    fresh = init_state(optimizer)
-
-    def init(params: PyTree) -> TrainState:
-        state = fresh(params)
-        return state._replace(opt_state=tuned(state.opt_state, cfg, tunable)) if tunable else state
+    init = tunable_init(optimizer, cfg, tunable)
 
     recurrent = is_recurrent(apply_fn)
 

@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from podrace.algos.base import TrainState
+from podrace.algos.common import init_state
 from podrace.types import PyTree
 
 C = TypeVar("C")
@@ -52,3 +54,17 @@ def replaced(opt_state: Tuned, values: dict[str, float]) -> Tuned:
 
 
 __all__ = ["Tuned", "replaced", "reported", "tuned", "with_inputs"]
+
+
+def tunable_init(optimizer: Any, cfg: Any, names: Sequence[str]) -> Any:
+    """`init` of an Algorithm whose hyperparameters `names` are inputs of its update: the
+    optimizer's state at update 0 carries them (`tuned`); with no names, `init_state`'s."""
+    fresh = init_state(optimizer)
+    if not names:
+        return fresh
+
+    def init(params: PyTree) -> TrainState:
+        state = fresh(params)
+        return state._replace(opt_state=tuned(state.opt_state, cfg, names))
+
+    return init
