@@ -96,17 +96,17 @@ def test_old_versions_are_freed(ray_session):
 
 @ray.remote(num_cpus=0)
 def _stress_reader(sub, final: int) -> dict:
-    out = workers.read_until(sub, final, timeout=60)
+    out = workers.read_until(sub, final, stall=60)
     sub.close()
     return out
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_stress_reader_workers_never_see_torn_or_older_snapshots(ray_session):
     from podrace.sync.ray_transport import RayPublisher
 
-    n_versions, n_elems = 2000, 4096
+    n_versions, n_elems = 1000, 4096
     pub = RayPublisher()
     readers = [_stress_reader.remote(pub.subscribe(name=f"r{i}"), n_versions - 1) for i in range(2)]
     probe = pub.subscribe()
@@ -121,7 +121,7 @@ def test_stress_reader_workers_never_see_torn_or_older_snapshots(ray_session):
         pub.publish(workers.stamped_params(v, n_elems))
         if v % 4 == 0:
             pub.flush(timeout=30)
-    outs = ray.get(readers, timeout=90)
+    outs = ray.get(readers)  # each gives up after 60 s without a newer version
     written = pub.metrics()["deliver/seconds/count"]
     pub.close()
     assert written >= n_versions // 4
