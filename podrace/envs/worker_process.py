@@ -59,16 +59,9 @@ def worker_main() -> None:
         return
     try:
         spec: WorkerSpec = pickle.loads(message)
-        env = spec.source.make_part(spec.num_envs, spec.seed, spec.part, spec.threads)
-        got, want = env.spec, spec.expect
-        if (tuple(got.obs_shape), np.dtype(got.obs_dtype), got.action_shape) != (
-            tuple(want.obs_shape),
-            np.dtype(want.obs_dtype),
-            want.action_shape,
-        ):
-            raise RuntimeError(f"its envs have spec {got}, the run expects {want}")
-        size = StepBuffers.size(want, len(spec.part))
-        buffers = StepBuffers(mmap.mmap(shm_fd, size), want, len(spec.part))
+        env = spec.build()
+        size = StepBuffers.size(spec.expect, len(spec.part))
+        buffers = StepBuffers(mmap.mmap(shm_fd, size), spec.expect, len(spec.part))
     except BaseException as error:  # noqa: BLE001 - reported to the parent, which decides
         reply_error(error)
         return
@@ -83,11 +76,7 @@ def worker_main() -> None:
                 return
             try:
                 if command == RESET:
-                    buffers.obs[...] = env.reset()
-                    for name in ("reward", "episode_return", "episode_length"):
-                        getattr(buffers, name)[...] = 0
-                    for name in ("terminated", "truncated", "episode_done"):
-                        getattr(buffers, name)[...] = False
+                    buffers.write_reset(env.reset())
                 elif command == STEP:
                     buffers.write(env.step(np.array(buffers.actions)))
                 else:

@@ -19,6 +19,7 @@ from typing import Protocol
 
 import numpy as np
 
+from podrace.envs.base import BatchedEnv
 from podrace.envs.source import EnvSource
 from podrace.types import EnvSpec, EnvStep
 
@@ -40,60 +41,71 @@ class WorkerSpec:
     threads: int | None
     expect: EnvSpec
 
+    def build(self) -> BatchedEnv:
+        """This worker's envs; RuntimeError if their observations or actions are not the
+        ones the run expects (`expect`)."""
+        env = self.source.make_part(self.num_envs, self.seed, self.part, self.threads)
+        got, want = env.spec, self.expect
+        if (tuple(got.obs_shape), np.dtype(got.obs_dtype), got.action_shape) != (
+            tuple(want.obs_shape),
+            np.dtype(want.obs_dtype),
+            want.action_shape,
+        ):
+            raise RuntimeError(f"its envs have spec {got}, the run expects {want}")
+        return env
+
 
 class StepBuffers:
-    """One worker's shared arrays: observations, actions and step results of its envs."""
+    """One worker's shared arrays: the actions its envs take (`actions`) and what they
+    returned (`step`, an `EnvStep` whose fields are views of the same shared memory)."""
 
     def __init__(self, buffer, spec: EnvSpec, num_envs: int) -> None:
+        places, _ = _layout(spec, num_envs)
+        views = {
+            name: np.ndarray(shape, dtype, buffer=buffer, offset=offset)
+            for name, shape, dtype, offset in places
+        }
         self.spec, self.num_envs = spec, num_envs
-        offset = 0
-        for name, shape, dtype in self.fields(spec, num_envs):
-            dtype = np.dtype(dtype)
-            offset = -(-offset // _ALIGN) * _ALIGN
-            size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            view = np.ndarray(shape, dtype, buffer=buffer, offset=offset)
-            setattr(self, name, view)
-            offset += size
-
-    obs: np.ndarray
-    actions: np.ndarray
-    reward: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-    episode_done: np.ndarray
-    episode_return: np.ndarray
-    episode_length: np.ndarray
+        self.actions: np.ndarray = views.pop("actions")
+        self.step = EnvStep(**views)
 
     @staticmethod
-    def fields(spec: EnvSpec, n: int) -> list[tuple[str, tuple[int, ...], object]]:
-        action = np.int32 if spec.discrete else np.float32
-        return [
-            ("obs", (n, *spec.obs_shape), spec.obs_dtype),
-            ("actions", (n, *spec.action_shape), action),
-            ("reward", (n,), np.float32),
-            ("terminated", (n,), bool),
-            ("truncated", (n,), bool),
-            ("episode_done", (n,), bool),
-            ("episode_return", (n,), np.float64),
-            ("episode_length", (n,), np.int64),
-        ]
-
-    @classmethod
-    def size(cls, spec: EnvSpec, n: int) -> int:
-        offset = 0
-        for _, shape, dtype in cls.fields(spec, n):
-            offset = -(-offset // _ALIGN) * _ALIGN
-            offset += int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        return max(offset, 1)
+    def size(spec: EnvSpec, n: int) -> int:
+        """Bytes of shared memory the arrays of `n` envs of `spec` take."""
+        return _layout(spec, n)[1]
 
     def write(self, step: EnvStep) -> None:
-        self.obs[...] = step.obs
-        self.reward[...] = step.reward
-        self.terminated[...] = step.terminated
-        self.truncated[...] = step.truncated
-        self.episode_done[...] = step.episode_done
-        self.episode_return[...] = step.episode_return
-        self.episode_length[...] = step.episode_length
+        """What a step of the envs returned."""
+        for view, value in zip(self.step, step, strict=True):
+            view[...] = value
+
+    def write_reset(self, obs: np.ndarray) -> None:
+        """A reset: the envs' first observations, and no reward, end or episode yet."""
+        for name, view in zip(EnvStep._fields, self.step, strict=True):
+            view[...] = obs if name == "obs" else 0  # 0 is False in the bool fields
+
+
+def _layout(spec: EnvSpec, n: int) -> tuple[list[tuple[str, tuple[int, ...], np.dtype, int]], int]:
+    """Where each of `StepBuffers`' arrays stands (name, shape, dtype, byte offset, each
+    aligned to `_ALIGN` bytes), and the bytes they take in all."""
+    action = np.int32 if spec.discrete else np.float32
+    fields = [
+        ("obs", (n, *spec.obs_shape), spec.obs_dtype),
+        ("actions", (n, *spec.action_shape), action),
+        ("reward", (n,), np.float32),
+        ("terminated", (n,), bool),
+        ("truncated", (n,), bool),
+        ("episode_done", (n,), bool),
+        ("episode_return", (n,), np.float64),
+        ("episode_length", (n,), np.int64),
+    ]
+    places, offset = [], 0
+    for name, shape, dtype in fields:
+        dtype = np.dtype(dtype)
+        offset = -(-offset // _ALIGN) * _ALIGN
+        places.append((name, shape, dtype, offset))
+        offset += int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    return places, max(offset, 1)
 
 
 def shared_fd(size: int) -> int:

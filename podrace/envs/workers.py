@@ -297,18 +297,15 @@ class WorkerEnv:
 
     def reset(self) -> np.ndarray:
         self._all(RESET)
-        return np.concatenate([w.buffers.obs for w in self.workers])
+        return np.concatenate([w.buffers.step.obs for w in self.workers])
 
     def step(self, actions: np.ndarray) -> EnvStep:
         actions = np.asarray(actions)
         for worker in self.workers:
             worker.buffers.actions[...] = actions[worker.part.start : worker.part.stop]
         self._all(STEP)
-
-        def gather(name: str) -> np.ndarray:
-            return np.concatenate([getattr(w.buffers, name) for w in self.workers])
-
-        return EnvStep(*(gather(name) for name in EnvStep._fields))
+        parts = zip(*(w.buffers.step for w in self.workers), strict=True)
+        return EnvStep(*(np.concatenate(field) for field in parts))
 
     def close(self) -> None:
         for worker in self.workers:

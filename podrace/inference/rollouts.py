@@ -29,8 +29,8 @@ import numpy as np
 
 from podrace.actor import ActorSettings, RolloutSink, sampling_key
 from podrace.control import Control, Heartbeat
-from podrace.envs.worker_protocol import EnvLink, StepBuffers
-from podrace.types import EnvSpec, Rollout, Trajectory
+from podrace.envs.worker_protocol import EnvLink
+from podrace.types import EnvSpec, EnvStep, Rollout, Trajectory
 
 BUSY, READY, DONE = "busy", "ready", "done"
 """A part's states: its worker is stepping (or starting, resetting); its observation waits
@@ -71,15 +71,14 @@ class RolloutBuilder:
         self.versions[t, rows] = version
         self.valid[t, rows] = valid
 
-    def result(self, t: int, rows: slice, buffers: StepBuffers) -> None:
+    def result(self, t: int, rows: slice, step: EnvStep) -> None:
         """Step t of `rows`: what the env returned (read from the worker's buffers)."""
-        self.rewards[t, rows] = buffers.reward
-        self.terminated[t, rows] = buffers.terminated
-        self.truncated[t, rows] = buffers.truncated
-        done = buffers.episode_done
-        self.episode_done[t, rows] = done
-        self.episode_return[t, rows] = buffers.episode_return
-        self.episode_length[t, rows] = buffers.episode_length
+        self.rewards[t, rows] = step.reward
+        self.terminated[t, rows] = step.terminated
+        self.truncated[t, rows] = step.truncated
+        self.episode_done[t, rows] = step.episode_done
+        self.episode_return[t, rows] = step.episode_return
+        self.episode_length[t, rows] = step.episode_length
 
     def finish(self, rows: slice, obs, value) -> bool:
         """`rows` are done: their last observation and its value; True once every part is."""

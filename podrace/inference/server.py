@@ -206,14 +206,14 @@ class InferenceServer:
             part.rewind = False
             part.ready_at(part.seq, 0, None, now)
             return
-        actor, buffers = part.actor, part.worker.buffers
+        actor, step = part.actor, part.worker.buffers.step
         part.steps += 1
-        part.prev_done = buffers.terminated | buffers.truncated
+        part.prev_done = step.terminated | step.truncated
         if part.rewind:
             part.rewind = False
             part.ready_at(actor.completed, 0, None, now)
             return
-        actor.builders[part.seq].result(part.t, part.rows, buffers)
+        actor.builders[part.seq].result(part.t, part.rows, step)
         if part.t + 1 == self.settings.rollout_length:
             part.ready_at(part.seq + 1, 0, part.seq, now)
         else:
@@ -263,7 +263,7 @@ class InferenceServer:
         obs, requests = self._obs[bucket], self._requests[bucket]
         waited = params_waited = 0.0
         for r, (part, act) in enumerate(batch):
-            obs[r * size : (r + 1) * size] = part.worker.buffers.obs
+            obs[r * size : (r + 1) * size] = part.worker.buffers.step.obs
             if act:
                 requests[r, :4] = part.actor.sample_keys(part.seq)[part.t]
                 if part.blocked_since is not None:

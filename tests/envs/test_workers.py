@@ -60,7 +60,7 @@ def test_a_killed_worker_is_reported_in_one_line_with_its_signal():
         w.send(RESET)
         w.read_reply()
         w.kill()
-        w.buffers.actions[...] = fake_envs.expected_action(w.buffers.obs)
+        w.buffers.actions[...] = fake_envs.expected_action(w.buffers.step.obs)
         w.send(STEP)
         with pytest.raises(EnvWorkerDied) as raised:
             w.read_reply()
@@ -77,13 +77,13 @@ def test_an_env_error_is_one_line_naming_the_worker_and_the_worker_goes_on():
         w.wait_started()
         w.send(RESET)
         w.read_reply()
-        w.buffers.actions[...] = fake_envs.expected_action(w.buffers.obs) + 1  # wrong
+        w.buffers.actions[...] = fake_envs.expected_action(w.buffers.step.obs) + 1  # wrong
         w.send(STEP)
         with pytest.raises(EnvWorkerError) as raised:
             w.read_reply()
         assert "\n" not in str(raised.value)
         assert str(raised.value).startswith("w0: env.step raised AssertionError: envs")
-        w.buffers.actions[...] = fake_envs.expected_action(w.buffers.obs)
+        w.buffers.actions[...] = fake_envs.expected_action(w.buffers.step.obs)
         w.send(STEP)
         assert w.read_reply() == STEP
     finally:

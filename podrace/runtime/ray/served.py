@@ -55,15 +55,7 @@ class RayEnvWorker:
         """Build the envs (errors reach the caller as this call's); (node id, pid)."""
         import ray
 
-        spec = self.spec
-        self.env = spec.source.make_part(spec.num_envs, spec.seed, spec.part, spec.threads)
-        got, want = self.env.spec, spec.expect
-        if (tuple(got.obs_shape), np.dtype(got.obs_dtype), got.action_shape) != (
-            tuple(want.obs_shape),
-            np.dtype(want.obs_dtype),
-            want.action_shape,
-        ):
-            raise RuntimeError(f"its envs have spec {got}, the run expects {want}")
+        self.env = self.spec.build()
         return ray.get_runtime_context().get_node_id(), os.getpid()
 
     def reset(self) -> np.ndarray:
@@ -134,11 +126,7 @@ class RayEnvLink(LinkBookkeeping):
             if command == b"start":
                 self.node, self.pid = value
             elif command == RESET:
-                b.obs[...] = value
-                for name in ("reward", "episode_return", "episode_length"):
-                    getattr(b, name)[...] = 0
-                for name in ("terminated", "truncated", "episode_done"):
-                    getattr(b, name)[...] = False
+                b.write_reset(value)
             else:
                 b.write(EnvStep(*value))
             return command
