@@ -19,8 +19,6 @@ server).
 
 from __future__ import annotations
 
-import collections
-import threading
 import time
 from collections.abc import Callable
 
@@ -30,6 +28,7 @@ import numpy as np
 from podrace.actor import ActorSettings, RolloutSink, sampling_key
 from podrace.control import Control, Heartbeat
 from podrace.envs.worker_protocol import EnvLink
+from podrace.pipeline import BoundedQueue
 from podrace.types import EnvSpec, EnvStep, Rollout, Trajectory
 
 BUSY, READY, DONE = "busy", "ready", "done"
@@ -185,9 +184,11 @@ class ServedActor:
         self._chain_seq = settings.first_seq
         self.key_chain: Callable | None = None
         """jit(key data -> (next key data, sample keys [T, 4])), set by the server."""
-        self._cond = threading.Condition()
-        control.lifetime.notify_on_stop(self._cond)
-        self._finished: collections.deque[Rollout] = collections.deque()
+        self._finished: BoundedQueue[Rollout] = BoundedQueue(
+            max(1, settings.num_rollouts), control.lifetime
+        )
+        """Complete rollouts on their way to the actor's thread; it holds every rollout of
+        the run, so the server never waits to add one."""
         self.delivered = settings.first_seq
         """Rollouts before this one are in the sink."""
         self.completed = settings.first_seq
@@ -228,9 +229,8 @@ class ServedActor:
         rollout = self.builders.pop(seq).rollout(self.actor_id)
         self._keys.pop(seq, None)
         self.completed = seq + 1
-        with self._cond:
-            self._finished.append(rollout)
-            self._cond.notify_all()
+        if not self._finished.try_put(rollout):
+            raise RuntimeError(f"actor {self.actor_id}: rollout {seq} is one more than the run's")
 
     def discard_open(self) -> int:
         """Drop the rollouts not complete yet (a part's worker died); returns the rollout the
@@ -244,18 +244,13 @@ class ServedActor:
     def run(self) -> None:
         """Hand each finished rollout to the sink, in order, until the run's last one."""
         while self.delivered < self.end:
-            with self._cond:
-                while not self._finished:
-                    self.control.check()
-                    self._cond.wait()
-                rollout = self._finished.popleft()
+            rollout, _ = self._finished.get()
             self.control.check()
             if self.device is not None:  # as the actor loop's: arrays on the actor's device
                 rollout = _on_device(rollout, self.device)
             rollout.timings["queue_put_wait"] = self.out.put(rollout)
             self.control.record({f"actor/{k}": v for k, v in rollout.timings.items()})
-            with self._cond:
-                self.delivered = rollout.seq + 1
+            self.delivered = rollout.seq + 1
             self.on_delivered()
 
 
