@@ -3,6 +3,7 @@ deaths in one line naming themselves, ignore Ctrl-C, and never outlive their par
 
 from __future__ import annotations
 
+import mmap
 import os
 import signal
 import subprocess
@@ -17,7 +18,7 @@ import pytest
 from podrace.config import ConfigError, EnvConfig
 from podrace.envs import EnvSource
 from podrace.envs.sending import check_sendable
-from podrace.envs.worker_protocol import RESET, STEP
+from podrace.envs.worker_protocol import RESET, STEP, StepBuffers, shared_fd
 from podrace.envs.workers import (
     EnvWorker,
     EnvWorkerDied,
@@ -44,6 +45,32 @@ def test_split_envs_needs_equal_parts():
     assert split_envs(6, 3) == [range(0, 2), range(2, 4), range(4, 6)]
     with pytest.raises(ConfigError, match="multiple of env.workers"):
         split_envs(6, 4)
+
+
+def test_step_buffers_are_views_of_the_shared_memory_both_sides_map():
+    """A step is written into the shared memory and read from it, never copied: the
+    actions and every field of `step` are distinct views of the one mapping, and what one
+    side's map writes (a step, a reset) the other side's map reads."""
+    spec, n = fake_envs.SPEC, 3
+    size = StepBuffers.size(spec, n)
+    fd = shared_fd(size)
+    try:
+        writer_map, reader_map = mmap.mmap(fd, size), mmap.mmap(fd, size)
+        writer, reader = StepBuffers(writer_map, spec, n), StepBuffers(reader_map, spec, n)
+        views = [writer.actions, *writer.step]
+        shared = np.frombuffer(writer_map, np.uint8)
+        assert all(np.shares_memory(view, shared) for view in views)
+        assert not any(np.shares_memory(a, b) for i, a in enumerate(views) for b in views[i + 1 :])
+        step = type(writer.step)(
+            *((np.arange(v.size) + 1).reshape(v.shape).astype(v.dtype) for v in writer.step)
+        )
+        writer.write(step)
+        for got, want in zip(reader.step, step, strict=True):
+            np.testing.assert_array_equal(got, want)
+        writer.write_reset(np.full_like(step.obs, 5))
+        assert (reader.step.obs == 5).all() and not any(v.any() for v in reader.step[1:])
+    finally:
+        os.close(fd)
 
 
 def worker(factory=None, name="w0") -> EnvWorker:
