@@ -76,7 +76,7 @@ class StepBuffers:
 
     def write(self, step: EnvStep) -> None:
         """What a step of the envs returned."""
-        for view, value in zip(self.step, step, strict=True):
+        for view, value in zip(self.step, step):  # two EnvSteps: the same fields
             view[...] = value
 
     def write_reset(self, obs: np.ndarray) -> None:
