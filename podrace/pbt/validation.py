@@ -6,7 +6,8 @@ from podrace.config import ConfigError, TrainConfig, distributed_requested
 from podrace.pbt.config import MUTABLE
 
 MAX_POPULATION = 256
-"""Each member is a learner and its actor threads in this process: more is a typo."""
+"""Each member is a learner in this process (and its actor threads or Ray workers): more is
+a typo."""
 
 
 def validate_pbt(cfg: TrainConfig) -> None:
@@ -19,18 +20,14 @@ def validate_pbt(cfg: TrainConfig) -> None:
         return
     if pbt.member is not None and not 0 <= pbt.member < pbt.population:
         raise ConfigError(f"pbt.member must be in [0, {pbt.population - 1}], got {pbt.member}")
-    if cfg.runtime != "threads" or distributed_requested(cfg) or cfg.env.workers:
-        what = (
-            "--runtime ray"
-            if cfg.runtime != "threads"
-            else "--distributed.*"
-            if distributed_requested(cfg)
-            else "--env.workers"
-        )
+    if distributed_requested(cfg) or (cfg.runtime == "threads" and cfg.env.workers):
+        what = "--distributed.*" if distributed_requested(cfg) else "--env.workers"
         raise ConfigError(
-            f"--pbt.population runs on actor threads in one process only (no {what} yet): "
-            "the threads runtime without --env.workers or --distributed.*"
+            f"--pbt.population runs its members in one process (no {what} yet): actor "
+            "threads (--runtime threads) or Ray workers (--runtime ray)"
         )
+    if cfg.runtime == "ray":
+        _validate_ray_population(cfg)
     if cfg.seed + pbt.population - 1 > 2**31 - 1:
         raise ConfigError(
             f"seed must be at most 2**31 - {pbt.population} with --pbt.population "
@@ -74,6 +71,20 @@ def validate_pbt(cfg: TrainConfig) -> None:
                 f"{cfg.algo}.{name} must be in [{bounds.low:g}, {bounds.high:g}] for a "
                 f"population to change it, got {value:g} (or leave it out of --pbt.mutate)"
             )
+
+
+def _validate_ray_population(cfg: TrainConfig) -> None:
+    """A Ray population: every member has --ray.num-workers Ray workers of its own."""
+    if cfg.layout.inference == "server":
+        raise ConfigError(
+            "--pbt.population with --runtime ray runs each member's actors as Ray workers: "
+            "leave out --layout.inference server"
+        )
+    if cfg.ray.num_workers == "auto":
+        raise ConfigError(
+            "--pbt.population with --runtime ray needs a number of workers per member: "
+            "--ray.num-workers N (not auto)"
+        )
 
 
 __all__ = ["MAX_POPULATION", "validate_pbt"]

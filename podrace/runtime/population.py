@@ -11,6 +11,9 @@ system shares the cores between their threads. Each member's actors wait for its
 own intervals against the others' latest scores). `--total-steps` counts each member's own
 env steps.
 
+With `--runtime ray` each member's actors are Ray workers instead, over one Ray connection
+the population starts or joins and leaves (`podrace.runtime.ray.population`).
+
 `RUN/` holds the population's config.json and lock, the lineage `pbt.jsonl`, and one run
 directory per member. Resuming (`podrace train --resume RUN`) resumes every member from its
 own latest checkpoint (a member stopped before its first checkpoint starts afresh), trims
@@ -24,6 +27,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from podrace.checkpoints.resume import Resume, run_config_json, stored_config
 from podrace.config import ConfigError, TrainConfig, leaves, replace, resolved
@@ -45,6 +49,9 @@ from podrace.runtime.population_result import PopulationCheckpoints, population_
 from podrace.runtime.result import TrainResult
 from podrace.runtime.skeleton import Run
 from podrace.validation import check_types, validate
+
+if TYPE_CHECKING:
+    from podrace.runtime.ray.population import SharedRay
 
 
 def is_population(cfg: TrainConfig | None, resume: Resume | None) -> bool:
@@ -102,6 +109,8 @@ class Population:
         """Members whose checkpoint already holds every update (a resumed population)."""
         self.lock: RunLock | None = None
         self.fresh = True
+        self.ray: SharedRay | None = None
+        """The Ray connection every member's workers use (`--runtime ray`), once joined."""
         self.checkpoints = PopulationCheckpoints(lambda: [m.run for m in self.members])
 
     # What a watcher (the CLI) reads of a run ---------------------------------------------
@@ -136,6 +145,10 @@ class Population:
         self.release()
 
     def release(self) -> None:
+        """Leave Ray (every member has stopped), then the run directory."""
+        if self.ray is not None:
+            ray, self.ray = self.ray, None
+            ray.leave()
         if self.lock is not None:
             self.lock.release()
             self.lock = None
@@ -204,6 +217,11 @@ def prepare_population(
 
     lifetime.on_stop(stop_members)
     try:
+        if cfg.runtime == "ray":
+            from podrace.runtime.ray.population import SharedRay
+
+            population.ray = SharedRay()
+            population.ray.join(cfg, lifetime, population.root)
         for index in range(cfg.pbt.population):
             if index in population.finished:
                 continue
@@ -222,6 +240,7 @@ def prepare_population(
                 member_lifetime,
                 envs,
                 member_resume,
+                topology=population.ray.topology() if population.ray is not None else None,
                 faults=faults,
                 watcher=watcher if index == 0 else None,
             )
@@ -243,6 +262,10 @@ def _claim_fresh(cfg: TrainConfig, envs: EnvSource | None, lifetime: Lifetime) -
         validate(member_config(cfg, Path("."), index, starting_values(cfg, index)))
     if envs is None or envs.factory is None:
         resolve_backend(cfg.env)
+    if cfg.runtime == "ray":  # a missing Ray, an env factory that does not pickle
+        from podrace.runtime.ray.population import SharedRay
+
+        SharedRay().check(cfg, envs)
     check_new_run_dir(cfg)
     root = lifetime.run_dir = create_run_dir(cfg)
     cfg = replace(cfg, **{"log.run_name": root.name})

@@ -32,6 +32,20 @@ def small_population(tmp_path: Path, **changes: Any) -> TrainConfig:
     return small(tmp_path, **{**base, **changes})
 
 
+def small_ray_population(tmp_path: Path, **changes: Any) -> TrainConfig:
+    """`small_population` with each member's actor a Ray worker (one worker of 8 envs x 16
+    steps a member: `RAY_MEMBER_SPU` env steps an update), intervals of 4 updates."""
+    base = {"runtime": "ray", "ray.num_workers": 1, "log.interval_s": 0.5}
+    return small_population(tmp_path, **{**base, **changes})
+
+
+RAY_MEMBER_SPU = 8 * 16
+"""Env steps per update of a `small_ray_population` member."""
+
+RAY_POPULATION_FLAGS = (*POPULATION_FLAGS, "--runtime", "ray", "--ray.num-workers", "1")
+"""`podrace train cartpole-ppo` flags of `small_ray_population`'s population."""
+
+
 def lineage(root: Path) -> list[dict]:
     path = root / "pbt.jsonl"
     return [json.loads(t) for t in path.read_text().splitlines()] if path.exists() else []

@@ -26,8 +26,16 @@ GOOD = ["--pbt.population", "4", "--eval.every-updates", "5", "--pbt.interval-st
         (["--pbt.metric", " "], "pbt.metric must name a metric"),
         (["--eval.every-updates", "0"], "pbt.metric eval/return needs evaluations"),
         (["--ppo.learning-rate", "0.5"], "ppo.learning_rate must be in [1e-06, 0.01]"),
-        (["--runtime", "ray"], "--pbt.population runs on actor threads in one process only"),
-        (["--env.workers", "2"], "--pbt.population runs on actor threads in one process only"),
+        (
+            ["--runtime", "ray", "--layout.inference", "server", "--env.workers", "2"],
+            "leave out --layout.inference server",
+        ),
+        (
+            ["--runtime", "ray", "--ray.num-workers", "auto", "--ray.data-order", "elastic"]
+            + ["--ray.rollouts-per-update", "2"],
+            "needs a number of workers per member: --ray.num-workers N (not auto)",
+        ),
+        (["--env.workers", "2"], "--pbt.population runs its members in one process (no --env"),
         (
             ["--distributed.num-processes", "2", "--distributed.process-id", "0"],
             "no --distributed.* yet",

@@ -1,0 +1,115 @@
+"""A population on Ray, on a tiny budget: each member's actor is a Ray worker of one shared
+private Ray; members exploit through their Ray publishers, a member's SIGKILLed worker is
+restarted while the population goes on, and a stopped population resumes whole. Every
+test starts its own local Ray and leaves no process of it behind."""
+
+import os
+import signal
+import threading
+
+import pytest
+
+from podrace.checkpoints.state import checkpoint_dir
+from podrace.control import Lifetime
+from podrace.runtime.population import prepare_population
+from podrace.runtime.ray.processes import process_tree
+from podrace.runtime.run import prepare
+from tests.helpers.cli import ENDLESS, run_flags, run_podrace, start_podrace
+from tests.helpers.populations import (
+    RAY_MEMBER_SPU,
+    RAY_POPULATION_FLAGS,
+    lineage,
+    small_ray_population,
+)
+from tests.helpers.runs import metric_lines
+from tests.waiting import wait_until
+
+ray = pytest.importorskip("ray")
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(600),
+    pytest.mark.filterwarnings("ignore:os.fork", "ignore::UserWarning"),
+]
+
+
+def test_ray_members_exploit_and_go_on_through_a_killed_worker(tmp_path):
+    cfg = small_ray_population(tmp_path, total_steps=16 * RAY_MEMBER_SPU)
+    lifetime = Lifetime()
+    population = prepare_population(cfg, lifetime, None, None, None, prepare)
+    temp_dir = population.ray.driver.connection.temp_dir
+    victim_run = population.members[1].run
+    (victim,) = victim_run.fleet.worker_pids()
+    pids = [pid for m in population.members for pid in m.run.fleet.worker_pids()]
+    killed = threading.Event()
+
+    def kill_mid_run() -> None:
+        wait_until(lambda: victim_run.learner.version >= 4 or lifetime.stopping, 300)
+        if not lifetime.stopping:
+            os.kill(victim, signal.SIGKILL)
+            killed.set()
+
+    threading.Thread(target=kill_mid_run, daemon=True).start()
+    result = population.run()
+    assert killed.is_set()
+    root = result.run_dir
+    assert [m.updates for m in result.members] == [16, 16]
+    assert [m.topology for m in result.members] == ["ray", "ray"]
+    assert [m.ray.restarts for m in result.members] == [0, 1]
+    lines = lineage(root)
+    assert lines, "no member exploited the other"
+    for member in (0, 1):
+        member_lines = metric_lines(root / f"member-{member}")
+        last = member_lines[-1]
+        assert last["version"] == 16 and last["env_steps"] == 16 * RAY_MEMBER_SPU
+        assert last["pbt/exploits"] == len([x for x in lines if x["member"] == member])
+        # Rollouts of a policy an exploit replaced were taken within the lag bound.
+        assert last["lag/max_seen"] <= cfg.max_policy_lag
+    assert len(set(pids)) == 2 and os.getpid() not in pids
+    assert not process_tree(temp_dir) and not ray.is_initialized()
+
+
+def test_a_stopped_ray_population_resumes_every_member_and_its_lineage(tmp_path):
+    flags = (*RAY_POPULATION_FLAGS, "--checkpoint.every-updates", "4")
+    total = 24 * RAY_MEMBER_SPU
+    proc = start_podrace("train", "cartpole-ppo", *run_flags(tmp_path, ENDLESS), *flags)
+    root = tmp_path / "r"
+    try:
+        wait_until(
+            lambda: (
+                all(
+                    any(line.get("version", 0) >= 8 for line in metric_lines(root / f"member-{m}"))
+                    for m in (0, 1)
+                )
+                or proc.poll() is not None
+            ),
+            timeout=400,
+        )
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGINT, err
+    before = lineage(root)
+    saved = {m: _latest(root / f"member-{m}") for m in (0, 1)}
+    assert all(step >= 8 for step in saved.values()), saved
+
+    done = run_podrace("train", "--resume", str(root), "--total-steps", str(total), timeout=400)
+    assert done.returncode == 0, done.stderr
+    after = lineage(root)
+    kept = [x for x in before if x["member_step"] <= saved[x["member"]] * RAY_MEMBER_SPU]
+    assert after[: len(kept)] == kept
+    assert len({(x["member"], x["member_step"]) for x in after}) == len(after)
+    for m in (0, 1):
+        lines = metric_lines(root / f"member-{m}")
+        assert lines[-1]["version"] == 24 and lines[-1]["env_steps"] == total
+        steps = [line["env_steps"] for line in lines if "env_steps" in line]  # after update 1
+        assert steps == sorted(steps)  # the resumed member continues its own counters
+        assert lines[-1]["pbt/exploits"] == len([x for x in after if x["member"] == m])
+        assert "ray/restarts" in lines[-1]
+
+
+def _latest(member_dir):
+    return max(int(p.name) for p in checkpoint_dir(member_dir).iterdir() if p.name.isdigit())
