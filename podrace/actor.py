@@ -197,6 +197,11 @@ class Actor:
         """A recurrent policy's core state for the next step (on the actor's device)."""
         self.fused = fused_rollout_for(env, policy, settings.rollout_length)
         """The rollout as XLA calls where the env allows it (`podrace.fused_rollout`)."""
+        self.take_episode_info: Callable[[], dict[str, np.ndarray]] | None = getattr(
+            env, "take_episode_info", None
+        )
+        """What the env reported in `info` as episodes ended (envs that keep it: a
+        Gymnasium vector env's adapter, or a BatchedEnv with `take_episode_info`)."""
 
     @property
     def actor_id(self) -> int:
@@ -372,6 +377,7 @@ class Actor:
             trajectory=traj,
             episode_returns=np.concatenate(returns) if returns else np.zeros(0),
             episode_lengths=np.concatenate(lengths) if lengths else np.zeros(0, np.int64),
+            episode_info=self.take_episode_info() if self.take_episode_info else None,
             timings={
                 "inference": t_inference,
                 "device_to_host": t_d2h,

@@ -204,6 +204,8 @@ class Learner:
             m.add_values("episode/return", r.episode_returns)
             m.add_values("episode/length", r.episode_lengths)
             m.count("episodes", len(r.episode_returns))
+            for key, values in (r.episode_info or {}).items():
+                m.add_values(f"info/{key}", values)
         if self.on_update is not None:
             self.on_update(self.version)
         # Freeing a rollout's arrays releases and retakes the GIL once per array: on a busy

@@ -101,6 +101,9 @@ class Rollout:
     """[T, B] the params version that chose each action (host), where the steps of one
     rollout may span versions (an inference server acts with the newest params it has);
     `policy_version` is then the oldest of them. None: every step is `policy_version`'s."""
+    episode_info: dict[str, np.ndarray] | None = None
+    """key -> the values the env reported in `info[key]` as each episode of this rollout
+    ended (host; `BatchedEnv`s that keep them); None: the env keeps none."""
 
 
 class JaxEnvStep(NamedTuple):

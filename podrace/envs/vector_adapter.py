@@ -5,6 +5,10 @@ Gymnasium's NEXT_STEP mode (the default of `SyncVectorEnv`, `AsyncVectorEnv` and
 ignores its action and reports reward 0, terminated/truncated False. The other modes
 cannot be converted without stepping an env that should only have been reset, so they
 are refused. Episode statistics are counted here, so the vector env needs no wrappers.
+
+The numeric values the envs report in `info` on the last step of an episode are kept per
+episode (`take_episode_info`): the run logs them as `info/<key>` metrics (an objective a
+population can be ranked on, `--pbt.metric info/<key>`).
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ class VectorEnvAdapter:
             env_seeds(seed, self.num_envs) if seeds is None else list(seeds)
         )
         self._stats = EpisodeStats(self.num_envs)
+        self._episode_info: dict[str, list[np.ndarray]] = {}
         self._started = False
         self._closed = False
 
@@ -63,16 +68,19 @@ class VectorEnvAdapter:
         obs, _ = self._env.reset(seed=self._seeds)
         self._seeds = None
         self._stats.reset()
+        self._episode_info = {}
         self._started = True
         return self._own(obs)
 
     def step(self, actions: np.ndarray) -> EnvStep:
         if not self._started:
             raise RuntimeError("call reset() before step()")
-        obs, reward, terminated, truncated, _ = self._env.step(self._prepare(actions))
+        obs, reward, terminated, truncated, info = self._env.step(self._prepare(actions))
         terminated = np.array(terminated, bool)
         truncated = np.array(truncated, bool)
         episode_done = terminated | truncated
+        if info and episode_done.any():
+            self._keep_episode_info(info, episode_done)
         episode_return, episode_length = self._stats.update(
             np.asarray(reward), terminated, truncated, episode_done
         )
@@ -85,6 +93,27 @@ class VectorEnvAdapter:
             episode_return=episode_return,
             episode_length=episode_length,
         )
+
+    def take_episode_info(self) -> dict[str, np.ndarray]:
+        """key -> the values of `info[key]` reported on the last step of each episode that
+        ended since the last call (in the order they ended), for every numeric key; then
+        forgets them."""
+        taken = {key: np.concatenate(parts) for key, parts in self._episode_info.items()}
+        self._episode_info = {}
+        return taken
+
+    def _keep_episode_info(self, info: dict, episode_done: np.ndarray) -> None:
+        """Keep the numeric per-env values of Gymnasium's vector `info` (an array over the
+        envs, and `_key` saying which envs reported it) of the envs whose episode ended."""
+        for key, values in info.items():
+            if key.startswith("_") or not isinstance(values, np.ndarray):
+                continue
+            if values.shape != (self.num_envs,) or values.dtype.kind not in "biuf":
+                continue
+            reported = info.get(f"_{key}")
+            ended = episode_done if reported is None else episode_done & np.asarray(reported)
+            if ended.any():
+                self._episode_info.setdefault(key, []).append(values[ended].astype(np.float64))
 
     def _own(self, obs) -> np.ndarray:
         """A fresh array as the spec has it: vector envs may reuse one obs buffer (copy=False)."""

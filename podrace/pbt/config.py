@@ -54,8 +54,8 @@ class PBTConfig:
     """A member's own env steps between two of its rankings (exploit and explore)."""
     metric: str = "eval/return"
     """The metric members are ranked on, higher is better: any name a run's metrics lines
-    hold (`eval/return` needs --eval.every-updates; `episode/return`; a value a user's env
-    reports)."""
+    hold (`eval/return` needs --eval.every-updates; `episode/return`; `info/<key>`: a value
+    a Gymnasium env reports in its info as an episode ends)."""
     bottom_fraction: float = 0.25
     """A member ranked in this bottom fraction copies a member of the same top fraction (at
     least one member each)."""

@@ -38,7 +38,7 @@ def validate_pbt(cfg: TrainConfig) -> None:
             f"pbt.interval_steps must be at least one update's env steps "
             f"({cfg.steps_per_update:,}), got {pbt.interval_steps:,}"
         )
-    if not pbt.metric.strip():
+    if not pbt.metric.strip() or pbt.metric.strip() == "info/":
         raise ConfigError("pbt.metric must name a metric, e.g. eval/return")
     if pbt.metric == "eval/return" and not cfg.eval.every_updates:
         raise ConfigError(
@@ -87,4 +87,16 @@ def _validate_ray_population(cfg: TrainConfig) -> None:
         )
 
 
-__all__ = ["MAX_POPULATION", "validate_pbt"]
+def check_info_metric(cfg: TrainConfig, backend: str | None) -> None:
+    """ConfigError when `--pbt.metric info/<key>` names a value envs of `backend` never
+    report (None: the caller's env factory, whose info is read)."""
+    metric = cfg.pbt.metric
+    if cfg.pbt.population > 1 and metric.startswith("info/") and backend in ("envpool", "jax"):
+        raise ConfigError(
+            f"pbt.metric {metric} ranks on a value the env reports in its info, which only "
+            f"Gymnasium envs and env factories report; {cfg.env.id!r} runs on {backend} "
+            "(try --env.backend gymnasium)"
+        )
+
+
+__all__ = ["MAX_POPULATION", "check_info_metric", "validate_pbt"]

@@ -36,6 +36,7 @@ from podrace.envs import EnvSource, resolve_backend
 from podrace.pbt.config import MUTABLE
 from podrace.pbt.controller import starting_hyperparameters
 from podrace.pbt.lineage import Lineage, keep_until, read_lines
+from podrace.pbt.validation import check_info_metric
 from podrace.rundir import (
     RunLock,
     check_new_run_dir,
@@ -260,8 +261,8 @@ def _claim_fresh(cfg: TrainConfig, envs: EnvSource | None, lifetime: Lifetime) -
     cfg = resolved(cfg)
     for index in range(cfg.pbt.population):  # every member's config, before anything is written
         validate(member_config(cfg, Path("."), index, starting_values(cfg, index)))
-    if envs is None or envs.factory is None:
-        resolve_backend(cfg.env)
+    backend = resolve_backend(cfg.env) if envs is None or envs.factory is None else None
+    check_info_metric(cfg, backend)
     if cfg.runtime == "ray":  # a missing Ray, an env factory that does not pickle
         from podrace.runtime.ray.population import SharedRay
 

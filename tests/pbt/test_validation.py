@@ -24,6 +24,7 @@ GOOD = ["--pbt.population", "4", "--eval.every-updates", "5", "--pbt.interval-st
         (["--pbt.mutate", "num_epochs"], "pbt.mutate must name ppo hyperparameters"),
         (["--pbt.mutate", "gamma", "gamma"], "pbt.mutate must name ppo hyperparameters"),
         (["--pbt.metric", " "], "pbt.metric must name a metric"),
+        (["--pbt.metric", "info/x"], "ranks on a value the env reports in its info"),
         (["--eval.every-updates", "0"], "pbt.metric eval/return needs evaluations"),
         (["--ppo.learning-rate", "0.5"], "ppo.learning_rate must be in [1e-06, 0.01]"),
         (
