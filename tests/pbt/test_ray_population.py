@@ -10,7 +10,8 @@ import threading
 import pytest
 
 from podrace.checkpoints.state import checkpoint_dir
-from podrace.control import Lifetime
+from podrace.control import ComponentError, Lifetime
+from podrace.envs import EnvSource
 from podrace.runtime.population import prepare_population
 from podrace.runtime.ray.processes import process_tree
 from podrace.runtime.run import prepare
@@ -22,6 +23,7 @@ from tests.helpers.populations import (
     small_ray_population,
 )
 from tests.helpers.runs import metric_lines
+from tests.runtime import ray_helpers
 from tests.waiting import wait_until
 
 ray = pytest.importorskip("ray")
@@ -33,8 +35,11 @@ pytestmark = [
 ]
 
 
-def test_ray_members_exploit_and_go_on_through_a_killed_worker(tmp_path):
-    cfg = small_ray_population(tmp_path, total_steps=16 * RAY_MEMBER_SPU)
+@pytest.mark.parametrize("data_order", ["fixed", "elastic"])
+def test_ray_members_exploit_and_go_on_through_a_killed_worker(tmp_path, data_order):
+    cfg = small_ray_population(
+        tmp_path, total_steps=16 * RAY_MEMBER_SPU, **{"ray.data_order": data_order}
+    )
     lifetime = Lifetime()
     population = prepare_population(cfg, lifetime, None, None, None, prepare)
     temp_dir = population.ray.driver.connection.temp_dir
@@ -66,6 +71,19 @@ def test_ray_members_exploit_and_go_on_through_a_killed_worker(tmp_path):
         # Rollouts of a policy an exploit replaced were taken within the lag bound.
         assert last["lag/max_seen"] <= cfg.max_policy_lag
     assert len(set(pids)) == 2 and os.getpid() not in pids
+    assert not process_tree(temp_dir) and not ray.is_initialized()
+
+
+def test_a_member_whose_workers_keep_failing_stops_the_population_and_leaves_no_ray(tmp_path):
+    cfg = small_ray_population(tmp_path, **{"ray.max_restarts": 0})
+    envs = EnvSource(cfg.env, ray_helpers.raising_env)
+    population = prepare_population(cfg, Lifetime(), envs, None, None, prepare)
+    temp_dir = population.ray.driver.connection.temp_dir
+    with pytest.raises(ComponentError) as caught:
+        population.run()
+    message = str(caught.value)
+    assert caught.value.component in ("member-0 ray-worker-0", "member-1 ray-worker-0"), message
+    assert "EnvExploded: boom" in message and "\n" not in message
     assert not process_tree(temp_dir) and not ray.is_initialized()
 
 
