@@ -1,9 +1,11 @@
 """A population's lineage, `RUN/pbt.jsonl`: one JSON line per exploit (which member copied
 which, at which of its own env steps, its hyperparameters before and after).
 
-A resumed population continues each member from its checkpoint: lines a member wrote after
-it (decisions it is about to take again) move to `pbt-superseded.jsonl` before it resumes,
-so the file never holds a decision twice nor loses one the members' states still carry.
+A resumed population (or a member restarted after a failure,
+`podrace.runtime.population_restarts`) continues each member from its checkpoint: lines a
+member wrote after it (decisions it is about to take again) move to `pbt-superseded.jsonl`
+before it resumes, so the file never holds a decision twice nor loses one the members'
+states still carry.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 LINEAGE = "pbt.jsonl"
@@ -33,6 +35,12 @@ class Lineage:
                 os.write(fd, data)  # one append of a whole line
             finally:
                 os.close(fd)
+
+    def keep_member_until(self, member: int, steps: int) -> list[dict]:
+        """`keep_member_until` while no member appends; the member's lines kept."""
+        with self._lock:
+            keep_member_until(self.path.parent, member, steps)
+            return [line for line in read_lines(self.path.parent) if line["member"] == member]
 
 
 def read_lines(run_dir: Path) -> list[dict]:
@@ -57,17 +65,26 @@ def keep_until(run_dir: Path, member_steps: Mapping[int, int]) -> None:
     """Keep in `RUN/pbt.jsonl` only the lines each member wrote up to its env steps in
     `member_steps` (where it resumes); the others are appended to `pbt-superseded.jsonl`
     first (a kill in between leaves a line in both files, never in none)."""
+    _keep(run_dir, lambda line: line["member_step"] <= member_steps.get(line["member"], -1))
+
+
+def keep_member_until(run_dir: Path, member: int, steps: int) -> None:
+    """`keep_until` for one member (it restarts from `steps`); every other member's lines
+    stay. The caller holds the lineage's lock (`Lineage.keep_member_until`)."""
+    _keep(run_dir, lambda line: line["member"] != member or line["member_step"] <= steps)
+
+
+def _keep(run_dir: Path, past: Callable[[dict], bool]) -> None:
     path = Path(run_dir) / LINEAGE
     if not path.exists():
         return
     kept, superseded = [], []
     for text in path.read_text(encoding="utf-8").splitlines():
         try:
-            line = json.loads(text)
-            past = line["member_step"] <= member_steps.get(line["member"], -1)
+            keep = past(json.loads(text))
         except (ValueError, KeyError, TypeError):
-            past = False  # a line cut by a kill: not a decision the members carry
-        (kept if past else superseded).append(text + "\n")
+            keep = False  # a line cut by a kill: not a decision the members carry
+        (kept if keep else superseded).append(text + "\n")
     if not superseded:
         return
     with open(Path(run_dir) / SUPERSEDED, "a", encoding="utf-8") as f:
@@ -80,4 +97,4 @@ def keep_until(run_dir: Path, member_steps: Mapping[int, int]) -> None:
         tmp.unlink(missing_ok=True)
 
 
-__all__ = ["LINEAGE", "SUPERSEDED", "Lineage", "keep_until", "read_lines"]
+__all__ = ["LINEAGE", "SUPERSEDED", "Lineage", "keep_member_until", "keep_until", "read_lines"]

@@ -144,6 +144,18 @@ class Exchange:
         metrics.count("pbt/exploits")
         return state, normalizer
 
+    def forget(self, member: int, steps: int) -> None:
+        """`member` restarts from its checkpoint at `steps` env steps: its lineage after it
+        is superseded, its state is no source until its next update, and its scores count
+        again from the version of its last kept exploit."""
+        with self._lock:
+            self._states.pop(member, None)
+            kept = self.lineage.keep_member_until(member, steps)
+            if kept:
+                self.exploited_at[member] = kept[-1]["version"]
+            else:
+                self.exploited_at.pop(member, None)
+
 
 def hyperparameters(state: TrainState) -> dict[str, float]:
     """The hyperparameters a member's state carries, as host floats."""

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from podrace.checkpoints.resume import Resume, run_config_json, stored_config
 from podrace.config import ConfigError, TrainConfig, leaves, replace, resolved
-from podrace.control import ComponentError, Lifetime
+from podrace.control import ComponentError, Lifetime, Stopped
 from podrace.envs import EnvSource, resolve_backend
 from podrace.pbt.config import MUTABLE
 from podrace.pbt.controller import starting_hyperparameters
@@ -46,6 +46,7 @@ from podrace.rundir import (
 )
 from podrace.runtime.faults import FaultPlan
 from podrace.runtime.pbt_exchange import Exchange
+from podrace.runtime.population_restarts import MemberRestarts
 from podrace.runtime.population_result import PopulationCheckpoints, population_result
 from podrace.runtime.result import TrainResult
 from podrace.runtime.skeleton import Run
@@ -112,6 +113,10 @@ class Population:
         self.fresh = True
         self.ray: SharedRay | None = None
         """The Ray connection every member's workers use (`--runtime ray`), once joined."""
+        self.lifetimes: list[Lifetime] = []
+        """Every member lifetime made so far (a stop of the population stops them all)."""
+        self.restarts: MemberRestarts | None = None
+        """How a failed member is built again from its checkpoint (None: it is not)."""
         self.checkpoints = PopulationCheckpoints(lambda: [m.run for m in self.members])
 
     # What a watcher (the CLI) reads of a run ---------------------------------------------
@@ -127,6 +132,28 @@ class Population:
     def learner(self):
         """The most advanced member's learner (its version says whether anything trained)."""
         return max((m.run.learner for m in self.members), key=lambda learner: learner.version)
+
+    def _restart(self, member: Member, error: BaseException) -> Member | None:
+        """`member`, failed with `error`, built again from its latest checkpoint (None: it
+        does not restart; `podrace.runtime.population_restarts`)."""
+        if self.restarts is None or self.lifetime.stopping:
+            return None
+        if not isinstance(error, Exception):  # KeyboardInterrupt, SystemExit: no restart
+            return None
+        step = self.restarts.checkpoint_to_restart_from(member.index, error)
+        if step is None:
+            return None
+        self.exchange.forget(member.index, step * self.cfg.steps_per_update)
+        lifetime = Lifetime()
+        self.lifetimes.append(lifetime)
+        if self.lifetime.stopping:  # a stop that came meanwhile
+            lifetime.stop(self.lifetime.stop_reason or "stopped")
+        run = self.restarts.build(member.index, member.run.cfg, step, lifetime)
+        replacement = Member(member.index, run, lifetime)
+        self.members[self.members.index(member)] = replacement
+        self.exchange.attach(member.index, run.learner, run.metrics)
+        run.extra_sinks.append(self.exchange.sink(member.index))
+        return replacement
 
     # Building ----------------------------------------------------------------------------
     def add(self, index: int, run: Run, lifetime: Lifetime) -> None:
@@ -161,13 +188,23 @@ class Population:
         results: dict[int, TrainResult] = {}
 
         def train(member: Member) -> None:
-            try:
-                results[member.index] = member.run.run()
-            except BaseException as error:  # noqa: BLE001 - fails the population below
-                if isinstance(error, ComponentError):
-                    self.lifetime.fail(f"member-{member.index} {error.component}", error.error)
-                else:
-                    self.lifetime.fail(f"member-{member.index}", error)
+            index, failure = member.index, None
+            while member is not None:
+                try:
+                    results[member.index] = member.run.run()
+                    return
+                except BaseException as error:  # noqa: BLE001 - restarts it or fails below
+                    failure = error
+                try:
+                    member = self._restart(member, failure)
+                except BaseException as error:  # noqa: BLE001 - its rebuild failed
+                    member, failure = None, error
+            if isinstance(failure, Stopped) and self.lifetime.stopping:
+                return  # the population stopped while the member was built again
+            if isinstance(failure, ComponentError):
+                self.lifetime.fail(f"member-{index} {failure.component}", failure.error)
+            else:
+                self.lifetime.fail(f"member-{index}", failure)
 
         threads = [
             threading.Thread(target=train, args=(m,), name=f"member-{m.index}", daemon=True)
@@ -210,10 +247,10 @@ def prepare_population(
             f"nothing to resume: every member of {population.root} is at its last update; pass "
             "a larger --total-steps to extend the population"
         )
-    lifetimes: list[Lifetime] = []
+    lifetimes = population.lifetimes
 
     def stop_members() -> None:  # a signal or a member's failure stops every member
-        for member_lifetime in lifetimes:
+        for member_lifetime in list(lifetimes):
             member_lifetime.stop(lifetime.stop_reason or "stopped")
 
     lifetime.on_stop(stop_members)
@@ -249,6 +286,14 @@ def prepare_population(
     except BaseException:
         population.abandon()
         raise
+
+    def rebuild(member_cfg: TrainConfig, member_resume: Resume, member_lifetime: Lifetime) -> Run:
+        topology = population.ray.topology() if population.ray is not None else None
+        return prepare(
+            member_cfg, member_lifetime, envs, member_resume, topology=topology, faults=faults
+        )
+
+    population.restarts = MemberRestarts(population.root, rebuild)
     for index in range(cfg.pbt.population):  # scores as the members' kept lines hold them
         for line in _metric_lines(population.root / f"member-{index}"):
             population.exchange.observe(index, line)

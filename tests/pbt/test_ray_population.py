@@ -71,6 +71,7 @@ def test_ray_members_exploit_and_go_on_through_a_killed_worker(tmp_path, data_or
         # Rollouts of a policy an exploit replaced were taken within the lag bound.
         assert last["lag/max_seen"] <= cfg.max_policy_lag
     assert len(set(pids)) == 2 and os.getpid() not in pids
+    assert (root / "ray-logs").is_dir()  # the population's one local Ray's logs, kept
     assert not process_tree(temp_dir) and not ray.is_initialized()
 
 
