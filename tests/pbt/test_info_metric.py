@@ -10,18 +10,29 @@ from podrace.runtime.population import prepare_population
 from podrace.runtime.run import prepare
 from tests.helpers.configs import SMALL_SPU
 from tests.helpers.info_envs import OFFSET, true_objective_envs
-from tests.helpers.populations import lineage, small_population
+from tests.helpers.populations import (
+    RAY_MEMBER_SPU,
+    lineage,
+    small_population,
+    small_ray_population,
+)
 from tests.helpers.runs import metric_lines
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(600),
+    pytest.mark.filterwarnings("ignore:os.fork", "ignore::UserWarning"),
+]
 
 
-def test_members_rank_on_a_value_their_envs_report_in_info(tmp_path):
-    cfg = small_population(
-        tmp_path,
-        total_steps=12 * SMALL_SPU,
-        **{"pbt.metric": "info/true_objective", "eval.every_updates": 0},
-    )
+@pytest.mark.parametrize("runtime", ["threads", "ray"])
+def test_members_rank_on_a_value_their_envs_report_in_info(tmp_path, runtime):
+    ranked = {"pbt.metric": "info/true_objective", "eval.every_updates": 0}
+    if runtime == "ray":  # the values travel with the rollouts from the Ray workers
+        pytest.importorskip("ray")
+        cfg = small_ray_population(tmp_path, total_steps=12 * RAY_MEMBER_SPU, **ranked)
+    else:
+        cfg = small_population(tmp_path, total_steps=12 * SMALL_SPU, **ranked)
     envs = EnvSource(EnvConfig(), true_objective_envs)
     population = prepare_population(cfg, Lifetime(), envs, None, None, prepare)
     result = population.run()
