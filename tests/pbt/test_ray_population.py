@@ -5,6 +5,7 @@ test starts its own local Ray and leaves no process of it behind."""
 
 import os
 import signal
+import subprocess
 import threading
 
 import pytest
@@ -15,7 +16,7 @@ from podrace.envs import EnvSource
 from podrace.runtime.population import prepare_population
 from podrace.runtime.ray.processes import process_tree
 from podrace.runtime.run import prepare
-from tests.helpers.cli import ENDLESS, run_flags, run_podrace, start_podrace
+from tests.helpers.cli import ENDLESS, podrace_command, run_flags, run_podrace, start_podrace
 from tests.helpers.populations import (
     RAY_MEMBER_SPU,
     RAY_POPULATION_FLAGS,
@@ -132,3 +133,60 @@ def test_a_stopped_ray_population_resumes_every_member_and_its_lineage(tmp_path)
 
 def _latest(member_dir):
     return max(int(p.name) for p in checkpoint_dir(member_dir).iterdir() if p.name.isdigit())
+
+
+def test_a_ray_population_goes_on_through_a_lost_node(tmp_path):
+    """Both members' workers pinned to the second node of a cluster the population joins
+    (elastic order); SIGKILL that node's raylet once both trained 4 updates and start a
+    third node: every member's lost worker restarts there, both reach their last update,
+    and the joined cluster keeps running without any worker of the population."""
+    total = 16 * RAY_MEMBER_SPU
+    with ray_helpers.two_node_cluster() as cluster:
+        command = podrace_command(
+            "train",
+            "cartpole-ppo",
+            *run_flags(tmp_path, total),
+            *RAY_POPULATION_FLAGS,
+            *("--ray.address", cluster.address, "--ray.worker-resources", "actor_node=1"),
+            *("--ray.data-order", "elastic", "--ray.no-workers-timeout-s", "400"),
+        )
+        proc = subprocess.Popen(
+            command, env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        root = tmp_path / "r"
+        try:
+            wait_until(lambda: _all_at(root, 4) or proc.poll() is not None, timeout=400)
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            os.kill(ray_helpers.raylet_pid(cluster.temp_dir, b"actor_node"), signal.SIGKILL)
+            ray_helpers.start_node(
+                cluster.address, cluster.temp_dir, '{"actor_node": 2}', 2, cluster.env
+            )
+            _, err = proc.communicate(timeout=500)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 0, err[-3000:]
+        for member in (0, 1):
+            last = metric_lines(root / f"member-{member}")[-1]
+            assert last["version"] == 16 and last["env_steps"] == total
+            assert last["ray/restarts"] >= 1, last
+        tree = process_tree(cluster.temp_dir)
+        assert tree, "the population stopped a cluster it only joined"
+        titles = [_cmdline(pid) for pid in tree]
+        assert not [t for t in titles if t.startswith(b"ray::RolloutWorker")], titles
+
+
+def _all_at(root, version: int) -> bool:
+    return all(
+        any(line.get("version", 0) >= version for line in metric_lines(root / f"member-{m}"))
+        for m in (0, 1)
+    )
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""

@@ -15,7 +15,6 @@ import collections
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -40,43 +39,6 @@ def dies_if_flagged(num_envs: int, seed: int):
     if in_worker and os.path.exists(os.environ[DIES_IF_FLAGGED]):
         os._exit(1)
     return make_env(EnvConfig(), num_envs, seed)
-
-
-def _raylet(temp_dir: str, marker: bytes) -> int:
-    """Pid of the raylet started with the custom resource named `marker`."""
-    from podrace.runtime.ray.processes import process_tree
-
-    for pid in process_tree(temp_dir):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if argv[0].endswith(b"raylet") and any(marker in arg for arg in argv):
-            return pid
-    raise AssertionError(f"no raylet with {marker!r} under {temp_dir}")
-
-
-def _start_node(address: str, temp_dir: str, resources: str, cpus: int) -> None:
-    subprocess.run(
-        [
-            ray_helpers.RAY,
-            "start",
-            "--address",
-            address,
-            "--num-cpus",
-            str(cpus),
-            "--resources",
-            resources,
-            "--temp-dir",
-            temp_dir,
-            "--disable-usage-stats",
-        ],
-        env=dict(os.environ),
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
 
 
 AFTER_GROWTH = 10
@@ -159,14 +121,14 @@ def node_loss(address: str, temp_dir: str, actor_node: str, run_dir: str, out: s
                 pipeline._suspect_after(s, typical) or 0.0 for s in pipeline._workers.values()
             )
             report["typical_interval_s"] = typical
-        raylet = _raylet(temp_dir, b"actor_node")
+        raylet = ray_helpers.raylet_pid(temp_dir, b"actor_node")
         report["killed_at"] = time.monotonic()
         os.kill(raylet, signal.SIGKILL)
         lost = report["workers_on_actor_node"]
         wait_until(lambda: run.lifetime.stopping or len(failures) >= lost, timeout=120)
         report["reported_at"] = time.monotonic()
         report["updates_reported"] = run.learner.version
-        _start_node(address, temp_dir, '{"third_node": 1}', 3)
+        ray_helpers.start_node(address, temp_dir, '{"third_node": 1}', 3)
         report["updates_third_started"] = run.learner.version
         # Room for 4 workers now (1 on the head, 3 on the third node): the two lost ones
         # restart there and `auto` adds a fourth.

@@ -207,6 +207,46 @@ def two_node_cluster() -> Iterator[TwoNodes]:
         subprocess.run(["rm", "-rf", temp_dir], check=False)
 
 
+def raylet_pid(temp_dir: str, marker: bytes) -> int:
+    """Pid of the raylet started with the custom resource named `marker`."""
+    for pid in process_tree(temp_dir):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if argv[0].endswith(b"raylet") and any(marker in arg for arg in argv):
+            return pid
+    raise AssertionError(f"no raylet with {marker!r} under {temp_dir}")
+
+
+def start_node(
+    address: str, temp_dir: str, resources: str, cpus: int, env: dict[str, str] | None = None
+) -> None:
+    """`ray start` of one more node of the cluster at `address` (its processes under
+    `temp_dir`, stopped with the cluster's), offering `resources` (JSON) and `cpus`; `env`:
+    the cluster's environment (its token), by default this process's."""
+    subprocess.run(
+        [
+            RAY,
+            "start",
+            "--address",
+            address,
+            "--num-cpus",
+            str(cpus),
+            "--resources",
+            resources,
+            "--temp-dir",
+            temp_dir,
+            "--disable-usage-stats",
+        ],
+        env=dict(os.environ) if env is None else env,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+
+
 def assert_consumed_once(stamps, workers: int, updates: int) -> None:
     """Every (worker, rollout sequence) stamp of `updates` rollouts per worker was consumed
     exactly once."""
