@@ -16,11 +16,11 @@ next key, one key per env for the step and one per env for resets. Reproducible 
 given seed, and independent of how the steps are grouped into calls.
 
 Autoreset is next-step: the step after a terminated or truncated one resets that env with
-its reset key, ignores the action, returns reward 0 and the first observation. Resets run
-only in steps where some env needs one (`lax.cond`). Truncation is the env's
-`is_truncated(state, params)` where it has one, else gymnax's time limit (`state.time >=
-params.max_steps_in_episode`) where state and params have those fields; otherwise every
-`done` is a termination (Craftax, whose state counts `timestep`).
+its reset key, ignores the action, returns reward 0 and the first observation. A step
+computes the resets of the envs that reset there only (`DeviceStep._reset_where`).
+Truncation is the env's `is_truncated(state, params)` where it has one, else gymnax's time
+limit (`state.time >= params.max_steps_in_episode`) where state and params have those
+fields; otherwise every `done` is a termination (Craftax, whose state counts `timestep`).
 """
 
 from __future__ import annotations
@@ -36,6 +36,11 @@ from podrace.envs.episode_stats import EpisodeStats
 from podrace.envs.jax_envs import JaxEnv, kept_observations, raw_jax_env_spec
 from podrace.envs.spaces import ObsIndices
 from podrace.types import EnvStep, JaxEnvStep
+
+RESET_BLOCK_DIVISOR = 64
+"""A step resets its ended envs in blocks of `num_envs // RESET_BLOCK_DIVISOR` envs (at
+least one): one env at a time for the batches a CPU steps, wider blocks where thousands of
+envs step at once on an accelerator."""
 
 
 class EnvHandle(NamedTuple):
@@ -63,6 +68,7 @@ class DeviceStep:
         self.current: EnvHandle | None = None
         """The state after the last `DeviceEnv.reset` or `step` (None before a reset)."""
         self._truncation = _truncation_fn(env)
+        self._reset_block = max(1, num_envs // RESET_BLOCK_DIVISOR)
 
     @property
     def handle(self) -> EnvHandle:
@@ -83,7 +89,10 @@ class DeviceStep:
         return obs if self._select is None else self._select.jax(obs)
 
     def _reset_all(self, key: Any) -> tuple[Any, Any]:
-        keys = jax.random.split(key, self.num_envs)
+        return self._reset_envs(jax.random.split(key, self.num_envs))
+
+    def _reset_envs(self, keys: Any) -> tuple[Any, Any]:
+        """(obs, state) of one env reset per key of `keys` [n, 2]."""
         return jax.vmap(lambda k: self.env.env.reset_env(k, self.env.params))(keys)
 
     def __call__(self, handle: EnvHandle, actions: Any) -> tuple[EnvHandle, JaxEnvStep]:
@@ -101,22 +110,41 @@ class DeviceStep:
         terminated = done.astype(bool) & ~truncated & ~handle.reset_next
         reward = jnp.where(handle.reset_next, 0.0, reward).astype(jnp.float32)
 
-        def with_resets(_):
-            first_obs, first_state = self._reset_all(reset_key)
-
-            def pick(fresh, stepped):
-                where = handle.reset_next.reshape((-1,) + (1,) * (stepped.ndim - 1))
-                return jnp.where(where, fresh, stepped)
-
-            return pick(first_obs, obs), jax.tree.map(pick, first_state, state)
-
-        obs, state = jax.lax.cond(
-            handle.reset_next.any(), with_resets, lambda _: (obs, state), None
-        )
+        obs, state = self._reset_where(handle.reset_next, reset_key, obs, state)
         ended = terminated | truncated
         return EnvHandle(state, key, ended), JaxEnvStep(
             self._observed(obs), reward, terminated, truncated, reward, ended
         )
+
+    def _reset_where(self, need: Any, key: Any, obs: Any, state: Any) -> tuple[Any, Any]:
+        """`obs` and `state` [B, ...] with the envs `need` marks reset, env `i` with key `i`
+        of `key` split per env (as `_reset_all` resets it).
+
+        Only those envs' resets are computed: they are gathered, RESET_BLOCK_DIVISOR-th of
+        the batch (at least one env) at a time, reset and scattered back, in a loop that
+        runs as many times as the step's resets need (none in most steps). An env's reset
+        can cost many of its steps (Craftax generates a world), and resetting the whole
+        batch whenever one env ends would add that cost to almost every step."""
+        keys = jax.random.split(key, self.num_envs)
+        block = self._reset_block
+        ordered = jnp.argsort(~need, stable=True)  # the envs to reset first
+        blocks = (need.sum() + block - 1) // block
+
+        def reset_block(i, carry):
+            obs, state = carry
+            # the last block may start earlier, resetting envs again with the same keys
+            start = jnp.minimum(i * block, self.num_envs - block)
+            envs = jax.lax.dynamic_slice_in_dim(ordered, start, block)
+            fresh_obs, fresh_state = self._reset_envs(keys[envs])
+            chosen = need[envs]
+
+            def put(stepped, fresh):
+                where = chosen.reshape((-1,) + (1,) * (stepped.ndim - 1))
+                return stepped.at[envs].set(jnp.where(where, fresh, stepped[envs]))
+
+            return put(obs, fresh_obs), jax.tree.map(put, state, fresh_state)
+
+        return jax.lax.fori_loop(0, blocks, reset_block, (obs, state))
 
 
 def _truncation_fn(env: JaxEnv) -> Any:

@@ -68,6 +68,18 @@ class Guess:
         return Discrete(CLASSES)
 
 
+RESETS: list[int] = []
+"""One entry per env reset `CountedGuess` computed."""
+
+
+class CountedGuess(Guess):
+    """Guess whose every env reset calls back to the host, to count the resets computed."""
+
+    def reset_env(self, key, params):
+        jax.debug.callback(lambda _: RESETS.append(1), key)
+        return super().reset_env(key, params)
+
+
 class Unjittable(Guess):
     """Branches in Python on a traced value: its step cannot be jitted."""
 
@@ -79,6 +91,11 @@ class Unjittable(Guess):
 
 def guess():
     env = Guess()
+    return env, env.default_params
+
+
+def counted_guess():
+    env = CountedGuess()
     return env, env.default_params
 
 

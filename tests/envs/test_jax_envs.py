@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -13,7 +14,7 @@ from podrace.envs import env_spec, make_env, resolve_backend
 from podrace.envs.device_env import DeviceEnv
 from tests.helpers.cli import run_cli
 
-from .jax_user_envs import CLASSES
+from .jax_user_envs import CLASSES, RESETS
 
 GUESS = "tests.envs.jax_user_envs:guess"
 
@@ -75,6 +76,24 @@ def test_next_step_autoreset_and_episode_statistics():
     terminated = np.array([s.terminated for s in steps])
     assert truncated.any() and terminated.any()
     assert not (truncated & terminated).any()
+
+
+def test_a_step_computes_the_resets_of_the_envs_that_ended_only():
+    """An env's reset can cost many of its steps (Craftax generates a world): a step resets
+    the envs whose last step ended, and no other env."""
+    env = make_env(EnvConfig(id="tests.envs.jax_user_envs:counted_guess", backend="jax"), 8, 4)
+    env.reset()
+    jax.effects_barrier()
+    RESETS.clear()
+    rng = np.random.default_rng(4)
+    ended, resets = np.zeros(8, bool), 0
+    for _ in range(30):
+        step = env.step(rng.integers(CLASSES, size=8).astype(np.int32))
+        jax.effects_barrier()
+        resets += int(ended.sum())
+        assert len(RESETS) == resets
+        ended = step.terminated | step.truncated
+    assert resets > 10
 
 
 def test_max_episode_steps_sets_the_time_limit():
