@@ -3,7 +3,8 @@
 For each run directory: its preset, env id, steps, the final evaluation return (the mean
 of the last 3 evaluations, as benchmarks/learning.py reports), the evaluation curve, and
 the training return (stochastic policy) at the start and the end of the run (the mean of
-the metrics lines in the first and the last 5% of env steps) with the curve thinned.
+the metrics lines in the first and the last 5% of env steps) with the curve thinned, and
+its env steps/s while learning (env steps over the training seconds of its last line).
 
     python benchmarks/jax_env_runs.py RUN_DIR [RUN_DIR ...] \\
         [--out benchmarks/results/jax_env_runs.json] [--note TEXT]
@@ -66,6 +67,7 @@ def entry(run_dir: Path, note: str | None) -> dict:
             [[int(s), r] for s, r in zip(t_steps, t_returns) if math.isfinite(r)], CURVE_POINTS
         ),
         "train_s": round(float(last.get("time_s", 0.0)), 1),
+        "env_steps_per_s": round(steps / float(last["time_s"]), 1) if last.get("time_s") else None,
         "machine": {"platform": platform.platform(), "python": platform.python_version()},
         "note": note,
     }

@@ -34,12 +34,16 @@ def test_the_recurrent_guides_results_are_what_train_and_eval_recorded():
 
 
 @pytest.mark.timeout(10)
-def test_the_jax_env_guides_breakout_curve_is_what_its_run_recorded():
+@pytest.mark.parametrize(
+    "env_id,label",
+    [("gymnax:Breakout-MinAtar", ""), ("craftax:Craftax-Classic-Symbolic-v1", "Craftax-Classic ")],
+)
+def test_the_jax_env_guides_curves_are_what_their_runs_recorded(env_id, label):
     recorded = json.loads((REPO / "benchmarks/results/jax_env_runs.json").read_text())
-    (run,) = [r for r in recorded["runs"] if r["env_id"] == "gymnax:Breakout-MinAtar"]
+    (run,) = [r for r in recorded["runs"] if r["env_id"] == env_id]
     guide = (REPO / "docs/guides/jax-envs.md").read_text()
-    steps_row = re.search(r"^\| env steps \|(.*)\|$", guide, re.M).group(1)
-    returns_row = re.search(r"^\| evaluation return [^|]*\|(.*)\|$", guide, re.M).group(1)
+    steps_row = re.search(rf"^\| {label}env steps \|(.*)\|$", guide, re.M).group(1)
+    returns_row = re.search(rf"^\| {label}evaluation return [^|]*\|(.*)\|$", guide, re.M).group(1)
     stated = [
         (step.strip(), float(value))
         for step, value in zip(steps_row.split("|"), returns_row.split("|"))
