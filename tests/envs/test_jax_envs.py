@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from podrace.config import ConfigError, EnvConfig
-from podrace.envs import env_spec, make_env, resolve_backend
+from podrace.envs import device_env, env_spec, make_env, resolve_backend
 from podrace.envs.device_env import DeviceEnv
 from tests.helpers.cli import run_cli
 
@@ -94,6 +94,21 @@ def test_a_step_computes_the_resets_of_the_envs_that_ended_only():
         assert len(RESETS) == resets
         ended = step.terminated | step.truncated
     assert resets > 10
+
+
+@pytest.mark.parametrize("divisor", [1, 13, 64])  # blocks of 130, 10 (the last overlaps), 2
+def test_resets_in_blocks_step_as_resets_one_env_at_a_time(monkeypatch, divisor):
+    """A step resets its ended envs a block at a time (the last block may overlap the one
+    before it): the episodes are those of resetting one env at a time (observations up to
+    the last bits of float32: XLA vectorizes a batch of one env differently)."""
+    monkeypatch.setattr(device_env, "RESET_BLOCK_DIVISOR", 130)
+    one_at_a_time = step_guess(num_envs=130, steps=12, seed=3)
+    monkeypatch.setattr(device_env, "RESET_BLOCK_DIVISOR", divisor)
+    in_blocks = step_guess(num_envs=130, steps=12, seed=3)
+    for a, b in zip(one_at_a_time, in_blocks):
+        np.testing.assert_allclose(a.obs, b.obs, rtol=1e-5, atol=1e-5)
+        for name in ("reward", "terminated", "truncated", "episode_return"):
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
 
 
 def test_max_episode_steps_sets_the_time_limit():
