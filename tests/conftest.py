@@ -72,6 +72,12 @@ def pytest_configure(config):
     _config = config
 
 
+def pytest_collection_modifyitems(config, items):
+    from tests.scheduling import longest_first, longest_tests
+
+    longest_first(items, longest_tests())
+
+
 def pytest_sessionfinish(session, exitstatus):
     session.config._podrace_exitstatus = int(exitstatus)
 
