@@ -24,7 +24,7 @@ from podrace.presets import PRESETS
 from podrace.runtime.ray.processes import process_tree
 from tests.helpers.cli import run_podrace
 from tests.helpers.configs import small_ray
-from tests.helpers.runs import last_line, record_batches, stop_after
+from tests.helpers.runs import last_line, record_batches
 from tests.runtime import ray_drills, ray_helpers
 from tests.waiting import wait_until
 
@@ -186,12 +186,15 @@ def test_an_elastic_run_fails_once_no_worker_has_been_alive_for_the_timeout(tmp_
 
 @pytest.mark.slow
 @pytest.mark.timeout(420)
-def test_a_stopped_elastic_run_resumes_with_new_incarnations(tmp_path):
-    """An elastic run of an LSTM policy stopped at update 5 resumes from the learner's
-    state: its workers start beyond every incarnation before (new stamps), nothing is
-    consumed twice across the two parts, and the resumed part takes exactly the updates
-    left. Every rollout of either part carries the core state its first step started from
-    (the learner unrolls each column from its own rollout's state)."""
+def test_a_stopped_elastic_run_resumes_beyond_every_incarnation_before(tmp_path):
+    """An elastic run of an LSTM policy loses worker 0 after its update 3; the worker is
+    restarted (incarnation 1) and the run is stopped before any update records the
+    restart. The resumed run starts from the learner's state: its workers start beyond
+    every incarnation before, the restart included (incarnation 2: fresh seeds, new
+    stamps), nothing is consumed twice across the two parts, and the resumed part takes
+    exactly the updates left. Every rollout of either part carries the core state its
+    first step started from (the learner unrolls each column from its own rollout's
+    state)."""
     import jax
 
     from podrace.checkpoints.resume import Resume
@@ -202,7 +205,7 @@ def test_a_stopped_elastic_run_resumes_with_new_incarnations(tmp_path):
         runtime="ray",
         seed=3,
         **{
-            "total_steps": 2 * 16 * 8 * 12,
+            "total_steps": 2 * 16 * 8 * 6,
             "rollout_length": 16,
             "env.num_envs": 8,
             "ray.data_order": "elastic",
@@ -230,33 +233,6 @@ def test_a_stopped_elastic_run_resumes_with_new_incarnations(tmp_path):
 
     run = prepare(cfg)
     record_core_states(run)
-    stop_after(run, 5, "SIGTERM received")
-    first = run.run()
-    assert (first.updates, first.checkpoint) == (5, 5)
-    assert not process_tree(run.cluster.connection.temp_dir)
-    resumed = prepare(None, resume=Resume(tmp_path / "r"))
-    record_core_states(resumed)
-    second = resumed.run()
-    assert (second.updates, second.checkpoint) == (12, 12)
-    assert len(first.ray.stamps) == 5 * 2 and len(second.ray.stamps) == 7 * 2
-    assert len(set(first.ray.stamps)) == 10 and len(set(second.ray.stamps)) == 14
-    assert not set(first.ray.stamps) & set(second.ray.stamps)
-    assert min(r for _, r, _ in second.ray.stamps) > max(r for _, r, _ in first.ray.stamps)
-    assert second.env_steps == 12 * 2 * 8 * 16
-    assert len(states) == 24 and min(states) > 0  # an LSTM's (c, h) on every rollout
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(420)
-def test_a_resumed_elastic_run_starts_beyond_a_restart_made_after_its_last_update(tmp_path):
-    """Worker 0 is lost after the learner's last update before a stop and restarted
-    (incarnation 1) before the stop, so no update recorded the restart: the resumed run's
-    workers still start beyond it (incarnation 2: fresh seeds, new stamps)."""
-    from podrace.checkpoints.resume import Resume
-    from podrace.runtime.run import prepare
-
-    cfg = elastic(tmp_path, total_steps=2 * 8 * 16 * 6, **{"log.run_name": "r"})
-    run = prepare(cfg)
     slot0, after = run.fleet.slots[0], run.learner.on_update
 
     def lose_worker_0_then_stop(version: int) -> None:
@@ -270,12 +246,19 @@ def test_a_resumed_elastic_run_starts_beyond_a_restart_made_after_its_last_updat
     run.learner.on_update = lose_worker_0_then_stop
     first = run.run()
     assert (first.updates, first.checkpoint, first.ray.restarts) == (3, 3, 1)
+    assert not process_tree(run.cluster.connection.temp_dir)
     resumed = prepare(None, resume=Resume(tmp_path / "r"))
+    record_core_states(resumed)
     started = [slot.restarts for slot in resumed.fleet.slots]
     second = resumed.run()  # (run before asserting: it releases the resumed run's Ray)
     assert started == [2, 2]
     assert (second.updates, second.checkpoint) == (6, 6)
+    assert len(first.ray.stamps) == 3 * 2 and len(second.ray.stamps) == 3 * 2
+    assert len(set(first.ray.stamps)) == 6 and len(set(second.ray.stamps)) == 6
+    assert not set(first.ray.stamps) & set(second.ray.stamps)
     assert min(r for _, r, _ in second.ray.stamps) == 2
+    assert second.env_steps == 6 * 2 * 8 * 16
+    assert len(states) == 12 and min(states) > 0  # an LSTM's (c, h) on every rollout
     assert not process_tree(resumed.cluster.connection.temp_dir)
 
 
