@@ -64,6 +64,9 @@ def node_loss(address: str, temp_dir: str, actor_node: str, run_dir: str, out: s
             "ray.data_order": "elastic",
             "ray.num_workers": "auto",
             "ray.rollouts_per_update": 3,
+            # Workers importing JAX on a loaded machine may take minutes to start: slower, not
+            # a failed drill.
+            "ray.start_timeout_s": 300,
             "eval.every_updates": 0,
             "eval.episodes": 8,
             "eval.num_envs": 8,

@@ -268,6 +268,7 @@ def check_a_run_pinned_to_the_second_node(cluster: ray_helpers.TwoNodes, tmp_pat
         "two-nodes",
         *("--ray.address", cluster.address, "--ray.worker-resources", "actor_node=1"),
         *("--ray.num-workers", "2", "--total-steps", str(2 * 8 * 16 * 6)),
+        *("--ray.start-timeout-s", "240"),  # a loaded machine: slower, not failed
         *("--eval.episodes", "2", "--eval.num-envs", "2"),
     )
     done = subprocess.run(args, env=cluster.env, capture_output=True, text=True, timeout=300)
