@@ -78,6 +78,16 @@ def pytest_collection_modifyitems(config, items):
     longest_first(items, longest_tests())
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Hand the longest tests out one at a time (tests/scheduling.py) under `-n N`."""
+    if config.getvalue("dist") != "load":
+        return None
+    from tests.scheduling import LongestFirstScheduling, longest_tests
+
+    return LongestFirstScheduling(config, log, longest_tests())
+
+
 def pytest_sessionfinish(session, exitstatus):
     session.config._podrace_exitstatus = int(exitstatus)
 

@@ -1,19 +1,23 @@
-"""The order the suite runs its tests in: the longest first, so that with pytest-xdist no
-long test starts late and runs on alone while the other test processes have finished.
+"""The order the suite runs its tests in: its longest tests first, so that with
+pytest-xdist none of them starts late and runs on alone after the other test processes
+have finished.
 
-pytest-xdist hands each test process the next tests of this order as it finishes one
-(`--maxschedchunk=1` in pyproject.toml's addopts; without it the first test process would
-be handed the first hundred tests, all of them long). The tests named in
-tests/longest_tests.txt come first, in its order (longest first); then the other tests
-marked `slow`; then the rest. Within each group the collection order stays, which keeps a
-module's tests together for its module-scoped fixtures and caches.
+The tests named in tests/longest_tests.txt come first, in its order (longest first); the
+rest follow in collection order. `LongestFirstScheduling` (pytest-xdist's load scheduling,
+chosen in tests/conftest.py) hands the listed tests out one at a time, so that a free test
+process always takes the longest test left; then the rest in xdist's usual chunks of
+consecutive tests, which keeps a module's tests in one process for its module-scoped
+fixtures (a local Ray, say) and its compiled programs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from xdist.scheduler import LoadScheduling
 
 LONGEST = Path(__file__).with_name("longest_tests.txt")
 """Test ids, longest first: those of a measured run of the suite that took longest."""
@@ -26,12 +30,21 @@ def longest_tests(path: Path = LONGEST) -> list[str]:
 
 
 def longest_first(items: list[pytest.Item], longest: list[str]) -> None:
-    """Sort `items` in place: those in `longest` in its order, then slow ones, then the rest."""
+    """Sort `items` in place: those in `longest` in its order, then the rest as they were."""
     rank = {nodeid: i for i, nodeid in enumerate(longest)}
+    items.sort(key=lambda item: rank.get(item.nodeid, len(rank)))
 
-    def key(item: pytest.Item) -> int:
-        if item.nodeid in rank:
-            return rank[item.nodeid]
-        return len(rank) + (0 if item.get_closest_marker("slow") else 1)
 
-    items.sort(key=key)
+class LongestFirstScheduling(LoadScheduling):
+    """xdist's load scheduling, except that while the next pending test is one of `longest`
+    a test process is given one test at a time (two when it has none: an xdist worker
+    starts a test only once it knows the next)."""
+
+    def __init__(self, config: pytest.Config, log: Any = None, longest: Iterable[str] = ()):
+        super().__init__(config, log)
+        self.longest = set(longest)
+
+    def _send_tests(self, node: Any, num: int) -> None:
+        if self.pending and self.collection[self.pending[0]] in self.longest:
+            num = max(1, 2 - len(self.node2pending[node]))
+        super()._send_tests(node, num)

@@ -33,6 +33,7 @@ def test_each_test_gets_a_line_with_its_own_and_its_childrens_cpu(tmp_path):
     (tmp_path / "test_burn.py").write_text(TESTS)
     log = tmp_path / "cpu.jsonl"
     env = podrace_env(PODRACE_TEST_CPU_LOG=str(log))
+    env.pop("PYTEST_XDIST_WORKER", None)  # this suite's own, under -n N
     args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p"]
     done = subprocess.run(
         [*args, "tests.cpu_record", str(tmp_path)],

@@ -1,4 +1,4 @@
-"""The suite's run order (tests/scheduling.py): the longest tests first."""
+"""The suite's run order (tests/scheduling.py): the longest tests first, one at a time."""
 
 from __future__ import annotations
 
@@ -6,36 +6,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.scheduling import LONGEST, longest_first, longest_tests
+from tests.scheduling import LONGEST, LongestFirstScheduling, longest_first, longest_tests
 
 
 class FakeItem:
-    def __init__(self, nodeid: str, slow: bool = False):
-        self.nodeid, self.slow = nodeid, slow
-
-    def get_closest_marker(self, name: str):
-        return object() if name == "slow" and self.slow else None
+    def __init__(self, nodeid: str):
+        self.nodeid = nodeid
 
 
 @pytest.mark.timeout(30)
-def test_listed_tests_come_first_in_the_lists_order_then_slow_ones_then_the_rest():
-    items = [
-        FakeItem("a::fast1"),
-        FakeItem("a::slow1", slow=True),
-        FakeItem("b::listed2"),
-        FakeItem("b::fast2"),
-        FakeItem("c::listed1", slow=True),
-        FakeItem("c::slow2", slow=True),
-    ]
+def test_listed_tests_come_first_in_the_lists_order_then_the_rest_as_collected():
+    items = [FakeItem(i) for i in ("a::1", "a::2", "b::listed2", "b::3", "c::listed1", "c::4")]
     longest_first(items, ["c::listed1", "gone::since", "b::listed2"])
-    assert [i.nodeid for i in items] == [
-        "c::listed1",
-        "b::listed2",
-        "a::slow1",
-        "c::slow2",
-        "a::fast1",
-        "b::fast2",
-    ]
+    assert [i.nodeid for i in items] == ["c::listed1", "b::listed2", "a::1", "a::2", "b::3", "c::4"]
 
 
 @pytest.mark.timeout(30)
@@ -46,7 +29,58 @@ def test_the_list_reads_ids_without_comments_or_blank_lines(tmp_path: Path):
     assert longest_tests(LONGEST)  # the suite's own list is not empty
 
 
+class FakeNode:
+    """What xdist's scheduler uses of a test process: its id, and tests sent to it."""
+
+    def __init__(self, name: str):
+        self.gateway = type("Gateway", (), {"id": name})()
+        self.shutting_down = False
+        self.sent: list[int] = []
+
+    def send_runtest_some(self, indices: list[int]) -> None:
+        self.sent.extend(indices)
+
+    def shutdown(self) -> None:
+        self.shutting_down = True
+
+
 @pytest.mark.timeout(30)
-def test_the_suite_runs_with_one_test_handed_out_at_a_time(pytestconfig):
-    """Without it xdist hands the first test process the first ~100 tests: the long ones."""
-    assert pytestconfig.getoption("maxschedchunk") == 1
+def test_the_longest_go_out_one_at_a_time_then_the_rest_in_chunks(pytestconfig, monkeypatch):
+    longest = [f"long::{i}" for i in range(6)]
+    collection = longest + [f"short::{i}" for i in range(120)]
+    monkeypatch.setattr(pytestconfig.option, "tx", ["popen"] * 3, raising=False)
+    monkeypatch.setattr(pytestconfig.option, "numprocesses", 3, raising=False)
+    monkeypatch.setattr(pytestconfig.option, "maxschedchunk", None, raising=False)
+    scheduler = LongestFirstScheduling(pytestconfig, longest=longest)
+    nodes = [FakeNode(f"gw{i}") for i in range(3)]
+    for node in nodes:
+        scheduler.add_node(node)
+    for node in nodes:
+        scheduler.add_node_collection(node, collection)
+    scheduler.schedule()
+    # Two each to start (a worker starts a test once it knows the next): the six longest.
+    assert [node.sent for node in nodes] == [[0, 1], [2, 3], [4, 5]]
+    scheduler.mark_test_complete(nodes[1], 2, duration=50.0)
+    # Past the listed tests: xdist's usual chunk of consecutive tests.
+    assert nodes[1].sent[:3] == [2, 3, 6] and len(nodes[1].sent) > 10
+    assert nodes[1].sent == sorted(nodes[1].sent)
+
+
+@pytest.mark.timeout(30)
+def test_a_free_process_takes_the_next_longest_test_alone(pytestconfig, monkeypatch):
+    longest = [f"long::{i}" for i in range(9)]
+    collection = longest + [f"short::{i}" for i in range(120)]
+    monkeypatch.setattr(pytestconfig.option, "tx", ["popen"] * 3, raising=False)
+    monkeypatch.setattr(pytestconfig.option, "numprocesses", 3, raising=False)
+    monkeypatch.setattr(pytestconfig.option, "maxschedchunk", None, raising=False)
+    scheduler = LongestFirstScheduling(pytestconfig, longest=longest)
+    nodes = [FakeNode(f"gw{i}") for i in range(3)]
+    for node in nodes:
+        scheduler.add_node(node)
+    for node in nodes:
+        scheduler.add_node_collection(node, collection)
+    scheduler.schedule()
+    scheduler.mark_test_complete(nodes[2], 4, duration=50.0)
+    assert nodes[2].sent == [4, 5, 6]
+    scheduler.mark_test_complete(nodes[0], 0, duration=300.0)
+    assert nodes[0].sent == [0, 1, 7]
