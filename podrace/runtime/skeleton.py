@@ -213,6 +213,7 @@ class Run:
         actors = self.fleet.restore(self._fleet_context(), restored)
         m = self.metrics
         m.set("version", self.learner.version)  # every metrics line names a version
+        m.count("env_steps", 0)  # and the env steps so far, 0 before the first rollout
         if restored is not None:
             for name, total in restored.counters.items():
                 m.count(name, total)

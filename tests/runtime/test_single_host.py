@@ -24,7 +24,10 @@ def record_versions(run) -> list[tuple[int, list[int]]]:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_short_run_writes_config_and_metrics(tmp_path):
-    result = train(small(tmp_path))
+    run = prepare(small(tmp_path))
+    # A line written before the first rollout arrives names the env steps too (0).
+    assert run.metrics.collect()["env_steps"] == 0
+    result = run.run()
     assert result.updates == 12
     assert result.env_steps == 12 * 2 * 8 * 16
     assert (result.run_dir / "config.json").exists()
