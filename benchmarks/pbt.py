@@ -152,7 +152,8 @@ def main() -> None:
                 for seed in args.seeds
             }
         if "overhead" in args.modes:
-            never = ("--pbt.population", "4", "--pbt.interval-steps", str(10**9))
+            # an interval of the whole run: no member is ranked before its last update
+            never = ("--pbt.population", "4", "--pbt.interval-steps", str(args.overhead_steps))
             pairs = []
             for repeat in range(args.repeats):
                 result = side_by_side(work, f"over{repeat}", args.overhead_steps, 1, never)

@@ -38,8 +38,18 @@ def validate_pbt(cfg: TrainConfig) -> None:
             f"pbt.interval_steps must be at least one update's env steps "
             f"({cfg.steps_per_update:,}), got {pbt.interval_steps:,}"
         )
+    if pbt.interval_steps > cfg.total_steps:
+        raise ConfigError(
+            f"pbt.interval_steps must be at most total_steps ({cfg.total_steps:,}): a member "
+            f"is ranked at the end of each of its intervals, got {pbt.interval_steps:,}"
+        )
     if not pbt.metric.strip() or pbt.metric.strip() == "info/":
         raise ConfigError("pbt.metric must name a metric, e.g. eval/return")
+    if not is_metric_name(pbt.metric):
+        raise ConfigError(
+            f"pbt.metric {pbt.metric} is not a metric a run logs: eval/return, "
+            "episode/return, info/<key> or another name of docs/guides/metrics.md"
+        )
     if pbt.metric == "eval/return" and not cfg.eval.every_updates:
         raise ConfigError(
             "pbt.metric eval/return needs evaluations during the run: set --eval.every-updates "
@@ -73,6 +83,28 @@ def validate_pbt(cfg: TrainConfig) -> None:
             )
 
 
+TOP_LEVEL_METRICS = frozenset({"env_steps", "sps", "time_s", "version", "episodes"})
+"""The metric names a run logs outside a family (`family/name`)."""
+
+METRIC_FAMILIES = frozenset(
+    {"learner", "lag", "actor", "server", "env", "sync", "checkpoint", "ray", "pbt", "info"}
+)
+"""Families (`family/...`) of metric names; `eval/` and `episode/` are checked by name."""
+
+EVAL_AND_EPISODE_METRICS = frozenset(
+    {"eval/return", "eval/version", "eval/dropped_requests", "episode/return", "episode/length"}
+)
+
+
+def is_metric_name(metric: str) -> bool:
+    """Whether a run's metric lines can hold `metric` (docs/guides/metrics.md): a typo
+    would leave every member unranked, a population that never exploits."""
+    family, _, rest = metric.partition("/")
+    if not rest:
+        return metric in TOP_LEVEL_METRICS
+    return metric in EVAL_AND_EPISODE_METRICS or family in METRIC_FAMILIES
+
+
 def _validate_ray_population(cfg: TrainConfig) -> None:
     """A Ray population: every member has --ray.num-workers Ray workers of its own."""
     if cfg.layout.inference == "server":
@@ -99,4 +131,4 @@ def check_info_metric(cfg: TrainConfig, backend: str | None) -> None:
         )
 
 
-__all__ = ["MAX_POPULATION", "check_info_metric", "validate_pbt"]
+__all__ = ["MAX_POPULATION", "check_info_metric", "is_metric_name", "validate_pbt"]
