@@ -19,6 +19,7 @@ last exploit (for an `eval/` metric: an evaluation of an older version).
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -35,6 +36,8 @@ from podrace.metrics.registry import Metrics
 from podrace.pbt.config import MUTABLE
 from podrace.pbt.controller import decision_rng, exploit_source, explore, intervals_done
 from podrace.pbt.lineage import Lineage
+
+log = logging.getLogger(__name__)
 
 
 class MemberSink:
@@ -65,6 +68,9 @@ class Exchange:
         self.exploited_at: dict[int, int] = {}
         """The version each member last published a copied state at (scores older than it
         are not the member's)."""
+        self._episodes_without_metric: set[int] = set()
+        """Members whose lines held ended episodes but no `info/<key>` metric."""
+        self._warned_unreported = False
 
     def sink(self, member: int) -> MemberSink:
         return MemberSink(self, member)
@@ -74,6 +80,9 @@ class Exchange:
         line measured a version before its last exploit."""
         value = line.get(self.pbt.metric)
         if not isinstance(value, (int, float)):
+            if self.pbt.metric.startswith("info/") and "episode/return" in line:
+                with self._lock:
+                    self._episodes_without_metric.add(member)
             return
         measured = line.get("eval/version" if self.pbt.metric.startswith("eval/") else "version")
         with self._lock:
@@ -104,6 +113,7 @@ class Exchange:
         rng = decision_rng(self.cfg.seed, member, interval)
         with self._lock:
             scores = dict(self.scores)
+        self._warn_if_unreported(member, scores)
         source = exploit_source(member, scores, self.pbt.bottom_fraction, rng)
         if source is None:
             return None
@@ -143,6 +153,27 @@ class Exchange:
         )
         metrics.count("pbt/exploits")
         return state, normalizer
+
+    def _warn_if_unreported(self, member: int, scores: Mapping[int, float]) -> None:
+        """Warn once when `member` ends an interval, its episodes ended without the env
+        reporting the `info/<key>` metric, and no member has a score: an env that never
+        reports the key leaves the population unranked (it cannot be known before the envs
+        run)."""
+        with self._lock:
+            unreported = (
+                not self._warned_unreported
+                and member in self._episodes_without_metric
+                and all(math.isnan(score) for score in scores.values())
+            )
+            self._warned_unreported = self._warned_unreported or unreported
+        if unreported:
+            log.warning(
+                "pbt.metric %s: member-%d's episodes ended without its env reporting "
+                "info[%r], and no member is ranked (a key the env never reports?)",
+                self.pbt.metric,
+                member,
+                self.pbt.metric.removeprefix("info/"),
+            )
 
     def forget(self, member: int, steps: int) -> None:
         """`member` restarts from its checkpoint at `steps` env steps: its lineage after it

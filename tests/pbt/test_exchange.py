@@ -3,6 +3,7 @@ explored hyperparameters, writes its lineage line, and scores measured before it
 the member's."""
 
 import json
+import logging
 import math
 from types import SimpleNamespace
 
@@ -122,3 +123,31 @@ def test_a_resume_keeps_the_lineage_its_checkpoints_carry(tmp_path):
     keep_until(tmp_path, {0: 200, 1: 300})  # resuming the same checkpoints again: no change
     assert len(read_lines(tmp_path)) == 4
     assert len((tmp_path / "pbt-superseded.jsonl").read_text().splitlines()) == 2
+
+
+def test_an_info_metric_no_episode_reports_is_warned_of_once(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="podrace")
+    exchange = Exchange(_cfg(tmp_path, **{"pbt.metric": "info/x"}), Lineage(tmp_path))
+    learners = [_learner(float(m), step=5) for m in range(4)]
+    for m in range(4):
+        exchange.attach(m, learners[m], Metrics())
+        exchange.observe(m, {"episode/return": 10.0, "episodes": 3, "version": 1})
+    for version in (1, 2, 3, 4):
+        for m in range(4):
+            assert learners[m].adopt(version) is None
+    warned = [r.getMessage() for r in caplog.records if "info/x" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert "no member is ranked" in warned[0]
+
+
+def test_an_info_metric_is_not_warned_of_before_episodes_end_or_once_reported(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="podrace")
+    exchange = Exchange(_cfg(tmp_path, **{"pbt.metric": "info/x"}), Lineage(tmp_path))
+    learners = [_learner(float(m), step=5) for m in range(4)]
+    for m in range(4):
+        exchange.attach(m, learners[m], Metrics())
+    exchange.observe(0, {"episodes": 0, "version": 1})  # no episode ended yet
+    learners[0].adopt(1), learners[0].adopt(2)
+    exchange.observe(1, {"episode/return": 10.0, "info/x": 2.0, "version": 1})
+    learners[1].adopt(1), learners[1].adopt(2)
+    assert not [r for r in caplog.records if "info/x" in r.getMessage()]
