@@ -35,9 +35,12 @@ class RayDriver:
     stop_grace_s = 10.0  # killing workers wakes the threads that wait on them
     exit_grace_s = 30.0  # killing workers and stopping a local Ray take seconds
 
-    def __init__(self, cpus: Callable[[TrainConfig], int]) -> None:
+    def __init__(self, cpus: Callable[[TrainConfig], int], joined: RayDriver | None = None) -> None:
         self.cpus = cpus
         """config -> CPUs a private local Ray advertises (what the fleet's workers take)."""
+        self.joined = joined
+        """The driver whose Ray this one uses (a population member's: the population checks,
+        joins and leaves Ray once, and Ray's messages go to its directory); None: its own."""
         self.ray: Any = None
         self.connection: ray_cluster.Cluster | None = None
         """The Ray cluster joined (its session's temp dir, whether it was started here)."""
@@ -45,6 +48,8 @@ class RayDriver:
         self._stack = contextlib.ExitStack()
 
     def check(self, cfg: TrainConfig, envs: EnvSource | None) -> None:
+        if self.joined is not None:
+            return
         # Ray's C++ crash handler also catches SIGTERM and re-raises it after podrace's,
         # which made one SIGTERM look like two; crash stack traces stay in Ray's logs.
         os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
@@ -58,6 +63,9 @@ class RayDriver:
 
         self.ray = ray
         lifetime.check()
+        if self.joined is not None:
+            self.connection = self.joined.connection
+            return cfg
         self.connection = self._stack.enter_context(
             ray_cluster.connect(cfg.ray, num_cpus=self.cpus(cfg))
         )
@@ -73,7 +81,8 @@ class RayDriver:
         self, cfg: TrainConfig, lifetime: Lifetime, resumed: Path | None
     ) -> tuple[Path, Path]:
         run_dir, root = self._local.claim_run_dir(cfg, lifetime, resumed)
-        self.connection.messages.attach(run_dir)  # Ray's messages to the driver go there
+        if self.joined is None:
+            self.connection.messages.attach(run_dir)  # Ray's messages to the driver go there
         return run_dir, root
 
     def writers(self) -> Writers:
@@ -91,7 +100,7 @@ class RayDriver:
         return self._local.last_save_version(recorded, returned, abandon_write)
 
     def release(self, updates: int) -> None:
-        """Leave Ray (stopping a private local Ray); idempotent."""
+        """Leave Ray (stopping a private local Ray) unless `joined` holds it; idempotent."""
         self._stack.close()
 
     def leave(
