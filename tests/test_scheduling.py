@@ -44,20 +44,27 @@ class FakeNode:
         self.shutting_down = True
 
 
-@pytest.mark.timeout(30)
-def test_the_longest_go_out_one_at_a_time_then_the_rest_in_chunks(pytestconfig, monkeypatch):
-    longest = [f"long::{i}" for i in range(6)]
-    collection = longest + [f"short::{i}" for i in range(120)]
+def _scheduled(pytestconfig, monkeypatch, longest: int) -> tuple[LongestFirstScheduling, list]:
+    """A scheduler for 3 fake test processes and `longest` listed tests before 120 others,
+    after its first round of sending."""
+    listed = [f"long::{i}" for i in range(longest)]
+    collection = listed + [f"short::{i}" for i in range(120)]
     monkeypatch.setattr(pytestconfig.option, "tx", ["popen"] * 3, raising=False)
     monkeypatch.setattr(pytestconfig.option, "numprocesses", 3, raising=False)
     monkeypatch.setattr(pytestconfig.option, "maxschedchunk", None, raising=False)
-    scheduler = LongestFirstScheduling(pytestconfig, longest=longest)
+    scheduler = LongestFirstScheduling(pytestconfig, longest=listed)
     nodes = [FakeNode(f"gw{i}") for i in range(3)]
     for node in nodes:
         scheduler.add_node(node)
     for node in nodes:
         scheduler.add_node_collection(node, collection)
     scheduler.schedule()
+    return scheduler, nodes
+
+
+@pytest.mark.timeout(30)
+def test_the_longest_go_out_one_at_a_time_then_the_rest_in_chunks(pytestconfig, monkeypatch):
+    scheduler, nodes = _scheduled(pytestconfig, monkeypatch, longest=6)
     # Two each to start (a worker starts a test once it knows the next): the six longest.
     assert [node.sent for node in nodes] == [[0, 1], [2, 3], [4, 5]]
     scheduler.mark_test_complete(nodes[1], 2, duration=50.0)
@@ -68,18 +75,7 @@ def test_the_longest_go_out_one_at_a_time_then_the_rest_in_chunks(pytestconfig, 
 
 @pytest.mark.timeout(30)
 def test_a_free_process_takes_the_next_longest_test_alone(pytestconfig, monkeypatch):
-    longest = [f"long::{i}" for i in range(9)]
-    collection = longest + [f"short::{i}" for i in range(120)]
-    monkeypatch.setattr(pytestconfig.option, "tx", ["popen"] * 3, raising=False)
-    monkeypatch.setattr(pytestconfig.option, "numprocesses", 3, raising=False)
-    monkeypatch.setattr(pytestconfig.option, "maxschedchunk", None, raising=False)
-    scheduler = LongestFirstScheduling(pytestconfig, longest=longest)
-    nodes = [FakeNode(f"gw{i}") for i in range(3)]
-    for node in nodes:
-        scheduler.add_node(node)
-    for node in nodes:
-        scheduler.add_node_collection(node, collection)
-    scheduler.schedule()
+    scheduler, nodes = _scheduled(pytestconfig, monkeypatch, longest=9)
     scheduler.mark_test_complete(nodes[2], 4, duration=50.0)
     assert nodes[2].sent == [4, 5, 6]
     scheduler.mark_test_complete(nodes[0], 0, duration=300.0)

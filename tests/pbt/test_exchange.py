@@ -125,12 +125,19 @@ def test_a_resume_keeps_the_lineage_its_checkpoints_carry(tmp_path):
     assert len((tmp_path / "pbt-superseded.jsonl").read_text().splitlines()) == 2
 
 
-def test_an_info_metric_no_episode_reports_is_warned_of_once(tmp_path, caplog):
+def _ranked_on_info_x(tmp_path, caplog) -> tuple[Exchange, list]:
+    """An exchange of 4 members ranked on `info/x`, its warnings caught by `caplog`."""
     caplog.set_level(logging.WARNING, logger="podrace")
     exchange = Exchange(_cfg(tmp_path, **{"pbt.metric": "info/x"}), Lineage(tmp_path))
     learners = [_learner(float(m), step=5) for m in range(4)]
     for m in range(4):
         exchange.attach(m, learners[m], Metrics())
+    return exchange, learners
+
+
+def test_an_info_metric_no_episode_reports_is_warned_of_once(tmp_path, caplog):
+    exchange, learners = _ranked_on_info_x(tmp_path, caplog)
+    for m in range(4):
         exchange.observe(m, {"episode/return": 10.0, "episodes": 3, "version": 1})
     for version in (1, 2, 3, 4):
         for m in range(4):
@@ -141,11 +148,7 @@ def test_an_info_metric_no_episode_reports_is_warned_of_once(tmp_path, caplog):
 
 
 def test_an_info_metric_is_not_warned_of_before_episodes_end_or_once_reported(tmp_path, caplog):
-    caplog.set_level(logging.WARNING, logger="podrace")
-    exchange = Exchange(_cfg(tmp_path, **{"pbt.metric": "info/x"}), Lineage(tmp_path))
-    learners = [_learner(float(m), step=5) for m in range(4)]
-    for m in range(4):
-        exchange.attach(m, learners[m], Metrics())
+    exchange, learners = _ranked_on_info_x(tmp_path, caplog)
     exchange.observe(0, {"episodes": 0, "version": 1})  # no episode ended yet
     learners[0].adopt(1), learners[0].adopt(2)
     exchange.observe(1, {"episode/return": 10.0, "info/x": 2.0, "version": 1})

@@ -11,6 +11,7 @@ from podrace.runtime.run import prepare
 from tests.helpers.configs import SMALL_SPU
 from tests.helpers.info_envs import OFFSET, true_objective_envs
 from tests.helpers.populations import (
+    POPULATION_RUN_MARKS,
     RAY_MEMBER_SPU,
     lineage,
     small_population,
@@ -18,11 +19,7 @@ from tests.helpers.populations import (
 )
 from tests.helpers.runs import metric_lines
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.timeout(600),
-    pytest.mark.filterwarnings("ignore:os.fork", "ignore::UserWarning"),
-]
+pytestmark = POPULATION_RUN_MARKS
 
 
 @pytest.mark.parametrize("runtime", ["threads", "ray"])

@@ -1,19 +1,19 @@
 """A population end to end, on a tiny budget: members train side by side, exploit through
 their publishers without a new compile, and a stopped population resumes whole."""
 
-import signal
-
 import pytest
 
-from podrace.checkpoints.state import checkpoint_dir
 from podrace.control import Lifetime
 from podrace.runtime.population import prepare_population
 from podrace.runtime.run import prepare
-from tests.helpers.cli import ENDLESS, run_flags, run_podrace, start_podrace
 from tests.helpers.configs import SMALL_SPU
-from tests.helpers.populations import POPULATION_FLAGS, lineage, small_population
+from tests.helpers.populations import (
+    POPULATION_FLAGS,
+    lineage,
+    small_population,
+    stop_then_resume_population,
+)
 from tests.helpers.runs import metric_lines
-from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -60,47 +60,5 @@ def test_members_train_and_exploit_without_a_new_compile(tmp_path):
 
 
 def test_a_stopped_population_resumes_every_member_and_its_lineage(tmp_path):
-    flags = (*POPULATION_FLAGS, "--checkpoint.every-updates", "4")
-    total = 24 * SMALL_SPU
-    proc = start_podrace("train", "cartpole-ppo", *run_flags(tmp_path, ENDLESS), *flags)
-    root = tmp_path / "r"
-    try:
-        wait_until(
-            lambda: (
-                all(
-                    any(line.get("version", 0) >= 8 for line in metric_lines(root / f"member-{m}"))
-                    for m in (0, 1)
-                )
-                or proc.poll() is not None
-            ),
-            timeout=400,
-        )
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 128 + signal.SIGINT, err
+    root, err = stop_then_resume_population(tmp_path, POPULATION_FLAGS, SMALL_SPU)
     assert f"podrace train --resume {root}" in err
-    before = lineage(root)
-    saved = {m: _latest(root / f"member-{m}") for m in (0, 1)}
-    assert all(step >= 8 for step in saved.values()), saved
-
-    done = run_podrace("train", "--resume", str(root), "--total-steps", str(total), timeout=400)
-    assert done.returncode == 0, done.stderr
-    after = lineage(root)
-    # What the checkpoints carry is kept as it was; nothing is there twice.
-    kept = [x for x in before if x["member_step"] <= saved[x["member"]] * SMALL_SPU]
-    assert after[: len(kept)] == kept
-    assert len({(x["member"], x["member_step"]) for x in after}) == len(after)
-    for m in (0, 1):
-        lines = metric_lines(root / f"member-{m}")
-        assert lines[-1]["version"] == 24 and lines[-1]["env_steps"] == total
-        steps = [line["env_steps"] for line in lines]
-        assert steps == sorted(steps)  # the resumed member continues its own counters
-        assert lines[-1]["pbt/exploits"] == len([x for x in after if x["member"] == m])
-
-
-def _latest(member_dir):
-    return max(int(p.name) for p in checkpoint_dir(member_dir).iterdir() if p.name.isdigit())

@@ -145,7 +145,6 @@ def two_node_cluster() -> Iterator[TwoNodes]:
     env = base_env(temp_dir)
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16))
     address = f"127.0.0.1:{free_port()}"
-    common = ["--temp-dir", temp_dir, "--disable-usage-stats"]
     try:
         subprocess.run(
             [
@@ -160,30 +159,16 @@ def two_node_cluster() -> Iterator[TwoNodes]:
                 "1",
                 "--include-dashboard",
                 "false",
-                *common,
+                "--temp-dir",
+                temp_dir,
+                "--disable-usage-stats",
             ],
             env=env,
             check=True,
             capture_output=True,
             timeout=120,
         )
-        subprocess.run(
-            [
-                RAY,
-                "start",
-                "--address",
-                address,
-                "--num-cpus",
-                "2",
-                "--resources",
-                '{"actor_node": 2}',
-                *common,
-            ],
-            env=env,
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
+        start_node(address, temp_dir, '{"actor_node": 2}', cpus=2, env=env)
         query = (
             f"import json, ray; ray.init(address={address!r}, log_to_driver=False); "
             "print(json.dumps([(n['NodeID'], n['Resources']) "
